@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the Debian packages embcache needs when they are missing (when run as root).
+# Sourced by test.sh and demo.sh; safe to run again.
+set -euo pipefail
+
+embcache_packages=(
+  cmake g++ make pkg-config
+  libtbb-dev librocksdb-dev nlohmann-json3-dev libcli11-dev libxxhash-dev zlib1g-dev
+  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+)
+
+embcache_missing=()
+for p in "${embcache_packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    embcache_missing+=("$p")
+  fi
+done
+
+if ((${#embcache_missing[@]})); then
+  echo "embcache: installing missing packages: ${embcache_missing[*]}"
+  if [[ $(id -u) -eq 0 ]]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${embcache_missing[@]}"
+  elif command -v sudo >/dev/null; then
+    sudo apt-get update -qq
+    sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${embcache_missing[@]}"
+  else
+    echo "embcache: please install: ${embcache_missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+if [[ ! -e /usr/local/cuda/include/cccl/cuda/atomic && ! -e /usr/local/cuda/include/cuda/atomic \
+      && -z "${CUDAToolkit_ROOT:-}" ]]; then
+  echo "embcache: the CUDA toolkit's CCCL headers (libcu++, Thrust) are needed even for the host" \
+       "space; install the CUDA toolkit at /usr/local/cuda or set CUDAToolkit_ROOT" >&2
+  exit 1
+fi
+
+# Use both cores for builds unless told otherwise.
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
