@@ -1,0 +1,84 @@
+/// @file detail/host_algorithms.hpp
+/// @brief Bulk primitives of the host space: oneTBB loops and Thrust's TBB system.
+///
+/// Only host translation units include this. Every call names its policy explicitly, so Thrust's
+/// CUDA system can never be picked here.
+#pragma once
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <thrust/sort.h>
+#include <thrust/system/tbb/execution_policy.h>
+
+#include "embcache/space.hpp"
+
+namespace embcache::detail {
+
+/// Whether a loop body offers `prefetch(i)` (a hint to load what `f(i)` will touch).
+template <class F, class = void>
+struct has_prefetch : std::false_type {};
+template <class F>
+struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(std::size_t{}))>>
+    : std::true_type {};
+
+/// Runs `body()` inside an arena limited to the space's thread count.
+template <class Body>
+void run_in_space(const host_space& space, Body&& body) {
+  if (space.max_threads > 0) {
+    tbb::task_arena arena(space.max_threads);
+    arena.execute(body);
+  } else {
+    body();
+  }
+}
+
+/// Calls `f(i)` for every i in [0, n), in parallel. When `F` has `prefetch(i)`, the loop calls
+/// it a few indices ahead, so that memory latency of random accesses overlaps.
+template <class F>
+void for_each_index(const host_space& space, std::size_t n, const F& f) {
+  if (n == 0) return;
+  constexpr std::size_t grain = 1024;
+  auto body = [&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        if constexpr (has_prefetch<F>::value) {
+                          constexpr std::size_t ahead = 8;
+                          const std::size_t e = r.end();
+                          for (std::size_t i = r.begin(); i < e && i < r.begin() + ahead; ++i)
+                            f.prefetch(i);
+                          for (std::size_t i = r.begin(); i < e; ++i) {
+                            if (i + ahead < e) f.prefetch(i + ahead);
+                            f(i);
+                          }
+                        } else {
+                          for (std::size_t i = r.begin(); i < r.end(); ++i) f(i);
+                        }
+                      });
+  };
+  if (n <= grain) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  } else {
+    run_in_space(space, body);
+  }
+}
+
+/// Stable sort of `values` by `keys` (both length n), in parallel.
+template <class K, class V>
+void stable_sort_by_key(const host_space& space, K* keys, V* values, std::size_t n) {
+  if (n < 2) return;
+  run_in_space(space, [&] { thrust::stable_sort_by_key(thrust::tbb::par, keys, keys + n, values); });
+}
+
+/// Sort of `keys` (length n), in parallel.
+template <class K>
+void sort(const host_space& space, K* keys, std::size_t n) {
+  if (n < 2) return;
+  run_in_space(space, [&] { thrust::sort(thrust::tbb::par, keys, keys + n); });
+}
+
+}  // namespace embcache::detail
