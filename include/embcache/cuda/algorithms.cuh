@@ -1,0 +1,60 @@
+/// @file cuda/algorithms.cuh
+/// @brief Bulk primitives of the cuda space: kernels launched on the space's stream, and Thrust's
+/// CUDA system with an explicit policy.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <thrust/execution_policy.h>
+#include <thrust/sort.h>
+
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+
+/// Throws embcache::error naming the call, the file and the line when a CUDA call fails.
+#define EMBCACHE_CUDA_CHECK(call)                                                               \
+  do {                                                                                          \
+    cudaError_t _embcache_e = (call);                                                           \
+    if (_embcache_e != cudaSuccess)                                                             \
+      throw ::embcache::error(::embcache::status_code::internal,                                \
+                              std::string(#call) + " failed at " + __FILE__ + ":" +             \
+                                  std::to_string(__LINE__) + ": " +                             \
+                                  cudaGetErrorString(_embcache_e));                             \
+  } while (0)
+
+namespace embcache::detail {
+
+template <class F>
+__global__ void for_each_index_kernel(std::size_t n, F f) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+/// Calls `f(i)` for every i in [0, n) on the space's stream (asynchronous).
+template <class F>
+void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
+  if (n == 0) return;
+  constexpr int block = 256;
+  const std::size_t blocks = (n + block - 1) / block;
+  const unsigned grid = static_cast<unsigned>(blocks < 65535u * 32u ? blocks : 65535u * 32u);
+  for_each_index_kernel<<<grid, block, 0, space.stream>>>(n, f);
+  EMBCACHE_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Stable sort of `values` by `keys` (device pointers) on the space's stream.
+template <class K, class V>
+void stable_sort_by_key(const cuda_space& space, K* keys, V* values, std::size_t n) {
+  if (n < 2) return;
+  thrust::stable_sort_by_key(thrust::cuda::par_nosync.on(space.stream), keys, keys + n, values);
+}
+
+/// Sort of `keys` (device pointer) on the space's stream.
+template <class K>
+void sort(const cuda_space& space, K* keys, std::size_t n) {
+  if (n < 2) return;
+  thrust::sort(thrust::cuda::par_nosync.on(space.stream), keys, keys + n);
+}
+
+}  // namespace embcache::detail
