@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <string>
 #include <thrust/execution_policy.h>
+#include <thrust/count.h>
+#include <thrust/scan.h>
 #include <thrust/sort.h>
 
 #include "embcache/space.hpp"
@@ -55,6 +57,20 @@ template <class K>
 void sort(const cuda_space& space, K* keys, std::size_t n) {
   if (n < 2) return;
   thrust::sort(thrust::cuda::par_nosync.on(space.stream), keys, keys + n);
+}
+
+/// out[i] = sum of in[0..i) (exclusive prefix sum) on the space's stream.
+template <class T, class U>
+void exclusive_scan(const cuda_space& space, const T* in, U* out, std::size_t n) {
+  if (n == 0) return;
+  thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out, U{0});
+}
+
+/// Number of elements of `in` (device memory) equal to `value`; synchronizes the stream.
+template <class T>
+std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T value) {
+  if (n == 0) return 0;
+  return thrust::count(thrust::cuda::par.on(space.stream), in, in + n, value);
 }
 
 }  // namespace embcache::detail

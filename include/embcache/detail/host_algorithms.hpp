@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <type_traits>
 #include <utility>
+#include <thrust/count.h>
+#include <thrust/scan.h>
 #include <thrust/sort.h>
 #include <thrust/system/tbb/execution_policy.h>
 
@@ -79,6 +81,22 @@ template <class K>
 void sort(const host_space& space, K* keys, std::size_t n) {
   if (n < 2) return;
   run_in_space(space, [&] { thrust::sort(thrust::tbb::par, keys, keys + n); });
+}
+
+/// out[i] = sum of in[0..i) (exclusive prefix sum), in parallel; `in` and `out` may alias.
+template <class T, class U>
+void exclusive_scan(const host_space& space, const T* in, U* out, std::size_t n) {
+  if (n == 0) return;
+  run_in_space(space, [&] { thrust::exclusive_scan(thrust::tbb::par, in, in + n, out, U{0}); });
+}
+
+/// Number of elements of `in` equal to `value`.
+template <class T>
+std::size_t count_equal(const host_space& space, const T* in, std::size_t n, T value) {
+  if (n == 0) return 0;
+  std::size_t c = 0;
+  run_in_space(space, [&] { c = thrust::count(thrust::tbb::par, in, in + n, value); });
+  return c;
 }
 
 }  // namespace embcache::detail
