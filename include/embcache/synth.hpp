@@ -1,0 +1,88 @@
+/// @file synth.hpp
+/// @brief Synthetic Criteo-like data: the project's built-in default data set.
+///
+/// Rows have 13 integer features and 26 categorical slots whose cardinalities follow the
+/// Criteo Kaggle set's (times `cardinality_scale`), Zipf-distributed values and per-slot missing
+/// rates like Criteo's. The label is drawn from a hidden logistic model: a weight per
+/// (slot, value) and per dense feature, each derived from a hash of the seed, so a model that
+/// learns per-value weights reaches an AUC well above 0.5. Row i is a pure function of
+/// (options, i): output is deterministic, can be produced in any chunking, and streaming
+/// generation needs constant memory.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "embcache/criteo.hpp"
+#include "embcache/shard.hpp"
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+/// Distinct values per slot in the Criteo Kaggle (DAC) training set, C1..C26.
+inline constexpr std::array<std::uint64_t, criteo_slot_count> criteo_kaggle_cardinalities = {
+    1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
+    27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
+
+/// Options of the synthetic generator.
+struct synth_options {
+  std::uint64_t seed = 1;          ///< everything derives from it; default 1
+  std::uint64_t rows = 100000;     ///< rows to generate; default 100,000
+  double cardinality_scale = 1.0;  ///< multiplies the Criteo cardinalities (min 1); default 1
+  double zipf_exponent = 1.05;     ///< Zipf exponent of the categorical values; default 1.05
+  double signal = 1.0;             ///< scales the hidden weights (0: labels are noise)
+  double bias = -1.9;              ///< hidden model's bias; default -1.9 (label mean ~0.25)
+  std::function<void(std::uint64_t rows_done)> on_progress;  ///< about once a second; default none
+};
+
+/// One synthetic row before preprocessing, as its TSV line holds it.
+struct synth_row {
+  int label = 0;                                         ///< 0 or 1
+  std::array<std::int64_t, criteo_dense_count> dense{};  ///< integer features
+  std::array<bool, criteo_dense_count> dense_present{};  ///< false: the field is empty
+  std::array<std::int64_t, criteo_slot_count> values{};  ///< value index per slot; -1 missing
+  double logit = 0;  ///< the hidden model's logit; the label was drawn from sigmoid(logit)
+};
+
+/// Generates rows; cheap to copy, thread-safe (const).
+class synth_generator {
+ public:
+  /// Throws embcache::error (invalid_argument) for a non-positive scale or exponent.
+  explicit synth_generator(const synth_options& opts);
+
+  /// Row `index` (any order, any thread).
+  void row(std::uint64_t index, synth_row& out) const;
+  /// The categorical string of `value` in `slot` (8 lowercase hex digits, as in Criteo).
+  std::string category(std::size_t slot, std::int64_t value) const;
+  /// Appends the row's TSV line (with its newline) to `out`.
+  void append_tsv(const synth_row& r, std::string& out) const;
+  /// The sample that parse_criteo_line gives for the row's TSV line under `parse`.
+  void to_sample(const synth_row& r, const criteo_parse_options& parse, criteo_sample& out) const;
+  /// Cardinality of each slot after scaling.
+  const std::array<std::uint64_t, criteo_slot_count>& cardinalities() const noexcept {
+    return cardinality_;
+  }
+  const synth_options& options() const noexcept { return opts_; }
+
+ private:
+  synth_options opts_;
+  std::array<std::uint64_t, criteo_slot_count> cardinality_{};
+  std::array<double, criteo_slot_count> slot_scale_{};
+  std::array<double, criteo_dense_count> dense_weight_{};
+};
+
+/// Writes `opts.rows` TSV lines to `path`, gzip-compressed (level 1) when it ends in ".gz".
+/// Atomic (temporary file renamed when complete).
+status write_synth_tsv(const std::string& path, const synth_options& opts);
+
+/// Writes `opts.rows` rows as a dataset folder (shards, keysets, manifest.json), exactly what
+/// prepare_criteo makes of the TSV (with the same parse options, crossing and no rare filter);
+/// `out.num_crossed` is set from `cross`.
+result<dataset_summary> write_synth_dataset(const synth_options& opts, dataset_writer_options out,
+                                            bool cross = false,
+                                            const criteo_parse_options& parse = {});
+
+}  // namespace embcache

@@ -1,0 +1,296 @@
+#include "embcache/criteo.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "flat_set.hpp"
+#include "line_reader.hpp"
+
+namespace embcache {
+
+namespace {
+
+constexpr std::uint64_t hash_mask = (std::uint64_t{1} << 56) - 1;
+constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ULL;
+
+std::int64_t make_key(std::uint64_t tag, std::uint64_t h) noexcept {
+  h &= hash_mask;
+  if (h == 0) h = 1;  // 0 is the out-of-vocabulary key's
+  return static_cast<std::int64_t>((tag << 56) | h);
+}
+
+const char* field_name(std::size_t i, char* buf) {
+  if (i == 0) return "label";
+  if (i <= criteo_dense_count) {
+    std::snprintf(buf, 8, "I%zu", i);
+  } else {
+    std::snprintf(buf, 8, "C%zu", i - criteo_dense_count);
+  }
+  return buf;
+}
+
+std::string quoted(std::string_view v) {
+  std::string s = "'";
+  for (char c : v.substr(0, 24)) s += (c >= 32 && c < 127) ? c : '?';
+  if (v.size() > 24) s += "...";
+  return s + "'";
+}
+
+status field_error(std::size_t i, const std::string& what) {
+  char buf[8];
+  return status::corruption(std::string("field ") + field_name(i, buf) + " " + what);
+}
+
+}  // namespace
+
+std::int64_t criteo_key(std::size_t slot, std::string_view value, std::uint64_t hash_seed) {
+  const std::uint64_t tag = slot + 1;
+  return make_key(tag, XXH64(value.data(), value.size(), hash_seed + tag * golden));
+}
+
+std::int64_t criteo_oov_key(std::size_t slot) noexcept {
+  return static_cast<std::int64_t>(static_cast<std::uint64_t>(slot + 1) << 56);
+}
+
+std::int64_t criteo_cross_key(std::size_t pair, std::int64_t a, std::int64_t b,
+                              std::uint64_t hash_seed) {
+  const std::uint64_t tag = criteo_slot_count + 1 + pair;
+  const std::int64_t both[2] = {a, b};
+  return make_key(tag, XXH64(both, sizeof(both), hash_seed + tag * golden));
+}
+
+void criteo_cross_keys(const std::int64_t* keys, std::int64_t* out, std::uint64_t hash_seed) {
+  for (std::size_t p = 0; p < criteo_cross_count; ++p) {
+    out[p] = criteo_cross_key(p, keys[criteo_cross_pairs[p].first],
+                              keys[criteo_cross_pairs[p].second], hash_seed);
+  }
+}
+
+std::size_t criteo_key_tag(std::int64_t key) noexcept {
+  return static_cast<std::size_t>(static_cast<std::uint64_t>(key) >> 56) - 1;
+}
+
+float criteo_dense(std::int64_t x, dense_transform t) noexcept {
+  if (t == dense_transform::identity) return static_cast<float>(x);
+  return static_cast<float>(std::log1p(static_cast<double>(x > 0 ? x : 0)));
+}
+
+status parse_criteo_line(std::string_view line, const criteo_parse_options& opts,
+                         criteo_sample& out) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  std::string_view f[criteo_field_count];
+  std::size_t n = 0;
+  const char* p = line.data();
+  const char* end = p + line.size();
+  while (true) {
+    const char* tab = static_cast<const char*>(std::memchr(p, '\t', end - p));
+    const char* stop = tab ? tab : end;
+    if (n < criteo_field_count) f[n] = std::string_view(p, stop - p);
+    ++n;
+    if (!tab) break;
+    p = tab + 1;
+  }
+  if (n != criteo_field_count) {
+    return status::corruption("has " + std::to_string(n) + " fields, expected " +
+                              std::to_string(criteo_field_count));
+  }
+  for (std::size_t i = 0; i < criteo_field_count; ++i) {
+    if (f[i].size() > opts.max_field_bytes) {
+      return field_error(i, "is " + std::to_string(f[i].size()) + " bytes long, the limit is " +
+                                std::to_string(opts.max_field_bytes));
+    }
+  }
+  if (f[0] == "0") {
+    out.label = 0.0f;
+  } else if (f[0] == "1") {
+    out.label = 1.0f;
+  } else {
+    return field_error(
+        0, f[0].empty() ? "is empty, expected 0 or 1" : "is " + quoted(f[0]) + ", expected 0 or 1");
+  }
+  for (std::size_t j = 0; j < criteo_dense_count; ++j) {
+    const std::string_view v = f[1 + j];
+    if (v.empty()) {
+      out.dense[j] = 0.0f;
+      continue;
+    }
+    std::int64_t x = 0;
+    const char* b = v.data();
+    if (*b == '+') ++b;  // from_chars refuses a leading '+'
+    auto [ptr, ec] = std::from_chars(b, v.data() + v.size(), x);
+    if (ec == std::errc::result_out_of_range) {
+      return field_error(1 + j, quoted(v) + " is out of the int64 range");
+    }
+    if (ec != std::errc() || ptr != v.data() + v.size() || b == v.data() + v.size()) {
+      return field_error(1 + j, quoted(v) + " is not an integer");
+    }
+    out.dense[j] = criteo_dense(x, opts.transform);
+  }
+  for (std::size_t j = 0; j < criteo_slot_count; ++j) {
+    out.keys[j] = criteo_key(j, f[1 + criteo_dense_count + j], opts.hash_seed);
+  }
+  return {};
+}
+
+// ---- prepare_criteo -------------------------------------------------------------------------
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// One pass over every input; `on_row` gets each parsed sample. Malformed lines are handed to
+/// `on_malformed` (which returns non-ok to stop).
+template <class OnRow, class OnMalformed>
+status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_t& lines,
+                    std::uint64_t& bytes, OnRow&& on_row, OnMalformed&& on_malformed) {
+  detail::line_reader reader(opts.max_line_bytes);
+  criteo_sample sample;
+  const auto t0 = clock_type::now();
+  auto last_report = t0;
+  std::uint64_t bytes_done = 0;
+  for (std::size_t fi = 0; fi < opts.inputs.size(); ++fi) {
+    const std::string& path = opts.inputs[fi];
+    EMBCACHE_RETURN_IF_ERROR(reader.open(path).with_context("prep"));
+    while (true) {
+      const auto ev = reader.next();
+      if (ev == detail::line_reader::event::end) break;
+      ++lines;
+      if (ev == detail::line_reader::event::broken) {
+        EMBCACHE_RETURN_IF_ERROR(on_malformed(path, reader.line_number(), reader.message()));
+        break;
+      }
+      if (ev == detail::line_reader::event::too_long) {
+        EMBCACHE_RETURN_IF_ERROR(
+            on_malformed(path, reader.line_number(),
+                         "line longer than " + std::to_string(opts.max_line_bytes) + " bytes"));
+      } else {
+        status s = parse_criteo_line(reader.line(), opts.parse, sample);
+        if (s.ok()) {
+          EMBCACHE_RETURN_IF_ERROR(on_row(sample));
+        } else {
+          EMBCACHE_RETURN_IF_ERROR(on_malformed(path, reader.line_number(), s.message()));
+        }
+      }
+      if (opts.on_progress && (lines & 0x3fff) == 0) {
+        const auto now = clock_type::now();
+        if (now - last_report >= std::chrono::seconds(1)) {
+          last_report = now;
+          opts.on_progress(
+              prep_progress{pass, passes, lines, bytes_done + reader.bytes(), fi, since(t0)});
+        }
+      }
+    }
+    bytes_done += reader.bytes();
+  }
+  bytes = bytes_done;
+  if (opts.on_progress) {
+    opts.on_progress(prep_progress{pass, passes, lines, bytes_done, opts.inputs.size(), since(t0)});
+  }
+  return {};
+}
+
+const char* transform_name(dense_transform t) {
+  return t == dense_transform::identity ? "identity" : "log1p";
+}
+
+}  // namespace
+
+result<prep_summary> prepare_criteo(const prep_options& opts) {
+  const auto t0 = clock_type::now();
+  if (opts.inputs.empty()) return status::invalid_argument("prep: no input files");
+  if (opts.output_dir.empty()) return status::invalid_argument("prep: no output folder");
+  prep_summary summary;
+  const int passes = opts.rare_threshold > 1 ? 2 : 1;
+
+  // Counting pass of the rare-value filter: malformed lines are skipped silently here and
+  // reported by the writing pass, which sees the same lines.
+  std::unique_ptr<detail::flat_key_set> frequent;
+  if (passes == 2) {
+    detail::flat_key_counter counts(1 << 16);
+    std::uint64_t lines = 0, bytes = 0;
+    auto count_row = [&](const criteo_sample& s) {
+      for (std::int64_t k : s.keys) counts.add(k);
+      return status{};
+    };
+    auto skip = [&](const std::string& file, std::uint64_t line, const std::string& why) {
+      if (opts.strict) {
+        return status::corruption(file + ":" + std::to_string(line) + ": " + why);
+      }
+      return status{};
+    };
+    EMBCACHE_RETURN_IF_ERROR(for_each_row(opts, 1, passes, lines, bytes, count_row, skip));
+    frequent = std::make_unique<detail::flat_key_set>(counts.size() / 4 + 16);
+    counts.for_each([&](std::int64_t k, std::uint32_t c) {
+      if (c >= opts.rare_threshold) frequent->add(k);
+    });
+  }
+
+  dataset_writer_options wopts;
+  wopts.output_dir = opts.output_dir;
+  wopts.rows_per_shard = opts.rows_per_shard;
+  wopts.num_crossed = opts.cross ? criteo_cross_count : 0;
+  wopts.keyset = opts.keyset;
+  wopts.overwrite = opts.overwrite;
+  wopts.unique_stats = opts.unique_stats;
+  auto writer_or = dataset_writer::create(wopts);
+  if (!writer_or.ok()) return writer_or.get_status().with_context("prep");
+  auto writer = std::move(writer_or).value();
+
+  std::int64_t crossed[criteo_cross_count];
+  criteo_sample filtered;
+  auto write_row = [&](const criteo_sample& s) {
+    const criteo_sample* row = &s;
+    if (frequent) {
+      filtered = s;
+      for (std::size_t j = 0; j < criteo_slot_count; ++j) {
+        if (!frequent->contains(s.keys[j])) {
+          filtered.keys[j] = criteo_oov_key(j);
+          ++summary.rare_replaced;
+        }
+      }
+      row = &filtered;
+    }
+    if (opts.cross) criteo_cross_keys(row->keys.data(), crossed, opts.parse.hash_seed);
+    return writer->append(*row, opts.cross ? crossed : nullptr);
+  };
+  auto report = [&](const std::string& file, std::uint64_t line, const std::string& why) {
+    std::string where = file + ":" + std::to_string(line) + ": " + why;
+    if (opts.strict) return status::corruption(std::move(where));
+    ++summary.malformed;
+    if (summary.reports.size() < opts.max_reported) summary.reports.push_back(std::move(where));
+    return status{};
+  };
+  EMBCACHE_RETURN_IF_ERROR(
+      for_each_row(opts, passes, passes, summary.lines, summary.bytes, write_row, report));
+
+  std::string pairs;
+  for (const auto& [a, b] : criteo_cross_pairs) {
+    if (!pairs.empty()) pairs += ",";
+    pairs += "C" + std::to_string(a + 1) + "xC" + std::to_string(b + 1);
+  }
+  EMBCACHE_RETURN_IF_ERROR(writer->finish({
+      {"tool", "embcache-prep"},
+      {"inputs", std::to_string(opts.inputs.size())},
+      {"hash_seed", std::to_string(opts.parse.hash_seed)},
+      {"dense_transform", transform_name(opts.parse.transform)},
+      {"rare_threshold", std::to_string(opts.rare_threshold)},
+      {"crossed_pairs", opts.cross ? pairs : ""},
+      {"malformed_lines", std::to_string(summary.malformed)},
+  }));
+  summary.dataset = writer->summary();
+  summary.seconds = since(t0);
+  return summary;
+}
+
+}  // namespace embcache

@@ -1,0 +1,56 @@
+// Reads lines from a plain or gzip file (zlib detects which) without per-line allocation, and
+// turns over-long lines and broken gzip streams into results instead of failures.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "embcache/status.hpp"
+
+namespace embcache::detail {
+
+class line_reader {
+ public:
+  enum class event {
+    line,      ///< `line()` holds the next line (no newline)
+    too_long,  ///< the next line exceeded max_line_bytes and was skipped
+    broken,    ///< the stream broke (message()); the file ends here
+    end,       ///< no more lines
+  };
+
+  explicit line_reader(std::size_t max_line_bytes = 65536);
+  ~line_reader();
+  line_reader(const line_reader&) = delete;
+  line_reader& operator=(const line_reader&) = delete;
+
+  [[nodiscard]] status open(const std::string& path);
+  event next();
+  std::string_view line() const noexcept { return line_; }
+  /// 1-based number of the line last returned (or where the stream broke).
+  std::uint64_t line_number() const noexcept { return line_number_; }
+  /// Uncompressed bytes read so far.
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  bool fill();  // false at end of data or on error (then broken_ is set)
+  void close();
+
+  void* file_ = nullptr;  // gzFile
+  std::size_t max_line_;
+  std::vector<char> buf_;
+  std::size_t begin_ = 0;
+  std::size_t end_ = 0;
+  bool eof_ = false;
+  bool broken_ = false;
+  bool skipping_ = false;
+  std::string_view line_;
+  std::uint64_t line_number_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::string message_;
+};
+
+}  // namespace embcache::detail

@@ -1,0 +1,576 @@
+#include "embcache/shard.hpp"
+
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "file_io.hpp"
+#include "flat_set.hpp"
+#include "random.hpp"
+
+namespace embcache {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t label_offset = 0;
+constexpr std::size_t dense_offset = 4;
+constexpr std::size_t keys_offset = 4 * (1 + criteo_dense_count);
+constexpr std::size_t crossed_offset = keys_offset + 8 * criteo_slot_count;
+
+void encode_header(const shard_header& h, unsigned char* out) {
+  std::memset(out, 0, shard_header_size);
+  std::memcpy(out, shard_magic, 8);
+  const std::uint16_t version = shard_format_version;
+  const std::uint16_t header_size = shard_header_size;
+  const auto record_size = static_cast<std::uint32_t>(h.record_size);
+  const auto dense = static_cast<std::uint16_t>(criteo_dense_count);
+  const auto slots = static_cast<std::uint16_t>(criteo_slot_count);
+  const auto crossed = static_cast<std::uint16_t>(h.num_crossed);
+  std::memcpy(out + 8, &version, 2);
+  std::memcpy(out + 10, &header_size, 2);
+  std::memcpy(out + 12, &record_size, 4);
+  std::memcpy(out + 16, &h.rows, 8);
+  std::memcpy(out + 24, &dense, 2);
+  std::memcpy(out + 26, &slots, 2);
+  std::memcpy(out + 28, &crossed, 2);
+  std::memcpy(out + 32, &h.checksum, 8);
+  const std::uint64_t header_checksum = XXH64(out, 56, 0);
+  std::memcpy(out + 56, &header_checksum, 8);
+}
+
+status decode_header(const unsigned char* in, const std::string& path, shard_header& h) {
+  const std::string where = "shard '" + path + "'";
+  if (std::memcmp(in, shard_magic, 8) != 0) {
+    return status::corruption(where + ": bad magic (expected 'EMBSHRD1')");
+  }
+  std::uint16_t version = 0, header_size = 0, dense = 0, slots = 0, crossed = 0;
+  std::uint32_t record_size = 0;
+  std::uint64_t header_checksum = 0;
+  std::memcpy(&version, in + 8, 2);
+  if (version != shard_format_version) {
+    return status::unsupported(where + ": format version " + std::to_string(version) +
+                               ", this build reads version " +
+                               std::to_string(shard_format_version));
+  }
+  std::memcpy(&header_checksum, in + 56, 8);
+  if (XXH64(in, 56, 0) != header_checksum) {
+    return status::corruption(where + ": header checksum mismatch (the header is damaged)");
+  }
+  std::memcpy(&header_size, in + 10, 2);
+  std::memcpy(&record_size, in + 12, 4);
+  std::memcpy(&h.rows, in + 16, 8);
+  std::memcpy(&dense, in + 24, 2);
+  std::memcpy(&slots, in + 26, 2);
+  std::memcpy(&crossed, in + 28, 2);
+  std::memcpy(&h.checksum, in + 32, 8);
+  if (header_size != shard_header_size || dense != criteo_dense_count ||
+      slots != criteo_slot_count || record_size != shard_record_size(crossed)) {
+    return status::unsupported(where + ": layout " + std::to_string(dense) + " dense, " +
+                               std::to_string(slots) + " slots, record size " +
+                               std::to_string(record_size) + "; expected 13 dense, 26 slots");
+  }
+  h.num_crossed = crossed;
+  h.record_size = record_size;
+  return {};
+}
+
+status check_size(const shard_header& h, std::uint64_t file_size, const std::string& path) {
+  const std::uint64_t expected = shard_header_size + h.rows * h.record_size;
+  if (file_size != expected) {
+    return status::corruption("shard '" + path + "': header says " + std::to_string(h.rows) +
+                              " records (" + std::to_string(expected) +
+                              " bytes) but the file has " + std::to_string(file_size) + " bytes" +
+                              (file_size < expected ? " (truncated)" : ""));
+  }
+  return {};
+}
+
+void encode_record(const criteo_sample& s, const std::int64_t* crossed, std::size_t num_crossed,
+                   char* out) {
+  std::memcpy(out + label_offset, &s.label, 4);
+  std::memcpy(out + dense_offset, s.dense.data(), 4 * criteo_dense_count);
+  std::memcpy(out + keys_offset, s.keys.data(), 8 * criteo_slot_count);
+  if (num_crossed) std::memcpy(out + crossed_offset, crossed, 8 * num_crossed);
+}
+
+}  // namespace
+
+// ---- reading whole shards -------------------------------------------------------------------
+
+result<shard_header> read_shard_header(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return detail::errno_status("cannot open shard", path, errno);
+  unsigned char buf[shard_header_size];
+  const std::size_t got = std::fread(buf, 1, sizeof(buf), f);
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  std::fclose(f);
+  if (got != sizeof(buf)) {
+    return status::corruption("shard '" + path + "': " + std::to_string(got) +
+                              " bytes, shorter than the 64-byte header (truncated)");
+  }
+  shard_header h;
+  EMBCACHE_RETURN_IF_ERROR(decode_header(buf, path, h));
+  EMBCACHE_RETURN_IF_ERROR(check_size(h, static_cast<std::uint64_t>(size), path));
+  return h;
+}
+
+result<shard_data> read_shard(const std::string& path) {
+  auto bytes_or = detail::read_file_bytes(path);
+  if (!bytes_or.ok()) return bytes_or.get_status().with_context("read_shard");
+  std::vector<char>& bytes = bytes_or.value();
+  if (bytes.size() < shard_header_size) {
+    return status::corruption("shard '" + path + "': " + std::to_string(bytes.size()) +
+                              " bytes, shorter than the 64-byte header (truncated)");
+  }
+  shard_data d;
+  EMBCACHE_RETURN_IF_ERROR(
+      decode_header(reinterpret_cast<const unsigned char*>(bytes.data()), path, d.header));
+  EMBCACHE_RETURN_IF_ERROR(check_size(d.header, bytes.size(), path));
+  if (XXH64(bytes.data() + shard_header_size, bytes.size() - shard_header_size, 0) !=
+      d.header.checksum) {
+    return status::corruption("shard '" + path + "': record checksum mismatch (data damaged)");
+  }
+  // Drop the header in place rather than copying hundreds of megabytes.
+  bytes.erase(bytes.begin(), bytes.begin() + shard_header_size);
+  d.records = std::move(bytes);
+  return d;
+}
+
+float shard_data::label(std::uint64_t i) const noexcept {
+  float v;
+  std::memcpy(&v, records.data() + i * header.record_size + label_offset, 4);
+  return v;
+}
+
+void shard_data::get(std::uint64_t i, criteo_sample& out, std::int64_t* crossed) const noexcept {
+  const char* r = records.data() + i * header.record_size;
+  std::memcpy(&out.label, r + label_offset, 4);
+  std::memcpy(out.dense.data(), r + dense_offset, 4 * criteo_dense_count);
+  std::memcpy(out.keys.data(), r + keys_offset, 8 * criteo_slot_count);
+  if (crossed && header.num_crossed) {
+    std::memcpy(crossed, r + crossed_offset, 8 * header.num_crossed);
+  }
+}
+
+// ---- shard_writer ---------------------------------------------------------------------------
+
+struct shard_writer::impl {
+  detail::atomic_file_writer file;
+  shard_header header;
+  XXH64_state_t* hash = nullptr;
+  std::vector<char> record;
+  bool finished = false;
+  ~impl() {
+    if (hash) XXH64_freeState(hash);
+  }
+};
+
+shard_writer::shard_writer() : impl_(std::make_unique<impl>()) {}
+shard_writer::~shard_writer() = default;
+
+result<std::unique_ptr<shard_writer>> shard_writer::create(const std::string& path,
+                                                           std::size_t num_crossed) {
+  if (num_crossed > 0xffff) {
+    return status::invalid_argument("shard '" + path + "': " + std::to_string(num_crossed) +
+                                    " crossed keys per row, at most 65535");
+  }
+  std::unique_ptr<shard_writer> w(new shard_writer());
+  impl& m = *w->impl_;
+  m.header.num_crossed = num_crossed;
+  m.header.record_size = shard_record_size(num_crossed);
+  m.record.resize(m.header.record_size);
+  m.hash = XXH64_createState();
+  if (!m.hash) throw std::bad_alloc();
+  XXH64_reset(m.hash, 0);
+  EMBCACHE_RETURN_IF_ERROR(m.file.open(path));
+  // Placeholder header; the real one (row count, checksum) is written by finish().
+  unsigned char zeros[shard_header_size] = {};
+  EMBCACHE_RETURN_IF_ERROR(m.file.write(zeros, sizeof(zeros)));
+  return w;
+}
+
+status shard_writer::append(const criteo_sample& s, const std::int64_t* crossed) {
+  impl& m = *impl_;
+  if (m.finished) throw error(status_code::invalid_argument, "shard_writer: append after finish");
+  if (m.header.num_crossed && !crossed) {
+    throw error(status_code::invalid_argument, "shard_writer: crossed keys missing");
+  }
+  encode_record(s, crossed, m.header.num_crossed, m.record.data());
+  XXH64_update(m.hash, m.record.data(), m.record.size());
+  ++m.header.rows;
+  return m.file.write(m.record.data(), m.record.size());
+}
+
+status shard_writer::finish() {
+  impl& m = *impl_;
+  if (m.finished) throw error(status_code::invalid_argument, "shard_writer: finish twice");
+  m.finished = true;
+  m.header.checksum = XXH64_digest(m.hash);
+  unsigned char header[shard_header_size];
+  encode_header(m.header, header);
+  EMBCACHE_RETURN_IF_ERROR(m.file.write_at(0, header, sizeof(header)));
+  return m.file.commit();
+}
+
+std::uint64_t shard_writer::rows() const noexcept { return impl_->header.rows; }
+
+// ---- dataset folders ------------------------------------------------------------------------
+
+namespace {
+std::string numbered(std::size_t index, const char* suffix) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "shard-%05zu%s", index, suffix);
+  return buf;
+}
+constexpr const char* manifest_name = "manifest.json";
+}  // namespace
+
+std::string shard_file_name(std::size_t index) { return numbered(index, ".bin"); }
+std::string keyset_file_name(std::size_t index) { return numbered(index, ".keys"); }
+std::string crossed_keyset_file_name(std::size_t index) { return numbered(index, ".cross.keys"); }
+
+struct dataset_writer::impl {
+  dataset_writer_options opts;
+  dataset_summary summary;
+  std::unique_ptr<shard_writer> shard;
+  detail::flat_key_set shard_keys{1 << 16};
+  detail::flat_key_set shard_crossed{1 << 12};
+  std::vector<detail::flat_key_set> slot_keys;
+  detail::flat_key_set all_crossed{1 << 12};
+  double label_sum = 0;
+  bool finished = false;
+
+  std::string in_dir(const std::string& name) const {
+    return (fs::path(opts.output_dir) / name).string();
+  }
+
+  status close_shard() {
+    if (!shard) return {};
+    const std::size_t index = summary.shards.size();
+    shard_files files;
+    files.rows = shard->rows();
+    files.shard = in_dir(shard_file_name(index));
+    EMBCACHE_RETURN_IF_ERROR(shard->finish());
+    shard.reset();
+    std::vector<std::int64_t> keys;
+    keys.reserve(shard_keys.size());
+    shard_keys.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
+    files.keyset = in_dir(keyset_file_name(index));
+    EMBCACHE_RETURN_IF_ERROR(write_keyset(files.keyset, keys.data(), keys.size(), opts.keyset));
+    shard_keys.clear();
+    if (opts.num_crossed) {
+      keys.clear();
+      shard_crossed.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
+      files.crossed_keyset = in_dir(crossed_keyset_file_name(index));
+      EMBCACHE_RETURN_IF_ERROR(
+          write_keyset(files.crossed_keyset, keys.data(), keys.size(), opts.keyset));
+      shard_crossed.clear();
+    }
+    summary.shards.push_back(std::move(files));
+    return {};
+  }
+};
+
+dataset_writer::dataset_writer() : impl_(std::make_unique<impl>()) {}
+dataset_writer::~dataset_writer() = default;
+
+result<std::unique_ptr<dataset_writer>> dataset_writer::create(const dataset_writer_options& opts) {
+  if (opts.output_dir.empty()) return status::invalid_argument("dataset_writer: no output folder");
+  if (opts.rows_per_shard == 0) {
+    return status::invalid_argument("dataset_writer: rows_per_shard must be at least 1");
+  }
+  std::error_code ec;
+  fs::create_directories(opts.output_dir, ec);
+  if (ec) {
+    return status::io_error("cannot create output folder '" + opts.output_dir +
+                            "': " + ec.message());
+  }
+  const fs::path manifest = fs::path(opts.output_dir) / manifest_name;
+  if (fs::exists(manifest, ec)) {
+    if (!opts.overwrite) {
+      return status::invalid_argument("output folder '" + opts.output_dir +
+                                      "' already holds a dataset (manifest.json); choose another "
+                                      "folder or allow overwriting");
+    }
+  }
+  if (opts.overwrite) {
+    // Only files named like ours go, so stale shards of a bigger earlier run cannot linger.
+    static const std::regex ours(R"(shard-\d{5,}\.(bin|keys|cross\.keys)|manifest\.json)");
+    for (const auto& entry : fs::directory_iterator(opts.output_dir, ec)) {
+      if (std::regex_match(entry.path().filename().string(), ours)) fs::remove(entry.path(), ec);
+    }
+  }
+  std::unique_ptr<dataset_writer> w(new dataset_writer());
+  impl& m = *w->impl_;
+  m.opts = opts;
+  m.summary.num_crossed = opts.num_crossed;
+  m.summary.keyset = opts.keyset;
+  m.summary.has_unique_stats = opts.unique_stats;
+  if (opts.unique_stats) m.slot_keys.assign(criteo_slot_count, detail::flat_key_set(1 << 10));
+  return w;
+}
+
+status dataset_writer::append(const criteo_sample& s, const std::int64_t* crossed) {
+  impl& m = *impl_;
+  if (m.finished) throw error(status_code::invalid_argument, "dataset_writer: append after finish");
+  if (!m.shard) {
+    auto w = shard_writer::create(m.in_dir(shard_file_name(m.summary.shards.size())),
+                                  m.opts.num_crossed);
+    if (!w.ok()) return w.get_status();
+    m.shard = std::move(w).value();
+  }
+  EMBCACHE_RETURN_IF_ERROR(m.shard->append(s, crossed));
+  for (std::size_t j = 0; j < criteo_slot_count; ++j) m.shard_keys.add(s.keys[j]);
+  for (std::size_t j = 0; j < m.opts.num_crossed; ++j) m.shard_crossed.add(crossed[j]);
+  if (m.opts.unique_stats) {
+    for (std::size_t j = 0; j < criteo_slot_count; ++j) m.slot_keys[j].add(s.keys[j]);
+    for (std::size_t j = 0; j < m.opts.num_crossed; ++j) m.all_crossed.add(crossed[j]);
+  }
+  m.label_sum += s.label;
+  ++m.summary.rows;
+  if (m.shard->rows() == m.opts.rows_per_shard) return m.close_shard();
+  return {};
+}
+
+status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> producer) {
+  impl& m = *impl_;
+  if (m.finished) throw error(status_code::invalid_argument, "dataset_writer: finish twice");
+  m.finished = true;
+  EMBCACHE_RETURN_IF_ERROR(m.close_shard());
+  dataset_summary& s = m.summary;
+  s.label_mean = s.rows ? m.label_sum / static_cast<double>(s.rows) : 0.0;
+  if (m.opts.unique_stats) {
+    for (std::size_t j = 0; j < criteo_slot_count; ++j) s.unique_keys[j] = m.slot_keys[j].size();
+    s.unique_crossed_keys = m.all_crossed.size();
+    m.slot_keys.clear();
+  }
+  s.producer = std::move(producer);
+
+  nlohmann::ordered_json j;
+  j["format"] = "embcache-dataset";
+  j["version"] = 1;
+  j["rows"] = s.rows;
+  j["label_mean"] = s.label_mean;
+  j["dense_count"] = criteo_dense_count;
+  j["slot_count"] = criteo_slot_count;
+  j["crossed_per_row"] = s.num_crossed;
+  j["keyset_format"] = to_string(s.keyset);
+  j["key_type"] = "int64";
+  if (s.has_unique_stats) {
+    j["unique_keys_per_slot"] = s.unique_keys;
+    j["unique_crossed_keys"] = s.unique_crossed_keys;
+  }
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (const auto& f : s.shards) {
+    nlohmann::ordered_json e;
+    e["file"] = fs::path(f.shard).filename().string();
+    e["rows"] = f.rows;
+    e["keyset"] = fs::path(f.keyset).filename().string();
+    if (!f.crossed_keyset.empty()) {
+      e["crossed_keyset"] = fs::path(f.crossed_keyset).filename().string();
+    }
+    shards.push_back(std::move(e));
+  }
+  j["shards"] = std::move(shards);
+  nlohmann::ordered_json prod = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : s.producer) prod[k] = v;
+  j["producer"] = std::move(prod);
+  const std::string text = j.dump(2) + "\n";
+  detail::atomic_file_writer out;
+  EMBCACHE_RETURN_IF_ERROR(out.open(m.in_dir(manifest_name)));
+  EMBCACHE_RETURN_IF_ERROR(out.write(text.data(), text.size()));
+  return out.commit();
+}
+
+const dataset_summary& dataset_writer::summary() const noexcept { return impl_->summary; }
+
+result<dataset_summary> read_dataset_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / manifest_name).string();
+  auto bytes = detail::read_file_bytes(path);
+  if (!bytes.ok()) return bytes.get_status();
+  const std::vector<char>& b = bytes.value();
+  try {
+    const auto j = nlohmann::json::parse(b.begin(), b.end());
+    if (j.at("format").get<std::string>() != "embcache-dataset" ||
+        j.at("version").get<int>() != 1) {
+      return status::unsupported("'" + path + "': not an embcache dataset manifest of version 1");
+    }
+    dataset_summary s;
+    s.rows = j.at("rows").get<std::uint64_t>();
+    s.label_mean = j.at("label_mean").get<double>();
+    s.num_crossed = j.at("crossed_per_row").get<std::size_t>();
+    const std::string fmt = j.at("keyset_format").get<std::string>();
+    if (fmt == "embcache") {
+      s.keyset = keyset_format::embcache;
+    } else if (fmt == "hugectr_raw") {
+      s.keyset = keyset_format::hugectr_raw;
+    } else {
+      return status::corruption("'" + path + "': unknown keyset_format '" + fmt + "'");
+    }
+    if (j.contains("unique_keys_per_slot")) {
+      s.has_unique_stats = true;
+      s.unique_keys = j.at("unique_keys_per_slot").get<decltype(s.unique_keys)>();
+      s.unique_crossed_keys = j.at("unique_crossed_keys").get<std::uint64_t>();
+    }
+    for (const auto& e : j.at("shards")) {
+      shard_files f;
+      f.shard = (fs::path(dir) / e.at("file").get<std::string>()).string();
+      f.keyset = (fs::path(dir) / e.at("keyset").get<std::string>()).string();
+      if (e.contains("crossed_keyset")) {
+        f.crossed_keyset = (fs::path(dir) / e.at("crossed_keyset").get<std::string>()).string();
+      }
+      f.rows = e.at("rows").get<std::uint64_t>();
+      s.shards.push_back(std::move(f));
+    }
+    if (j.contains("producer")) {
+      for (const auto& [k, v] : j.at("producer").items()) {
+        s.producer.emplace_back(k, v.get<std::string>());
+      }
+    }
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    return status::corruption("'" + path + "': " + e.what());
+  }
+}
+
+// ---- shard_reader ---------------------------------------------------------------------------
+
+struct shard_reader::impl {
+  std::vector<std::string> paths;
+  std::vector<shard_header> headers;
+  shard_reader_options opts;
+  std::uint64_t total_rows = 0;
+  std::size_t num_crossed = 0;
+
+  std::size_t current = 0;  // index of the loaded shard; == paths.size() before the first
+  bool started = false;
+  shard_data data;
+  std::vector<std::uint64_t> order;  // empty when not shuffling
+  std::uint64_t position = 0;
+  std::future<result<shard_data>> ahead;
+  std::size_t ahead_index = 0;
+  status failed;
+
+  static result<shard_data> load(const std::string& path) { return read_shard(path); }
+
+  void start_read_ahead(std::size_t index) {
+    if (!opts.read_ahead || index >= paths.size()) return;
+    ahead_index = index;
+    ahead = std::async(std::launch::async, &impl::load, paths[index]);
+  }
+
+  status load_shard(std::size_t index) {
+    result<shard_data> r =
+        (ahead.valid() && ahead_index == index) ? ahead.get() : load(paths[index]);
+    if (!r.ok()) return r.get_status();
+    data = std::move(r).value();
+    if (data.header.rows != headers[index].rows || data.header.num_crossed != num_crossed) {
+      return status::corruption("shard '" + paths[index] + "' changed while being read");
+    }
+    start_read_ahead(index + 1);
+    position = 0;
+    order.clear();
+    if (opts.shuffle) {
+      order.resize(data.header.rows);
+      for (std::uint64_t i = 0; i < order.size(); ++i) order[i] = i;
+      // Own Fisher-Yates so the order is the same with every standard library.
+      detail::splitmix64 rng(detail::mix64(opts.seed, index));
+      for (std::uint64_t i = order.size(); i > 1; --i) {
+        std::swap(order[i - 1], order[rng.below(i)]);
+      }
+    }
+    return {};
+  }
+};
+
+shard_reader::shard_reader() : impl_(std::make_unique<impl>()) {}
+shard_reader::~shard_reader() {
+  if (impl_ && impl_->ahead.valid()) impl_->ahead.wait();
+}
+
+result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<std::string> paths,
+                                                         const shard_reader_options& opts) {
+  if (opts.batch_size == 0) {
+    throw error(status_code::invalid_argument, "shard_reader: batch_size must be at least 1");
+  }
+  std::unique_ptr<shard_reader> r(new shard_reader());
+  impl& m = *r->impl_;
+  m.opts = opts;
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    auto h = read_shard_header(paths[i]);
+    if (!h.ok()) return h.get_status();
+    if (i > 0 && h.value().num_crossed != m.num_crossed) {
+      return status::invalid_argument(
+          "shard '" + paths[i] + "' has " + std::to_string(h.value().num_crossed) +
+          " crossed keys per row, '" + paths[0] + "' has " + std::to_string(m.num_crossed));
+    }
+    m.num_crossed = h.value().num_crossed;
+    m.total_rows += h.value().rows;
+    m.headers.push_back(h.value());
+  }
+  m.paths = std::move(paths);
+  m.start_read_ahead(0);
+  return r;
+}
+
+status shard_reader::next(shard_batch& out) {
+  impl& m = *impl_;
+  out.size = 0;
+  out.num_crossed = m.num_crossed;
+  if (!m.failed.ok()) return m.failed;
+  const std::size_t b = m.opts.batch_size;
+  while (true) {
+    if (m.started) {
+      const std::uint64_t left = m.data.header.rows - m.position;
+      if (left > 0 && (left >= b || !m.opts.drop_last)) break;
+      ++m.current;
+    }
+    if (m.current >= m.paths.size()) {
+      m.started = true;
+      m.data = shard_data{};
+      return {};
+    }
+    m.started = true;
+    status s = m.load_shard(m.current);
+    if (!s.ok()) {
+      m.failed = s;
+      m.current = m.paths.size();
+      return s;
+    }
+  }
+  const std::uint64_t n = std::min<std::uint64_t>(b, m.data.header.rows - m.position);
+  const std::size_t c = m.num_crossed;
+  out.size = n;
+  out.shard_index = m.current;
+  out.labels.resize(n);
+  out.dense.resize(n * criteo_dense_count);
+  out.keys.resize(n * criteo_slot_count);
+  out.crossed.resize(n * c);
+  out.rows.resize(n);
+  const std::size_t rs = m.data.header.record_size;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t row = m.order.empty() ? m.position + i : m.order[m.position + i];
+    const char* r = m.data.records.data() + row * rs;
+    out.rows[i] = row;
+    std::memcpy(&out.labels[i], r + label_offset, 4);
+    std::memcpy(&out.dense[i * criteo_dense_count], r + dense_offset, 4 * criteo_dense_count);
+    std::memcpy(&out.keys[i * criteo_slot_count], r + keys_offset, 8 * criteo_slot_count);
+    if (c) std::memcpy(&out.crossed[i * c], r + crossed_offset, 8 * c);
+  }
+  m.position += n;
+  return {};
+}
+
+std::uint64_t shard_reader::total_rows() const noexcept { return impl_->total_rows; }
+std::size_t shard_reader::num_shards() const noexcept { return impl_->paths.size(); }
+std::size_t shard_reader::num_crossed() const noexcept { return impl_->num_crossed; }
+
+}  // namespace embcache

@@ -1,0 +1,106 @@
+// embcache-prep: Criteo TSV (plain or gzip) to shards, keysets and manifest.json.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "embcache/criteo.hpp"
+
+namespace {
+
+void print_progress(const embcache::prep_progress& p) {
+  const double mb = static_cast<double>(p.bytes) / 1e6;
+  const double s = p.seconds > 0 ? p.seconds : 1e-9;
+  std::fprintf(stderr, "\rpass %d/%d  file %zu  %llu lines  %.1f MB  %.0f lines/s  %.1f MB/s   ",
+               p.pass, p.passes, p.file_index + 1, static_cast<unsigned long long>(p.lines), mb,
+               static_cast<double>(p.lines) / s, mb / s);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Converts Criteo TSV files (label, I1..I13, C1..C26; plain or gzip) into binary "
+      "shards with one keyset per shard and table, and a manifest.json."};
+  embcache::prep_options opts;
+  std::string keyset = "embcache";
+  std::string transform = "log1p";
+  bool progress = ::isatty(STDERR_FILENO) != 0;
+  bool no_unique_stats = false;
+  app.add_option("inputs", opts.inputs, "TSV files, plain or .gz")->required();
+  app.add_option("-o,--output", opts.output_dir, "Output folder (created)")->required();
+  app.add_option("-n,--rows-per-shard", opts.rows_per_shard, "Rows per shard")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keyset-format", keyset,
+                 "Keyset files: 'embcache' (header + checksum) or 'raw' (HugeCTR: bare keys)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"embcache", "raw"}));
+  app.add_option("--rare-threshold", opts.rare_threshold,
+                 "Values seen fewer times than this map to one OOV key per slot (adds a counting "
+                 "pass); 0 or 1: off")
+      ->capture_default_str();
+  app.add_flag("--cross", opts.cross, "Add 13 crossed keys per row: C1xC2, C3xC4, ..., C25xC26");
+  app.add_flag("--strict", opts.strict, "Stop at the first malformed line");
+  app.add_flag("--force", opts.overwrite, "Replace a dataset already in the output folder");
+  app.add_option("--hash-seed", opts.parse.hash_seed, "Seed of the categorical hash")
+      ->capture_default_str();
+  app.add_option("--dense", transform, "Dense transform: 'log1p' (log(1+max(x,0))) or 'identity'")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"log1p", "identity"}));
+  app.add_option("--max-reported", opts.max_reported, "Malformed lines reported by file:line")
+      ->capture_default_str();
+  app.add_flag("--progress,!--no-progress", progress,
+               "Progress line on stderr (default: when stderr is a terminal)");
+  app.add_flag("--no-unique-stats", no_unique_stats,
+               "Skip the distinct-key counts (saves ~16 bytes per distinct key)");
+  CLI11_PARSE(app, argc, argv);
+
+  opts.keyset =
+      keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
+  opts.parse.transform = transform == "identity" ? embcache::dense_transform::identity
+                                                 : embcache::dense_transform::log1p;
+  opts.unique_stats = !no_unique_stats;
+  if (progress) opts.on_progress = print_progress;
+
+  auto r = embcache::prepare_criteo(opts);
+  if (progress) std::fprintf(stderr, "\n");
+  if (!r.ok()) {
+    std::cerr << "embcache-prep: " << r.get_status().to_string() << "\n";
+    return 1;
+  }
+  const embcache::prep_summary& s = r.value();
+  const embcache::dataset_summary& d = s.dataset;
+  for (const auto& line : s.reports) std::cerr << "malformed: " << line << "\n";
+  if (s.malformed > s.reports.size()) {
+    std::cerr << "malformed: ... and " << (s.malformed - s.reports.size()) << " more\n";
+  }
+  std::printf("rows          %llu\n", static_cast<unsigned long long>(d.rows));
+  std::printf("malformed     %llu of %llu lines\n", static_cast<unsigned long long>(s.malformed),
+              static_cast<unsigned long long>(s.lines));
+  std::printf("label mean    %.4f\n", d.label_mean);
+  std::printf("shards        %zu in %s\n", d.shards.size(), opts.output_dir.c_str());
+  if (opts.rare_threshold > 1) {
+    std::printf("rare values   %llu replaced by OOV keys\n",
+                static_cast<unsigned long long>(s.rare_replaced));
+  }
+  if (d.has_unique_stats) {
+    std::printf("unique keys  ");
+    for (std::size_t j = 0; j < embcache::criteo_slot_count; ++j) {
+      std::printf(" C%zu=%llu", j + 1, static_cast<unsigned long long>(d.unique_keys[j]));
+    }
+    std::printf("\n");
+    if (opts.cross) {
+      std::printf("crossed keys  %llu unique\n",
+                  static_cast<unsigned long long>(d.unique_crossed_keys));
+    }
+  }
+  const double secs = s.seconds > 0 ? s.seconds : 1e-9;
+  std::printf("throughput    %.0f rows/s, %.1f MB/s (%.2f s)\n",
+              static_cast<double>(s.lines) / secs, static_cast<double>(s.bytes) / 1e6 / secs,
+              s.seconds);
+  return 0;
+}

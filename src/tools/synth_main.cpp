@@ -1,0 +1,90 @@
+// embcache-synth: synthetic Criteo-like data as TSV or directly as a dataset folder.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "embcache/synth.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Generates synthetic Criteo-like rows (Zipf values, Criteo-shaped cardinalities, "
+      "labels from a hidden logistic model); deterministic from the seed."};
+  embcache::synth_options opts;
+  std::string format = "shards";
+  std::string output;
+  std::string keyset = "embcache";
+  embcache::dataset_writer_options out;
+  bool cross = false;
+  bool progress = ::isatty(STDERR_FILENO) != 0;
+  bool no_unique_stats = false;
+  embcache::criteo_parse_options parse;
+  app.add_option("-o,--output", output,
+                 "TSV file (.gz: compressed) for --format tsv, folder for --format shards")
+      ->required();
+  app.add_option("-f,--format", format, "'tsv' or 'shards'")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tsv", "shards"}));
+  app.add_option("-r,--rows", opts.rows, "Rows")->capture_default_str();
+  app.add_option("-s,--seed", opts.seed, "Seed")->capture_default_str();
+  app.add_option("--cardinality-scale", opts.cardinality_scale,
+                 "Multiplies Criteo's per-slot cardinalities")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--zipf", opts.zipf_exponent, "Zipf exponent of the categorical values")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--signal", opts.signal, "Scale of the hidden model's weights")
+      ->capture_default_str();
+  app.add_option("-n,--rows-per-shard", out.rows_per_shard, "Rows per shard (shards)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keyset-format", keyset, "'embcache' or 'raw' (shards)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"embcache", "raw"}));
+  app.add_flag("--cross", cross, "Add the 13 crossed keys per row (shards)");
+  app.add_option("--hash-seed", parse.hash_seed, "Seed of the categorical hash (shards)")
+      ->capture_default_str();
+  app.add_flag("--force", out.overwrite, "Replace a dataset already in the folder (shards)");
+  app.add_flag("--no-unique-stats", no_unique_stats,
+               "Skip the distinct-key counts (bounded memory for huge runs)");
+  app.add_flag("--progress,!--no-progress", progress,
+               "Progress line on stderr (default: when stderr is a terminal)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (progress) {
+    const std::uint64_t total = opts.rows;
+    opts.on_progress = [total](std::uint64_t done) {
+      std::fprintf(stderr, "\r%llu / %llu rows   ", static_cast<unsigned long long>(done),
+                   static_cast<unsigned long long>(total));
+      std::fflush(stderr);
+    };
+  }
+  if (format == "tsv") {
+    embcache::status s = embcache::write_synth_tsv(output, opts);
+    if (progress) std::fprintf(stderr, "\n");
+    if (!s.ok()) {
+      std::cerr << "embcache-synth: " << s.to_string() << "\n";
+      return 1;
+    }
+    std::printf("rows          %llu\nfile          %s\n",
+                static_cast<unsigned long long>(opts.rows), output.c_str());
+    return 0;
+  }
+  out.output_dir = output;
+  out.keyset =
+      keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
+  out.unique_stats = !no_unique_stats;
+  auto r = embcache::write_synth_dataset(opts, out, cross, parse);
+  if (progress) std::fprintf(stderr, "\n");
+  if (!r.ok()) {
+    std::cerr << "embcache-synth: " << r.get_status().to_string() << "\n";
+    return 1;
+  }
+  const embcache::dataset_summary& d = r.value();
+  std::printf("rows          %llu\nlabel mean    %.4f\nshards        %zu in %s\n",
+              static_cast<unsigned long long>(d.rows), d.label_mean, d.shards.size(),
+              output.c_str());
+  return 0;
+}
