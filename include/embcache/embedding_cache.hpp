@@ -1,0 +1,239 @@
+/// @file embedding_cache.hpp
+/// @brief The device embedding cache: a fixed-capacity hash table from keys to rows.
+///
+/// Layout. Slots are grouped in buckets of `bucket_size`; each slot has a one-byte state (empty,
+/// busy, or a 7-bit-ish digest of its key), a key, a version and a score; rows live in a separate
+/// pool indexed by slot, so a slot index is also a row index. A key is stored in its home bucket,
+/// or, when that bucket was full at insertion, in one of the following buckets (linear probing
+/// by bucket); a per-bucket counter of keys that probed past it keeps lookups short and lets
+/// erase leave plain empty slots (no tombstones). Every key value is a valid key: occupancy lives
+/// in the state byte, never in a reserved key.
+///
+/// Concurrency. Within one bulk call, keys are processed in parallel. Between host threads,
+/// find / find_or_insert / insert_or_assign / lookup_slots / read_slots / assign_slots /
+/// mark_updated may run at the same time; erase, insert_and_evict, export, clear take the table
+/// exclusively. In the cuda space, calls are ordered by the space's stream and return once done.
+///
+/// Duplicate keys within one batch:
+///  - find, lookup_slots, read_slots: every occurrence gets the same answer;
+///  - find_or_insert: the key is inserted once; every occurrence sees the same row, and only the
+///    first occurrence in batch order reports `inserted`;
+///  - insert_or_assign, assign_slots: the last occurrence in batch order wins;
+///  - erase: the key is erased once and counted once;
+///  - insert_and_evict: occurrences are handled in batch order; the later ones are hits.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <vector>
+
+#include "embcache/buffer.hpp"
+#include "embcache/detail/config.hpp"
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+/// How new rows are filled. The embedding part is a function of (seed, key, column) only, so it
+/// is identical in every space, batch order and thread count.
+enum class init_kind : std::uint8_t {
+  uniform,   ///< uniform in [-scale, scale)
+  normal,    ///< approximately normal (sum of 4 uniforms), mean 0, standard deviation `scale`
+  constant,  ///< every element = scale
+};
+
+/// Initializer of new rows.
+struct initializer_options {
+  init_kind kind = init_kind::uniform;  ///< default: uniform
+  float scale = 0.05f;                  ///< default 0.05: range, standard deviation or value
+  std::uint64_t seed = 0;               ///< default 0; fold the table id in to vary per table
+  float state_value = 0.0f;             ///< default 0: value of every optimizer-state element
+};
+
+/// How eviction ranks rows (lowest score goes first).
+enum class score_policy : std::uint8_t {
+  lru,  ///< score = number of the last bulk call that touched the row (default)
+  lfu,  ///< score = number of bulk calls that touched the row
+};
+
+/// Construction options of an embedding cache.
+struct cache_options {
+  std::size_t capacity = 0;     ///< rows; required; rounded up to a multiple of bucket_size
+  std::size_t dim = 0;          ///< embedding floats per row; required (>= 1)
+  std::size_t state_width = 0;  ///< optimizer-state floats per row; default 0 (SGD)
+  initializer_options init{};   ///< default: uniform(-0.05, 0.05), seed 0, state 0
+  score_policy scores = score_policy::lru;  ///< default: LRU
+};
+
+/// Which rows an export takes.
+struct export_filter {
+  /// Rows whose version is greater than this are exported; default 0 = every row whose version
+  /// is not 0. Use `all = true` for every row regardless of version.
+  std::uint64_t changed_since = 0;
+  bool all = true;  ///< default true: export every resident row
+};
+
+/// Rows copied to host memory by export_to_host, sorted by key.
+template <class Key>
+struct exported_rows {
+  std::vector<Key> keys;
+  std::vector<float> rows;  ///< keys.size() * row_width floats
+  std::vector<std::uint64_t> versions;
+};
+
+namespace detail {
+template <class Key>
+struct cache_ref;
+}  // namespace detail
+
+/// Fixed-capacity hash table of embedding rows in the memory of `Space`.
+///
+/// Every pointer argument points into the memory of `Space` (host memory for host_space, device
+/// memory for cuda_space). Rows are `row_width() = dim + state_width` floats.
+///
+/// Versions: each mutating bulk call takes the next value of a version clock that only grows;
+/// every row it writes is stamped with it (or with the caller's versions where a call takes
+/// them), which is how export finds the rows changed since an earlier version.
+template <class Key, class Space>
+class embedding_cache {
+ public:
+  /// Slots per bucket.
+  static constexpr std::size_t bucket_size = 128;
+
+  /// Allocates the table. Throws embcache::error (invalid_argument) for a zero capacity or dim.
+  explicit embedding_cache(const cache_options& options, Space space = {});
+  ~embedding_cache();
+  embedding_cache(const embedding_cache&) = delete;
+  embedding_cache& operator=(const embedding_cache&) = delete;
+
+  /// Copies the row of each found key into `rows_out` (n * row_width; may be nullptr) and sets
+  /// `found_out[i]` (may be nullptr). Rows of missing keys are left untouched. Updates scores.
+  status find(const Key* keys, std::size_t n, float* rows_out, bool* found_out);
+
+  /// Finds each key, inserting the missing ones with the initializer. `rows_out` (may be nullptr)
+  /// receives every row; `inserted_out` (may be nullptr) says which occurrence inserted. When the
+  /// table has no room for some keys it returns capacity_exceeded naming how many and one of
+  /// them; the keys that fit are inserted, the others are absent.
+  status find_or_insert(const Key* keys, std::size_t n, float* rows_out, bool* inserted_out);
+
+  /// Inserts or overwrites rows. `versions` (may be nullptr) gives each row's version; nullptr
+  /// stamps the call's version. Last occurrence of a repeated key wins.
+  status insert_or_assign(const Key* keys, std::size_t n, const float* rows,
+                          const std::uint64_t* versions = nullptr);
+
+  /// Removes keys; absent keys are ignored. `erased_out` (may be nullptr, host memory) receives
+  /// how many were removed.
+  status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr);
+
+  /// Slot (row index) of each key, or -1 when absent. With `insert_missing`, missing keys are
+  /// inserted with the initializer (`inserted_out` as in find_or_insert; may be nullptr).
+  status lookup_slots(const Key* keys, std::size_t n, std::int64_t* slots_out,
+                      bool insert_missing = false, bool* inserted_out = nullptr);
+
+  /// Copies the rows of `slots` into `rows_out`. A slot of -1 leaves its row untouched.
+  status read_slots(const std::int64_t* slots, std::size_t n, float* rows_out) const;
+
+  /// Overwrites the rows of `slots` (each must hold a key) and stamps versions (`versions` may be
+  /// nullptr: the call's version). Last occurrence of a repeated slot wins; -1 is skipped.
+  status assign_slots(const std::int64_t* slots, std::size_t n, const float* rows,
+                      const std::uint64_t* versions = nullptr);
+
+  /// Stamps the call's version on `slots` (after an in-place update of their rows). -1 skipped.
+  status mark_updated(const std::int64_t* slots, std::size_t n);
+
+  /// The on-demand insert. Missing keys are inserted into their home bucket, with `rows_in[i]`
+  /// (may be nullptr: the initializer) and `versions_in[i]` (may be nullptr: the call's
+  /// version). When the home bucket is full, its lowest-score row that this call did not touch is
+  /// evicted and handed back: `evicted_keys`, `evicted_rows` (n * row_width), `evicted_versions`
+  /// receive up to n victims in the order of the keys that displaced them, `*evicted_count`
+  /// (host memory) how many. `found_out` (may be nullptr) says which keys were resident and
+  /// `slots_out` (may be nullptr) where each key is now (-1 if it could not be placed: then the
+  /// call returns capacity_exceeded). Deterministic: the result does not depend on thread count.
+  status insert_and_evict(const Key* keys, std::size_t n, const float* rows_in,
+                          const std::uint64_t* versions_in, Key* evicted_keys,
+                          float* evicted_rows, std::uint64_t* evicted_versions,
+                          std::size_t* evicted_count, bool* found_out = nullptr,
+                          std::int64_t* slots_out = nullptr);
+
+  /// Number of resident rows that pass `filter`.
+  std::size_t count_if(const export_filter& filter) const;
+
+  /// Copies the rows that pass `filter`, sorted by key, into `keys_out`, `rows_out` (may be
+  /// nullptr) and `versions_out` (may be nullptr), which hold `max_out` rows; `*count_out` (host
+  /// memory) receives how many were written. capacity_exceeded when more than max_out match.
+  status export_if(const export_filter& filter, Key* keys_out, float* rows_out,
+                   std::uint64_t* versions_out, std::size_t max_out, std::size_t* count_out) const;
+
+  /// export_if into host vectors, in any space.
+  result<exported_rows<Key>> export_to_host(const export_filter& filter) const;
+
+  /// Removes every row. The version clock keeps its value.
+  void clear();
+
+  /// Resident rows.
+  std::size_t size() const noexcept { return size_; }
+  /// Slots (the constructor's capacity rounded up to a multiple of bucket_size).
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// size() / capacity().
+  double load_factor() const noexcept {
+    return capacity_ ? double(size_.load()) / double(capacity_) : 0.0;
+  }
+  std::size_t dim() const noexcept { return options_.dim; }
+  std::size_t row_width() const noexcept { return row_width_; }
+  const cache_options& options() const noexcept { return options_; }
+  const Space& space() const noexcept { return space_; }
+
+  /// Current value of the version clock (the version of the last mutating call).
+  std::uint64_t version() const noexcept { return version_clock_; }
+  /// Moves the version clock forward to at least `v` (for callers that keep their own counter).
+  void advance_version(std::uint64_t v) noexcept {
+    std::uint64_t cur = version_clock_.load();
+    while (v > cur && !version_clock_.compare_exchange_weak(cur, v)) {
+    }
+  }
+
+  /// The row pool (capacity * row_width floats in the space's memory); row i belongs to slot i.
+  float* rows() noexcept { return rows_.data(); }
+  const float* rows() const noexcept { return rows_.data(); }
+
+  /// A non-owning view carrying the single-key operations, for use in the caller's kernels.
+  detail::cache_ref<Key> ref() const noexcept;
+
+ private:
+  std::uint64_t next_op() noexcept { return ++op_clock_; }
+  std::uint64_t next_version() noexcept { return ++version_clock_; }
+  status insert_pass(const Key* keys, std::size_t n, std::int64_t* slots, float* rows_out,
+                     bool* inserted_out, bool initialize, std::uint64_t op, const char* what);
+  status check_no_failures(const std::int64_t* slots, const Key* keys, std::size_t n,
+                           const char* what) const;
+
+  cache_options options_;
+  Space space_;
+  std::size_t capacity_ = 0;
+  std::size_t num_buckets_ = 0;
+  std::size_t row_width_ = 0;
+  std::atomic<std::size_t> size_{0};
+  std::atomic<std::uint64_t> version_clock_{0};
+  std::atomic<std::uint64_t> op_clock_{0};
+  std::atomic<std::uint32_t> claim_epoch_{0};
+
+  buffer<std::uint8_t, Space> states_;
+  buffer<Key, Space> keys_;
+  buffer<std::uint32_t, Space> overflow_;
+  buffer<std::uint64_t, Space> versions_;
+  buffer<std::uint64_t, Space> scores_;
+  buffer<std::uint64_t, Space> touched_;  // LFU only: op of the last touch
+  buffer<std::uint64_t, Space> claims_;   // last-writer-wins tags of insert_or_assign/assign_slots
+  buffer<float, Space> rows_;
+  std::unique_ptr<std::shared_mutex> mutex_;
+};
+
+extern template class embedding_cache<std::int64_t, host_space>;
+extern template class embedding_cache<std::uint32_t, host_space>;
+extern template class embedding_cache<std::int64_t, cuda_space>;
+extern template class embedding_cache<std::uint32_t, cuda_space>;
+
+}  // namespace embcache

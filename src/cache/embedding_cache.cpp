@@ -1,0 +1,9 @@
+// Host-space instantiations of the embedding cache.
+#include "embcache/detail/host_algorithms.hpp"
+// The algorithms header must come first: the definitions below call its for_each_index.
+#include "embcache/detail/embedding_cache.inl"
+
+namespace embcache {
+template class embedding_cache<std::int64_t, host_space>;
+template class embedding_cache<std::uint32_t, host_space>;
+}  // namespace embcache

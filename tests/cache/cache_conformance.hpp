@@ -1,0 +1,552 @@
+// Conformance suite of embedding_cache, typed over spaces. Included by the host test (g++) and
+// by the cuda test (nvcc); each instantiates it for the spaces it has.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "embcache/buffer.hpp"
+#include "embcache/detail/cache_ref.hpp"
+#include "embcache/embedding_cache.hpp"
+
+namespace embcache::testing {
+
+template <class K, class S>
+struct cache_case {
+  using key_type = K;
+  using space_type = S;
+};
+
+// Runs cache calls on host vectors, copying through the space's memory.
+template <class Key, class Space>
+class harness {
+ public:
+  explicit harness(cache_options o, Space space = {}) : cache(o, space), space_(space) {}
+
+  template <class T>
+  buffer<T, Space> to_space(const std::vector<T>& v) {
+    buffer<T, Space> b(v.size(), space_);
+    if (!v.empty()) b.copy_from_host(v.data(), v.size());
+    return b;
+  }
+  template <class T>
+  std::vector<T> to_host(const buffer<T, Space>& b, std::size_t n) {
+    std::vector<T> v(n);
+    if (n) b.copy_to_host(v.data(), n);
+    return v;
+  }
+
+  std::vector<bool> bools_to_host(const buffer<bool, Space>& b, std::size_t n) {
+    std::unique_ptr<bool[]> tmp(new bool[n ? n : 1]);
+    if (n) b.copy_to_host(tmp.get(), n);
+    return std::vector<bool>(tmp.get(), tmp.get() + n);
+  }
+
+  struct find_result {
+    std::vector<float> rows;
+    std::vector<bool> found;
+  };
+  find_result find(const std::vector<Key>& keys) {
+    auto k = to_space(keys);
+    buffer<float, Space> rows(keys.size() * cache.row_width(), space_);
+    buffer<bool, Space> found(keys.size(), space_);
+    EXPECT_TRUE(cache.find(k.data(), keys.size(), rows.data(), found.data()).ok());
+    return {to_host(rows, rows.size()), bools_to_host(found, keys.size())};
+  }
+  status find_or_insert(const std::vector<Key>& keys, std::vector<float>* rows_out = nullptr,
+                        std::vector<bool>* inserted_out = nullptr) {
+    auto k = to_space(keys);
+    buffer<float, Space> rows(keys.size() * cache.row_width(), space_);
+    buffer<bool, Space> ins(keys.size(), space_);
+    status s = cache.find_or_insert(k.data(), keys.size(), rows.data(), ins.data());
+    if (rows_out) *rows_out = to_host(rows, rows.size());
+    if (inserted_out) *inserted_out = bools_to_host(ins, keys.size());
+    return s;
+  }
+  status insert_or_assign(const std::vector<Key>& keys, const std::vector<float>& rows) {
+    auto k = to_space(keys);
+    auto r = to_space(rows);
+    return cache.insert_or_assign(k.data(), keys.size(), r.data());
+  }
+  std::size_t erase(const std::vector<Key>& keys) {
+    auto k = to_space(keys);
+    std::size_t n = 0;
+    EXPECT_TRUE(cache.erase(k.data(), keys.size(), &n).ok());
+    return n;
+  }
+  std::vector<std::int64_t> slots(const std::vector<Key>& keys, bool insert = false) {
+    auto k = to_space(keys);
+    buffer<std::int64_t, Space> s(keys.size(), space_);
+    EXPECT_TRUE(cache.lookup_slots(k.data(), keys.size(), s.data(), insert).ok());
+    return to_host(s, keys.size());
+  }
+  std::vector<float> read_slots(const std::vector<std::int64_t>& slots) {
+    auto s = to_space(slots);
+    buffer<float, Space> rows(slots.size() * cache.row_width(), space_);
+    rows.fill_bytes(0);
+    EXPECT_TRUE(cache.read_slots(s.data(), slots.size(), rows.data()).ok());
+    return to_host(rows, rows.size());
+  }
+  void assign_slots(const std::vector<std::int64_t>& slots, const std::vector<float>& rows) {
+    auto s = to_space(slots);
+    auto r = to_space(rows);
+    EXPECT_TRUE(cache.assign_slots(s.data(), slots.size(), r.data()).ok());
+  }
+  void mark_updated(const std::vector<std::int64_t>& slots) {
+    auto s = to_space(slots);
+    EXPECT_TRUE(cache.mark_updated(s.data(), slots.size()).ok());
+  }
+  struct evict_result {
+    status st;
+    std::vector<Key> keys;
+    std::vector<float> rows;
+    std::vector<std::uint64_t> versions;
+    std::vector<bool> found;
+    std::vector<std::int64_t> slots;
+  };
+  evict_result insert_and_evict(const std::vector<Key>& keys,
+                                const std::vector<float>* rows_in = nullptr) {
+    const std::size_t n = keys.size();
+    auto k = to_space(keys);
+    buffer<float, Space> rin(rows_in ? rows_in->size() : 0, space_);
+    if (rows_in && !rows_in->empty()) rin.copy_from_host(rows_in->data(), rows_in->size());
+    buffer<Key, Space> ek(n, space_);
+    buffer<float, Space> er(n * cache.row_width(), space_);
+    buffer<std::uint64_t, Space> ev(n, space_);
+    buffer<bool, Space> found(n, space_);
+    buffer<std::int64_t, Space> slots(n, space_);
+    std::size_t count = 0;
+    evict_result r;
+    r.st = cache.insert_and_evict(k.data(), n, rows_in ? rin.data() : nullptr, nullptr, ek.data(),
+                                  er.data(), ev.data(), &count, found.data(), slots.data());
+    r.keys = to_host(ek, count);
+    r.rows = to_host(er, count * cache.row_width());
+    r.versions = to_host(ev, count);
+    r.found = bools_to_host(found, n);
+    r.slots = to_host(slots, n);
+    return r;
+  }
+  exported_rows<Key> export_rows(export_filter f = {}) { return cache.export_to_host(f).value(); }
+
+  embedding_cache<Key, Space> cache;
+
+ private:
+  Space space_;
+};
+
+template <class Key>
+std::vector<float> expected_initial_row(const cache_options& o, Key key) {
+  std::vector<float> r(o.dim + o.state_width);
+  const auto kb = static_cast<std::uint64_t>(static_cast<std::int64_t>(key));
+  for (std::size_t j = 0; j < o.dim; ++j)
+    r[j] = detail::initial_value(o.init, o.init.scale * 1.7320508075688772f, kb, j);
+  for (std::size_t j = o.dim; j < r.size(); ++j) r[j] = o.init.state_value;
+  return r;
+}
+
+inline cache_options small_options(std::size_t capacity = 1024, std::size_t dim = 4,
+                                   std::size_t state = 2) {
+  cache_options o;
+  o.capacity = capacity;
+  o.dim = dim;
+  o.state_width = state;
+  o.init.seed = 42;
+  o.init.state_value = 0.5f;
+  return o;
+}
+
+template <class Case>
+class cache_conformance : public ::testing::Test {
+ protected:
+  using Key = typename Case::key_type;
+  using Space = typename Case::space_type;
+  void SetUp() override {
+    if (is_cuda_space_v<Space> && !cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  static std::vector<Key> range_keys(std::size_t n, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    std::unordered_set<Key> seen;
+    std::vector<Key> v;
+    while (v.size() < n) {
+      Key k = static_cast<Key>(g());
+      if (seen.insert(k).second) v.push_back(k);
+    }
+    return v;
+  }
+};
+
+TYPED_TEST_SUITE_P(cache_conformance);
+
+TYPED_TEST_P(cache_conformance, EmptyFindsNothing) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options());
+  auto r = h.find({1, 2, 3});
+  EXPECT_EQ(r.found, std::vector<bool>({false, false, false}));
+  EXPECT_EQ(h.cache.size(), 0u);
+  EXPECT_EQ(h.cache.capacity(), 1024u);
+}
+
+TYPED_TEST_P(cache_conformance, FindOrInsertInitializesDeterministically) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options();
+  harness<Key, typename TypeParam::space_type> h(o);
+  auto keys = this->range_keys(500, 1);
+  std::vector<float> rows;
+  std::vector<bool> inserted;
+  ASSERT_TRUE(h.find_or_insert(keys, &rows, &inserted).ok());
+  EXPECT_EQ(h.cache.size(), 500u);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_TRUE(inserted[i]);
+    auto e = expected_initial_row(o, keys[i]);
+    ASSERT_TRUE(std::equal(e.begin(), e.end(), rows.begin() + i * 6)) << "key index " << i;
+  }
+  // Second time: found, same rows, nothing inserted.
+  std::vector<float> rows2;
+  ASSERT_TRUE(h.find_or_insert(keys, &rows2, &inserted).ok());
+  EXPECT_EQ(rows, rows2);
+  EXPECT_EQ(std::count(inserted.begin(), inserted.end(), true), 0);
+  auto f = h.find(keys);
+  EXPECT_EQ(f.rows, rows);
+  EXPECT_EQ(std::count(f.found.begin(), f.found.end(), true), 500);
+}
+
+TYPED_TEST_P(cache_conformance, InitializerKindsHaveTheirShape) {
+  using Key = typename TypeParam::key_type;
+  for (init_kind kind : {init_kind::uniform, init_kind::normal, init_kind::constant}) {
+    auto o = small_options(8192, 16, 0);
+    o.init.kind = kind;
+    o.init.scale = 0.1f;
+    harness<Key, typename TypeParam::space_type> h(o);
+    auto keys = this->range_keys(4000, 7);
+    std::vector<float> rows;
+    ASSERT_TRUE(h.find_or_insert(keys, &rows).ok());
+    double sum = 0, sq = 0;
+    float lo = 1e9f, hi = -1e9f;
+    for (float v : rows) {
+      sum += v;
+      sq += double(v) * v;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    const double mean = sum / rows.size(), sd = std::sqrt(sq / rows.size() - mean * mean);
+    if (kind == init_kind::uniform) {
+      EXPECT_GE(lo, -0.1f);
+      EXPECT_LT(hi, 0.1f);
+      EXPECT_NEAR(sd, 0.1 / std::sqrt(3.0), 0.003);
+    } else if (kind == init_kind::normal) {
+      EXPECT_NEAR(mean, 0.0, 0.003);
+      EXPECT_NEAR(sd, 0.1, 0.003);
+    } else {
+      EXPECT_EQ(lo, 0.1f);
+      EXPECT_EQ(hi, 0.1f);
+    }
+  }
+}
+
+TYPED_TEST_P(cache_conformance, InsertOrAssignOverwritesAndLastDuplicateWins) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
+  ASSERT_TRUE(h.insert_or_assign({10, 20, 10, 30, 10}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5}).ok());
+  EXPECT_EQ(h.cache.size(), 3u);
+  auto f = h.find({10, 20, 30});
+  EXPECT_EQ(f.rows, std::vector<float>({5, 5, 2, 2, 4, 4}));
+  ASSERT_TRUE(h.insert_or_assign({20, 20}, {7, 7, 8, 8}).ok());
+  EXPECT_EQ(h.find({20}).rows, std::vector<float>({8, 8}));
+  EXPECT_EQ(h.cache.size(), 3u);
+}
+
+TYPED_TEST_P(cache_conformance, DuplicatesInFindOrInsertInsertOnce) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options();
+  harness<Key, typename TypeParam::space_type> h(o);
+  std::vector<Key> keys;
+  for (int rep = 0; rep < 50; ++rep)
+    for (Key k = 1; k <= 40; ++k) keys.push_back(k * 7919);
+  std::vector<float> rows;
+  std::vector<bool> inserted;
+  ASSERT_TRUE(h.find_or_insert(keys, &rows, &inserted).ok());
+  EXPECT_EQ(h.cache.size(), 40u);
+  EXPECT_EQ(std::count(inserted.begin(), inserted.end(), true), 40);
+  std::map<Key, int> per_key;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    per_key[keys[i]] += inserted[i];
+    auto e = expected_initial_row(o, keys[i]);
+    ASSERT_TRUE(std::equal(e.begin(), e.end(), rows.begin() + i * 6));
+  }
+  for (auto& [k, c] : per_key) EXPECT_EQ(c, 1) << "key " << k;
+}
+
+TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options());
+  auto keys = this->range_keys(300, 3);
+  ASSERT_TRUE(h.find_or_insert(keys).ok());
+  std::vector<Key> gone(keys.begin(), keys.begin() + 100);
+  auto dup = gone;
+  dup.insert(dup.end(), gone.begin(), gone.end());
+  dup.push_back(static_cast<Key>(123456789));  // absent: ignored
+  EXPECT_EQ(h.erase(dup), 100u);
+  EXPECT_EQ(h.cache.size(), 200u);
+  auto f = h.find(keys);
+  for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(f.found[i], i >= 100) << i;
+  ASSERT_TRUE(h.find_or_insert(gone).ok());
+  EXPECT_EQ(h.cache.size(), 300u);
+  EXPECT_EQ(h.erase({}), 0u);
+}
+
+TYPED_TEST_P(cache_conformance, EveryKeyValueIsAKey) {
+  using Key = typename TypeParam::key_type;
+  using L = std::numeric_limits<Key>;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
+  std::vector<Key> keys = {0, 1, std::is_signed_v<Key> ? static_cast<Key>(-1) : Key(2),
+                           std::is_signed_v<Key> ? L::min() : Key(3), L::max(),
+                           static_cast<Key>(L::max() - 1)};
+  std::vector<float> rows = {1, 2, 3, 4, 5, 6};
+  ASSERT_TRUE(h.insert_or_assign(keys, rows).ok());
+  EXPECT_EQ(h.cache.size(), keys.size());
+  auto f = h.find(keys);
+  EXPECT_EQ(f.rows, rows);
+  EXPECT_EQ(h.erase({0, L::max()}), 2u);
+  auto g = h.find(keys);
+  EXPECT_EQ(g.found, std::vector<bool>({false, true, true, true, false, true}));
+}
+
+TYPED_TEST_P(cache_conformance, FullTableIsAClearStatus) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(256, 2, 0));
+  ASSERT_EQ(h.cache.capacity(), 256u);
+  auto keys = this->range_keys(300, 5);
+  status s = h.find_or_insert(keys);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_NE(s.message().find("no room for 44 of 300 keys"), std::string::npos) << s.message();
+  EXPECT_EQ(h.cache.size(), 256u);
+  auto f = h.find(keys);
+  EXPECT_EQ(std::count(f.found.begin(), f.found.end(), true), 256);
+  // A full table still answers and still takes assignments to resident keys.
+  std::vector<Key> resident;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (f.found[i]) resident.push_back(keys[i]);
+  EXPECT_TRUE(h.insert_or_assign({resident[0]}, {9, 9}).ok());
+  EXPECT_EQ(h.insert_or_assign({resident[1], static_cast<Key>(987654321)}, {1, 1, 2, 2}).code(),
+            status_code::capacity_exceeded);
+  EXPECT_EQ(h.find({resident[1]}).rows, std::vector<float>({1, 1}));
+  // After erasing, the room is usable again, including by keys that probed past full buckets.
+  EXPECT_EQ(h.erase(resident), 256u);
+  EXPECT_EQ(h.cache.size(), 0u);
+  EXPECT_TRUE(h.find_or_insert(std::vector<Key>(keys.begin(), keys.begin() + 256)).ok());
+  EXPECT_EQ(h.cache.size(), 256u);
+}
+
+TYPED_TEST_P(cache_conformance, SlotsReadAssignAndVersions) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 1));
+  auto s = h.slots({5, 6}, false);
+  EXPECT_EQ(s, std::vector<std::int64_t>({-1, -1}));
+  s = h.slots({5, 6, 5}, true);
+  EXPECT_EQ(h.cache.size(), 2u);
+  EXPECT_EQ(s[0], s[2]);
+  EXPECT_NE(s[0], s[1]);
+  const std::uint64_t v0 = h.cache.version();
+  h.assign_slots({s[0], s[1], s[0], -1}, {1, 1, 1, 2, 2, 2, 3, 3, 3, 9, 9, 9});
+  EXPECT_EQ(h.read_slots({s[1], s[0], -1}), std::vector<float>({2, 2, 2, 3, 3, 3, 0, 0, 0}));
+  EXPECT_EQ(h.find({5}).rows, std::vector<float>({3, 3, 3}));
+  auto changed = h.export_rows({v0, false});
+  EXPECT_EQ(changed.keys, std::vector<Key>({5, 6}));
+  const std::uint64_t v1 = h.cache.version();
+  EXPECT_TRUE(h.export_rows({v1, false}).keys.empty());
+  h.mark_updated({s[1]});
+  EXPECT_EQ(h.export_rows({v1, false}).keys, std::vector<Key>({6}));
+  EXPECT_GT(h.cache.version(), v1);
+}
+
+TYPED_TEST_P(cache_conformance, ExportAllIsSortedWithRowsAndVersions) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(4096, 3, 0);
+  harness<Key, typename TypeParam::space_type> h(o);
+  auto keys = this->range_keys(2000, 11);
+  ASSERT_TRUE(h.find_or_insert(keys).ok());
+  const std::uint64_t v = h.cache.version();
+  std::vector<Key> some(keys.begin(), keys.begin() + 10);
+  std::vector<float> rows(30, 1.5f);
+  ASSERT_TRUE(h.insert_or_assign(some, rows).ok());
+  auto all = h.export_rows();
+  auto sorted = keys;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(all.keys, sorted);
+  for (std::size_t i = 0; i < all.keys.size(); ++i) {
+    const bool touched = std::find(some.begin(), some.end(), all.keys[i]) != some.end();
+    auto e = touched ? std::vector<float>(3, 1.5f) : expected_initial_row(o, all.keys[i]);
+    ASSERT_TRUE(std::equal(e.begin(), e.end(), all.rows.begin() + i * 3));
+    EXPECT_EQ(all.versions[i] > v, touched);
+  }
+  auto changed = h.export_rows({v, false});
+  std::sort(some.begin(), some.end());
+  EXPECT_EQ(changed.keys, some);
+  // A too-small output is refused, not overrun.
+  buffer<Key, typename TypeParam::space_type> k(5);
+  std::size_t count = 0;
+  EXPECT_EQ(h.cache.export_if({}, k.data(), nullptr, nullptr, 5, &count).code(),
+            status_code::capacity_exceeded);
+}
+
+TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(128, 2, 0);  // one bucket: every key competes
+  harness<Key, typename TypeParam::space_type> h(o);
+  for (Key k = 0; k < 128; ++k) {
+    auto r = h.insert_and_evict({k});
+    ASSERT_TRUE(r.st.ok());
+    ASSERT_TRUE(r.keys.empty());
+  }
+  EXPECT_EQ(h.cache.size(), 128u);
+  h.find({0, 1});  // now the most recent
+  auto r = h.insert_and_evict({1000, 1001, 1002});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.keys, std::vector<Key>({2, 3, 4}));
+  EXPECT_EQ(r.found, std::vector<bool>({false, false, false}));
+  // The victims come back with their rows.
+  for (std::size_t i = 0; i < r.keys.size(); ++i) {
+    auto e = expected_initial_row(o, r.keys[i]);
+    EXPECT_TRUE(std::equal(e.begin(), e.end(), r.rows.begin() + i * 2));
+  }
+  // Hits are not inserted and evict nothing; a key of this call is never evicted by it.
+  r = h.insert_and_evict({1000, 5, 2000, 1000});
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(r.found, std::vector<bool>({true, true, false, true}));
+  EXPECT_EQ(r.keys, std::vector<Key>({6}));
+  EXPECT_EQ(h.cache.size(), 128u);
+  auto f = h.find({0, 1, 2, 3, 4, 5, 6, 1000, 1001, 1002, 2000});
+  EXPECT_EQ(f.found, std::vector<bool>({true, true, false, false, false, true, false, true, true,
+                                        true, true}));
+}
+
+TYPED_TEST_P(cache_conformance, InsertAndEvictLfuOrderAndOverflowingBatch) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(128, 1, 0);
+  o.scores = score_policy::lfu;
+  harness<Key, typename TypeParam::space_type> h(o);
+  std::vector<Key> keys(128);
+  std::iota(keys.begin(), keys.end(), Key{0});
+  ASSERT_TRUE(h.insert_and_evict(keys).st.ok());
+  for (Key k = 0; k < 128; ++k)
+    if (k != 50) h.find({k});  // every key is used twice but 50
+  h.find({7});                 // 7 three times
+  auto r = h.insert_and_evict({500});
+  EXPECT_EQ(r.keys, std::vector<Key>({50}));
+  // 129 distinct keys of one bucket in one call: one of them cannot be placed.
+  std::vector<Key> many(129);
+  std::iota(many.begin(), many.end(), Key{1000});
+  r = h.insert_and_evict(many);
+  EXPECT_EQ(r.st.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(std::count(r.slots.begin(), r.slots.end(), std::int64_t{-1}), 1);
+  EXPECT_EQ(r.keys.size(), 128u);
+  EXPECT_EQ(h.cache.size(), 128u);
+}
+
+TYPED_TEST_P(cache_conformance, InsertAndEvictUsesGivenRows) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
+  std::vector<float> rows = {1, 2, 3, 4};
+  auto r = h.insert_and_evict({77, 78}, &rows);
+  ASSERT_TRUE(r.st.ok());
+  EXPECT_EQ(h.find({78, 77}).rows, std::vector<float>({3, 4, 1, 2}));
+}
+
+TYPED_TEST_P(cache_conformance, ClearEmptiesAndKeepsTheVersionClock) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options());
+  ASSERT_TRUE(h.find_or_insert(this->range_keys(100, 9)).ok());
+  const auto v = h.cache.version();
+  h.cache.clear();
+  EXPECT_EQ(h.cache.size(), 0u);
+  EXPECT_EQ(h.cache.version(), v);
+  EXPECT_TRUE(h.export_rows().keys.empty());
+  ASSERT_TRUE(h.find_or_insert(this->range_keys(100, 9)).ok());
+  EXPECT_EQ(h.cache.size(), 100u);
+}
+
+TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(16384, 2, 0);
+  harness<Key, typename TypeParam::space_type> h(o);
+  std::unordered_map<Key, std::pair<float, float>> ref;
+  std::mt19937_64 g(2024);
+  const std::size_t batches = 1000, batch = 1000;  // 1e6 operations
+  std::size_t total_ops = 0;
+  for (std::size_t b = 0; b < batches; ++b) {
+    const int kind = static_cast<int>(g() % 4);
+    // Key space of 15000 in 16384 slots: loads up to ~0.9, bucket overflow happens.
+    std::vector<Key> keys(batch);
+    for (auto& k : keys) k = static_cast<Key>(g() % 15000) * 2654435761u;
+    total_ops += batch;
+    if (kind == 0) {  // find
+      auto f = h.find(keys);
+      for (std::size_t i = 0; i < batch; ++i) {
+        auto it = ref.find(keys[i]);
+        ASSERT_EQ(f.found[i], it != ref.end()) << "batch " << b << " index " << i;
+        if (it != ref.end()) {
+          ASSERT_EQ(f.rows[2 * i], it->second.first);
+          ASSERT_EQ(f.rows[2 * i + 1], it->second.second);
+        }
+      }
+    } else if (kind == 1) {  // insert_or_assign, last duplicate wins
+      std::vector<float> rows(2 * batch);
+      for (std::size_t i = 0; i < batch; ++i) {
+        rows[2 * i] = float(b);
+        rows[2 * i + 1] = float(i);
+        ref[keys[i]] = {float(b), float(i)};
+      }
+      ASSERT_TRUE(h.insert_or_assign(keys, rows).ok());
+    } else if (kind == 2) {  // find_or_insert
+      std::vector<float> rows;
+      ASSERT_TRUE(h.find_or_insert(keys, &rows).ok());
+      for (std::size_t i = 0; i < batch; ++i) {
+        auto it = ref.find(keys[i]);
+        if (it == ref.end()) {
+          auto e = expected_initial_row(o, keys[i]);
+          it = ref.emplace(keys[i], std::make_pair(e[0], e[1])).first;
+        }
+        ASSERT_EQ(rows[2 * i], it->second.first);
+        ASSERT_EQ(rows[2 * i + 1], it->second.second);
+      }
+    } else {  // erase
+      std::size_t expect = 0;
+      for (auto k : keys) expect += ref.erase(k);
+      ASSERT_EQ(h.erase(keys), expect);
+    }
+    ASSERT_EQ(h.cache.size(), ref.size()) << "batch " << b;
+  }
+  EXPECT_GE(total_ops, 1000000u);
+  auto all = h.export_rows();
+  ASSERT_EQ(all.keys.size(), ref.size());
+  for (std::size_t i = 0; i < all.keys.size(); ++i) {
+    auto it = ref.find(all.keys[i]);
+    ASSERT_NE(it, ref.end());
+    EXPECT_EQ(all.rows[2 * i], it->second.first);
+  }
+}
+
+REGISTER_TYPED_TEST_SUITE_P(cache_conformance, EmptyFindsNothing,
+                            FindOrInsertInitializesDeterministically,
+                            InitializerKindsHaveTheirShape,
+                            InsertOrAssignOverwritesAndLastDuplicateWins,
+                            DuplicatesInFindOrInsertInsertOnce,
+                            EraseRemovesOnceAndAllowsReinsert, EveryKeyValueIsAKey,
+                            FullTableIsAClearStatus, SlotsReadAssignAndVersions,
+                            ExportAllIsSortedWithRowsAndVersions, InsertAndEvictLruOrder,
+                            InsertAndEvictLfuOrderAndOverflowingBatch,
+                            InsertAndEvictUsesGivenRows, ClearEmptiesAndKeepsTheVersionClock,
+                            RandomizedDifferentialAgainstUnorderedMap);
+
+}  // namespace embcache::testing

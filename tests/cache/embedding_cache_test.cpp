@@ -1,0 +1,103 @@
+// Host-space conformance suite of the embedding cache, plus host-only concurrency and
+// determinism tests.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "cache_conformance.hpp"
+
+namespace embcache::testing {
+namespace {
+
+using host_cases = ::testing::Types<cache_case<std::int64_t, host_space>,
+                                    cache_case<std::uint32_t, host_space>>;
+INSTANTIATE_TYPED_TEST_SUITE_P(host, cache_conformance, host_cases);
+
+std::vector<std::int64_t> shuffled_keys(std::size_t n, std::uint64_t seed) {
+  std::vector<std::int64_t> k(n);
+  for (std::size_t i = 0; i < n; ++i) k[i] = static_cast<std::int64_t>(i * 1000003 + 17);
+  std::mt19937_64 g(seed);
+  std::shuffle(k.begin(), k.end(), g);
+  return k;
+}
+
+TEST(cache_host, RowsDoNotDependOnBatchOrderOrThreadCount) {
+  auto o = small_options(200000, 8, 8);
+  o.init.kind = init_kind::normal;
+  harness<std::int64_t, host_space> one(o, host_space{1});
+  harness<std::int64_t, host_space> two(o, host_space{2});
+  ASSERT_TRUE(one.find_or_insert(shuffled_keys(150000, 1)).ok());
+  // The second table gets the keys in another order, in smaller batches, on two threads.
+  auto k2 = shuffled_keys(150000, 2);
+  for (std::size_t i = 0; i < k2.size(); i += 10000)
+    ASSERT_TRUE(two.find_or_insert({k2.begin() + i, k2.begin() + i + 10000}).ok());
+  auto a = one.export_rows();
+  auto b = two.export_rows();
+  EXPECT_EQ(a.keys, b.keys);
+  EXPECT_EQ(a.rows, b.rows);
+}
+
+TEST(cache_host, EvictionDoesNotDependOnThreadCount) {
+  auto o = small_options(4096, 2, 0);
+  harness<std::int64_t, host_space> one(o, host_space{1});
+  harness<std::int64_t, host_space> two(o, host_space{2});
+  std::mt19937_64 g(5);
+  for (int round = 0; round < 30; ++round) {
+    std::vector<std::int64_t> keys(3000);
+    for (auto& k : keys) k = static_cast<std::int64_t>(g() % 20000);
+    auto a = one.insert_and_evict(keys);
+    auto b = two.insert_and_evict(keys);
+    ASSERT_EQ(a.st.code(), b.st.code());
+    ASSERT_EQ(a.keys, b.keys) << "round " << round;
+    ASSERT_EQ(a.slots, b.slots) << "round " << round;
+  }
+  EXPECT_EQ(one.export_rows().keys, two.export_rows().keys);
+}
+
+TEST(cache_host, ManyHostThreadsAtOnce) {
+  auto o = small_options(1 << 17, 4, 0);
+  embedding_cache<std::int64_t, host_space> cache(o);
+  constexpr int threads = 8;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937_64 g(t);
+      for (int round = 0; round < 20; ++round) {
+        // Overlapping key ranges: every key is wanted by several threads.
+        std::vector<std::int64_t> keys(2000);
+        for (auto& k : keys) k = static_cast<std::int64_t>(g() % 50000);
+        std::vector<float> rows(keys.size() * 4);
+        if (!cache.find_or_insert(keys.data(), keys.size(), rows.data(), nullptr).ok()) ++failures;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          auto e = expected_initial_row(o, keys[i]);
+          if (!std::equal(e.begin(), e.end(), rows.begin() + i * 4)) ++failures;
+        }
+        std::vector<char> found(keys.size());
+        if (!cache.find(keys.data(), keys.size(), nullptr, reinterpret_cast<bool*>(found.data())).ok())
+          ++failures;
+        for (char f : found)
+          if (!f) ++failures;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto all = cache.export_to_host({}).value();
+  EXPECT_EQ(all.keys.size(), cache.size());
+  EXPECT_EQ(std::adjacent_find(all.keys.begin(), all.keys.end()), all.keys.end());  // no dupes
+  EXPECT_GT(cache.size(), 40000u);
+}
+
+TEST(cache_host, BadOptionsThrow) {
+  cache_options o;
+  o.dim = 4;
+  EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);
+  o.capacity = 10;
+  o.dim = 0;
+  EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);
+}
+
+}  // namespace
+}  // namespace embcache::testing
