@@ -10,6 +10,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/count.h>
 #include <thrust/scan.h>
+#include <thrust/scan.h>
 #include <thrust/sort.h>
 
 #include "embcache/space.hpp"
@@ -71,6 +72,14 @@ template <class T>
 std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T value) {
   if (n == 0) return 0;
   return thrust::count(thrust::cuda::par.on(space.stream), in, in + n, value);
+}
+
+/// Exclusive prefix sum of `in` into `out` (device pointers, length n each; they may be the same)
+/// on the space's stream.
+template <class T>
+void exclusive_scan(const cuda_space& space, const T* in, T* out, std::size_t n) {
+  if (n == 0) return;
+  thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out);
 }
 
 }  // namespace embcache::detail

@@ -14,6 +14,7 @@
 #include <utility>
 #include <thrust/count.h>
 #include <thrust/scan.h>
+#include <thrust/scan.h>
 #include <thrust/sort.h>
 #include <thrust/system/tbb/execution_policy.h>
 
@@ -97,6 +98,13 @@ std::size_t count_equal(const host_space& space, const T* in, std::size_t n, T v
   std::size_t c = 0;
   run_in_space(space, [&] { c = thrust::count(thrust::tbb::par, in, in + n, value); });
   return c;
+}
+
+/// Exclusive prefix sum of `in` into `out` (length n each; they may be the same), in parallel.
+template <class T>
+void exclusive_scan(const host_space& space, const T* in, T* out, std::size_t n) {
+  if (n == 0) return;
+  run_in_space(space, [&] { thrust::exclusive_scan(thrust::tbb::par, in, in + n, out); });
 }
 
 }  // namespace embcache::detail

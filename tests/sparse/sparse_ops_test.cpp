@@ -1,0 +1,254 @@
+// Slot lookup with combiners and gradient aggregation, in the host space.
+#include "embcache/sparse_ops.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace embcache {
+namespace {
+
+using test::owned_batch;
+using test::random_batch;
+using test::random_floats;
+
+// Rows of width 3 (dim 2 + one float that must never be read): row r = {r, 10r, -1}.
+std::vector<float> small_rows(std::size_t n) {
+  std::vector<float> rows;
+  for (std::size_t r = 0; r < n; ++r) {
+    rows.push_back(static_cast<float>(r));
+    rows.push_back(10.0f * static_cast<float>(r));
+    rows.push_back(-1.0f);
+  }
+  return rows;
+}
+
+// 2 samples x 2 slots: {1, 2}, {}, {3}, {3, 3, 4} (bag order: sample-major).
+owned_batch small_batch() {
+  owned_batch b;
+  b.batch_size = 2;
+  b.num_slots = 2;
+  b.offsets = {0, 2, 2, 3, 6};
+  b.indices = {1, 2, 3, 3, 3, 4};
+  return b;
+}
+
+TEST(SparseLookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
+  const auto rows = small_rows(5);
+  const auto b = small_batch();
+  std::vector<float> out(4 * 2, 123.0f);
+  lookup_combine(host_space{}, rows.data(), 3, 2, b.view(), combiner::sum, out.data());
+  EXPECT_EQ(out, (std::vector<float>{3, 30, 0, 0, 3, 30, 10, 100}));
+}
+
+TEST(SparseLookup, MeanDividesByTheBagSize) {
+  const auto rows = small_rows(5);
+  const auto b = small_batch();
+  std::vector<float> out(4 * 2, 123.0f);
+  lookup_combine(host_space{}, rows.data(), 3, 2, b.view(), combiner::mean, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1.5f, 15, 0, 0, 3, 30, 10.0f / 3.0f, 100.0f / 3.0f}));
+}
+
+TEST(SparseLookup, OneHotIsAGather) {
+  std::mt19937_64 rng(7);
+  const std::size_t dim = 16, width = 48, num_rows = 100;
+  const auto rows = random_floats(rng, num_rows * width, -1, 1);
+  const auto b = random_batch(rng, 64, 26, num_rows, 1, 1);
+  std::vector<float> out(64 * 26 * dim);
+  for (combiner c : {combiner::sum, combiner::mean}) {
+    lookup_combine(host_space{}, rows.data(), width, dim, b.view(), c, out.data());
+    for (std::size_t bag = 0; bag < 64 * 26; ++bag)
+      ASSERT_EQ(0, std::memcmp(&out[bag * dim], &rows[b.indices[bag] * width], dim * sizeof(float)))
+          << "bag " << bag;
+  }
+}
+
+TEST(SparseLookup, RejectsDimOutsideTheRow) {
+  const auto rows = small_rows(5);
+  const auto b = small_batch();
+  std::vector<float> out(16);
+  EXPECT_THROW(lookup_combine(host_space{}, rows.data(), 3, 4, b.view(), combiner::sum, out.data()),
+               error);
+  EXPECT_THROW(lookup_combine(host_space{}, rows.data(), 3, 0, b.view(), combiner::sum, out.data()),
+               error);
+}
+
+TEST(SparseBackward, DuplicateRowsAggregateIntoOneGradient) {
+  const auto b = small_batch();
+  // d_out per bag (dim 2): powers of two, so every sum below is exact.
+  const std::vector<float> d_out = {1, 2, 64, 128, 4, 8, 16, 32};
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 4u);
+  ASSERT_EQ(g.dim, 2u);
+  EXPECT_EQ(std::vector<std::int64_t>(g.rows.data(), g.rows.data() + 4),
+            (std::vector<std::int64_t>{1, 2, 3, 4}));
+  // row 3: once in bag 2 (4, 8) and twice in bag 3 (16, 32).
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 8),
+            (std::vector<float>{1, 2, 1, 2, 4 + 16 + 16, 8 + 32 + 32, 16, 32}));
+
+  aggregate_gradients(host_space{}, b.view(), combiner::mean, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 4u);
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 8),
+            (std::vector<float>{0.5f, 1, 0.5f, 1, (4 + 16.0f / 3) + 16.0f / 3,
+                                (8 + 32.0f / 3) + 32.0f / 3, 16.0f / 3, 32.0f / 3}));
+}
+
+TEST(SparseBackward, EmptyBatchHasNoRows) {
+  owned_batch b;
+  b.batch_size = 3;
+  b.num_slots = 2;
+  b.offsets = {0, 0, 0, 0, 0, 0, 0};
+  std::vector<float> out(6 * 4, 5.0f), d_out(6 * 4, 1.0f);
+  std::vector<float> rows(4, 1.0f);
+  lookup_combine(host_space{}, rows.data(), 4, 4, b.view(), combiner::mean, out.data());
+  EXPECT_EQ(out, std::vector<float>(24, 0.0f));
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 4, g);
+  EXPECT_EQ(g.size, 0u);
+  EXPECT_EQ(g.dim, 4u);
+}
+
+// L = sum_i c_i * out_i; its gradient by row must match central differences of L.
+void check_against_finite_differences(combiner comb) {
+  std::mt19937_64 rng(comb == combiner::sum ? 11 : 12);
+  const std::size_t dim = 5, width = 7, num_rows = 20;
+  auto rows = random_floats(rng, num_rows * width, -0.5f, 0.5f);
+  const auto b = random_batch(rng, 8, 3, num_rows, 0, 4);
+  const std::size_t bags = 8 * 3;
+  const auto c = random_floats(rng, bags * dim, -1, 1);
+  std::vector<float> out(bags * dim);
+  auto loss = [&] {
+    lookup_combine(host_space{}, rows.data(), width, dim, b.view(), comb, out.data());
+    double l = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) l += double(c[i]) * double(out[i]);
+    return l;
+  };
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), comb, c.data(), dim, g);
+
+  std::vector<bool> seen(num_rows, false);
+  for (auto r : b.indices) seen[r] = true;
+  std::size_t expected_unique = 0;
+  for (bool s : seen) expected_unique += s;
+  ASSERT_EQ(g.size, expected_unique);
+
+  const float h = 1.0f / 64;
+  for (std::size_t u = 0; u < g.size; ++u) {
+    const std::int64_t r = g.rows.data()[u];
+    ASSERT_TRUE(seen[r]);
+    if (u > 0) ASSERT_LT(g.rows.data()[u - 1], r);
+    for (std::size_t d = 0; d < dim; ++d) {
+      float& x = rows[r * width + d];
+      const float x0 = x;
+      x = x0 + h;
+      const double lp = loss();
+      x = x0 - h;
+      const double lm = loss();
+      x = x0;
+      const double fd = (lp - lm) / (double(x0 + h) - double(x0 - h));
+      const double an = g.values.data()[u * dim + d];
+      // Only bags holding row r change; float rounding of their outputs (~1e-7) over 2h bounds
+      // the error well below 1e-4, while a wrong scale or a missed occurrence is off by >= 0.05.
+      EXPECT_NEAR(an, fd, 1e-4 + 1e-4 * std::fabs(fd)) << "row " << r << " d " << d;
+    }
+  }
+}
+
+TEST(SparseBackward, SumMatchesFiniteDifferences) {
+  check_against_finite_differences(combiner::sum);
+}
+
+TEST(SparseBackward, MeanMatchesFiniteDifferences) {
+  check_against_finite_differences(combiner::mean);
+}
+
+// The sum per row runs over occurrences in batch order: a sequential loop in that order gives the
+// same floats bit for bit, whatever the thread count.
+TEST(SparseBackward, SumsInBatchOrderWhateverTheThreadCount) {
+  std::mt19937_64 rng(3);
+  const std::size_t dim = 8, width = 8, num_rows = 500, B = 2048, S = 4;
+  const auto rows = random_floats(rng, num_rows * width, -1, 1);
+  const auto b = random_batch(rng, B, S, num_rows, 0, 6);
+  const auto d_out = random_floats(rng, B * S * dim, -1, 1);
+
+  for (combiner comb : {combiner::sum, combiner::mean}) {
+    std::vector<float> expected(num_rows * dim, 0.0f);
+    std::vector<bool> seen(num_rows, false);
+    for (std::size_t bag = 0; bag < B * S; ++bag) {
+      const auto count = static_cast<float>(b.offsets[bag + 1] - b.offsets[bag]);
+      for (auto k = b.offsets[bag]; k < b.offsets[bag + 1]; ++k) {
+        seen[b.indices[k]] = true;
+        for (std::size_t d = 0; d < dim; ++d) {
+          const float x = d_out[bag * dim + d];
+          expected[b.indices[k] * dim + d] += comb == combiner::mean ? x / count : x;
+        }
+      }
+    }
+    sparse_gradients<host_space> g1, g2;
+    aggregate_gradients(host_space{1}, b.view(), comb, d_out.data(), dim, g1);
+    aggregate_gradients(host_space{2}, b.view(), comb, d_out.data(), dim, g2);
+    ASSERT_EQ(g1.size, g2.size);
+    ASSERT_EQ(0, std::memcmp(g1.rows.data(), g2.rows.data(), g1.size * sizeof(std::int64_t)));
+    ASSERT_EQ(0, std::memcmp(g1.values.data(), g2.values.data(), g1.size * dim * sizeof(float)));
+    std::size_t u = 0;
+    for (std::size_t r = 0; r < num_rows; ++r) {
+      if (!seen[r]) continue;
+      ASSERT_LT(u, g1.size);
+      ASSERT_EQ(g1.rows.data()[u], static_cast<std::int64_t>(r));
+      ASSERT_EQ(0, std::memcmp(&g1.values.data()[u * dim], &expected[r * dim], dim * sizeof(float)))
+          << "row " << r;
+      ++u;
+    }
+    EXPECT_EQ(u, g1.size);
+
+    std::vector<float> o1(B * S * dim), o2(B * S * dim);
+    lookup_combine(host_space{1}, rows.data(), width, dim, b.view(), comb, o1.data());
+    lookup_combine(host_space{2}, rows.data(), width, dim, b.view(), comb, o2.data());
+    ASSERT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+  }
+}
+
+TEST(SparseBackward, BuffersAreReusedAcrossBatches) {
+  std::mt19937_64 rng(5);
+  const auto big = random_batch(rng, 64, 4, 1000, 1, 3);
+  const auto small = small_batch();
+  const auto d_big = random_floats(rng, 64 * 4 * 2, -1, 1);
+  const std::vector<float> d_small = {1, 2, 64, 128, 4, 8, 16, 32};
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, big.view(), combiner::sum, d_big.data(), 2, g);
+  const float* values = g.values.data();
+  aggregate_gradients(host_space{}, small.view(), combiner::sum, d_small.data(), 2, g);
+  EXPECT_EQ(g.values.data(), values);
+  ASSERT_EQ(g.size, 4u);
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 8),
+            (std::vector<float>{1, 2, 1, 2, 36, 72, 16, 32}));
+}
+
+TEST(SparseBatch, CheckBatchNamesWhatIsWrong) {
+  auto b = small_batch();
+  EXPECT_TRUE(check_batch(b.view(), 5).ok());
+  status s = check_batch(b.view(), 4);
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("row index 4 at occurrence 5"), std::string::npos) << s.message();
+
+  b.offsets = {0, 2, 1, 3, 6};
+  s = check_batch(b.view(), 5);
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("offsets decrease at bag 1 (sample 0, slot 1)"), std::string::npos)
+      << s.message();
+
+  b.offsets = {0, 2, 2, 3, 5};
+  s = check_batch(b.view(), 5);
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("offsets end at 5, expected num_indices 6"), std::string::npos)
+      << s.message();
+}
+
+}  // namespace
+}  // namespace embcache
