@@ -1,0 +1,250 @@
+// bench_cache: bulk operations of the embedding cache against a tbb::concurrent_hash_map
+// (key -> row index, plus a row array) and a single-thread std::unordered_map, on the same keys.
+//
+// Names: cache_<op>/<space>/dim:<d>/load:<l>/dist:<uniform|zipf> and
+//        baseline_<op>/<tbb_chm|std_umap>/dim:<d>/load:<l>/dist:<...>.
+// Each iteration runs one batch of 1M keys drawn from the resident keys (find) or half resident,
+// half new (find_or_insert, insert_or_assign; the new keys are erased again outside the timing).
+#include <benchmark/benchmark.h>
+#include <tbb/concurrent_hash_map.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "embcache/detail/cache_ref.hpp"
+#include "embcache/embedding_cache.hpp"
+
+namespace {
+
+using embcache::host_space;
+using key_t_ = std::int64_t;
+
+constexpr std::size_t capacity = std::size_t{1} << 20;
+constexpr std::size_t batch = std::size_t{1} << 20;
+
+enum class op { find, find_or_insert, insert_or_assign };
+const char* op_name(op o) {
+  return o == op::find ? "find" : o == op::find_or_insert ? "find_or_insert" : "insert_or_assign";
+}
+
+// Resident keys and the batch, shared by the cache and both baselines of one (dim, load, dist).
+struct workload {
+  std::vector<key_t_> resident;
+  std::vector<key_t_> batch_keys;   // find: all resident
+  std::vector<key_t_> mixed_keys;   // half resident, half new
+  std::vector<key_t_> new_keys;     // the new ones of mixed_keys, unique
+};
+
+std::vector<std::size_t> draw(std::size_t n, std::size_t universe, bool zipf, std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<std::size_t> out(n);
+  if (!zipf) {
+    for (auto& x : out) x = g() % universe;
+    return out;
+  }
+  std::vector<double> cdf(universe);
+  double sum = 0;
+  for (std::size_t r = 0; r < universe; ++r) cdf[r] = (sum += 1.0 / std::pow(double(r + 1), 1.05));
+  std::uniform_real_distribution<double> u(0, sum);
+  for (auto& x : out)
+    x = std::min<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), u(g)) - cdf.begin(),
+                              universe - 1);
+  return out;
+}
+
+workload make_workload(double load, bool zipf) {
+  workload w;
+  const std::size_t n = static_cast<std::size_t>(load * capacity);
+  w.resident.resize(n);
+  std::mt19937_64 g(7);
+  for (auto& k : w.resident) k = static_cast<key_t_>(g() >> 1);
+  std::shuffle(w.resident.begin(), w.resident.end(), g);  // rank -> key is random
+  for (auto i : draw(batch, n, zipf, 11)) w.batch_keys.push_back(w.resident[i]);
+  auto idx = draw(batch / 2, n, zipf, 13);
+  for (std::size_t i = 0; i < batch / 2; ++i) {
+    w.mixed_keys.push_back(w.resident[idx[i]]);
+    const key_t_ fresh = -static_cast<key_t_>(i) - 1;  // resident keys are >= 0
+    w.mixed_keys.push_back(fresh);
+    w.new_keys.push_back(fresh);
+  }
+  return w;
+}
+
+void report(benchmark::State& state, std::size_t dim) {
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.SetBytesProcessed(state.iterations() * batch * dim * sizeof(float));
+}
+
+void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
+  const workload w = make_workload(load, zipf);
+  embcache::cache_options opt;
+  opt.capacity = capacity;
+  opt.dim = dim;
+  embcache::embedding_cache<key_t_, host_space> cache(opt);
+  if (!cache.find_or_insert(w.resident.data(), w.resident.size(), nullptr, nullptr).ok())
+    state.SkipWithError("prefill failed");
+  std::vector<float> rows(batch * dim, 1.0f);
+  std::unique_ptr<bool[]> found(new bool[batch]);
+  for (auto _ : state) {
+    embcache::status s;
+    if (o == op::find) {
+      s = cache.find(w.batch_keys.data(), batch, rows.data(), found.get());
+    } else if (o == op::find_or_insert) {
+      s = cache.find_or_insert(w.mixed_keys.data(), batch, rows.data(), nullptr);
+    } else {
+      s = cache.insert_or_assign(w.mixed_keys.data(), batch, rows.data());
+    }
+    if (!s.ok()) state.SkipWithError(s.to_string().c_str());
+    benchmark::DoNotOptimize(rows.data());
+    if (o != op::find) {
+      state.PauseTiming();
+      (void)cache.erase(w.new_keys.data(), w.new_keys.size());
+      state.ResumeTiming();
+    }
+  }
+  report(state, dim);
+}
+
+// Same initial row as the cache, so that the insert baselines do the same work.
+void init_row(const embcache::initializer_options& init, key_t_ k, float* r, std::size_t dim) {
+  for (std::size_t j = 0; j < dim; ++j)
+    r[j] = embcache::detail::initial_value(init, init.scale * 1.7320508f, std::uint64_t(k), j);
+}
+
+void bm_tbb(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
+  const workload w = make_workload(load, zipf);
+  using map_t = tbb::concurrent_hash_map<key_t_, std::int64_t>;
+  map_t map(capacity);
+  std::vector<float> pool(capacity * dim);
+  std::atomic<std::int64_t> next{0};
+  embcache::initializer_options init;
+  for (auto k : w.resident) {
+    map_t::accessor a;
+    map.insert(a, k);
+    a->second = next++;
+    init_row(init, k, &pool[a->second * dim], dim);
+  }
+  std::vector<float> rows(batch * dim, 1.0f);
+  std::vector<std::int64_t> free_rows;
+  for (auto _ : state) {
+    if (o == op::find) {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, batch, 1024), [&](auto r) {
+        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+          map_t::const_accessor a;
+          if (map.find(a, w.batch_keys[i]))
+            std::memcpy(&rows[i * dim], &pool[a->second * dim], dim * sizeof(float));
+        }
+      });
+    } else {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, batch, 1024), [&](auto r) {
+        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+          map_t::accessor a;
+          const key_t_ k = w.mixed_keys[i];
+          if (map.insert(a, k)) {
+            a->second = next++;
+            if (o == op::find_or_insert) init_row(init, k, &pool[a->second * dim], dim);
+          }
+          if (o == op::find_or_insert)
+            std::memcpy(&rows[i * dim], &pool[a->second * dim], dim * sizeof(float));
+          else
+            std::memcpy(&pool[a->second * dim], &rows[i * dim], dim * sizeof(float));
+        }
+      });
+    }
+    benchmark::DoNotOptimize(rows.data());
+    if (o != op::find) {
+      state.PauseTiming();
+      for (auto k : w.new_keys) map.erase(k);
+      next = static_cast<std::int64_t>(w.resident.size());
+      state.ResumeTiming();
+    }
+  }
+  report(state, dim);
+}
+
+void bm_umap(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
+  const workload w = make_workload(load, zipf);
+  std::unordered_map<key_t_, std::int64_t> map;
+  map.reserve(capacity);
+  std::vector<float> pool(capacity * dim);
+  std::int64_t next = 0;
+  embcache::initializer_options init;
+  for (auto k : w.resident) {
+    map[k] = next;
+    init_row(init, k, &pool[next * dim], dim);
+    ++next;
+  }
+  std::vector<float> rows(batch * dim, 1.0f);
+  for (auto _ : state) {
+    if (o == op::find) {
+      for (std::size_t i = 0; i < batch; ++i) {
+        auto it = map.find(w.batch_keys[i]);
+        if (it != map.end())
+          std::memcpy(&rows[i * dim], &pool[it->second * dim], dim * sizeof(float));
+      }
+    } else {
+      for (std::size_t i = 0; i < batch; ++i) {
+        const key_t_ k = w.mixed_keys[i];
+        auto [it, fresh] = map.try_emplace(k, next);
+        if (fresh) {
+          ++next;
+          if (o == op::find_or_insert) init_row(init, k, &pool[it->second * dim], dim);
+        }
+        if (o == op::find_or_insert)
+          std::memcpy(&rows[i * dim], &pool[it->second * dim], dim * sizeof(float));
+        else
+          std::memcpy(&pool[it->second * dim], &rows[i * dim], dim * sizeof(float));
+      }
+    }
+    benchmark::DoNotOptimize(rows.data());
+    if (o != op::find) {
+      state.PauseTiming();
+      for (auto k : w.new_keys) map.erase(k);
+      next = static_cast<std::int64_t>(w.resident.size());
+      state.ResumeTiming();
+    }
+  }
+  report(state, dim);
+}
+
+std::string suffix(std::size_t dim, double load, bool zipf) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "dim:%zu/load:%.1f/dist:%s", dim, load, zipf ? "zipf" : "uniform");
+  return buf;
+}
+
+int register_all() {
+  for (op o : {op::find, op::find_or_insert, op::insert_or_assign})
+    for (std::size_t dim : {16, 64, 128})
+      for (double load : {0.5, 0.8})
+        for (bool zipf : {false, true}) {
+          const std::string s = suffix(dim, load, zipf);
+          const std::string name = op_name(o);
+          benchmark::RegisterBenchmark(("cache_" + name + "/host/" + s).c_str(), bm_cache, o, dim,
+                                       load, zipf)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+          benchmark::RegisterBenchmark(("baseline_" + name + "/tbb_chm/" + s).c_str(), bm_tbb, o,
+                                       dim, load, zipf)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+          benchmark::RegisterBenchmark(("baseline_" + name + "/std_umap/" + s).c_str(), bm_umap,
+                                       o, dim, load, zipf)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+        }
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
+
+BENCHMARK_MAIN();
