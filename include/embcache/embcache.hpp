@@ -1,0 +1,9 @@
+/// @file embcache.hpp
+/// @brief Umbrella header: everything a trainer needs from embcache's host library.
+#pragma once
+
+#include "embcache/buffer.hpp"
+#include "embcache/embedding_cache.hpp"
+#include "embcache/param_store.hpp"
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
