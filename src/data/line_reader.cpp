@@ -43,22 +43,22 @@ bool line_reader::fill() {
   }
   auto f = static_cast<gzFile>(file_);
   const int n = gzread(f, buf_.data() + end_, static_cast<unsigned>(buf_.size() - end_));
+  if (n > 0) {
+    // Data that arrived before a break is good data; the break shows on the next read.
+    end_ += static_cast<std::size_t>(n);
+    bytes_ += static_cast<std::uint64_t>(n);
+    return true;
+  }
   int err = Z_OK;
   const char* what = gzerror(f, &err);
   if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
     broken_ = true;
     message_ = std::string("gzip stream broken: ") +
                (err == Z_BUF_ERROR ? "unexpected end of file (truncated)" : what);
-    if (n > 0) bytes_ += static_cast<std::uint64_t>(n);
     return false;
   }
-  if (n == 0) {
-    eof_ = true;
-    return false;
-  }
-  end_ += static_cast<std::size_t>(n);
-  bytes_ += static_cast<std::uint64_t>(n);
-  return true;
+  eof_ = true;
+  return false;
 }
 
 line_reader::event line_reader::next() {

@@ -528,14 +528,14 @@ status shard_reader::next(shard_batch& out) {
   if (!m.failed.ok()) return m.failed;
   const std::size_t b = m.opts.batch_size;
   while (true) {
+    if (m.current >= m.paths.size()) return {};
     if (m.started) {
       const std::uint64_t left = m.data.header.rows - m.position;
       if (left > 0 && (left >= b || !m.opts.drop_last)) break;
       ++m.current;
     }
     if (m.current >= m.paths.size()) {
-      m.started = true;
-      m.data = shard_data{};
+      m.data = shard_data{};  // frees the last shard early
       return {};
     }
     m.started = true;
