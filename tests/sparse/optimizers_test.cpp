@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "embcache/embedding_cache.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "test_util.hpp"
 
@@ -501,6 +503,91 @@ TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathAdamSum) {
 }
 TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathFtrlMean) {
   check_hybrid_equals_row_array(optimizer_kind::ftrl, combiner::mean);
+}
+
+// The host-hybrid path against the device cache's path (embedding_cache in the host space:
+// lookup_slots with insertion, the ops on its row pool, mark_updated). New keys start from the
+// cache's own initializer in both paths; their state from initialize_state (the cache fills
+// state with one value, which FTRL's linear half must not take, so the test sets it).
+void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
+  std::mt19937_64 rng(300 + int(kind) * 2 + int(comb));
+  host_hybrid_options ho;
+  ho.dim = 8;
+  ho.comb = comb;
+  ho.optimizer.kind = kind;
+  ho.optimizer.learning_rate = 0.01f;
+  ho.optimizer.ftrl_alpha = 0.05f;
+  ho.optimizer.ftrl_l1 = 0.001f;
+  const std::size_t dim = ho.dim, sw = state_width(kind, dim), width = dim + sw;
+  const std::int64_t num_keys = 400;
+  cache_options co;
+  co.capacity = 4096;
+  co.dim = dim;
+  co.state_width = sw;
+  co.init.seed = 99;
+  embedding_cache<std::int64_t, host_space> cache(co);
+
+  // The cache's initial embedding of every key, from a twin cache, for the hybrid's initializer.
+  std::vector<float> initial(num_keys * width);
+  {
+    embedding_cache<std::int64_t, host_space> twin(co);
+    std::vector<std::int64_t> all(num_keys);
+    for (std::int64_t k = 0; k < num_keys; ++k) all[k] = k;
+    ASSERT_TRUE(twin.find_or_insert(all.data(), all.size(), initial.data(), nullptr).ok());
+  }
+  map_store store(width);
+  host_hybrid_table<std::int64_t> table(store, ho, [&](std::int64_t key, float* e, std::size_t d) {
+    std::copy(&initial[key * width], &initial[key * width] + d, e);
+  });
+  std::vector<float> state(sw);
+  initialize_state(ho.optimizer, dim, state.data());
+  sparse_gradients<host_space> grads;
+  for (int t = 1; t <= 15; ++t) {
+    auto b = random_batch(rng, 32, 4, num_keys, 0, 3);
+    const std::size_t bags = 32 * 4, n = b.indices.size();
+    std::vector<float> out_h(bags * dim), out_c(bags * dim);
+    ASSERT_TRUE(table.forward(keys_of(b), out_h.data()).ok());
+
+    std::vector<std::int64_t> slots(n);
+    std::unique_ptr<bool[]> inserted(new bool[n]);
+    ASSERT_TRUE(cache.lookup_slots(b.indices.data(), n, slots.data(), true, inserted.get()).ok());
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!inserted[i]) continue;
+      std::vector<float> row(width);
+      ASSERT_TRUE(cache.read_slots(&slots[i], 1, row.data()).ok());
+      std::copy(state.begin(), state.end(), row.begin() + dim);
+      ASSERT_TRUE(cache.assign_slots(&slots[i], 1, row.data()).ok());
+    }
+    const slot_batch sb{b.batch_size, b.num_slots, b.offsets.data(), slots.data(), n};
+    lookup_combine(host_space{}, cache.rows(), cache.row_width(), dim, sb, comb, out_c.data());
+    ASSERT_EQ(0, std::memcmp(out_h.data(), out_c.data(), out_h.size() * sizeof(float)))
+        << "step " << t;
+
+    const auto d_out = random_floats(rng, bags * dim, -1, 1);
+    ASSERT_TRUE(table.backward(d_out.data()).ok());
+    aggregate_gradients(host_space{}, sb, comb, d_out.data(), dim, grads);
+    apply_optimizer(host_space{}, ho.optimizer, cache.rows(), cache.row_width(), grads,
+                    static_cast<std::uint64_t>(t));
+    ASSERT_TRUE(cache.mark_updated(grads.rows.data(), grads.size).ok());
+  }
+  ASSERT_EQ(store.size(), cache.size());
+  for (std::int64_t k = 0; k < num_keys; ++k) {
+    const std::vector<float>* row = store.row(k);
+    std::int64_t slot = -1;
+    ASSERT_TRUE(cache.lookup_slots(&k, 1, &slot).ok());
+    ASSERT_EQ(row != nullptr, slot >= 0) << "key " << k;
+    if (!row) continue;
+    std::vector<float> cached(width);
+    ASSERT_TRUE(cache.read_slots(&slot, 1, cached.data()).ok());
+    EXPECT_EQ(0, std::memcmp(row->data(), cached.data(), width * sizeof(float))) << "key " << k;
+  }
+}
+
+TEST(HostHybrid, LeavesTheSameRowsAsTheCachePathAdamSum) {
+  check_hybrid_equals_cache(optimizer_kind::adam, combiner::sum);
+}
+TEST(HostHybrid, LeavesTheSameRowsAsTheCachePathFtrlMean) {
+  check_hybrid_equals_cache(optimizer_kind::ftrl, combiner::mean);
 }
 
 TEST(HostHybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialValue) {
