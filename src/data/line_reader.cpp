@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -9,15 +10,30 @@
 
 namespace embcache::detail {
 
+namespace {
+constexpr std::size_t chunk_bytes = std::size_t{1} << 20;
+constexpr std::size_t chunks_ahead = 3;
+}  // namespace
+
 line_reader::line_reader(std::size_t max_line_bytes)
     : max_line_(max_line_bytes < 16 ? 16 : max_line_bytes),
-      buf_(std::max<std::size_t>(std::size_t{1} << 20, 2 * max_line_ + 1)) {}
+      buf_(std::max<std::size_t>(chunk_bytes, 2 * max_line_ + 1) + chunk_bytes) {}
 
 line_reader::~line_reader() { close(); }
 
 void line_reader::close() {
+  if (producer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    producer_.join();
+  }
   if (file_) gzclose(static_cast<gzFile>(file_));
   file_ = nullptr;
+  ready_.clear();
+  stop_ = false;
 }
 
 status line_reader::open(const std::string& path) {
@@ -31,7 +47,45 @@ status line_reader::open(const std::string& path) {
   if (!f) return errno_status("cannot open", path, errno ? errno : EIO);
   gzbuffer(f, 1 << 18);
   file_ = f;
+  producer_ = std::thread(&line_reader::produce, this);
   return {};
+}
+
+void line_reader::produce() {
+  auto f = static_cast<gzFile>(file_);
+  while (true) {
+    chunk c;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || ready_.size() < chunks_ahead; });
+      if (stop_) return;
+      if (!spare_.empty()) {
+        c.data = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
+    c.data.resize(chunk_bytes);
+    const int n = gzread(f, c.data.data(), static_cast<unsigned>(c.data.size()));
+    c.data.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    bool last = false;
+    if (n <= 0) {
+      // Data that arrived before a break was delivered by earlier reads; the break shows here.
+      int err = Z_OK;
+      const char* what = gzerror(f, &err);
+      if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
+        c.broken = true;
+        c.message = std::string("gzip stream broken: ") +
+                    (err == Z_BUF_ERROR ? "unexpected end of file (truncated)" : what);
+      }
+      last = true;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.push_back(std::move(c));
+    }
+    cv_.notify_all();
+    if (last) return;
+  }
 }
 
 bool line_reader::fill() {
@@ -41,24 +95,30 @@ bool line_reader::fill() {
     end_ -= begin_;
     begin_ = 0;
   }
-  auto f = static_cast<gzFile>(file_);
-  const int n = gzread(f, buf_.data() + end_, static_cast<unsigned>(buf_.size() - end_));
-  if (n > 0) {
-    // Data that arrived before a break is good data; the break shows on the next read.
-    end_ += static_cast<std::size_t>(n);
-    bytes_ += static_cast<std::uint64_t>(n);
-    return true;
+  chunk c;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return !ready_.empty(); });
+    c = std::move(ready_.front());
+    ready_.pop_front();
   }
-  int err = Z_OK;
-  const char* what = gzerror(f, &err);
-  if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
+  cv_.notify_all();
+  // The buffer holds at most max_line_ carried bytes plus one chunk.
+  std::memcpy(buf_.data() + end_, c.data.data(), c.data.size());
+  end_ += c.data.size();
+  bytes_ += c.data.size();
+  const bool got = !c.data.empty();
+  if (c.broken) {
     broken_ = true;
-    message_ = std::string("gzip stream broken: ") +
-               (err == Z_BUF_ERROR ? "unexpected end of file (truncated)" : what);
-    return false;
+    message_ = std::move(c.message);
+  } else if (!got) {
+    eof_ = true;
   }
-  eof_ = true;
-  return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spare_.push_back(std::move(c.data));
+  }
+  return got;
 }
 
 line_reader::event line_reader::next() {

@@ -1,11 +1,16 @@
 // Reads lines from a plain or gzip file (zlib detects which) without per-line allocation, and
-// turns over-long lines and broken gzip streams into results instead of failures.
+// turns over-long lines and broken gzip streams into results instead of failures. A background
+// thread reads and decompresses the next chunks while the caller parses the current one.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "embcache/status.hpp"
@@ -36,10 +41,16 @@ class line_reader {
   const std::string& message() const noexcept { return message_; }
 
  private:
+  struct chunk {
+    std::vector<char> data;
+    bool broken = false;  // the stream broke after `data`
+    std::string message;
+  };
   bool fill();  // false at end of data or on error (then broken_ is set)
   void close();
+  void produce();  // the read-ahead thread
 
-  void* file_ = nullptr;  // gzFile
+  void* file_ = nullptr;  // gzFile, used by the read-ahead thread only
   std::size_t max_line_;
   std::vector<char> buf_;
   std::size_t begin_ = 0;
@@ -51,6 +62,13 @@ class line_reader {
   std::uint64_t line_number_ = 0;
   std::uint64_t bytes_ = 0;
   std::string message_;
+
+  std::thread producer_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<chunk> ready_;               // filled chunks, oldest first; an empty one marks the end
+  std::vector<std::vector<char>> spare_;  // buffers to reuse
+  bool stop_ = false;
 };
 
 }  // namespace embcache::detail
