@@ -1,0 +1,145 @@
+/// @file rocksdb_store.hpp
+/// @brief Parameter store on SSD through RocksDB (library embcache::rocksdb).
+///
+/// One column family per table, named after the table; several tables can share one database
+/// (rocksdb_database). Keys are stored big-endian (int64 keys with the sign bit flipped) so that
+/// iteration runs in numeric key order; a value is the row's floats followed by its 8-byte
+/// version, both in the host's byte order. Each table also keeps a metadata entry (key type, row
+/// width, row count, highest version) in the default column family; a store refuses a table whose
+/// metadata disagrees with what the caller expects. docs/stores.md explains every tuning choice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/param_store.hpp"
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+/// Options of a RocksDB store and of the database behind it.
+struct rocksdb_store_options {
+  /// Folder of the database; default "" (must be set).
+  std::string path;
+  /// Table name, also the column family's name; default "" (must be set, not "default").
+  std::string table_name;
+  /// Floats per row; default 0 (must be set).
+  std::size_t row_width = 0;
+  /// Creates the database and the table's column family when absent; default true.
+  bool create_if_missing = true;
+  /// Block cache shared by every table of the database; default 1 GiB.
+  std::size_t block_cache_bytes = std::size_t{1} << 30;
+  /// Size of one memtable; default 256 MiB (a pass write-back fits in few flushes).
+  std::size_t write_buffer_bytes = std::size_t{256} << 20;
+  /// Memtables per column family before writes stall; default 4.
+  int max_write_buffers = 4;
+  /// Bits per key of the bloom filter; default 10 (about 1% false positives); 0 = no filter.
+  int bloom_bits_per_key = 10;
+  /// Size of an SST data block; default 16 KiB.
+  std::size_t block_bytes = std::size_t{16} << 10;
+  /// Background flush and compaction threads; default 4.
+  int background_jobs = 4;
+  /// Skips the write-ahead log for pushes; default true: flush() and checkpoint() make pushed
+  /// rows durable, and a crash loses only what was pushed since the last of them.
+  bool disable_wal = true;
+  /// Writes RocksDB's LOG file in the database folder; default false: warnings and errors go
+  /// to stderr (a LOG file on a full disk makes this RocksDB release abort on the next line).
+  bool log_file = false;
+  /// Keys per MultiGet / WriteBatch; default 2048.
+  std::size_t batch_keys = 2048;
+  /// Threads used by bulk calls; default: oneTBB's default (all cores).
+  host_space space{};
+};
+
+/// An open RocksDB database that may hold several tables. Shared by the stores opened on it
+/// (std::shared_ptr); the database closes when the last of them goes.
+class rocksdb_database {
+ public:
+  /// Opens (or, with `options.create_if_missing`, creates) the database at `options.path`,
+  /// with every column family it holds. Only the database-wide fields of `options` are used.
+  static result<std::shared_ptr<rocksdb_database>> open(const rocksdb_store_options& options);
+  ~rocksdb_database();
+  rocksdb_database(const rocksdb_database&) = delete;
+  rocksdb_database& operator=(const rocksdb_database&) = delete;
+
+  /// Folder of the database.
+  const std::string& path() const noexcept;
+  /// Names of the tables the database holds, sorted.
+  std::vector<std::string> tables() const;
+  /// Flushes the memtables of every table (atomically, with the metadata).
+  status flush();
+  /// Writes a consistent copy of the whole database (every table) into `dir` with RocksDB's
+  /// checkpoint facility (hard links where possible). `dir` must not exist or be empty.
+  status checkpoint(const std::string& dir);
+
+  struct impl;
+  /// Internal.
+  impl& get_impl() noexcept { return *impl_; }
+
+ private:
+  explicit rocksdb_database(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// Parameter store of one table in a RocksDB database.
+template <class Key>
+class rocksdb_store final : public param_store<Key> {
+ public:
+  /// Opens the table in its own database at `options.path`. A database or table that is absent
+  /// when `create_if_missing` is false gives not_found; a table written with another row width or
+  /// key type gives invalid_argument; a damaged database gives corruption.
+  static result<std::unique_ptr<rocksdb_store>> open(const rocksdb_store_options& options);
+  /// Opens the table `options.table_name` in a database that is already open (shared).
+  static result<std::unique_ptr<rocksdb_store>> open(std::shared_ptr<rocksdb_database> db,
+                                                     const rocksdb_store_options& options);
+  /// Flushes (see flush()); errors are dropped, call flush() first to see them.
+  ~rocksdb_store() override;
+  rocksdb_store(const rocksdb_store&) = delete;
+  rocksdb_store& operator=(const rocksdb_store&) = delete;
+
+  std::size_t row_width() const noexcept override;
+  const std::string& table_name() const noexcept override;
+  /// Sorted MultiGet in batches of `batch_keys`, batches in parallel.
+  status pull(const Key* keys, std::size_t n, float* rows_out, bool* found_out,
+              std::uint64_t* versions_out = nullptr) override;
+  /// Sorted, deduplicated WriteBatches written in parallel. Keeping size() exact costs one
+  /// sorted MultiGet of the batch (to tell new keys from overwritten ones).
+  status push(const Key* keys, std::size_t n, const float* rows,
+              const std::uint64_t* versions = nullptr) override;
+  status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr) override;
+  status contains(const Key* keys, std::size_t n, bool* found_out) override;
+  std::size_t size() const noexcept override;
+  std::uint64_t max_version() const noexcept override;
+  /// Iterates in numeric key order over a snapshot.
+  status for_each(std::size_t batch_size, const store_batch_fn<Key>& fn) override;
+  /// Scans every row (versions are not indexed) and keeps those newer than `version`.
+  status for_each_changed_since(std::uint64_t version, std::size_t batch_size,
+                                const store_batch_fn<Key>& fn) override;
+  /// Writes the metadata and flushes the table's memtables to SST files.
+  status flush() override;
+  /// flush(), then a RocksDB checkpoint of the whole database into `dir` (every table of a
+  /// shared database is in it); open it with open() and `path = dir`.
+  status checkpoint(const std::string& dir) override;
+
+  /// The database the table lives in.
+  const std::shared_ptr<rocksdb_database>& database() const noexcept { return db_; }
+
+  struct state;
+
+ private:
+  rocksdb_store(std::shared_ptr<rocksdb_database> db, std::unique_ptr<state> st);
+  status for_each_impl(bool changed_only, std::uint64_t version, std::size_t batch_size,
+                       const store_batch_fn<Key>& fn);
+
+  std::shared_ptr<rocksdb_database> db_;
+  std::unique_ptr<state> state_;
+};
+
+extern template class rocksdb_store<std::int64_t>;
+extern template class rocksdb_store<std::uint32_t>;
+
+}  // namespace embcache
