@@ -4,6 +4,9 @@
 
 #include "embcache/buffer.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/host_hybrid.hpp"
+#include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"
 #include "embcache/space.hpp"
+#include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"
