@@ -287,6 +287,24 @@ TEST(Prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   EXPECT_EQ(all.value().reports[3], f + ":7: line longer than 65536 bytes");
 }
 
+TEST(Prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
+  scratch_dir dir;
+  // 3 MiB without a newline spans several read chunks; the reader must resynchronise after it.
+  const std::string huge(3 << 20, 'x');
+  write_text(dir / "h.tsv", huge + "\n" + make_line(0) + "\n" + huge);
+  auto r = prepare_criteo(options(dir, {dir / "h.tsv"}));
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().lines, 3u);
+  EXPECT_EQ(r.value().dataset.rows, 1u);
+  EXPECT_EQ(r.value().malformed, 2u);
+  ASSERT_EQ(r.value().reports.size(), 2u);
+  EXPECT_EQ(r.value().reports[0], (dir / "h.tsv") + ":1: line longer than 65536 bytes");
+  EXPECT_EQ(r.value().reports[1], (dir / "h.tsv") + ":3: line longer than 65536 bytes");
+  const auto samples = read_back(r.value().dataset, nullptr);
+  ASSERT_EQ(samples.size(), 1u);
+  expect_same(samples[0], parse_ok(make_line(0)), 0);
+}
+
 TEST(Prep, StrictStopsAtTheFirstMalformedLine) {
   scratch_dir dir;
   write_text(dir / "m.tsv", make_tsv(0, 3) + "1\t2\n" + make_tsv(3, 3));
