@@ -1,0 +1,216 @@
+/// @file training_cache.hpp
+/// @brief The training cache: per table a device cache in front of a parameter store, swapped per
+/// pass from keysets (with background prefetch) or filled on demand, with incremental export,
+/// save and load. docs/training_cache.md describes the semantics and the file formats.
+///
+/// Rows are `dim + state_width(optimizer, dim)` floats: the embedding followed by the sparse
+/// optimizer's state, which travels with its row between every tier. Every row carries a version
+/// from the table's update counter (the device cache's version clock, which only grows); a row
+/// is dirty while its version is newer than the version it had when last in sync with the store.
+///
+/// This build runs the cache in the host space (host_space); the cuda space is not instantiated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "embcache/embedding_cache.hpp"
+#include "embcache/keyset.hpp"
+#include "embcache/optimizers.hpp"
+#include "embcache/param_store.hpp"
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+/// How the cache is filled.
+enum class cache_mode : std::uint8_t {
+  keyset,     ///< begin_pass(keyset) before each pass makes exactly the keyset's rows resident
+  on_demand,  ///< lookup(keys) fetches misses per batch and evicts by score
+};
+
+/// Options of one table.
+template <class Key>
+struct table_options {
+  std::string name;               ///< table name; required, unique, usable as a folder name
+  std::size_t dim = 0;            ///< embedding floats per row; required (>= 1)
+  optimizer_options optimizer{};  ///< default: sgd (no state); sets the state width and init
+  std::size_t capacity = 0;       ///< rows the device cache holds; required (>= 1)
+  initializer_options init{};     ///< default uniform(-0.05, 0.05); the table index is folded
+                                  ///< into init.seed, so equal options differ per table
+  score_policy scores = score_policy::lru;  ///< default LRU (on-demand eviction)
+  /// Store of the table; default nullptr = a new host_store. Pass a rocksdb_store (library
+  /// embcache::rocksdb) for the SSD tier; its row width must be dim + state width.
+  std::shared_ptr<param_store<Key>> store;
+};
+
+/// Options of a training cache.
+struct training_cache_options {
+  cache_mode mode = cache_mode::keyset;                ///< default: keyset passes
+  keyset_format keyset_fmt = keyset_format::embcache;  ///< default: our keyset format
+  std::size_t prefetch_batch = 65536;  ///< keys per store pull while staging; default 65536
+};
+
+/// Counters of one table (over one pass, or in total).
+struct table_counters {
+  std::uint64_t hits = 0;              ///< keys already resident (keyset or lookup batch)
+  std::uint64_t misses = 0;            ///< keys that had to be brought in
+  std::uint64_t rows_pulled = 0;       ///< rows read from the store by the caller's thread
+  std::uint64_t rows_staged = 0;       ///< prefetched rows used by begin_pass
+  std::uint64_t rows_restaged = 0;     ///< staged rows re-pulled because the store changed since
+  std::uint64_t rows_initialized = 0;  ///< new rows made by the initializer
+  std::uint64_t rows_pushed = 0;       ///< dirty rows written back to the store
+  std::uint64_t rows_evicted = 0;      ///< rows removed from the device cache to make room
+  std::uint64_t bytes_store_to_cache = 0;  ///< row bytes moved store -> device (staged included)
+  std::uint64_t bytes_cache_to_store = 0;  ///< row bytes moved device -> store
+  double seconds_swap_in = 0;              ///< pulling, initializing and inserting rows
+  double seconds_write_back = 0;           ///< reading dirty victims and pushing them
+  double seconds_prefetch_wait = 0;        ///< begin_pass blocked on a running prefetch
+  double seconds_staging = 0;              ///< background staging time (not blocking the caller)
+  /// Adds every field of `o`.
+  table_counters& operator+=(const table_counters& o);
+};
+
+/// Counters of every table: of the last pass (begin_pass or lookup batch) and since construction.
+struct cache_counters {
+  std::uint64_t passes = 0;           ///< begin_pass calls that succeeded
+  std::vector<std::string> tables;    ///< table names, in table order
+  std::vector<table_counters> last;   ///< last begin_pass / lookup, per table
+  std::vector<table_counters> total;  ///< since construction, per table
+};
+
+/// JSON of counters: {"hits": ..., ...}.
+void to_json(nlohmann::json& j, const table_counters& c);
+/// JSON of all counters: {"passes": n, "tables": {"name": {"last": {...}, "total": {...}}}}.
+void to_json(nlohmann::json& j, const cache_counters& c);
+
+/// Rows of one table changed since the previous export, and keys erased since.
+template <class Key>
+struct table_delta {
+  std::string table;                    ///< table name
+  std::size_t dim = 0;                  ///< embedding floats per row
+  std::size_t state_width = 0;          ///< state floats per row in `states` (0 without state)
+  std::uint64_t since_version = 0;      ///< versions greater than this are in the delta
+  std::uint64_t until_version = 0;      ///< ... and at most this (the table's counter at export)
+  std::vector<Key> keys;                ///< changed keys, ascending
+  std::vector<float> vectors;           ///< keys.size() * dim embedding floats
+  std::vector<float> states;            ///< keys.size() * state_width floats, when asked for
+  std::vector<std::uint64_t> versions;  ///< version of each changed row
+  std::vector<Key> erased;              ///< keys erased since (tombstones), ascending
+};
+
+/// Format version of the folders written by save() and export_incremental_to().
+inline constexpr int model_format_version = 1;
+
+/// The training cache of several tables.
+///
+/// Thread safety: one caller thread drives the cache; the only other thread is its own
+/// prefetch worker. Rows may be updated in place through cache(t) (lookup_slots, rows(),
+/// mark_updated) between begin_pass / lookup calls.
+template <class Key>
+class training_cache {
+ public:
+  using cache_type = embedding_cache<Key, host_space>;
+
+  /// Builds the caches and, where none is given, the host stores. Throws embcache::error
+  /// (invalid_argument) for an empty or repeated name, a zero dim or capacity, bad optimizer
+  /// options, or a store whose row width differs from dim + state width.
+  training_cache(training_cache_options options, std::vector<table_options<Key>> tables);
+  /// Waits for a running prefetch; does not flush (call end_training() for that).
+  ~training_cache();
+  training_cache(const training_cache&) = delete;
+  training_cache& operator=(const training_cache&) = delete;
+
+  /// Number of tables.
+  std::size_t num_tables() const noexcept;
+  /// Index of the table called `name`; not_found otherwise.
+  result<std::size_t> table_index(const std::string& name) const;
+  /// Options of table `t` (init.seed as given, before folding).
+  const table_options<Key>& table(std::size_t t) const;
+  /// Floats per row of table `t`.
+  std::size_t row_width(std::size_t t) const;
+  /// Device cache of table `t`.
+  cache_type& cache(std::size_t t);
+  /// Store of table `t`. Do not write to it directly while the cache holds rows of the table.
+  param_store<Key>& store(std::size_t t);
+
+  /// Keyset mode: makes every key of `keysets[t]` resident in table t (one keyset per table;
+  /// keys in any order, repeats allowed). Rows resident and in the keyset stay; other rows are
+  /// evicted only as capacity requires (oldest version first, then smallest key), the dirty
+  /// ones written back first; missing rows come from the prefetch staging, the store, or the
+  /// initializer. A keyset with more distinct keys than its table's capacity gives
+  /// capacity_exceeded before anything changes; so does a count of keysets other than
+  /// num_tables() (invalid_argument). Throws in on_demand mode.
+  status begin_pass(const std::vector<std::vector<Key>>& keysets);
+  /// begin_pass with keysets read from files (one per table, options().keyset_fmt). Read errors
+  /// (missing, truncated, wrong key type) are returned before anything changes.
+  status begin_pass_files(const std::vector<std::string>& paths);
+
+  /// Starts staging, in a background thread, the rows of `keysets` that are not resident now,
+  /// so that a later begin_pass moves only the difference. A running prefetch is waited for and
+  /// replaced. Staged rows are checked at begin_pass: a key written to or erased from the store
+  /// after staging began is re-pulled, a key resident by then keeps its resident row.
+  status prefetch(const std::vector<std::vector<Key>>& keysets);
+  /// prefetch() with keysets read from files.
+  status prefetch_files(const std::vector<std::string>& paths);
+  /// Whether a prefetch is staged or running.
+  bool prefetch_pending() const noexcept;
+
+  /// On-demand mode: makes the keys of the batch resident and writes each key's slot into
+  /// `slots_out` (n, may be nullptr; rows at cache(t).rows() + slot * row_width). Misses are
+  /// pulled or initialized and inserted with eviction by score; dirty victims are written back.
+  /// More distinct keys than the capacity gives capacity_exceeded before anything changes.
+  /// Throws in keyset mode.
+  status lookup(std::size_t t, const Key* keys, std::size_t n, std::int64_t* slots_out);
+
+  /// Overwrites the rows of resident keys (`rows`: n * row_width floats) and marks them
+  /// updated. A key that is not resident gives not_found (nothing is written).
+  status assign(std::size_t t, const Key* keys, std::size_t n, const float* rows);
+
+  /// Copies the current row of each key into `rows_out` (n * row_width), from the device when
+  /// resident, else from the store; `found_out` (may be nullptr) says whether the key exists.
+  status read(std::size_t t, const Key* keys, std::size_t n, float* rows_out, bool* found_out);
+
+  /// Removes keys from the cache and the store; they are reported as erased by the next export.
+  status erase(std::size_t t, const Key* keys, std::size_t n);
+
+  /// Writes every dirty resident row back and flushes the stores; rows stay resident.
+  status end_training();
+
+  /// Rows changed since the previous export (resident or already written back), per table,
+  /// with optimizer state when `with_state`, and the keys erased since.
+  result<std::vector<table_delta<Key>>> export_incremental(bool with_state = false);
+  /// export_incremental() written as the folder `dir/delta-NNNNNN` (the next number), through
+  /// a temporary folder that is fsynced and renamed. Returns the folder's path.
+  result<std::string> export_incremental_to(const std::string& dir, bool with_state = false);
+
+  /// end_training(), then writes `dir`: per table a HugeCTR sparse model folder `dir/<table>/`
+  /// (`key`: int64, `emb_vector`: float32[n][dim]) with `opt_state` (float32[n][state width])
+  /// and `version` (uint64[n]), plus `dir/manifest.json`. The folder is built beside `dir` and
+  /// renamed into place; a crash at any point leaves the previous save loadable by load(dir).
+  status save(const std::string& dir);
+  /// Replaces every table's rows with those of `dir`: a folder written by save() (manifest
+  /// checked: format version, key type, tables, dims, optimizer, counts, checksums) or a plain
+  /// HugeCTR folder (`dir/<table>/key` + `emb_vector`, or `dir/key` + `emb_vector` for one
+  /// table; optimizer state initialized). Everything is validated before anything changes.
+  status load(const std::string& dir);
+
+  /// Counters of the last pass and the totals.
+  const cache_counters& counters() const noexcept;
+  /// Options of the cache.
+  const training_cache_options& options() const noexcept;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+extern template class training_cache<std::int64_t>;
+extern template class training_cache<std::uint32_t>;
+
+}  // namespace embcache

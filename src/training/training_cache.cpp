@@ -1,0 +1,1317 @@
+// The training cache: keyset passes with prefetch, on-demand mode, incremental export, save and
+// load. One translation unit on purpose (CI builds on two cores).
+#include "embcache/training_cache.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
+#include <unordered_set>
+
+#include "embcache/detail/cache_ref.hpp"
+#include "embcache/host_store.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace embcache {
+
+namespace fs = std::filesystem;
+
+table_counters& table_counters::operator+=(const table_counters& o) {
+  hits += o.hits;
+  misses += o.misses;
+  rows_pulled += o.rows_pulled;
+  rows_staged += o.rows_staged;
+  rows_restaged += o.rows_restaged;
+  rows_initialized += o.rows_initialized;
+  rows_pushed += o.rows_pushed;
+  rows_evicted += o.rows_evicted;
+  bytes_store_to_cache += o.bytes_store_to_cache;
+  bytes_cache_to_store += o.bytes_cache_to_store;
+  seconds_swap_in += o.seconds_swap_in;
+  seconds_write_back += o.seconds_write_back;
+  seconds_prefetch_wait += o.seconds_prefetch_wait;
+  seconds_staging += o.seconds_staging;
+  return *this;
+}
+
+void to_json(nlohmann::json& j, const table_counters& c) {
+  j = nlohmann::json{{"hits", c.hits},
+                     {"misses", c.misses},
+                     {"rows_pulled", c.rows_pulled},
+                     {"rows_staged", c.rows_staged},
+                     {"rows_restaged", c.rows_restaged},
+                     {"rows_initialized", c.rows_initialized},
+                     {"rows_pushed", c.rows_pushed},
+                     {"rows_evicted", c.rows_evicted},
+                     {"bytes_store_to_cache", c.bytes_store_to_cache},
+                     {"bytes_cache_to_store", c.bytes_cache_to_store},
+                     {"seconds_swap_in", c.seconds_swap_in},
+                     {"seconds_write_back", c.seconds_write_back},
+                     {"seconds_prefetch_wait", c.seconds_prefetch_wait},
+                     {"seconds_staging", c.seconds_staging}};
+}
+
+void to_json(nlohmann::json& j, const cache_counters& c) {
+  nlohmann::json tables = nlohmann::json::object();
+  for (std::size_t t = 0; t < c.tables.size(); ++t) {
+    tables[c.tables[t]] = {{"last", c.last[t]}, {"total", c.total[t]}};
+  }
+  j = nlohmann::json{{"passes", c.passes}, {"tables", tables}};
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+std::uint64_t fold_seed(std::uint64_t seed, std::size_t table) {
+  std::uint64_t x = seed ^ (0x9e3779b97f4a7c15ULL * (table + 1));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  return x ^ (x >> 29);
+}
+
+// Sorted unique copy, or the input itself when it already is (keyset files are).
+template <class Key>
+const std::vector<Key>& sorted_unique(const std::vector<Key>& in, std::vector<Key>& scratch) {
+  bool ok = true;
+  for (std::size_t i = 1; i < in.size() && ok; ++i) ok = in[i - 1] < in[i];
+  if (ok) return in;
+  scratch = in;
+  std::sort(scratch.begin(), scratch.end());
+  scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+  return scratch;
+}
+
+// --- files -------------------------------------------------------------------------------------
+
+status sys_error(const std::string& what, const std::string& path, int err) {
+  std::string m = what + " '" + path + "': " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) return status::out_of_space(m);
+  if (err == ENOENT) return status::not_found(m);
+  return status::io_error(m);
+}
+
+// Writes `bytes` to a new file, fsyncs it; `digest` gets its xxHash64.
+status write_file(const std::string& path, const void* data, std::size_t bytes,
+                  std::uint64_t* digest) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return sys_error("cannot create", path, errno);
+  const char* p = static_cast<const char*>(data);
+  std::size_t left = bytes;
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, std::min<std::size_t>(left, std::size_t{1} << 26));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      return sys_error("cannot write", path, e);
+    }
+    p += w;
+    left -= static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return sys_error("cannot fsync", path, e);
+  }
+  if (::close(fd) != 0) return sys_error("cannot close", path, errno);
+  if (digest) *digest = XXH64(data, bytes, 0);
+  return {};
+}
+
+status sync_folder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return sys_error("cannot open folder", dir, errno);
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0) return sys_error("cannot fsync folder", dir, e);
+  return {};
+}
+
+result<std::vector<char>> read_whole(const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return status::not_found("cannot read '" + path + "': " + ec.message());
+  std::vector<char> out(size);
+  std::ifstream in(path, std::ios::binary);
+  if (!in || !in.read(out.data(), static_cast<std::streamsize>(size))) {
+    return status::io_error("cannot read '" + path + "'");
+  }
+  return out;
+}
+
+template <class T>
+status read_array(const std::string& path, std::size_t elems_per_item, std::vector<T>* out,
+                  std::uint64_t* digest) {
+  auto bytes = read_whole(path);
+  if (!bytes.ok()) return bytes.get_status();
+  const auto& b = bytes.value();
+  const std::size_t item = sizeof(T) * elems_per_item;
+  if (item == 0 || b.size() % item != 0) {
+    return status::corruption("'" + path + "' has " + std::to_string(b.size()) +
+                              " bytes, not a multiple of " + std::to_string(item));
+  }
+  out->resize(b.size() / sizeof(T));
+  if (!b.empty()) std::memcpy(out->data(), b.data(), b.size());
+  if (digest) *digest = XXH64(b.data(), b.size(), 0);
+  return {};
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Writes one table's arrays into `folder` and returns the manifest entry of its files.
+template <class Key>
+status write_table_folder(const std::string& folder, const std::vector<Key>& keys,
+                          const std::vector<float>& vectors, const std::vector<float>& states,
+                          const std::vector<std::uint64_t>& versions, bool write_states,
+                          const std::vector<Key>* erased, nlohmann::json* files) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) return status::io_error("cannot create '" + folder + "': " + ec.message());
+  // HugeCTR's `key` file is int64 whatever the key type of the table.
+  std::vector<std::int64_t> k64(keys.begin(), keys.end());
+  struct item {
+    const char* name;
+    const void* data;
+    std::size_t bytes;
+  };
+  std::vector<item> items = {{"key", k64.data(), k64.size() * 8},
+                             {"emb_vector", vectors.data(), vectors.size() * 4},
+                             {"version", versions.data(), versions.size() * 8}};
+  if (write_states) items.push_back({"opt_state", states.data(), states.size() * 4});
+  std::vector<std::int64_t> e64;
+  if (erased) {
+    e64.assign(erased->begin(), erased->end());
+    items.push_back({"erased", e64.data(), e64.size() * 8});
+  }
+  for (const auto& it : items) {
+    std::uint64_t d = 0;
+    EMBCACHE_RETURN_IF_ERROR(write_file(folder + "/" + it.name, it.data, it.bytes, &d));
+    (*files)[it.name] = {{"bytes", it.bytes}, {"xxh64", hex(d)}};
+  }
+  return sync_folder(folder);
+}
+
+status write_manifest(const std::string& dir, const nlohmann::json& manifest) {
+  const std::string text = manifest.dump(2);
+  return write_file(dir + "/manifest.json", text.data(), text.size(), nullptr);
+}
+
+}  // namespace
+
+// --- state ---------------------------------------------------------------------------------------
+
+template <class Key>
+struct training_cache<Key>::impl {
+  struct staging {
+    std::vector<Key> keys;  // sorted
+    std::vector<float> rows;
+    std::vector<std::uint64_t> versions;
+    std::vector<std::uint8_t> found;  // 0 = initialized by staging
+    double seconds = 0;
+  };
+
+  struct table_state {
+    table_options<Key> opt;
+    std::size_t index = 0;
+    std::size_t state_width = 0;
+    std::size_t row_width = 0;
+    std::unique_ptr<cache_type> cache;
+    std::shared_ptr<param_store<Key>> store;
+    std::unique_ptr<std::mutex> store_mutex = std::make_unique<std::mutex>();
+    // Per slot: whether the slot holds a row inserted by us, and the version that row had when
+    // last in sync with the store (a row is dirty while its version is greater).
+    std::vector<std::uint8_t> slot_used;
+    std::vector<std::uint64_t> slot_synced;
+    // Export tracking.
+    std::uint64_t last_export_version = 0;
+    std::vector<Key> written_since_export;
+    std::vector<Key> erased_since_export;
+    // Keys pushed to or erased from the store while a staging exists (prefetch hazard).
+    std::vector<Key> store_writes_log;
+    bool log_store_writes = false;
+    staging staged;
+  };
+
+  training_cache_options options;
+  std::vector<table_state> tables;
+  cache_counters counters;
+  std::thread worker;
+  bool staged_valid = false;
+  status staging_status;
+
+  // Store access, serialized with the prefetch worker.
+  status push(table_state& tb, const Key* keys, std::size_t n, const float* rows,
+              const std::uint64_t* versions) {
+    if (n == 0) return {};
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    if (tb.log_store_writes) tb.store_writes_log.insert(tb.store_writes_log.end(), keys, keys + n);
+    return tb.store->push(keys, n, rows, versions);
+  }
+  status pull(table_state& tb, const Key* keys, std::size_t n, float* rows, bool* found,
+              std::uint64_t* versions) {
+    if (n == 0) return {};
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    return tb.store->pull(keys, n, rows, found, versions);
+  }
+
+  void initialize_row(const table_state& tb, Key k, float* dst) const {
+    tb.cache->ref().initialize_row(k, dst);
+    if (tb.state_width) initialize_state(tb.opt.optimizer, tb.opt.dim, dst + tb.opt.dim);
+  }
+
+  std::uint64_t fresh_version(table_state& tb) {
+    const std::uint64_t v = tb.cache->version() + 1;
+    tb.cache->advance_version(v);
+    return v;
+  }
+
+  // Resident keys (sorted) and their versions.
+  status residents(table_state& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers) {
+    export_filter all;
+    all.all = true;
+    const std::size_t n = tb.cache->size();
+    keys->resize(n);
+    vers->resize(n);
+    std::size_t count = 0;
+    EMBCACHE_RETURN_IF_ERROR(
+        tb.cache->export_if(all, keys->data(), nullptr, vers->data(), n, &count));
+    keys->resize(count);
+    vers->resize(count);
+    return {};
+  }
+
+  // Writes back the dirty rows among resident `keys` (versions `vers`), then erases all of them
+  // from the cache when `evict`.
+  status write_back(table_state& tb, const std::vector<Key>& keys,
+                    const std::vector<std::uint64_t>& vers, bool evict, table_counters& c) {
+    const auto t0 = clock_type::now();
+    const std::size_t n = keys.size();
+    std::vector<std::int64_t> slots(n);
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), n, slots.data()));
+    std::vector<std::int64_t> dirty_slots;
+    std::vector<Key> dirty_keys;
+    std::vector<std::uint64_t> dirty_vers;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto s = slots[i];
+      if (s < 0) return status::internal("resident key vanished during write-back");
+      if (!tb.slot_used[s] || vers[i] > tb.slot_synced[s]) {
+        dirty_slots.push_back(s);
+        dirty_keys.push_back(keys[i]);
+        dirty_vers.push_back(vers[i]);
+      }
+    }
+    std::vector<float> rows(dirty_slots.size() * tb.row_width);
+    EMBCACHE_RETURN_IF_ERROR(
+        tb.cache->read_slots(dirty_slots.data(), dirty_slots.size(), rows.data()));
+    EMBCACHE_RETURN_IF_ERROR(
+        push(tb, dirty_keys.data(), dirty_keys.size(), rows.data(), dirty_vers.data())
+            .with_context("write-back of table '" + tb.opt.name + "'"));
+    tb.written_since_export.insert(tb.written_since_export.end(), dirty_keys.begin(),
+                                   dirty_keys.end());
+    for (std::size_t i = 0; i < dirty_slots.size(); ++i) {
+      tb.slot_synced[dirty_slots[i]] = dirty_vers[i];
+      tb.slot_used[dirty_slots[i]] = 1;
+    }
+    c.rows_pushed += dirty_keys.size();
+    c.bytes_cache_to_store += dirty_keys.size() * tb.row_width * sizeof(float);
+    if (evict) {
+      for (auto s : slots) tb.slot_used[s] = 0;
+      EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys.data(), n));
+      c.rows_evicted += n;
+    }
+    c.seconds_write_back += seconds_since(t0);
+    return {};
+  }
+
+  // Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time).
+  status stage(table_state& tb, std::vector<Key> keys) {
+    const auto t0 = clock_type::now();
+    auto& st = tb.staged;
+    st.keys = std::move(keys);
+    const std::size_t n = st.keys.size(), w = tb.row_width;
+    st.rows.resize(n * w);
+    st.versions.assign(n, 0);
+    st.found.assign(n, 0);
+    const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
+    std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
+    for (std::size_t b = 0; b < n; b += batch) {
+      const std::size_t m = std::min(batch, n - b);
+      EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + b, m, st.rows.data() + b * w, found.get(),
+                                    st.versions.data() + b));
+      for (std::size_t i = 0; i < m; ++i) {
+        st.found[b + i] = found[i];
+        if (!found[i]) initialize_row(tb, st.keys[b + i], st.rows.data() + (b + i) * w);
+      }
+    }
+    st.seconds = seconds_since(t0);
+    return {};
+  }
+
+  void wait_worker() {
+    if (worker.joinable()) worker.join();
+  }
+
+  void drop_staging() {
+    wait_worker();
+    staged_valid = false;
+    for (auto& tb : tables) {
+      std::lock_guard<std::mutex> lock(*tb.store_mutex);
+      tb.log_store_writes = false;
+      tb.store_writes_log.clear();
+      tb.staged = staging{};
+    }
+  }
+
+  status swap_in(table_state& tb, const std::vector<Key>& missing, bool use_staging,
+                 table_counters& c);
+  status begin_pass(const std::vector<std::vector<Key>>& keysets);
+  status lookup(table_state& tb, const Key* keys, std::size_t n, std::int64_t* slots_out);
+  status dump_store(table_state& tb, std::vector<Key>* keys, std::vector<float>* vectors,
+                    std::vector<float>* states, std::vector<std::uint64_t>* versions);
+};
+
+template <class Key>
+status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key>& missing,
+                                          bool use_staging, table_counters& c) {
+  const auto t0 = clock_type::now();
+  const std::size_t n = missing.size(), w = tb.row_width;
+  std::vector<float> rows(n * w);
+  std::vector<std::uint64_t> vers(n, 0);
+  std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(n, 1)]);
+  std::vector<std::size_t> to_pull;
+  if (use_staging) {
+    // Keys the store changed for after staging began must be re-pulled.
+    auto log = std::move(tb.store_writes_log);
+    std::sort(log.begin(), log.end());
+    const auto& st = tb.staged;
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Key k = missing[i];
+      while (j < st.keys.size() && st.keys[j] < k) ++j;
+      const bool staged = j < st.keys.size() && st.keys[j] == k;
+      if (staged && !std::binary_search(log.begin(), log.end(), k)) {
+        std::memcpy(rows.data() + i * w, st.rows.data() + j * w, w * sizeof(float));
+        vers[i] = st.versions[j];
+        found[i] = st.found[j] != 0;
+        ++c.rows_staged;
+      } else {
+        if (staged) ++c.rows_restaged;
+        to_pull.push_back(i);
+      }
+    }
+  } else {
+    to_pull.resize(n);
+    std::iota(to_pull.begin(), to_pull.end(), std::size_t{0});
+  }
+  if (to_pull.size() == n) {
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, missing.data(), n, rows.data(), found.get(), vers.data()));
+  } else if (!to_pull.empty()) {
+    const std::size_t m = to_pull.size();
+    std::vector<Key> k(m);
+    std::vector<float> r(m * w);
+    std::vector<std::uint64_t> v(m);
+    std::unique_ptr<bool[]> f(new bool[m]);
+    for (std::size_t i = 0; i < m; ++i) k[i] = missing[to_pull[i]];
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, k.data(), m, r.data(), f.get(), v.data()));
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::size_t d = to_pull[i];
+      std::memcpy(rows.data() + d * w, r.data() + i * w, w * sizeof(float));
+      vers[d] = v[i];
+      found[d] = f[i];
+    }
+  }
+  c.rows_pulled += to_pull.size();
+  // New rows get a fresh version so that they are dirty (written back) and exported.
+  std::uint64_t init_version = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (found[i]) continue;
+    if (!init_version) init_version = fresh_version(tb);
+    initialize_row(tb, missing[i], rows.data() + i * w);
+    vers[i] = init_version;
+    ++c.rows_initialized;
+  }
+  c.bytes_store_to_cache += (n - c.rows_initialized) * w * sizeof(float);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->insert_or_assign(missing.data(), n, rows.data(), vers.data()));
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(missing.data(), n, slots.data()));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
+    tb.slot_used[slots[i]] = 1;
+    tb.slot_synced[slots[i]] = found[i] ? vers[i] : 0;
+  }
+  c.seconds_swap_in += seconds_since(t0);
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::impl::begin_pass(const std::vector<std::vector<Key>>& keysets) {
+  if (keysets.size() != tables.size()) {
+    return status::invalid_argument("begin_pass: " + std::to_string(keysets.size()) +
+                                    " keysets for " + std::to_string(tables.size()) + " tables");
+  }
+  std::vector<std::vector<Key>> scratch(tables.size());
+  std::vector<const std::vector<Key>*> ks(tables.size());
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    ks[t] = &sorted_unique(keysets[t], scratch[t]);
+    if (ks[t]->size() > tables[t].opt.capacity) {
+      return status::capacity_exceeded(
+          "keyset of table '" + tables[t].opt.name + "' has " + std::to_string(ks[t]->size()) +
+          " distinct keys, more than the cache capacity " + std::to_string(tables[t].opt.capacity));
+    }
+  }
+  std::vector<table_counters> pass(tables.size());
+  const auto tw = clock_type::now();
+  const bool had_worker = worker.joinable();
+  wait_worker();
+  const double waited = had_worker ? seconds_since(tw) : 0.0;
+  if (!staging_status.ok()) {
+    status s = staging_status;
+    staging_status = {};
+    drop_staging();
+    return s.with_context("prefetch");
+  }
+  const bool use_staging = staged_valid;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& tb = tables[t];
+    auto& c = pass[t];
+    c.seconds_prefetch_wait = t == 0 ? waited : 0.0;
+    const auto& keys = *ks[t];
+    std::vector<Key> rk;
+    std::vector<std::uint64_t> rv;
+    EMBCACHE_RETURN_IF_ERROR(residents(tb, &rk, &rv));
+    std::vector<Key> missing;
+    std::vector<std::size_t> candidates;  // indexes into rk of residents outside the keyset
+    missing.reserve(keys.size());
+    {
+      std::size_t i = 0, j = 0;
+      while (i < keys.size() || j < rk.size()) {
+        if (j == rk.size() || (i < keys.size() && keys[i] < rk[j])) {
+          missing.push_back(keys[i++]);
+        } else if (i == keys.size() || rk[j] < keys[i]) {
+          candidates.push_back(j++);
+        } else {
+          ++i;
+          ++j;
+        }
+      }
+    }
+    c.misses = missing.size();
+    c.hits = keys.size() - missing.size();
+    const std::size_t total = rk.size() + missing.size();
+    if (total > tb.opt.capacity) {
+      const std::size_t need = total - tb.opt.capacity;
+      // Oldest rows first (least recently updated), then smallest key: deterministic.
+      std::sort(candidates.begin(), candidates.end(), [&](std::size_t a, std::size_t b) {
+        return rv[a] != rv[b] ? rv[a] < rv[b] : rk[a] < rk[b];
+      });
+      candidates.resize(need);
+      std::sort(candidates.begin(), candidates.end());
+      std::vector<Key> vk(need);
+      std::vector<std::uint64_t> vv(need);
+      for (std::size_t i = 0; i < need; ++i) {
+        vk[i] = rk[candidates[i]];
+        vv[i] = rv[candidates[i]];
+      }
+      EMBCACHE_RETURN_IF_ERROR(write_back(tb, vk, vv, true, c));
+    }
+    EMBCACHE_RETURN_IF_ERROR(swap_in(tb, missing, use_staging, c));
+    c.seconds_staging = use_staging ? tb.staged.seconds : 0.0;
+  }
+  if (use_staging) drop_staging();
+  ++counters.passes;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    counters.last[t] = pass[t];
+    counters.total[t] += pass[t];
+  }
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::impl::lookup(table_state& tb, const Key* keys, std::size_t n,
+                                         std::int64_t* slots_out) {
+  table_counters c;
+  std::vector<Key> u(keys, keys + n);
+  std::sort(u.begin(), u.end());
+  u.erase(std::unique(u.begin(), u.end()), u.end());
+  const std::size_t m = u.size(), w = tb.row_width;
+  if (m > tb.opt.capacity) {
+    return status::capacity_exceeded("lookup batch of table '" + tb.opt.name + "' has " +
+                                     std::to_string(m) + " distinct keys, more than the capacity " +
+                                     std::to_string(tb.opt.capacity));
+  }
+  std::vector<std::int64_t> slots(m);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(u.data(), m, slots.data()));
+  std::vector<Key> miss;
+  std::vector<std::size_t> miss_at;
+  for (std::size_t i = 0; i < m; ++i) {
+    if (slots[i] < 0) {
+      miss.push_back(u[i]);
+      miss_at.push_back(i);
+    }
+  }
+  c.misses = miss.size();
+  c.hits = m - miss.size();
+  const auto t0 = clock_type::now();
+  std::vector<float> rows(m * w, 0.0f);
+  std::vector<std::uint64_t> vers(m, 0);
+  std::vector<std::uint8_t> fresh(m, 0);
+  if (!miss.empty()) {
+    std::vector<float> r(miss.size() * w);
+    std::vector<std::uint64_t> v(miss.size());
+    std::unique_ptr<bool[]> f(new bool[miss.size()]);
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, miss.data(), miss.size(), r.data(), f.get(), v.data()));
+    c.rows_pulled += miss.size();
+    std::uint64_t init_version = 0;
+    for (std::size_t i = 0; i < miss.size(); ++i) {
+      const std::size_t d = miss_at[i];
+      if (f[i]) {
+        std::memcpy(rows.data() + d * w, r.data() + i * w, w * sizeof(float));
+        vers[d] = v[i];
+        c.bytes_store_to_cache += w * sizeof(float);
+      } else {
+        if (!init_version) init_version = fresh_version(tb);
+        initialize_row(tb, miss[i], rows.data() + d * w);
+        vers[d] = init_version;
+        fresh[d] = 1;
+        ++c.rows_initialized;
+      }
+    }
+  }
+  c.seconds_swap_in += seconds_since(t0);
+  // Every distinct key goes in, hits included, so that no key of this batch is a victim.
+  std::vector<Key> ev_keys(m);
+  std::vector<float> ev_rows(m * w);
+  std::vector<std::uint64_t> ev_vers(m);
+  std::size_t ev_count = 0;
+  std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(m, 1)]);
+  std::vector<std::int64_t> placed(m);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->insert_and_evict(
+      u.data(), m, rows.data(), vers.data(), ev_keys.data(), ev_rows.data(), ev_vers.data(),
+      &ev_count, found.get(), placed.data()));
+  // A victim leaves the slot its displacer now holds; displacers come in batch order.
+  std::vector<std::uint8_t> dirty(ev_count, 1);
+  {
+    std::size_t j = 0;
+    std::vector<std::uint64_t> synced_before;
+    for (std::size_t i = 0; i < m; ++i) {
+      if (found[i]) continue;
+      const auto s = placed[i];
+      if (s >= 0 && tb.slot_used[s]) {
+        if (j < ev_count) dirty[j] = ev_vers[j] > tb.slot_synced[s];
+        ++j;
+      }
+    }
+    // Should the pairing not hold, every victim is written back (correct, only slower).
+    if (j != ev_count) std::fill(dirty.begin(), dirty.end(), 1);
+  }
+  for (std::size_t i = 0; i < m; ++i) {
+    if (found[i] || placed[i] < 0) continue;
+    tb.slot_used[placed[i]] = 1;
+    tb.slot_synced[placed[i]] = fresh[i] ? 0 : vers[i];
+  }
+  const auto t1 = clock_type::now();
+  std::vector<Key> pk;
+  std::vector<float> pr;
+  std::vector<std::uint64_t> pv;
+  for (std::size_t j = 0; j < ev_count; ++j) {
+    if (!dirty[j]) continue;
+    pk.push_back(ev_keys[j]);
+    pr.insert(pr.end(), ev_rows.begin() + j * w, ev_rows.begin() + (j + 1) * w);
+    pv.push_back(ev_vers[j]);
+  }
+  EMBCACHE_RETURN_IF_ERROR(push(tb, pk.data(), pk.size(), pr.data(), pv.data()));
+  tb.written_since_export.insert(tb.written_since_export.end(), pk.begin(), pk.end());
+  c.rows_pushed += pk.size();
+  c.rows_evicted += ev_count;
+  c.bytes_cache_to_store += pk.size() * w * sizeof(float);
+  c.seconds_write_back += seconds_since(t1);
+  if (slots_out) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto d = std::lower_bound(u.begin(), u.end(), keys[i]) - u.begin();
+      slots_out[i] = placed[d];
+    }
+  }
+  counters.last[tb.index] = c;
+  counters.total[tb.index] += c;
+  for (std::size_t i = 0; i < m; ++i) {
+    if (placed[i] < 0) {
+      return status::capacity_exceeded("lookup: no room for key " + std::to_string(u[i]) +
+                                       " in table '" + tb.opt.name + "'");
+    }
+  }
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::impl::dump_store(table_state& tb, std::vector<Key>* keys,
+                                             std::vector<float>* vectors,
+                                             std::vector<float>* states,
+                                             std::vector<std::uint64_t>* versions) {
+  const std::size_t w = tb.row_width, dim = tb.opt.dim, sw = tb.state_width;
+  std::vector<Key> k;
+  std::vector<float> r;
+  std::vector<std::uint64_t> v;
+  {
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    EMBCACHE_RETURN_IF_ERROR(tb.store->for_each(
+        65536, [&](const Key* bk, const float* br, const std::uint64_t* bv, std::size_t n) {
+          k.insert(k.end(), bk, bk + n);
+          r.insert(r.end(), br, br + n * w);
+          v.insert(v.end(), bv, bv + n);
+          return status{};
+        }));
+  }
+  std::vector<std::size_t> order(k.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return k[a] < k[b]; });
+  const std::size_t n = k.size();
+  keys->resize(n);
+  vectors->resize(n * dim);
+  states->resize(n * sw);
+  versions->resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t o = order[i];
+    (*keys)[i] = k[o];
+    (*versions)[i] = v[o];
+    std::memcpy(vectors->data() + i * dim, r.data() + o * w, dim * sizeof(float));
+    if (sw) std::memcpy(states->data() + i * sw, r.data() + o * w + dim, sw * sizeof(float));
+  }
+  return {};
+}
+
+// --- public ------------------------------------------------------------------------------------
+
+template <class Key>
+training_cache<Key>::training_cache(training_cache_options options,
+                                    std::vector<table_options<Key>> tables)
+    : impl_(std::make_unique<impl>()) {
+  impl_->options = options;
+  if (tables.empty()) throw error(status_code::invalid_argument, "training_cache: no tables");
+  std::unordered_set<std::string> names;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& o = tables[t];
+    const std::string who = "training_cache: table " + std::to_string(t) + " '" + o.name + "'";
+    if (o.name.empty() || !names.insert(o.name).second) {
+      throw error(status_code::invalid_argument, who + ": empty or repeated name");
+    }
+    if (o.dim == 0 || o.capacity == 0) {
+      throw error(status_code::invalid_argument, who + ": dim and capacity must be >= 1");
+    }
+    check_options(o.optimizer).with_context(who).throw_if_error();
+    typename impl::table_state tb;
+    tb.index = t;
+    tb.state_width = state_width(o.optimizer.kind, o.dim);
+    tb.row_width = o.dim + tb.state_width;
+    cache_options co;
+    co.capacity = o.capacity;
+    co.dim = o.dim;
+    co.state_width = tb.state_width;
+    co.init = o.init;
+    co.init.seed = fold_seed(o.init.seed, t);
+    co.init.state_value = initial_state_value(o.optimizer);
+    co.scores = o.scores;
+    tb.cache = std::make_unique<cache_type>(co);
+    tb.slot_used.assign(tb.cache->capacity(), 0);
+    tb.slot_synced.assign(tb.cache->capacity(), 0);
+    if (o.store) {
+      if (o.store->row_width() != tb.row_width) {
+        throw error(status_code::invalid_argument,
+                    who + ": store row width " + std::to_string(o.store->row_width()) +
+                        " differs from dim + state width " + std::to_string(tb.row_width));
+      }
+      tb.store = o.store;
+    } else {
+      host_store_options ho;
+      ho.table_name = o.name;
+      ho.row_width = tb.row_width;
+      tb.store = std::make_shared<host_store<Key>>(ho);
+    }
+    // Versions of rows already in the store stay below every version the cache hands out.
+    tb.cache->advance_version(tb.store->max_version());
+    tb.last_export_version = tb.store->max_version();
+    tb.opt = std::move(o);
+    impl_->tables.push_back(std::move(tb));
+    impl_->counters.tables.push_back(impl_->tables.back().opt.name);
+  }
+  impl_->counters.last.resize(tables.size());
+  impl_->counters.total.resize(tables.size());
+}
+
+template <class Key>
+training_cache<Key>::~training_cache() {
+  if (impl_) impl_->wait_worker();
+}
+
+template <class Key>
+std::size_t training_cache<Key>::num_tables() const noexcept {
+  return impl_->tables.size();
+}
+
+template <class Key>
+result<std::size_t> training_cache<Key>::table_index(const std::string& name) const {
+  for (std::size_t t = 0; t < impl_->tables.size(); ++t) {
+    if (impl_->tables[t].opt.name == name) return t;
+  }
+  return status::not_found("no table named '" + name + "'");
+}
+
+template <class Key>
+const table_options<Key>& training_cache<Key>::table(std::size_t t) const {
+  return impl_->tables.at(t).opt;
+}
+template <class Key>
+std::size_t training_cache<Key>::row_width(std::size_t t) const {
+  return impl_->tables.at(t).row_width;
+}
+template <class Key>
+typename training_cache<Key>::cache_type& training_cache<Key>::cache(std::size_t t) {
+  return *impl_->tables.at(t).cache;
+}
+template <class Key>
+param_store<Key>& training_cache<Key>::store(std::size_t t) {
+  return *impl_->tables.at(t).store;
+}
+template <class Key>
+const cache_counters& training_cache<Key>::counters() const noexcept {
+  return impl_->counters;
+}
+template <class Key>
+const training_cache_options& training_cache<Key>::options() const noexcept {
+  return impl_->options;
+}
+
+template <class Key>
+status training_cache<Key>::begin_pass(const std::vector<std::vector<Key>>& keysets) {
+  if (impl_->options.mode != cache_mode::keyset) {
+    throw error(status_code::invalid_argument, "begin_pass needs cache_mode::keyset");
+  }
+  return impl_->begin_pass(keysets);
+}
+
+namespace {
+template <class Key>
+status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
+                    std::vector<std::vector<Key>>* out) {
+  out->clear();
+  for (const auto& p : paths) {
+    auto ks = read_keyset<Key>(p, fmt);
+    if (!ks.ok()) return ks.get_status();
+    out->push_back(std::move(ks).value());
+  }
+  return {};
+}
+}  // namespace
+
+template <class Key>
+status training_cache<Key>::begin_pass_files(const std::vector<std::string>& paths) {
+  std::vector<std::vector<Key>> ks;
+  EMBCACHE_RETURN_IF_ERROR(read_keysets(paths, impl_->options.keyset_fmt, &ks));
+  return begin_pass(ks);
+}
+
+template <class Key>
+status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keysets) {
+  auto& im = *impl_;
+  if (keysets.size() != im.tables.size()) {
+    return status::invalid_argument("prefetch: " + std::to_string(keysets.size()) +
+                                    " keysets for " + std::to_string(im.tables.size()) + " tables");
+  }
+  im.drop_staging();
+  im.staging_status = {};
+  std::vector<std::vector<Key>> todo(im.tables.size());
+  for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    auto& tb = im.tables[t];
+    std::vector<Key> scratch;
+    const auto& keys = sorted_unique(keysets[t], scratch);
+    std::vector<Key> rk;
+    std::vector<std::uint64_t> rv;
+    EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
+    std::set_difference(keys.begin(), keys.end(), rk.begin(), rk.end(),
+                        std::back_inserter(todo[t]));
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    tb.log_store_writes = true;
+  }
+  im.staged_valid = true;
+  im.worker = std::thread([&im, todo = std::move(todo)]() mutable {
+    for (std::size_t t = 0; t < im.tables.size(); ++t) {
+      status s = im.stage(im.tables[t], std::move(todo[t]));
+      if (!s.ok()) {
+        im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
+        return;
+      }
+    }
+  });
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::prefetch_files(const std::vector<std::string>& paths) {
+  std::vector<std::vector<Key>> ks;
+  EMBCACHE_RETURN_IF_ERROR(read_keysets(paths, impl_->options.keyset_fmt, &ks));
+  return prefetch(ks);
+}
+
+template <class Key>
+bool training_cache<Key>::prefetch_pending() const noexcept {
+  return impl_->staged_valid;
+}
+
+template <class Key>
+status training_cache<Key>::lookup(std::size_t t, const Key* keys, std::size_t n,
+                                   std::int64_t* slots_out) {
+  if (impl_->options.mode != cache_mode::on_demand) {
+    throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
+  }
+  return impl_->lookup(impl_->tables.at(t), keys, n, slots_out);
+}
+
+template <class Key>
+status training_cache<Key>::assign(std::size_t t, const Key* keys, std::size_t n,
+                                   const float* rows) {
+  auto& tb = impl_->tables.at(t);
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) {
+      return status::not_found("assign: key " + std::to_string(keys[i]) +
+                               " is not resident in table '" + tb.opt.name + "'");
+    }
+  }
+  return tb.cache->assign_slots(slots.data(), n, rows);
+}
+
+template <class Key>
+status training_cache<Key>::read(std::size_t t, const Key* keys, std::size_t n, float* rows_out,
+                                 bool* found_out) {
+  auto& tb = impl_->tables.at(t);
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(slots.data(), n, rows_out));
+  std::vector<Key> rest;
+  std::vector<std::size_t> at;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (found_out) found_out[i] = slots[i] >= 0;
+    if (slots[i] < 0) {
+      rest.push_back(keys[i]);
+      at.push_back(i);
+    }
+  }
+  if (rest.empty()) return {};
+  const std::size_t w = tb.row_width;
+  std::vector<float> r(rest.size() * w);
+  std::unique_ptr<bool[]> f(new bool[rest.size()]);
+  EMBCACHE_RETURN_IF_ERROR(impl_->pull(tb, rest.data(), rest.size(), r.data(), f.get(), nullptr));
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    if (f[i]) std::memcpy(rows_out + at[i] * w, r.data() + i * w, w * sizeof(float));
+    if (found_out) found_out[at[i]] = f[i];
+  }
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n) {
+  auto& tb = impl_->tables.at(t);
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
+  for (auto s : slots) {
+    if (s >= 0) tb.slot_used[s] = 0;
+  }
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys, n));
+  {
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    if (tb.log_store_writes) tb.store_writes_log.insert(tb.store_writes_log.end(), keys, keys + n);
+    EMBCACHE_RETURN_IF_ERROR(tb.store->erase(keys, n));
+  }
+  tb.erased_since_export.insert(tb.erased_since_export.end(), keys, keys + n);
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::end_training() {
+  auto& im = *impl_;
+  for (auto& tb : im.tables) {
+    std::vector<Key> rk;
+    std::vector<std::uint64_t> rv;
+    EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
+    EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, rv, false, im.counters.total[tb.index]));
+    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    EMBCACHE_RETURN_IF_ERROR(tb.store->flush());
+  }
+  return {};
+}
+
+template <class Key>
+result<std::vector<table_delta<Key>>> training_cache<Key>::export_incremental(bool with_state) {
+  auto& im = *impl_;
+  std::vector<table_delta<Key>> out;
+  for (auto& tb : im.tables) {
+    table_delta<Key> d;
+    d.table = tb.opt.name;
+    d.dim = tb.opt.dim;
+    d.state_width = with_state ? tb.state_width : 0;
+    d.since_version = tb.last_export_version;
+    d.until_version = tb.cache->version();
+    export_filter f;
+    f.all = false;
+    f.changed_since = d.since_version;
+    auto res = tb.cache->export_to_host(f);
+    if (!res.ok()) return res.get_status();
+    auto& ex = res.value();
+    // Rows written back since the last export and not resident any more come from the store.
+    auto written = std::move(tb.written_since_export);
+    tb.written_since_export.clear();
+    std::sort(written.begin(), written.end());
+    written.erase(std::unique(written.begin(), written.end()), written.end());
+    std::vector<std::int64_t> slots(written.size());
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(written.data(), written.size(), slots.data()));
+    std::vector<Key> gone;
+    for (std::size_t i = 0; i < written.size(); ++i) {
+      if (slots[i] < 0) gone.push_back(written[i]);
+    }
+    const std::size_t w = tb.row_width;
+    std::vector<float> gr(gone.size() * w);
+    std::vector<std::uint64_t> gv(gone.size());
+    std::unique_ptr<bool[]> gf(new bool[std::max<std::size_t>(gone.size(), 1)]);
+    EMBCACHE_RETURN_IF_ERROR(im.pull(tb, gone.data(), gone.size(), gr.data(), gf.get(), gv.data()));
+    // Merge both sorted sources.
+    std::size_t i = 0, j = 0;
+    auto emit = [&](Key k, const float* row, std::uint64_t v) {
+      d.keys.push_back(k);
+      d.vectors.insert(d.vectors.end(), row, row + d.dim);
+      if (with_state) d.states.insert(d.states.end(), row + d.dim, row + w);
+      d.versions.push_back(v);
+    };
+    while (i < ex.keys.size() || j < gone.size()) {
+      if (j < gone.size() && (!gf[j] || gv[j] <= d.since_version)) {
+        ++j;
+        continue;
+      }
+      if (j == gone.size() || (i < ex.keys.size() && ex.keys[i] < gone[j])) {
+        emit(ex.keys[i], ex.rows.data() + i * w, ex.versions[i]);
+        ++i;
+      } else {
+        emit(gone[j], gr.data() + j * w, gv[j]);
+        ++j;
+      }
+    }
+    auto erased = std::move(tb.erased_since_export);
+    tb.erased_since_export.clear();
+    std::sort(erased.begin(), erased.end());
+    erased.erase(std::unique(erased.begin(), erased.end()), erased.end());
+    for (Key k : erased) {
+      if (!std::binary_search(d.keys.begin(), d.keys.end(), k)) d.erased.push_back(k);
+    }
+    tb.last_export_version = d.until_version;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+template <class Key>
+result<std::string> training_cache<Key>::export_incremental_to(const std::string& dir,
+                                                               bool with_state) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return status::io_error("cannot create '" + dir + "': " + ec.message());
+  int next = 1;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("delta-", 0) == 0 && name.size() == 12) {
+      next = std::max(next, std::atoi(name.c_str() + 6) + 1);
+    }
+  }
+  auto deltas = export_incremental(with_state);
+  if (!deltas.ok()) return deltas.get_status();
+  char name[32];
+  std::snprintf(name, sizeof name, "delta-%06d", next);
+  const std::string final_dir = dir + "/" + name;
+  const std::string tmp = dir + "/." + name + ".tmp";
+  fs::remove_all(tmp, ec);
+  nlohmann::json manifest = {{"format", "embcache-delta"},
+                             {"format_version", model_format_version},
+                             {"key_type", to_string(key_type_of<Key>())},
+                             {"sequence", next}};
+  nlohmann::json tables = nlohmann::json::array();
+  for (std::size_t t = 0; t < deltas.value().size(); ++t) {
+    const auto& d = deltas.value()[t];
+    const auto& tb = impl_->tables[t];
+    nlohmann::json files = nlohmann::json::object();
+    EMBCACHE_RETURN_IF_ERROR(write_table_folder(tmp + "/" + d.table, d.keys, d.vectors, d.states,
+                                                d.versions, with_state, &d.erased, &files));
+    tables.push_back({{"name", d.table},
+                      {"dim", d.dim},
+                      {"state_width", with_state ? tb.state_width : 0},
+                      {"optimizer", to_string(tb.opt.optimizer.kind)},
+                      {"count", d.keys.size()},
+                      {"erased", d.erased.size()},
+                      {"since_version", d.since_version},
+                      {"until_version", d.until_version},
+                      {"files", files}});
+  }
+  manifest["tables"] = tables;
+  EMBCACHE_RETURN_IF_ERROR(write_manifest(tmp, manifest));
+  EMBCACHE_RETURN_IF_ERROR(sync_folder(tmp));
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return sys_error("cannot rename to", final_dir, errno);
+  }
+  EMBCACHE_RETURN_IF_ERROR(sync_folder(dir));
+  return final_dir;
+}
+
+template <class Key>
+status training_cache<Key>::save(const std::string& dir_in) {
+  EMBCACHE_RETURN_IF_ERROR(end_training());
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string tmp = dir + ".tmp";
+  const std::string old = dir + ".old";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return status::io_error("cannot create '" + tmp + "': " + ec.message());
+  nlohmann::json tables = nlohmann::json::array();
+  for (auto& tb : impl_->tables) {
+    std::vector<Key> keys;
+    std::vector<float> vectors, states;
+    std::vector<std::uint64_t> versions;
+    EMBCACHE_RETURN_IF_ERROR(impl_->dump_store(tb, &keys, &vectors, &states, &versions));
+    nlohmann::json files = nlohmann::json::object();
+    EMBCACHE_RETURN_IF_ERROR(
+        write_table_folder(tmp + "/" + tb.opt.name, keys, vectors, states, versions, true,
+                           static_cast<const std::vector<Key>*>(nullptr), &files));
+    tables.push_back({{"name", tb.opt.name},
+                      {"dim", tb.opt.dim},
+                      {"state_width", tb.state_width},
+                      {"optimizer", to_string(tb.opt.optimizer.kind)},
+                      {"count", keys.size()},
+                      {"version", tb.cache->version()},
+                      {"files", files}});
+  }
+  nlohmann::json manifest = {{"format", "embcache-model"},
+                             {"format_version", model_format_version},
+                             {"key_type", to_string(key_type_of<Key>())},
+                             {"tables", tables}};
+  EMBCACHE_RETURN_IF_ERROR(write_manifest(tmp, manifest));
+  EMBCACHE_RETURN_IF_ERROR(sync_folder(tmp));
+  const std::string parent =
+      fs::path(dir).has_parent_path() ? fs::path(dir).parent_path().string() : std::string(".");
+  // `dir` exists only when complete; while it is moved aside, `dir.old` is the complete one.
+  if (fs::exists(dir)) {
+    fs::remove_all(old, ec);
+    if (::rename(dir.c_str(), old.c_str()) != 0) return sys_error("cannot rename", dir, errno);
+    EMBCACHE_RETURN_IF_ERROR(sync_folder(parent));
+  }
+  if (::rename(tmp.c_str(), dir.c_str()) != 0) return sys_error("cannot rename to", dir, errno);
+  EMBCACHE_RETURN_IF_ERROR(sync_folder(parent));
+  fs::remove_all(old, ec);
+  return {};
+}
+
+template <class Key>
+status training_cache<Key>::load(const std::string& dir_in) {
+  auto& im = *impl_;
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!fs::exists(dir + "/manifest.json") && fs::exists(dir + ".old/manifest.json")) {
+    dir += ".old";  // a save was interrupted between its two renames
+  }
+  struct loaded {
+    std::vector<std::int64_t> keys;
+    std::vector<float> vectors, states;
+    std::vector<std::uint64_t> versions;
+    bool has_states = false;
+    std::uint64_t version = 0;
+  };
+  std::vector<loaded> data(im.tables.size());
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return status::not_found("load: folder '" + dir + "' does not exist");
+  const bool has_manifest = fs::exists(dir + "/manifest.json");
+  if (has_manifest) {
+    auto text = read_whole(dir + "/manifest.json");
+    if (!text.ok()) return text.get_status();
+    nlohmann::json m;
+    try {
+      m = nlohmann::json::parse(text.value().begin(), text.value().end());
+    } catch (const std::exception& e) {
+      return status::corruption("load: '" + dir + "/manifest.json' does not parse: " + e.what());
+    }
+    try {
+      if (m.at("format") != "embcache-model") {
+        return status::invalid_argument("load: '" + dir + "' is not a saved model");
+      }
+      if (m.at("format_version").get<int>() != model_format_version) {
+        return status::unsupported("load: '" + dir + "' has format version " +
+                                   m.at("format_version").dump() + ", expected " +
+                                   std::to_string(model_format_version));
+      }
+      if (m.at("key_type") != to_string(key_type_of<Key>())) {
+        return status::invalid_argument("load: '" + dir + "' holds " +
+                                        m.at("key_type").get<std::string>() + " keys, expected " +
+                                        to_string(key_type_of<Key>()));
+      }
+      const auto& mt = m.at("tables");
+      if (mt.size() != im.tables.size()) {
+        return status::invalid_argument("load: '" + dir + "' has " + std::to_string(mt.size()) +
+                                        " tables, the cache " + std::to_string(im.tables.size()));
+      }
+      for (std::size_t t = 0; t < im.tables.size(); ++t) {
+        auto& tb = im.tables[t];
+        const nlohmann::json* e = nullptr;
+        for (const auto& x : mt) {
+          if (x.at("name") == tb.opt.name) e = &x;
+        }
+        const std::string where = "load: table '" + tb.opt.name + "' of '" + dir + "'";
+        if (!e) return status::not_found(where + " is missing");
+        if (e->at("dim").get<std::size_t>() != tb.opt.dim ||
+            e->at("state_width").get<std::size_t>() != tb.state_width ||
+            e->at("optimizer") != to_string(tb.opt.optimizer.kind)) {
+          return status::invalid_argument(
+              where + " has dim " + e->at("dim").dump() + ", state width " +
+              e->at("state_width").dump() + ", optimizer " + e->at("optimizer").dump() +
+              "; expected " + std::to_string(tb.opt.dim) + ", " + std::to_string(tb.state_width) +
+              ", " + to_string(tb.opt.optimizer.kind));
+        }
+        auto& L = data[t];
+        const std::string folder = dir + "/" + tb.opt.name;
+        const auto& files = e->at("files");
+        struct f {
+          const char* name;
+          std::size_t per_item;
+        };
+        for (const f& x : {f{"key", 1}, f{"emb_vector", tb.opt.dim}, f{"version", 1},
+                           f{"opt_state", tb.state_width}}) {
+          const std::string path = folder + "/" + x.name;
+          std::uint64_t digest = 0;
+          status s;
+          const std::size_t per = std::max<std::size_t>(x.per_item, 1);
+          if (std::strcmp(x.name, "key") == 0)
+            s = read_array(path, per, &L.keys, &digest);
+          else if (std::strcmp(x.name, "emb_vector") == 0)
+            s = read_array(path, per, &L.vectors, &digest);
+          else if (std::strcmp(x.name, "version") == 0)
+            s = read_array(path, per, &L.versions, &digest);
+          else
+            s = read_array(path, per, &L.states, &digest);
+          EMBCACHE_RETURN_IF_ERROR(s.with_context(where));
+          if (files.at(x.name).at("xxh64") != hex(digest)) {
+            return status::corruption("load: '" + path + "' has checksum " + hex(digest) +
+                                      ", the manifest says " + files.at(x.name).at("xxh64").dump());
+          }
+        }
+        const std::size_t n = e->at("count").get<std::size_t>();
+        if (L.keys.size() != n || L.vectors.size() != n * tb.opt.dim || L.versions.size() != n ||
+            L.states.size() != n * tb.state_width) {
+          return status::corruption(where + ": file sizes disagree with the count " +
+                                    std::to_string(n));
+        }
+        L.has_states = true;
+        L.version = e->at("version").get<std::uint64_t>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return status::corruption("load: '" + dir + "/manifest.json' lacks a field: " + e.what());
+    }
+  } else {
+    // A plain HugeCTR sparse model folder per table.
+    for (std::size_t t = 0; t < im.tables.size(); ++t) {
+      auto& tb = im.tables[t];
+      std::string folder = dir + "/" + tb.opt.name;
+      if (!fs::exists(folder + "/key") && im.tables.size() == 1 && fs::exists(dir + "/key")) {
+        folder = dir;
+      }
+      auto& L = data[t];
+      EMBCACHE_RETURN_IF_ERROR(read_array(folder + "/key", 1, &L.keys, nullptr)
+                                   .with_context("load: table '" + tb.opt.name + "'"));
+      EMBCACHE_RETURN_IF_ERROR(read_array(folder + "/emb_vector", 1, &L.vectors, nullptr)
+                                   .with_context("load: table '" + tb.opt.name + "'"));
+      if (L.vectors.size() != L.keys.size() * tb.opt.dim) {
+        return status::invalid_argument("load: '" + folder + "/emb_vector' holds " +
+                                        std::to_string(L.vectors.size()) + " floats for " +
+                                        std::to_string(L.keys.size()) + " keys; expected dim " +
+                                        std::to_string(tb.opt.dim));
+      }
+      L.versions.assign(L.keys.size(), 1);
+      L.version = 1;
+    }
+  }
+  for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    if constexpr (!std::is_same_v<Key, std::int64_t>) {
+      for (auto k : data[t].keys) {
+        if (k < 0 || k > static_cast<std::int64_t>(std::numeric_limits<Key>::max())) {
+          return status::invalid_argument("load: key " + std::to_string(k) + " of table '" +
+                                          im.tables[t].opt.name + "' does not fit the key type");
+        }
+      }
+    }
+  }
+  // Validated: replace the rows.
+  im.drop_staging();
+  for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    auto& tb = im.tables[t];
+    auto& L = data[t];
+    tb.cache->clear();
+    std::fill(tb.slot_used.begin(), tb.slot_used.end(), 0);
+    std::vector<Key> old;
+    {
+      std::lock_guard<std::mutex> lock(*tb.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.store->for_each(
+          65536, [&](const Key* k, const float*, const std::uint64_t*, std::size_t n) {
+            old.insert(old.end(), k, k + n);
+            return status{};
+          }));
+      EMBCACHE_RETURN_IF_ERROR(tb.store->erase(old.data(), old.size()));
+    }
+    const std::size_t n = L.keys.size(), w = tb.row_width, dim = tb.opt.dim;
+    std::vector<Key> keys(L.keys.begin(), L.keys.end());
+    std::vector<float> rows(n * w);
+    std::uint64_t maxv = L.version;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::memcpy(rows.data() + i * w, L.vectors.data() + i * dim, dim * sizeof(float));
+      if (tb.state_width) {
+        if (L.has_states) {
+          std::memcpy(rows.data() + i * w + dim, L.states.data() + i * tb.state_width,
+                      tb.state_width * sizeof(float));
+        } else {
+          initialize_state(tb.opt.optimizer, dim, rows.data() + i * w + dim);
+        }
+      }
+      maxv = std::max(maxv, L.versions[i]);
+    }
+    EMBCACHE_RETURN_IF_ERROR(im.push(tb, keys.data(), n, rows.data(), L.versions.data()));
+    {
+      std::lock_guard<std::mutex> lock(*tb.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.store->flush());
+    }
+    tb.cache->advance_version(maxv);
+    tb.last_export_version = tb.cache->version();
+    tb.written_since_export.clear();
+    tb.erased_since_export.clear();
+  }
+  return {};
+}
+
+template class training_cache<std::int64_t>;
+template class training_cache<std::uint32_t>;
+
+}  // namespace embcache

@@ -1,0 +1,792 @@
+// Training cache: swap transparency, keyset errors, export completeness, save/load, crash during
+// save, prefetch overlap and hazard, on-demand mode. Typed over key types and stores.
+#include "embcache/training_cache.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "embcache/host_store.hpp"
+#ifdef EMBCACHE_TEST_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+#endif
+
+extern char** environ;
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    std::string templ = (fs::temp_directory_path() / "embcache_training_XXXXXX").string();
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+constexpr std::size_t dim = 4;
+
+template <class Key>
+using model = std::map<Key, std::vector<float>>;
+
+// Every row of the table's store (call end_training() first).
+template <class Key>
+model<Key> store_model(training_cache<Key>& tc, std::size_t t) {
+  model<Key> m;
+  const std::size_t w = tc.row_width(t);
+  EXPECT_TRUE(tc.store(t)
+                  .for_each(1000,
+                            [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
+                              for (std::size_t i = 0; i < n; ++i) {
+                                m[k[i]].assign(r + i * w, r + (i + 1) * w);
+                              }
+                              return status{};
+                            })
+                  .ok());
+  return m;
+}
+
+template <class Key>
+struct host_kind {
+  using key = Key;
+  static std::shared_ptr<param_store<Key>> make(const std::string&, const std::string& name,
+                                                std::size_t width) {
+    host_store_options o;
+    o.table_name = name;
+    o.row_width = width;
+    return std::make_shared<host_store<Key>>(o);
+  }
+};
+
+#ifdef EMBCACHE_TEST_ROCKSDB
+template <class Key>
+struct rocksdb_kind {
+  using key = Key;
+  static std::shared_ptr<param_store<Key>> make(const std::string& dir, const std::string& name,
+                                                std::size_t width) {
+    rocksdb_store_options o;
+    o.path = dir + "/db_" + name;
+    o.table_name = name;
+    o.row_width = width;
+    o.block_cache_bytes = 8 << 20;
+    o.write_buffer_bytes = 4 << 20;
+    auto s = rocksdb_store<Key>::open(o);
+    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    return std::shared_ptr<param_store<Key>>(std::move(s).value().release());
+  }
+};
+#endif
+
+template <class Key>
+std::vector<table_options<Key>> two_tables(std::size_t cap_a, std::size_t cap_b,
+                                           std::shared_ptr<param_store<Key>> sa = nullptr,
+                                           std::shared_ptr<param_store<Key>> sb = nullptr) {
+  table_options<Key> a;
+  a.name = "a";
+  a.dim = dim;
+  a.optimizer.kind = optimizer_kind::adam;
+  a.capacity = cap_a;
+  a.init.seed = 7;
+  a.store = std::move(sa);
+  table_options<Key> b;
+  b.name = "b";
+  b.dim = dim;
+  b.optimizer.kind = optimizer_kind::adagrad;
+  b.capacity = cap_b;
+  b.init.seed = 7;
+  b.store = std::move(sb);
+  return {a, b};
+}
+
+// The scripted training: row <- row * 0.5 + f(pass, key) for a third of each keyset.
+template <class Key>
+void train_pass(training_cache<Key>& tc, const std::vector<std::vector<Key>>& ks, int pass) {
+  for (std::size_t t = 0; t < ks.size(); ++t) {
+    std::vector<Key> keys;
+    for (Key k : ks[t]) {
+      if ((static_cast<std::uint64_t>(k) * 2654435761u + pass) % 3 == 0) keys.push_back(k);
+    }
+    const std::size_t w = tc.row_width(t);
+    std::vector<float> rows(keys.size() * w);
+    std::unique_ptr<bool[]> found(new bool[keys.size() + 1]);
+    ASSERT_TRUE(tc.read(t, keys.data(), keys.size(), rows.data(), found.get()).ok());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(found[i]);
+      for (std::size_t j = 0; j < w; ++j) {
+        rows[i * w + j] = rows[i * w + j] * 0.5f + 0.25f * float(pass + 1) + float(j) * 1e-3f;
+      }
+    }
+    ASSERT_TRUE(tc.assign(t, keys.data(), keys.size(), rows.data()).ok());
+  }
+}
+
+template <class Key>
+std::vector<std::vector<std::vector<Key>>> script(std::size_t key_space, std::size_t per_pass,
+                                                  int passes) {
+  std::mt19937_64 rng(42);
+  std::vector<std::vector<std::vector<Key>>> out;
+  for (int p = 0; p < passes; ++p) {
+    std::vector<std::vector<Key>> ks(2);
+    for (auto& k : ks) {
+      while (k.size() < per_pass) k.push_back(static_cast<Key>(rng() % key_space) * 3 + 1);
+    }
+    out.push_back(ks);
+  }
+  return out;
+}
+
+template <class Kind>
+class training_typed : public ::testing::Test {};
+using kinds = ::testing::Types<host_kind<std::int64_t>, host_kind<std::uint32_t>
+#ifdef EMBCACHE_TEST_ROCKSDB
+                               ,
+                               rocksdb_kind<std::int64_t>
+#endif
+                               >;
+TYPED_TEST_SUITE(training_typed, kinds);
+
+// Swap transparency: a cache of 10% of the key space ends with the same store as one of 100%.
+TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
+  using Key = typename TypeParam::key;
+  temp_dir dir;
+  const std::size_t space = 2000;
+  const auto passes = script<Key>(space, 180, 8);
+  auto run = [&](std::size_t cap, const std::string& sub, bool use_prefetch) {
+    auto sa = TypeParam::make(dir.path + "/" + sub, "a", dim * 3);
+    auto sb = TypeParam::make(dir.path + "/" + sub, "b", dim * 2);
+    training_cache<Key> tc({}, two_tables<Key>(cap, cap, sa, sb));
+    for (std::size_t p = 0; p < passes.size(); ++p) {
+      EXPECT_TRUE(tc.begin_pass(passes[p]).ok());
+      if (use_prefetch && p + 1 < passes.size()) EXPECT_TRUE(tc.prefetch(passes[p + 1]).ok());
+      train_pass(tc, passes[p], int(p));
+      if (p == 4) {
+        std::vector<Key> gone(passes[p][0].begin(), passes[p][0].begin() + 10);
+        EXPECT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+      }
+    }
+    EXPECT_TRUE(tc.end_training().ok());
+    return std::make_tuple(store_model(tc, 0), store_model(tc, 1), tc.counters());
+  };
+  const auto [a_full, b_full, c_full] = run(space, "full", false);
+  const auto [a_small, b_small, c_small] = run(space / 10, "small", false);
+  const auto [a_pref, b_pref, c_pref] = run(space / 10, "pref", true);
+  EXPECT_EQ(c_full.total[0].rows_evicted, 0u);
+  EXPECT_GT(c_small.total[0].rows_evicted, 0u);
+  EXPECT_GT(c_small.total[0].rows_pushed, 0u);
+  EXPECT_GT(c_pref.total[0].rows_staged, 0u);
+  ASSERT_EQ(a_full.size(), a_small.size());
+  EXPECT_TRUE(a_full == a_small);  // bit-identical floats
+  EXPECT_TRUE(b_full == b_small);
+  EXPECT_TRUE(a_full == a_pref);
+  EXPECT_TRUE(b_full == b_pref);
+}
+
+// Export completeness: base + every delta, applied in order, equals the current model, and keys
+// left untouched since the base never appear in a delta.
+TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
+  using Key = typename TypeParam::key;
+  temp_dir dir;
+  const auto passes = script<Key>(1500, 150, 7);
+  auto sa = TypeParam::make(dir.path, "a", dim * 3);
+  auto sb = TypeParam::make(dir.path, "b", dim * 2);
+  training_cache<Key> tc({}, two_tables<Key>(200, 160, sa, sb));
+  ASSERT_TRUE(tc.begin_pass(passes[0]).ok());
+  train_pass(tc, passes[0], 0);
+  ASSERT_TRUE(tc.end_training().ok());
+  model<Key> base[2] = {store_model(tc, 0), store_model(tc, 1)};
+  model<Key> applied[2] = {base[0], base[1]};
+  ASSERT_TRUE(tc.export_incremental().ok());  // the base is the reference from here on
+  std::set<Key> touched[2];
+  for (std::size_t p = 1; p < passes.size(); ++p) {
+    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    train_pass(tc, passes[p], int(p));
+    for (int t = 0; t < 2; ++t) {
+      for (Key k : passes[p][t]) {
+        if ((static_cast<std::uint64_t>(k) * 2654435761u + p) % 3 == 0 || !base[t].count(k)) {
+          touched[t].insert(k);
+        }
+      }
+    }
+    if (p == 3) {
+      std::vector<Key> gone = {passes[1][0][0], passes[1][0][1]};
+      ASSERT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+      touched[0].insert(gone.begin(), gone.end());
+    }
+    if (p % 2 == 0 || p + 1 == passes.size()) {
+      std::string path;
+      if (p == 4) {
+        auto r = tc.export_incremental_to(dir.path + "/deltas", true);
+        ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+        path = r.value();
+        EXPECT_TRUE(fs::exists(path + "/manifest.json"));
+        EXPECT_TRUE(fs::exists(path + "/a/key") && fs::exists(path + "/a/emb_vector"));
+        EXPECT_EQ(fs::path(path).filename().string(), "delta-000001");
+        continue;  // read back below from the folder
+      }
+      auto r = tc.export_incremental(true);
+      ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+      for (int t = 0; t < 2; ++t) {
+        const auto& d = r.value()[t];
+        const std::size_t sw = d.state_width;
+        for (std::size_t i = 0; i < d.keys.size(); ++i) {
+          EXPECT_TRUE(touched[t].count(d.keys[i])) << "untouched key exported: " << d.keys[i];
+          auto& row = applied[t][d.keys[i]];
+          row.assign(d.vectors.begin() + i * dim, d.vectors.begin() + (i + 1) * dim);
+          row.insert(row.end(), d.states.begin() + i * sw, d.states.begin() + (i + 1) * sw);
+        }
+        for (Key k : d.erased) applied[t].erase(k);
+      }
+    }
+    if (p == 4) {
+      // Apply the folder written above.
+      const std::string path = dir.path + "/deltas/delta-000001";
+      for (int t = 0; t < 2; ++t) {
+        const std::string f = path + "/" + (t == 0 ? "a" : "b");
+        const std::size_t sw = t == 0 ? 2 * dim : dim;
+        auto rd = [](const std::string& p) {
+          std::ifstream in(p, std::ios::binary);
+          return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+        };
+        auto kb = rd(f + "/key"), vb = rd(f + "/emb_vector"), sb2 = rd(f + "/opt_state"),
+             eb = rd(f + "/erased");
+        const std::size_t n = kb.size() / 8;
+        ASSERT_EQ(vb.size(), n * dim * 4);
+        ASSERT_EQ(sb2.size(), n * sw * 4);
+        for (std::size_t i = 0; i < n; ++i) {
+          std::int64_t k;
+          std::memcpy(&k, kb.data() + i * 8, 8);
+          EXPECT_TRUE(touched[t].count(Key(k)));
+          std::vector<float> row(dim + sw);
+          std::memcpy(row.data(), vb.data() + i * dim * 4, dim * 4);
+          std::memcpy(row.data() + dim, sb2.data() + i * sw * 4, sw * 4);
+          applied[t][Key(k)] = row;
+        }
+        for (std::size_t i = 0; i < eb.size() / 8; ++i) {
+          std::int64_t k;
+          std::memcpy(&k, eb.data() + i * 8, 8);
+          applied[t].erase(Key(k));
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(tc.end_training().ok());
+  EXPECT_TRUE(applied[0] == store_model(tc, 0));
+  EXPECT_TRUE(applied[1] == store_model(tc, 1));
+  // Nothing changed since the last export: the next one is empty.
+  auto again = tc.export_incremental();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value()[0].keys.size(), 0u);
+  EXPECT_EQ(again.value()[0].erased.size(), 0u);
+}
+
+TYPED_TEST(training_typed, save_load_round_trip_and_refusals) {
+  using Key = typename TypeParam::key;
+  temp_dir dir;
+  const auto passes = script<Key>(800, 100, 3);
+  training_cache<Key> tc({},
+                         two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s1", "a", dim * 3),
+                                         TypeParam::make(dir.path + "/s1", "b", dim * 2)));
+  for (std::size_t p = 0; p < passes.size(); ++p) {
+    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    train_pass(tc, passes[p], int(p));
+  }
+  const std::string ckpt = dir.path + "/ckpt";
+  ASSERT_TRUE(tc.save(ckpt).ok());
+  const auto a = store_model(tc, 0), b = store_model(tc, 1);
+  training_cache<Key> other(
+      {}, two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s2", "a", dim * 3),
+                          TypeParam::make(dir.path + "/s2", "b", dim * 2)));
+  ASSERT_TRUE(other.begin_pass(passes[0]).ok());  // rows that load must replace
+  ASSERT_TRUE(other.end_training().ok());
+  const status s = other.load(ckpt);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(other.cache(0).size(), 0u);
+  EXPECT_TRUE(store_model(other, 0) == a);
+  EXPECT_TRUE(store_model(other, 1) == b);
+  // Training continues from the loaded rows, optimizer state included.
+  ASSERT_TRUE(other.begin_pass(passes[1]).ok());
+  std::vector<float> row(dim * 3);
+  ASSERT_TRUE(other.read(0, &passes[1][0][0], 1, row.data(), nullptr).ok());
+  EXPECT_TRUE(row == a.at(passes[1][0][0]));
+
+  // Mismatched dim.
+  {
+    auto opts = two_tables<Key>(150, 150);
+    opts[1].dim = dim + 1;
+    training_cache<Key> wrong({}, opts);
+    const status e = wrong.load(ckpt);
+    EXPECT_EQ(e.code(), status_code::invalid_argument) << e.to_string();
+    EXPECT_NE(e.message().find("'b'"), std::string::npos) << e.message();
+  }
+  // Missing folder.
+  EXPECT_EQ(other.load(dir.path + "/nowhere").code(), status_code::not_found);
+  // Corrupted file: one flipped byte.
+  {
+    const std::string f = ckpt + "/a/emb_vector";
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(5);
+    char c = 0;
+    io.read(&c, 1);
+    io.seekp(5);
+    c ^= 0x20;
+    io.write(&c, 1);
+    io.close();
+    const auto before = store_model(other, 0);
+    const status e = other.load(ckpt);
+    EXPECT_EQ(e.code(), status_code::corruption) << e.to_string();
+    EXPECT_TRUE(store_model(other, 0) == before);  // nothing changed
+  }
+  // Truncated file.
+  fs::resize_file(ckpt + "/b/key", 12);
+  EXPECT_EQ(other.load(ckpt).code(), status_code::corruption);
+}
+
+TEST(training_cache, loads_a_plain_hugectr_folder) {
+  temp_dir dir;
+  const std::string folder = dir.path + "/model/emb";
+  fs::create_directories(folder);
+  std::vector<std::int64_t> keys = {5, -3, 1000000000000};
+  std::vector<float> vec = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  std::ofstream(folder + "/key", std::ios::binary)
+      .write(reinterpret_cast<const char*>(keys.data()), 24);
+  std::ofstream(folder + "/emb_vector", std::ios::binary)
+      .write(reinterpret_cast<const char*>(vec.data()), 48);
+  table_options<std::int64_t> o;
+  o.name = "emb";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adagrad;
+  o.optimizer.adagrad_initial_accumulator = 0.5f;
+  o.capacity = 128;
+  training_cache<std::int64_t> tc({}, {o});
+  const status s = tc.load(dir.path + "/model");
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  auto m = store_model(tc, 0);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[-3], (std::vector<float>{5, 6, 7, 8, 0.5f, 0.5f, 0.5f, 0.5f}));
+  // A folder of another dim is refused.
+  o.dim = 3;
+  training_cache<std::int64_t> wrong({}, {o});
+  EXPECT_EQ(wrong.load(dir.path + "/model").code(), status_code::invalid_argument);
+}
+
+// --- keyset errors -------------------------------------------------------------------------------
+
+TEST(training_cache, keyset_errors_are_clear_and_change_nothing) {
+  temp_dir dir;
+  std::vector<std::int64_t> k1(100), big(300);
+  for (std::size_t i = 0; i < k1.size(); ++i) k1[i] = std::int64_t(i) * 7;
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = std::int64_t(i);
+  const std::string p1 = dir.path + "/k1", pbig = dir.path + "/big", praw = dir.path + "/raw";
+  ASSERT_TRUE(write_keyset(p1, k1.data(), k1.size()).ok());
+  ASSERT_TRUE(write_keyset(pbig, big.data(), big.size()).ok());
+  ASSERT_TRUE(write_keyset(praw, k1.data(), k1.size(), keyset_format::hugectr_raw).ok());
+  std::vector<std::uint32_t> k32 = {1, 2, 3};
+  const std::string p32 = dir.path + "/k32";
+  ASSERT_TRUE(write_keyset(p32, k32.data(), k32.size()).ok());
+  const std::string ptrunc = dir.path + "/trunc";
+  fs::copy_file(p1, ptrunc);
+  fs::resize_file(ptrunc, fs::file_size(p1) - 5);
+
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 200;
+  training_cache<std::int64_t> tc({}, {o});
+  ASSERT_TRUE(tc.begin_pass_files({p1}).ok());
+  EXPECT_EQ(tc.cache(0).size(), 100u);
+
+  status s = tc.begin_pass_files({pbig});
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_NE(s.message().find("300"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("200"), std::string::npos) << s.message();
+  s = tc.begin_pass_files({ptrunc});
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  s = tc.begin_pass_files({p32});
+  EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+  s = tc.begin_pass_files({dir.path + "/missing"});
+  EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
+  EXPECT_NE(s.message().find("missing"), std::string::npos);
+  s = tc.begin_pass_files({p1, p1});
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  // Nothing changed: same residents, one pass counted.
+  EXPECT_EQ(tc.cache(0).size(), 100u);
+  EXPECT_EQ(tc.counters().passes, 1u);
+  EXPECT_EQ(tc.counters().total[0].rows_evicted, 0u);
+
+  // HugeCTR's raw keyset files.
+  training_cache_options raw_opts;
+  raw_opts.keyset_fmt = keyset_format::hugectr_raw;
+  training_cache<std::int64_t> raw(raw_opts, {o});
+  ASSERT_TRUE(raw.begin_pass_files({praw}).ok());
+  EXPECT_EQ(raw.cache(0).size(), 100u);
+}
+
+// Minimal movement: rows that stay in the next keyset stay; eviction only as capacity requires.
+TEST(training_cache, begin_pass_moves_only_the_difference) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adam;
+  o.capacity = 150;
+  training_cache<std::int64_t> tc({}, {o});
+  std::vector<std::int64_t> k1, k2;
+  for (int i = 0; i < 100; ++i) k1.push_back(i);
+  for (int i = 60; i < 160; ++i) k2.push_back(i);
+  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  EXPECT_EQ(tc.counters().last[0].rows_initialized, 100u);
+  std::vector<float> row(dim * 3, 1.0f);
+  ASSERT_TRUE(tc.assign(0, &k1[0], 1, row.data()).ok());  // key 0 dirty
+  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.hits, 40u);
+  EXPECT_EQ(c.misses, 60u);
+  EXPECT_EQ(c.rows_evicted, 10u);  // 100 + 60 - 150
+  EXPECT_EQ(c.rows_pushed, 10u);   // initialized rows are dirty (not yet in the store)
+  EXPECT_EQ(c.rows_initialized, 60u);
+  EXPECT_EQ(tc.cache(0).size(), 150u);
+  EXPECT_EQ(tc.store(0).size(), 10u);
+  nlohmann::json j = tc.counters();
+  EXPECT_EQ(j["tables"]["t"]["last"]["rows_evicted"], 10);
+  EXPECT_EQ(j["passes"], 2);
+  // Assigning a key that is not resident is refused.
+  std::int64_t absent = 100000;
+  EXPECT_EQ(tc.assign(0, &absent, 1, row.data()).code(), status_code::not_found);
+}
+
+// --- prefetch ------------------------------------------------------------------------------------
+
+// A store whose pulls wait at a gate, to make the overlap observable without timing.
+template <class Key>
+class gated_store final : public param_store<Key> {
+ public:
+  explicit gated_store(std::size_t width) {
+    host_store_options o;
+    o.table_name = "t";
+    o.row_width = width;
+    inner_ = std::make_unique<host_store<Key>>(o);
+  }
+  void close_gate() {
+    std::lock_guard<std::mutex> l(m_);
+    open_ = false;
+  }
+  void open_gate() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  // Waits (up to a minute, against a hang) until a pull waits at the closed gate.
+  bool wait_for_blocked_pull() {
+    std::unique_lock<std::mutex> l(m_);
+    return cv_.wait_for(l, std::chrono::minutes(1), [&] { return blocked_ > 0; });
+  }
+  std::thread::id last_pull_thread() {
+    std::lock_guard<std::mutex> l(m_);
+    return pull_thread_;
+  }
+  std::size_t pulls() {
+    std::lock_guard<std::mutex> l(m_);
+    return pulls_;
+  }
+
+  std::size_t row_width() const noexcept override { return inner_->row_width(); }
+  const std::string& table_name() const noexcept override { return inner_->table_name(); }
+  status pull(const Key* k, std::size_t n, float* r, bool* f, std::uint64_t* v) override {
+    {
+      std::unique_lock<std::mutex> l(m_);
+      ++pulls_;
+      pull_thread_ = std::this_thread::get_id();
+      ++blocked_;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return open_; });
+      --blocked_;
+    }
+    return inner_->pull(k, n, r, f, v);
+  }
+  status push(const Key* k, std::size_t n, const float* r, const std::uint64_t* v) override {
+    return inner_->push(k, n, r, v);
+  }
+  status erase(const Key* k, std::size_t n, std::size_t* e) override {
+    return inner_->erase(k, n, e);
+  }
+  status contains(const Key* k, std::size_t n, bool* f) override {
+    return inner_->contains(k, n, f);
+  }
+  std::size_t size() const noexcept override { return inner_->size(); }
+  std::uint64_t max_version() const noexcept override { return inner_->max_version(); }
+  status for_each(std::size_t b, const store_batch_fn<Key>& fn) override {
+    return inner_->for_each(b, fn);
+  }
+  status for_each_changed_since(std::uint64_t v, std::size_t b,
+                                const store_batch_fn<Key>& fn) override {
+    return inner_->for_each_changed_since(v, b, fn);
+  }
+  status flush() override { return {}; }
+  status checkpoint(const std::string& d) override { return inner_->checkpoint(d); }
+
+ private:
+  std::unique_ptr<host_store<Key>> inner_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int blocked_ = 0;
+  std::size_t pulls_ = 0;
+  std::thread::id pull_thread_;
+};
+
+TEST(training_cache, prefetch_stages_in_the_background_while_the_caller_trains) {
+  auto store = std::make_shared<gated_store<std::int64_t>>(dim * 3);
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adam;
+  o.capacity = 256;
+  o.store = store;
+  training_cache<std::int64_t> tc({}, {o});
+  std::vector<std::int64_t> k1, k2;
+  for (int i = 0; i < 100; ++i) k1.push_back(i);
+  for (int i = 50; i < 200; ++i) k2.push_back(i);
+  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  train_pass(tc, {k1}, 0);
+  ASSERT_TRUE(tc.end_training().ok());
+  // Put rows 100..149 in the store so that staging pulls real rows.
+  std::vector<float> rows(50 * dim * 3, 2.5f);
+  std::vector<std::int64_t> pre;
+  for (int i = 100; i < 150; ++i) pre.push_back(i);
+  std::vector<std::uint64_t> ones(pre.size(), 1);
+  ASSERT_TRUE(store->push(pre.data(), pre.size(), rows.data(), ones.data()).ok());
+
+  store->close_gate();
+  const std::size_t pulls_before = store->pulls();
+  ASSERT_TRUE(tc.prefetch({k2}).ok());  // returns while the staging pull waits at the gate
+  ASSERT_TRUE(store->wait_for_blocked_pull());
+  EXPECT_NE(store->last_pull_thread(), std::this_thread::get_id());
+  // The caller keeps training pass 1 while staging is blocked in the store.
+  train_pass(tc, {k1}, 1);
+  EXPECT_TRUE(tc.prefetch_pending());
+  store->open_gate();
+  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  EXPECT_EQ(store->pulls(), pulls_before + 1);  // begin_pass itself pulled nothing
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.rows_staged, 100u);
+  EXPECT_EQ(c.rows_pulled, 0u);
+  EXPECT_EQ(c.rows_initialized, 50u);
+  EXPECT_EQ(c.hits, 50u);
+  std::vector<float> row(dim * 3);
+  std::int64_t k = 120;
+  ASSERT_TRUE(tc.read(0, &k, 1, row.data(), nullptr).ok());
+  EXPECT_EQ(row[0], 2.5f);
+}
+
+// Prefetch hazard: a key staged early, then trained and written back by later passes, must come
+// in with its written-back row, not the older staged one.
+TEST(training_cache, staged_rows_are_never_older_than_a_write_back) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 128;
+  training_cache<std::int64_t> tc({}, {o});
+  std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {10, 11, 12}, k3 = {20, 21}, k4 = {10, 30};
+  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  // Stage pass 4 far ahead: keys 10 and 30 are not resident, so both are staged (initialized).
+  ASSERT_TRUE(tc.prefetch({k4}).ok());
+  // Fill the cache so that key 10 is evicted (written back) before pass 4.
+  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  std::vector<float> trained(dim, 9.0f);
+  std::int64_t ten = 10;
+  ASSERT_TRUE(tc.assign(0, &ten, 1, trained.data()).ok());
+  std::vector<std::int64_t> fill;
+  for (int i = 100; i < 228; ++i) fill.push_back(i);
+  ASSERT_TRUE(tc.begin_pass({fill}).ok());  // evicts everything else: key 10 written back
+  std::vector<float> row(dim);
+  ASSERT_TRUE(tc.store(0).pull(&ten, 1, row.data(), nullptr, nullptr).ok());
+  ASSERT_EQ(row, trained);
+  // This pass does not use the staging (it was consumed by the pass above): re-prefetch the
+  // same keyset now, then write key 10 again at the next boundary.
+  ASSERT_TRUE(tc.prefetch({k4}).ok());
+  ASSERT_TRUE(tc.begin_pass({k2}).ok());  // key 10 resident again, from the store
+  std::vector<float> trained2(dim, 11.0f);
+  ASSERT_TRUE(tc.assign(0, &ten, 1, trained2.data()).ok());
+  ASSERT_TRUE(tc.begin_pass({fill}).ok());  // key 10 written back again
+  ASSERT_TRUE(tc.begin_pass({k4}).ok());    // no staging left: pulls
+  ASSERT_TRUE(tc.read(0, &ten, 1, row.data(), nullptr).ok());
+  EXPECT_EQ(row, trained2);
+}
+
+// The same hazard with the staging still held: a write-back of a staged key after staging began
+// makes begin_pass re-pull it.
+TEST(training_cache, write_back_after_staging_forces_a_re_pull) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 128;
+  training_cache<std::int64_t> tc({}, {o});
+  std::vector<std::int64_t> k1 = {10, 11, 12};
+  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  std::vector<std::int64_t> next = {10, 40, 41};
+  std::vector<float> old_row(dim);
+  std::int64_t ten = 10;
+  // Make key 10 non-resident, with a store row, then stage it.
+  std::vector<float> v1(dim, 1.0f);
+  ASSERT_TRUE(tc.assign(0, &ten, 1, v1.data()).ok());
+  std::vector<std::int64_t> fill;
+  for (int i = 100; i < 228; ++i) fill.push_back(i);
+  ASSERT_TRUE(tc.begin_pass({fill}).ok());
+  ASSERT_TRUE(tc.prefetch({next}).ok());  // stages key 10 with row v1
+  // Before begin_pass(next), key 10 is written to the store again (erase + tombstone here).
+  ASSERT_TRUE(tc.erase(0, &ten, 1).ok());
+  ASSERT_TRUE(tc.begin_pass({next}).ok());
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.rows_restaged, 1u);
+  EXPECT_EQ(c.rows_staged, 2u);
+  std::vector<float> row(dim);
+  ASSERT_TRUE(tc.read(0, &ten, 1, row.data(), nullptr).ok());
+  EXPECT_NE(row, v1);  // erased: re-initialized, the staged copy was not used
+}
+
+// --- on-demand -----------------------------------------------------------------------------------
+
+TEST(training_cache, on_demand_small_cache_equals_full_cache) {
+  auto run = [](std::size_t cap) {
+    training_cache_options opts;
+    opts.mode = cache_mode::on_demand;
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.optimizer.kind = optimizer_kind::adam;
+    o.capacity = cap;
+    training_cache<std::int64_t> tc(opts, {o});
+    std::mt19937_64 rng(3);
+    const std::size_t w = tc.row_width(0);
+    for (int b = 0; b < 40; ++b) {
+      std::vector<std::int64_t> keys(60);
+      for (auto& k : keys) k = std::int64_t(rng() % 1000);
+      std::vector<std::int64_t> slots(keys.size());
+      EXPECT_TRUE(tc.lookup(0, keys.data(), keys.size(), slots.data()).ok());
+      std::vector<std::int64_t> uniq;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        EXPECT_GE(slots[i], 0);
+        float* row = tc.cache(0).rows() + slots[i] * w;
+        // Once per distinct key (a repeat in the batch shares the slot).
+        if (std::find(uniq.begin(), uniq.end(), slots[i]) != uniq.end()) continue;
+        uniq.push_back(slots[i]);
+        for (std::size_t j = 0; j < w; ++j) row[j] = row[j] * 0.5f + float(b % 7);
+      }
+      EXPECT_TRUE(tc.cache(0).mark_updated(uniq.data(), uniq.size()).ok());
+    }
+    EXPECT_TRUE(tc.end_training().ok());
+    return std::make_pair(store_model(tc, 0), tc.counters().total[0]);
+  };
+  const auto [full, cf] = run(2048);
+  const auto [small, cs] = run(128);
+  EXPECT_EQ(cf.rows_evicted, 0u);
+  EXPECT_GT(cs.rows_evicted, 0u);
+  EXPECT_GT(cs.rows_pushed, 0u);
+  EXPECT_TRUE(full == small);
+
+  training_cache_options opts;
+  opts.mode = cache_mode::on_demand;
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 128;
+  training_cache<std::int64_t> tc(opts, {o});
+  std::vector<std::int64_t> many(200);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = std::int64_t(i);
+  EXPECT_EQ(tc.lookup(0, many.data(), many.size(), nullptr).code(), status_code::capacity_exceeded);
+  EXPECT_EQ(tc.cache(0).size(), 0u);
+}
+
+// --- crash during save
+// -----------------------------------------------------------------------------
+
+std::unique_ptr<training_cache<std::int64_t>> make_crash_model() {
+  table_options<std::int64_t> o;
+  o.name = "emb";
+  o.dim = 16;
+  o.optimizer.kind = optimizer_kind::adam;
+  o.capacity = 20000;
+  auto tc =
+      std::make_unique<training_cache<std::int64_t>>(training_cache_options{}, std::vector{o});
+  std::vector<std::int64_t> keys(20000);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i) * 11;
+  tc->begin_pass({keys}).throw_if_error();
+  return tc;
+}
+
+// Run by the child of the test below: saves in a loop until killed.
+TEST(training_cache_child, save_loop) {
+  const char* dir = std::getenv("EMBCACHE_SAVE_LOOP_DIR");
+  if (!dir) GTEST_SKIP() << "only run as the child of kill_during_save_keeps_previous_save";
+  auto tc = make_crash_model();
+  for (;;) tc->save(dir).throw_if_error();
+}
+
+TEST(training_cache, kill_during_save_keeps_previous_save) {
+  temp_dir dir;
+  const std::string ckpt = dir.path + "/ckpt";
+  {
+    auto tc = make_crash_model();
+    ASSERT_TRUE(tc->save(ckpt).ok());
+  }
+  auto reference = [&] {
+    auto tc = make_crash_model();
+    EXPECT_TRUE(tc->end_training().ok());
+    return store_model(*tc, 0);
+  }();
+  const std::string env = "EMBCACHE_SAVE_LOOP_DIR=" + ckpt;
+  const std::string filter = "--gtest_filter=training_cache_child.save_loop";
+  std::mt19937 rng(1);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e) envp.push_back(*e);
+    envp.push_back(const_cast<char*>(env.c_str()));
+    envp.push_back(nullptr);
+    char exe[] = "/proc/self/exe";
+    char* argv[] = {exe, const_cast<char*>(filter.c_str()), nullptr};
+    pid_t pid = 0;
+    ASSERT_EQ(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 250));
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFSIGNALED(st)) << "the child ended by itself: " << st;
+    table_options<std::int64_t> o;
+    o.name = "emb";
+    o.dim = 16;
+    o.optimizer.kind = optimizer_kind::adam;
+    o.capacity = 128;
+    training_cache<std::int64_t> loaded({}, {o});
+    const status s = loaded.load(ckpt);
+    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
+    EXPECT_TRUE(store_model(loaded, 0) == reference);
+  }
+}
+
+}  // namespace
+}  // namespace embcache
