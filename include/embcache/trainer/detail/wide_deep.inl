@@ -1,0 +1,123 @@
+/// @file trainer/detail/wide_deep.inl
+/// @brief Definitions of wide_deep_model, shared by the spaces.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "embcache/trainer/detail/dense_kernels.hpp"
+#include "embcache/trainer/wide_deep.hpp"
+
+namespace embcache {
+namespace detail {
+
+// Wide&Deep blob framing (src/trainer/wide_deep.cpp).
+std::vector<std::uint8_t> wide_deep_blob(const float bias_state[3],
+                                         const std::vector<std::uint8_t>& mlp_blob);
+status parse_wide_deep_blob(const std::uint8_t* data, std::size_t size, float bias_state[3],
+                            const std::uint8_t*& mlp_blob, std::size_t& mlp_size);
+double bce_loss_and_gradient(const float* logits, const float* labels, std::size_t n,
+                             float* d_logits);
+
+}  // namespace detail
+
+template <class Space>
+wide_deep_model<Space>::wide_deep_model(const wide_deep_options& options, Space space)
+    : options_(options), space_(space), mlp_(mlp_options(options), space) {}
+
+template <class Space>
+void wide_deep_model<Space>::run_forward(const wide_deep_batch& batch, bool training,
+                                         std::uint64_t step) {
+  const std::size_t n = batch.size;
+  if (mlp_logits_.size() < n) {
+    mlp_logits_ = buffer<float, Space>(n, space_);
+    d_logits_space_ = buffer<float, Space>(n, space_);
+  }
+  const input_block blocks[2] = {{batch.deep, options_.num_deep_slots * options_.deep_dim},
+                                 {batch.dense, options_.num_dense}};
+  mlp_.forward(blocks, 2, n, training, step, mlp_logits_.data());
+  const std::size_t w = options_.num_wide_slots;
+  host_wide_.resize(n * w);
+  host_logits_.resize(n);
+  detail::copy(space_, host_wide_.data(), batch.wide, n * w * sizeof(float));
+  detail::copy(space_, host_logits_.data(), mlp_logits_.data(), n * sizeof(float));
+  detail::synchronize(space_);
+  for (std::size_t b = 0; b < n; ++b) {
+    double sum = double(host_logits_[b]) + double(bias_);
+    for (std::size_t s = 0; s < w; ++s) sum += double(host_wide_[b * w + s]);
+    host_logits_[b] = float(sum);
+  }
+}
+
+template <class Space>
+void wide_deep_model<Space>::predict(const wide_deep_batch& batch, std::vector<float>& logits) {
+  run_forward(batch, false, 0);
+  logits.assign(host_logits_.begin(), host_logits_.begin() + batch.size);
+}
+
+template <class Space>
+double wide_deep_model<Space>::forward_backward(const wide_deep_batch& batch,
+                                                std::uint64_t dropout_step, float* d_wide,
+                                                float* d_deep, std::vector<float>* logits) {
+  const std::size_t n = batch.size;
+  run_forward(batch, true, dropout_step);
+  if (logits) logits->assign(host_logits_.begin(), host_logits_.begin() + n);
+  d_logits_.resize(n);
+  const double loss =
+      detail::bce_loss_and_gradient(host_logits_.data(), batch.labels, n, d_logits_.data());
+  double bias_grad = 0;
+  for (std::size_t b = 0; b < n; ++b) bias_grad += d_logits_[b];
+  bias_grad_ = float(bias_grad);
+  // Every wide slot of a sample receives the sample's logit gradient.
+  const std::size_t w = options_.num_wide_slots;
+  host_d_wide_.resize(n * w);
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t s = 0; s < w; ++s) host_d_wide_[b * w + s] = d_logits_[b];
+  detail::copy(space_, d_wide, host_d_wide_.data(), n * w * sizeof(float));
+  d_logits_space_.copy_from_host(d_logits_.data(), n);
+  float* d_blocks[2] = {d_deep, nullptr};
+  mlp_.backward(d_logits_space_.data(), d_blocks);
+  detail::synchronize(space_);
+  return loss;
+}
+
+template <class Space>
+void wide_deep_model<Space>::apply_dense_update() {
+  mlp_.apply_adam();
+  // The bias follows the MLP's Adam step count (they always step together).
+  const dense_adam_options& a = options_.adam;
+  const double t = double(mlp_.adam_step());
+  detail::dense_adam_step f{&bias_,
+                            &bias_grad_,
+                            &bias_m_,
+                            &bias_v_,
+                            double(a.learning_rate),
+                            double(a.beta1),
+                            double(a.beta2),
+                            double(a.epsilon),
+                            1.0 / (1.0 - std::pow(double(a.beta1), t)),
+                            1.0 / (1.0 - std::pow(double(a.beta2), t))};
+  f(0);
+}
+
+template <class Space>
+std::vector<std::uint8_t> wide_deep_model<Space>::save() const {
+  const float state[3] = {bias_, bias_m_, bias_v_};
+  return detail::wide_deep_blob(state, mlp_.save());
+}
+
+template <class Space>
+status wide_deep_model<Space>::load(const std::uint8_t* data, std::size_t size) {
+  float state[3];
+  const std::uint8_t* mlp_blob = nullptr;
+  std::size_t mlp_size = 0;
+  EMBCACHE_RETURN_IF_ERROR(detail::parse_wide_deep_blob(data, size, state, mlp_blob, mlp_size));
+  EMBCACHE_RETURN_IF_ERROR(mlp_.load(mlp_blob, mlp_size));
+  bias_ = state[0];
+  bias_m_ = state[1];
+  bias_v_ = state[2];
+  return status::ok_status();
+}
+
+}  // namespace embcache
