@@ -195,7 +195,8 @@ status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_
   }
   bytes = bytes_done;
   if (opts.on_progress) {
-    opts.on_progress(prep_progress{pass, passes, lines, bytes_done, opts.inputs.size(), since(t0)});
+    opts.on_progress(
+        prep_progress{pass, passes, lines, bytes_done, opts.inputs.size() - 1, since(t0)});
   }
   return {};
 }
