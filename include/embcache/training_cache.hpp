@@ -40,8 +40,11 @@ struct table_options {
   std::size_t dim = 0;            ///< embedding floats per row; required (>= 1)
   optimizer_options optimizer{};  ///< default: sgd (no state); sets the state width and init
   std::size_t capacity = 0;       ///< rows the device cache holds; required (>= 1)
-  initializer_options init{};     ///< default uniform(-0.05, 0.05); the table index is folded
-                                  ///< into init.seed, so equal options differ per table
+  /// Slots of the device table; default 0 = capacity * 5 / 4, so that a full keyset leaves the
+  /// table at most 80% occupied and probing stays short.
+  std::size_t slots = 0;
+  initializer_options init{};  ///< default uniform(-0.05, 0.05); the table index is folded
+                               ///< into init.seed, so equal options differ per table
   score_policy scores = score_policy::lru;  ///< default LRU (on-demand eviction)
   /// Store of the table; default nullptr = a new host_store. Pass a rocksdb_store (library
   /// embcache::rocksdb) for the SSD tier; its row width must be dim + state width.

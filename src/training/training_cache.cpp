@@ -725,7 +725,7 @@ training_cache<Key>::training_cache(training_cache_options options,
     tb.state_width = state_width(o.optimizer.kind, o.dim);
     tb.row_width = o.dim + tb.state_width;
     cache_options co;
-    co.capacity = o.capacity;
+    co.capacity = o.slots ? std::max(o.slots, o.capacity) : o.capacity + o.capacity / 4;
     co.dim = o.dim;
     co.state_width = tb.state_width;
     co.init = o.init;
