@@ -226,8 +226,11 @@ TEST(InMemoryTraining, LearnsSyntheticData) {
   std::vector<float> labels;
   for (const auto& s : eval) labels.push_back(s.label);
   const double oracle_auc = auc(oracle.data(), labels.data(), labels.size());
-  std::printf("steps %llu train_loss %.4f eval_auc %.4f eval_logloss %.4f hidden-model auc %.4f\n",
-              (unsigned long long)r.steps, r.train_loss, r.eval_auc, r.eval_logloss, oracle_auc);
+  std::printf(
+      "steps %llu train_loss %.6f eval_auc %.6f eval_logloss %.6f hidden-model auc %.4f digest "
+      "%016llx\n",
+      (unsigned long long)r.steps, r.train_loss, r.eval_auc, r.eval_logloss, oracle_auc,
+      (unsigned long long)r.embedding_digest);
   EXPECT_EQ(r.steps, (40000u + 127) / 128);
   EXPECT_EQ(r.eval_logits.size(), eval.size());
   EXPECT_DOUBLE_EQ(r.eval_auc, auc(r.eval_logits.data(), labels.data(), labels.size()));
