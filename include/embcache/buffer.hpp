@@ -3,23 +3,37 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
 
 #include "embcache/space.hpp"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 namespace embcache {
 namespace detail {
 
-// Host allocations are 64-byte aligned so rows and bucket groups start on cache lines.
+// Host allocations are 64-byte aligned so rows and bucket groups start on cache lines. Large ones
+// are aligned to 2 MiB and offered to transparent huge pages: tables are probed at random, and
+// with 4 KiB pages nearly every probe would also miss the TLB.
 inline void* host_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  return ::operator new(bytes, std::align_val_t(64));
+  constexpr std::size_t huge = std::size_t{2} << 20;
+  const bool large = bytes >= 2 * huge;
+  const std::size_t align = large ? huge : 64;
+  const std::size_t rounded = (bytes + align - 1) / align * align;
+  void* p = nullptr;
+  if (posix_memalign(&p, align, rounded) != 0) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (large) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
 }
-inline void host_deallocate(void* p) noexcept {
-  if (p) ::operator delete(p, std::align_val_t(64));
-}
+inline void host_deallocate(void* p) noexcept { std::free(p); }
 
 // Implemented by the embcache::cuda library; they throw embcache::error on CUDA failures.
 void* cuda_allocate(std::size_t bytes, CUstream_st* stream);

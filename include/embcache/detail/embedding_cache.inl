@@ -24,6 +24,70 @@ inline constexpr std::uint8_t outcome_inserted = 1;
 inline constexpr std::uint8_t outcome_failed = 2;
 inline constexpr std::uint8_t outcome_evicted = 3;  // inserted in place of a victim
 
+// Host-only latency hiding for bulk loops (detail/host_algorithms.hpp calls these ahead of the
+// work): first the key's home bucket states, then, once they are in cache, the key and row of the
+// first digest match. Hints only: they change no state and no result.
+template <class Key>
+void prefetch_bucket(const cache_ref<Key>& t, Key k) {
+#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
+  const auto h = t.hash(k);
+  __builtin_prefetch(t.states + h.home * cache_bucket_size);
+  __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
+#else
+  (void)t;
+  (void)k;
+#endif
+}
+
+template <class Key>
+void prefetch_slot(const cache_ref<Key>& t, Key k, bool with_row) {
+#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
+  const auto h = t.hash(k);
+#if defined(__SSE2__)
+  const __m128i needle = _mm_set1_epi8(static_cast<char>(h.digest));
+  const std::uint8_t* base = t.states + h.home * cache_bucket_size;
+  for (std::size_t g = 0; g < cache_bucket_size; g += 16) {
+    const unsigned m = static_cast<unsigned>(_mm_movemask_epi8(
+        _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
+    if (!m) continue;
+    const std::size_t s = h.home * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
+#else
+  std::uint64_t* words = t.bucket_words(h.home);
+  for (std::size_t w = 0; w < cache_bucket_words; ++w) {
+    const std::uint64_t m = match_bytes(atomic_load(words + w), h.digest);
+    if (!m) continue;
+    const std::size_t s = h.home * cache_bucket_size + w * 8 + (ctz64(m) >> 3);
+#endif
+    __builtin_prefetch(t.keys + s);
+    __builtin_prefetch(t.scores + s, 1);
+    if (with_row) {
+      const char* r = reinterpret_cast<const char*>(t.rows + s * t.row_width);
+      const std::size_t bytes = t.row_width * sizeof(float);
+      for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b);
+    }
+    return;
+  }
+#else
+  (void)t;
+  (void)k;
+  (void)with_row;
+#endif
+}
+
+// Copies a found row to a caller's output array. On the host, output rows are written with
+// streaming stores when aligned: they are not read back soon, and a plain store would first read
+// every output line from memory. The host loop fences after each chunk.
+EMBCACHE_HD inline void copy_row_out(float* dst, const float* src, std::size_t width) {
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+  if (width % 4 == 0 && (reinterpret_cast<std::uintptr_t>(dst) & 15) == 0 &&
+      (reinterpret_cast<std::uintptr_t>(src) & 15) == 0) {
+    for (std::size_t j = 0; j < width; j += 4) _mm_stream_ps(dst + j, _mm_load_ps(src + j));
+    return;
+  }
+#endif
+  for (std::size_t j = 0; j < width; ++j) dst[j] = src[j];
+}
+
 template <class Key>
 struct find_fn {
   cache_ref<Key> t;
@@ -31,21 +95,14 @@ struct find_fn {
   float* rows_out;
   bool* found_out;
   std::uint64_t op;
-  void prefetch(std::size_t i) const {
-#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
-    const auto h = t.hash(keys[i]);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
-#else
-    (void)i;
-#endif
-  }
+  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
+  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], true); }
   EMBCACHE_HD void operator()(std::size_t i) const {
     const std::int64_t s = t.find_slot(keys[i]);
     if (found_out) found_out[i] = s >= 0;
     if (s < 0) return;
     t.touch(s, op);
-    if (rows_out) cache_ref<Key>::copy_row(rows_out + i * t.row_width, t.row(s), t.row_width);
+    if (rows_out) copy_row_out(rows_out + i * t.row_width, t.row(s), t.row_width);
   }
 };
 
@@ -55,15 +112,8 @@ struct slot_fn {
   const Key* keys;
   std::int64_t* slots;
   std::uint64_t op;
-  void prefetch(std::size_t i) const {
-#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
-    const auto h = t.hash(keys[i]);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
-#else
-    (void)i;
-#endif
-  }
+  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
+  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], false); }
   EMBCACHE_HD void operator()(std::size_t i) const {
     const std::int64_t s = t.find_slot(keys[i]);
     slots[i] = s;
@@ -85,15 +135,8 @@ struct insert_fn {
   std::uint64_t version;
   std::uint64_t op;
   bool initialize;
-  void prefetch(std::size_t i) const {
-#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
-    const auto h = t.hash(keys[i]);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size);
-    __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
-#else
-    (void)i;
-#endif
-  }
+  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
+  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], true); }
   EMBCACHE_HD void operator()(std::size_t i) const {
     const auto c = t.find_or_claim(keys[i]);
     slots[i] = c.slot;

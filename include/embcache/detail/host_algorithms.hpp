@@ -11,6 +11,9 @@
 
 #include <cstddef>
 #include <type_traits>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <utility>
 #include <thrust/count.h>
 #include <thrust/scan.h>
@@ -40,34 +43,50 @@ void run_in_space(const host_space& space, Body&& body) {
   }
 }
 
+/// Whether a loop body offers `prefetch_late(i)`: a second hint, issued closer to `f(i)`, that
+/// may read what `prefetch(i)` brought in (e.g. to find and prefetch a row).
+template <class F, class = void>
+struct has_prefetch_late : std::false_type {};
+template <class F>
+struct has_prefetch_late<
+    F, std::void_t<decltype(std::declval<const F&>().prefetch_late(std::size_t{}))>>
+    : std::true_type {};
+
 /// Calls `f(i)` for every i in [0, n), in parallel. When `F` has `prefetch(i)`, the loop calls
-/// it a few indices ahead, so that memory latency of random accesses overlaps.
+/// it `early` indices ahead, and `prefetch_late(i)` (if present) `late` indices ahead, so that
+/// the memory latency of random accesses overlaps instead of adding up.
 template <class F>
 void for_each_index(const host_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
-  constexpr std::size_t grain = 1024;
-  auto body = [&] {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
-                      [&](const tbb::blocked_range<std::size_t>& r) {
-                        if constexpr (has_prefetch<F>::value) {
-                          constexpr std::size_t ahead = 8;
-                          const std::size_t e = r.end();
-                          for (std::size_t i = r.begin(); i < e && i < r.begin() + ahead; ++i)
-                            f.prefetch(i);
-                          for (std::size_t i = r.begin(); i < e; ++i) {
-                            if (i + ahead < e) f.prefetch(i + ahead);
-                            f(i);
-                          }
-                        } else {
-                          for (std::size_t i = r.begin(); i < r.end(); ++i) f(i);
-                        }
-                      });
+  constexpr std::size_t grain = 4096;
+  auto chunk = [&f](std::size_t begin, std::size_t end) {
+    if constexpr (has_prefetch<F>::value) {
+      constexpr std::size_t early = 16;
+      constexpr std::size_t late = 8;
+      for (std::size_t i = begin; i < end && i < begin + early; ++i) f.prefetch(i);
+      if constexpr (has_prefetch_late<F>::value)
+        for (std::size_t i = begin; i < end && i < begin + late; ++i) f.prefetch_late(i);
+      for (std::size_t i = begin; i < end; ++i) {
+        if (i + early < end) f.prefetch(i + early);
+        if constexpr (has_prefetch_late<F>::value)
+          if (i + late < end) f.prefetch_late(i + late);
+        f(i);
+      }
+    } else {
+      for (std::size_t i = begin; i < end; ++i) f(i);
+    }
+#if defined(__SSE2__)
+    _mm_sfence();  // bodies may use streaming stores; make them visible before the join
+#endif
   };
   if (n <= grain) {
-    for (std::size_t i = 0; i < n; ++i) f(i);
-  } else {
-    run_in_space(space, body);
+    chunk(0, n);
+    return;
   }
+  run_in_space(space, [&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
+                      [&](const tbb::blocked_range<std::size_t>& r) { chunk(r.begin(), r.end()); });
+  });
 }
 
 /// Stable sort of `values` by `keys` (both length n), in parallel.
