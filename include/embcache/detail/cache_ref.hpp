@@ -201,15 +201,43 @@ struct cache_ref {
     return -1;
   }
 
-  /// A snapshot of word `w` of bucket `b` with no slot in the busy state (waits them out: a slot
-  /// is busy at most once per concurrent phase, so this ends).
-  EMBCACHE_HD std::uint64_t settled_word(std::size_t b, std::size_t w) const {
-    std::uint64_t* p = bucket_words(b) + w;
+  // A group of state bytes scanned at once: 16 with SSE2 on the host, 8 (one word) elsewhere.
+  // Masks carry one bit per slot on the host and bit 7 of each byte (SWAR) elsewhere; `shift`
+  // turns a mask bit index into a slot offset. Same candidates either way.
+  struct group_masks {
+    std::uint64_t match;
+    std::uint64_t empty;
+  };
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+  static constexpr std::size_t group_size = 16;
+  static constexpr int group_shift = 0;
+#else
+  static constexpr std::size_t group_size = 8;
+  static constexpr int group_shift = 3;
+#endif
+
+  /// Masks of group `g` of bucket `b` taken when no slot of it is busy (waits them out: a slot is
+  /// busy at most once per concurrent phase, so this ends).
+  EMBCACHE_HD group_masks settled_group(std::size_t b, std::size_t g, std::uint8_t d) const {
+    const std::size_t first = b * cache_bucket_size + g * group_size;
     for (;;) {
-      const std::uint64_t word = atomic_load(p, cuda::std::memory_order_acquire);
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+      // x86 loads are not reordered with later loads, so this load acts as an acquire.
+      const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(states + first));
+      const std::uint64_t busy = static_cast<unsigned>(
+          _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(state_busy)))));
+      if (!busy) {
+        return {static_cast<unsigned>(_mm_movemask_epi8(
+                    _mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(d))))),
+                static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())))};
+      }
+#else
+      const std::uint64_t word = atomic_load(reinterpret_cast<std::uint64_t*>(states + first),
+                                             cuda::std::memory_order_acquire);
       const std::uint64_t busy = match_bytes(word, state_busy);
-      if (!busy) return word;
-      const std::size_t s = b * cache_bucket_size + w * 8 + (ctz64(busy) >> 3);
+      if (!busy) return {match_bytes(word, d), match_bytes(word, state_empty)};
+#endif
+      const std::size_t s = first + (ctz64(busy) >> group_shift);
       while (atomic_load(states + s, cuda::std::memory_order_acquire) == state_busy) {
       }
     }
@@ -226,23 +254,22 @@ struct cache_ref {
   /// wait for it. Safe against concurrent find/insert, not against concurrent erase.
   EMBCACHE_HD claim find_or_claim(Key k) const {
     const hashed h = hash(k);
+    constexpr std::size_t groups = cache_bucket_size / group_size;
     for (;;) {
       std::int64_t candidate = -1;
       std::size_t b = h.home;
-      std::size_t p = 0;
-      for (; p < num_buckets; ++p) {
-        for (std::size_t w = 0; w < cache_bucket_words; ++w) {
-          const std::uint64_t word = settled_word(b, w);
-          std::uint64_t m = match_bytes(word, h.digest);
+      for (std::size_t p = 0; p < num_buckets; ++p) {
+        for (std::size_t g = 0; g < groups; ++g) {
+          const group_masks gm = settled_group(b, g, h.digest);
+          const std::size_t first = b * cache_bucket_size + g * group_size;
+          std::uint64_t m = gm.match;
           while (m) {
-            const std::size_t s = b * cache_bucket_size + w * 8 + (ctz64(m) >> 3);
+            const std::size_t s = first + (ctz64(m) >> group_shift);
             m &= m - 1;
             if (keys[s] == k) return {static_cast<std::int64_t>(s), false, h.digest};
           }
-          if (candidate < 0) {
-            const std::uint64_t e = match_bytes(word, state_empty);
-            if (e) candidate = static_cast<std::int64_t>(b * cache_bucket_size + w * 8 + (ctz64(e) >> 3));
-          }
+          if (candidate < 0 && gm.empty)
+            candidate = static_cast<std::int64_t>(first + (ctz64(gm.empty) >> group_shift));
         }
         // Past this bucket only keys that probed through it can live; a full bucket must be
         // passed anyway to find room.
