@@ -94,7 +94,7 @@ void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
   auto& f = get_fixture(overlap);
-  double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0;
+  double rows = 0, bytes = 0, total = 0;
   for (auto _ : state) {
     state.PauseTiming();
     auto tc = trained_cache(f);
@@ -112,19 +112,11 @@ void training_begin_pass(benchmark::State& state) {
     const auto& c = tc->counters().last[0];
     rows += double(f.next.size());
     bytes += double(c.bytes_store_to_cache + c.bytes_cache_to_store);
-    wb += c.seconds_write_back;
-    in += c.seconds_swap_in;
-    wait += c.seconds_prefetch_wait;
     tc.reset();
     state.ResumeTiming();
   }
-  const double iters = double(state.iterations());
-  if (!prefetch) unprefetched_seconds[overlap] = total / iters;
+  if (!prefetch) unprefetched_seconds[overlap] = total / double(state.iterations());
   report(state, rows, bytes);
-  // Where the blocking time goes (ms per begin_pass), from the cache's own counters.
-  state.counters["write_back_ms"] = 1e3 * wb / iters;
-  state.counters["swap_in_ms"] = 1e3 * in / iters;
-  state.counters["wait_ms"] = 1e3 * wait / iters;
 }
 
 // HugeCTR's embedding training cache: write back every row, clear, pull the whole next keyset.
