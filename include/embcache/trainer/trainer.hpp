@@ -1,0 +1,187 @@
+/// @file trainer/trainer.hpp
+/// @brief The reference Wide&Deep trainer on Criteo-format shards: its configuration (a JSON
+/// document for the `embcache-train` CLI) and the `trainer` that runs passes over shards with
+/// the embeddings in a training cache (keyset or on-demand mode) or directly on the parameter
+/// stores (host-hybrid mode). docs/trainer.md describes the configuration and the outputs.
+///
+/// Two tables: "wide" (dim 1, FTRL by default; the 26 slot keys, plus the 13 crossed keys when
+/// `crossed`) and "deep" (dim 16 by default, lazy Adam; the 26 slot keys). The dense part is
+/// wide_deep_model<host_space> (OpenBLAS). In the host space every result is a function of the
+/// configuration and the data only: the cache capacity, the mode, prefetch, thread count and an
+/// interruption by save / resume change timings, never a bit of the model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "embcache/optimizers.hpp"
+#include "embcache/status.hpp"
+#include "embcache/trainer/in_memory.hpp"
+#include "embcache/trainer/wide_deep.hpp"
+#include "embcache/training_cache.hpp"
+
+namespace embcache {
+
+/// Where the embeddings live while training.
+enum class trainer_mode : std::uint8_t {
+  keyset,       ///< training cache, keyset mode: one begin_pass per shard, next shard prefetched
+  on_demand,    ///< training cache, on-demand mode: lookup per batch, eviction by score
+  host_hybrid,  ///< no cache: host_hybrid_table on each store (MindSpore's host+device hybrid)
+};
+
+/// Name of a mode ("keyset", "on_demand", "host_hybrid").
+const char* to_string(trainer_mode mode) noexcept;
+
+/// One embedding table of the trainer.
+struct trainer_table_config {
+  std::string name;                                        ///< "wide" or "deep"; required
+  std::size_t dim = 16;                                    ///< embedding floats (default 16)
+  optimizer_options optimizer = default_deep_optimizer();  ///< default lazy Adam, lr 0.001
+  std::size_t capacity = std::size_t{1} << 20;  ///< cache rows (default 1 Mi); unused host_hybrid
+  std::string store = "host";  ///< "host" (default) or "rocksdb" (needs store_path)
+  std::string store_path;      ///< RocksDB folder (default ""); tables may share one
+  float init_scale = 0.01f;    ///< new rows start uniform in [-scale, scale) (default 0.01)
+};
+
+/// The default tables: wide (dim 1, FTRL alpha 0.05, init 0) and deep (dim 16, Adam, init 0.01),
+/// each with a cache of 1 Mi rows on a host store.
+std::vector<trainer_table_config> default_trainer_tables();
+
+/// One pass: shards trained in order (one keyset swap per shard in keyset mode), then evaluation,
+/// a metrics line, the export and the save.
+struct trainer_pass_config {
+  /// Shard files (relative paths are relative to trainer_config::data_dir). Each shard's keyset
+  /// is beside it: `X.bin` has `X.keys` (and `X.cross.keys` when crossing is on).
+  std::vector<std::string> shards;
+};
+
+/// Everything a training run needs; every field has a default except the passes.
+struct trainer_config {
+  trainer_mode mode = trainer_mode::keyset;  ///< default keyset
+  std::string data_dir;                      ///< base of relative shard paths (default: none)
+  std::vector<trainer_pass_config> passes;   ///< passes of this run; required (>= 1)
+  std::string eval_shard;                    ///< held-out shard (default "": no evaluation)
+  std::size_t eval_max_samples = 0;          ///< evaluate on at most this many (default 0: all)
+  std::vector<trainer_table_config> tables = default_trainer_tables();  ///< wide and deep
+  wide_deep_options model = default_model();  ///< dense part (shape fields are set from data)
+  bool crossed = false;            ///< wide also takes the shards' crossed keys (default off)
+  std::size_t batch_size = 1024;   ///< samples per step (default 1024)
+  bool shuffle = false;            ///< visit each shard in a seeded random order (default off)
+  std::uint64_t seed = 0;          ///< embedding initialization and shuffling (default 0)
+  bool prefetch = true;            ///< keyset mode: stage the next shard while training (on)
+  std::size_t log_interval = 100;  ///< steps between progress lines (default 100; 0: none)
+  std::string output_dir;          ///< metrics.jsonl, metrics.tsv, plots (default "": none)
+  std::string export_dir;          ///< incremental export after each pass (default "": none)
+  bool export_with_state = false;  ///< exports carry optimizer state (default off)
+  std::string save_dir;            ///< save at the end of the run (default "": none)
+  bool save_every_pass = false;    ///< save after every pass too (default off)
+  std::string resume_from;         ///< a save to start from (default "": fresh start)
+  int threads = 0;                 ///< worker threads of the sparse ops (default 0: all)
+
+  /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
+  static wide_deep_options default_model() { return wide_deep_options{}; }
+};
+
+/// Checks a configuration; the message names the field, e.g.
+/// "config.tables[1].capacity: must be >= 1".
+[[nodiscard]] status validate(const trainer_config& config);
+/// Reads a configuration from JSON (unknown fields are refused, naming them) and validates it.
+result<trainer_config> trainer_config_from_json(const nlohmann::json& j);
+/// Reads and parses a JSON configuration file (errors name the file).
+result<trainer_config> load_trainer_config(const std::string& path);
+/// JSON of a configuration, every field included; trainer_config_from_json reads it back.
+void to_json(nlohmann::json& j, const trainer_config& config);
+
+/// What one pass did (a line of metrics.jsonl).
+struct pass_metrics {
+  std::uint64_t pass = 0;           ///< pass number, from 1, continued across resumes
+  std::uint64_t samples = 0;        ///< samples trained in the pass
+  std::uint64_t steps = 0;          ///< optimizer steps in the pass
+  double train_loss = 0;            ///< mean batch loss over the pass
+  double eval_auc = 0;              ///< AUC on the eval shard (NaN without one)
+  double eval_logloss = 0;          ///< log loss on the eval shard (NaN without one)
+  double swap_seconds = 0;          ///< time training was blocked on swapping (all tables)
+  std::uint64_t rows_in = 0;        ///< rows brought into the caches (misses)
+  std::uint64_t rows_out = 0;       ///< dirty rows written back to the stores
+  double hit_rate = 0;              ///< hits / (hits + misses) over the pass's swaps and lookups
+  double samples_per_s = 0;         ///< samples / wall seconds of the training loop
+  double seconds = 0;               ///< wall seconds of the training loop
+  std::uint64_t rows_exported = 0;  ///< rows in this pass's incremental export
+  std::string export_path;          ///< its folder ("" when none)
+};
+
+/// JSON object of a pass_metrics (the metrics.jsonl line; NaN is written as null).
+void to_json(nlohmann::json& j, const pass_metrics& m);
+
+/// Evaluation result.
+struct eval_metrics {
+  std::uint64_t samples = 0;  ///< samples evaluated
+  double auc = 0;             ///< exact AUC
+  double logloss = 0;         ///< mean binary cross-entropy
+};
+
+/// The reference Wide&Deep trainer.
+///
+/// A save is a folder: `sparse/` (training_cache::save layout: per table `key`, `emb_vector`,
+/// `opt_state`, `version`, plus manifest.json), `dense.bin` (wide_deep_model::save) and
+/// `trainer.json` (step, passes, samples, history, counters). The same layout in every mode, so
+/// a save of one mode resumes in another.
+class trainer {
+ public:
+  /// Builds the stores, the cache and the model, and loads `config.resume_from` when set.
+  static result<std::unique_ptr<trainer>> create(const trainer_config& config);
+  ~trainer();
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  /// Runs every pass of the configuration, then saves to save_dir when set.
+  [[nodiscard]] status run();
+  /// Trains one pass, evaluates, appends to metrics.jsonl, exports; `next` (may be null) is the
+  /// pass after it, whose first shard is prefetched while this pass's last shard trains.
+  result<pass_metrics> run_pass(const trainer_pass_config& pass,
+                                const trainer_pass_config* next = nullptr);
+  /// Evaluates on the eval shard (or `shard` when not empty) without changing the model. Keys
+  /// never trained have a zero embedding.
+  result<eval_metrics> evaluate(const std::string& shard = "");
+  /// Writes a save to `dir` (atomically: built beside it and renamed into place).
+  [[nodiscard]] status save(const std::string& dir);
+  /// Replaces the model and the trainer's state with the save in `dir`.
+  [[nodiscard]] status load(const std::string& dir);
+  /// Writes an incremental export into export_dir; returns its folder and row count.
+  result<std::pair<std::string, std::uint64_t>> export_incremental();
+
+  /// Steps taken since the start of training (resumes included): the dropout stream and Adam's
+  /// bias correction are functions of it.
+  std::uint64_t step() const noexcept;
+  /// Passes completed (resumes included).
+  std::uint64_t passes_done() const noexcept;
+  /// Metrics of every pass so far (resumes included).
+  const std::vector<pass_metrics>& history() const noexcept;
+  /// The configuration.
+  const trainer_config& config() const noexcept;
+  /// The training cache (also present in host_hybrid mode, with capacity 1, for save and load).
+  training_cache<std::int64_t>& cache() noexcept;
+  /// The dense model.
+  wide_deep_model<host_space>& model() noexcept;
+  /// Receives progress lines and pass summaries; default: printed to stdout.
+  void set_log(std::function<void(const std::string&)> log);
+
+  struct impl;
+
+ private:
+  explicit trainer(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// Writes `dir`/metrics.tsv and `dir`/plot.gp from `history` and, when gnuplot is on the PATH,
+/// runs it to draw `dir`/loss.png and `dir`/auc.png. `note` receives what was done or why the
+/// drawing was skipped.
+[[nodiscard]] status plot_metrics(const std::string& dir, const std::vector<pass_metrics>& history,
+                                  std::string* note);
+
+}  // namespace embcache

@@ -1,0 +1,62 @@
+// embcache-train: trains the reference Wide&Deep model from a JSON configuration.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "embcache/trainer/trainer.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Trains the reference Wide&Deep model on Criteo-format shards (docs/trainer.md)"};
+  std::string config_path, resume, save_dir, output_dir;
+  bool print_config = false, no_plot = false;
+  app.add_option("--config", config_path, "JSON configuration file")->required();
+  app.add_option("--resume", resume, "resume from this save (overrides resume_from)");
+  app.add_option("--save", save_dir, "save here at the end (overrides save_dir)");
+  app.add_option("--output", output_dir, "metrics and plots folder (overrides output_dir)");
+  app.add_flag("--print-config", print_config, "print the full configuration and exit");
+  app.add_flag("--no-plot", no_plot, "do not draw the loss and AUC curves");
+  CLI11_PARSE(app, argc, argv);
+
+  auto config = embcache::load_trainer_config(config_path);
+  if (!config.ok()) {
+    std::cerr << "embcache-train: " << config.get_status().to_string() << "\n";
+    return 2;
+  }
+  embcache::trainer_config c = config.value();
+  if (!resume.empty()) c.resume_from = resume;
+  if (!save_dir.empty()) c.save_dir = save_dir;
+  if (!output_dir.empty()) c.output_dir = output_dir;
+  if (print_config) {
+    std::cout << nlohmann::json(c).dump(2) << "\n";
+    return 0;
+  }
+  auto t = embcache::trainer::create(c);
+  if (!t.ok()) {
+    std::cerr << "embcache-train: " << t.get_status().to_string() << "\n";
+    return 1;
+  }
+  std::printf("embcache-train: mode %s, %zu passes, batch %zu%s\n", embcache::to_string(c.mode),
+              c.passes.size(), c.batch_size,
+              c.resume_from.empty()
+                  ? ""
+                  : (", resuming after pass " + std::to_string(t.value()->passes_done())).c_str());
+  const embcache::status s = t.value()->run();
+  if (!s.ok()) {
+    std::cerr << "embcache-train: " << s.to_string() << "\n";
+    return 1;
+  }
+  if (!c.output_dir.empty()) {
+    std::printf("metrics: %s/metrics.jsonl\n", c.output_dir.c_str());
+    if (!no_plot) {
+      std::string note;
+      const embcache::status ps = embcache::plot_metrics(c.output_dir, t.value()->history(), &note);
+      if (!ps.ok()) {
+        std::cerr << "embcache-train: " << ps.to_string() << "\n";
+        return 1;
+      }
+      std::printf("plots: %s\n", note.c_str());
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,755 @@
+// The reference Wide&Deep trainer: passes over shards with the embeddings in a training cache
+// or on the stores directly (host-hybrid), evaluation, metrics, export, save and resume.
+#include "embcache/trainer/trainer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "embcache/criteo.hpp"
+#include "embcache/detail/cache_ref.hpp"
+#include "embcache/host_hybrid.hpp"
+#include "embcache/host_store.hpp"
+#include "embcache/shard.hpp"
+#include "embcache/sparse_ops.hpp"
+#include "embcache/trainer/metrics.hpp"
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+#endif
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using key_t = std::int64_t;
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+std::string resolve(const std::string& base, const std::string& p) {
+  if (base.empty() || p.empty() || p[0] == '/') return p;
+  return base + "/" + p;
+}
+
+// `X.bin` -> `X<suffix>`; other names get the suffix appended.
+std::string beside(const std::string& shard, const std::string& suffix) {
+  const std::string ext = ".bin";
+  if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
+    return shard.substr(0, shard.size() - ext.size()) + suffix;
+  return shard + suffix;
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+status write_file_durable(const std::string& path, const void* data, std::size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return status::io_error(path + ": cannot create");
+  const char* p = static_cast<const char*>(data);
+  std::size_t left = size;
+  while (left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w <= 0) {
+      const bool full = errno == ENOSPC;
+      ::close(fd);
+      return full ? status::out_of_space(path + ": disk full")
+                  : status::io_error(path + ": write failed");
+    }
+    p += w;
+    left -= std::size_t(w);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) return status::io_error(path + ": fsync failed");
+  return {};
+}
+
+result<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return status::not_found(path + ": cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Sum of the counters of every table.
+table_counters sum_tables(const std::vector<table_counters>& v) {
+  table_counters s;
+  for (const auto& c : v) s += c;
+  return s;
+}
+
+}  // namespace
+
+struct trainer::impl {
+  trainer_config config;
+  host_space space;
+  std::size_t wide_t = 0, deep_t = 1;  // table indices in the cache (config order)
+  std::size_t num_wide_slots = criteo_slot_count;
+  std::vector<std::shared_ptr<param_store<key_t>>> stores;
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+  std::map<std::string, std::shared_ptr<rocksdb_database>> databases;
+#endif
+  std::unique_ptr<training_cache<key_t>> cache;
+  std::unique_ptr<host_hybrid_table<key_t>> hybrid[2];
+  std::unique_ptr<wide_deep_model<host_space>> model;
+  std::uint64_t step = 0, passes_done = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  std::function<void(const std::string&)> log = [](const std::string& s) {
+    std::cout << s << std::endl;
+  };
+
+  // Per-step scratch.
+  std::vector<key_t> wide_keys;
+  std::vector<std::int64_t> offsets, wide_slots, deep_slots;
+  std::vector<float> in_wide, in_deep, d_wide, d_deep, rows_buf, logits;
+  std::unique_ptr<bool[]> found;
+  std::size_t found_size = 0;
+  sparse_gradients<host_space> wide_grads, deep_grads;
+  // Hits and misses since the last progress line and over the pass.
+  std::uint64_t interval_hits = 0, interval_misses = 0;
+
+  bool cached() const { return config.mode != trainer_mode::host_hybrid; }
+  const trainer_table_config& table_config(std::size_t t) const { return config.tables[t]; }
+
+  status build();
+  status make_store(std::size_t t, std::size_t row_width);
+  result<std::vector<std::vector<key_t>>> keysets_of(const std::string& shard);
+  void fill_keys(const shard_batch& b);
+  status train_step(const shard_batch& b, double* loss);
+  void take_last_counters();
+  bool* found_buffer(std::size_t n) {
+    if (found_size < n) {
+      found.reset(new bool[n]);
+      found_size = n;
+    }
+    return found.get();
+  }
+};
+
+status trainer::impl::make_store(std::size_t t, std::size_t row_width) {
+  const trainer_table_config& tc = config.tables[t];
+  if (tc.store == "host") {
+    host_store_options so;
+    so.table_name = tc.name;
+    so.row_width = row_width;
+    so.space = space;
+    stores[t] = std::make_shared<host_store<key_t>>(so);
+    return {};
+  }
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+  rocksdb_store_options ro;
+  ro.path = tc.store_path;
+  ro.table_name = tc.name;
+  ro.row_width = row_width;
+  ro.space = space;
+  auto& db = databases[tc.store_path];
+  if (!db) {
+    auto opened = rocksdb_database::open(ro);
+    if (!opened.ok())
+      return opened.get_status().with_context("config.tables[" + std::to_string(t) +
+                                              "].store_path");
+    db = opened.value();
+  }
+  auto s = rocksdb_store<key_t>::open(db, ro);
+  if (!s.ok())
+    return s.get_status().with_context("config.tables[" + std::to_string(t) + "].store_path");
+  stores[t] = std::shared_ptr<param_store<key_t>>(std::move(s).value());
+  return {};
+#else
+  return status::unsupported("config.tables[" + std::to_string(t) +
+                             "].store: this build has no RocksDB store");
+#endif
+}
+
+status trainer::impl::build() {
+  space.max_threads = config.threads;
+  for (std::size_t t = 0; t < config.tables.size(); ++t) {
+    if (config.tables[t].name == "wide") wide_t = t;
+    if (config.tables[t].name == "deep") deep_t = t;
+  }
+  num_wide_slots = criteo_slot_count + (config.crossed ? criteo_cross_count : 0);
+  stores.resize(config.tables.size());
+  std::vector<table_options<key_t>> topts;
+  for (std::size_t t = 0; t < config.tables.size(); ++t) {
+    const trainer_table_config& tc = config.tables[t];
+    table_options<key_t> o;
+    o.name = tc.name;
+    o.dim = tc.dim;
+    o.optimizer = tc.optimizer;
+    // The host-hybrid path keeps a cache of one bucket, only for save, load and the initializer.
+    o.capacity = cached() ? tc.capacity : 1;
+    o.init.kind = init_kind::uniform;
+    o.init.scale = tc.init_scale;
+    o.init.seed = config.seed;
+    EMBCACHE_RETURN_IF_ERROR(make_store(t, tc.dim + state_width(tc.optimizer.kind, tc.dim)));
+    o.store = stores[t];
+    topts.push_back(std::move(o));
+  }
+  training_cache_options co;
+  co.mode = config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  try {
+    cache = std::make_unique<training_cache<key_t>>(co, topts);
+  } catch (const error& e) {
+    return status(e.code(), std::string("config.tables: ") + e.what());
+  }
+  if (!cached()) {
+    for (std::size_t t = 0; t < 2; ++t) {
+      host_hybrid_options ho;
+      ho.dim = config.tables[t].dim;
+      ho.optimizer = config.tables[t].optimizer;
+      ho.max_threads = config.threads;
+      // The cache's own initializer, so that every mode starts from the same rows.
+      const detail::cache_ref<key_t> ref = cache->cache(t).ref();
+      const std::size_t width = cache->row_width(t);
+      embedding_initializer<key_t> init = [ref, width](key_t k, float* emb, std::size_t dim) {
+        float row[64];
+        std::vector<float> big;
+        float* dst = row;
+        if (width > 64) {
+          big.resize(width);
+          dst = big.data();
+        }
+        ref.initialize_row(k, dst);
+        std::copy(dst, dst + dim, emb);
+      };
+      hybrid[t] = std::make_unique<host_hybrid_table<key_t>>(*stores[t], ho, std::move(init));
+    }
+  }
+  wide_deep_options mo = config.model;
+  mo.num_wide_slots = num_wide_slots;
+  mo.num_deep_slots = criteo_slot_count;
+  mo.deep_dim = config.tables[deep_t].dim;
+  mo.num_dense = criteo_dense_count;
+  try {
+    model = std::make_unique<wide_deep_model<host_space>>(mo, space);
+  } catch (const error& e) {
+    return status(e.code(), std::string("config.model: ") + e.what());
+  }
+  return {};
+}
+
+result<std::vector<std::vector<key_t>>> trainer::impl::keysets_of(const std::string& shard) {
+  auto slot_keys = read_keyset<key_t>(beside(shard, ".keys"));
+  if (!slot_keys.ok()) return slot_keys.get_status().with_context("keyset of " + shard);
+  std::vector<std::vector<key_t>> ks(config.tables.size());
+  ks[deep_t] = slot_keys.value();
+  if (config.crossed) {
+    auto crossed = read_keyset<key_t>(beside(shard, ".cross.keys"));
+    if (!crossed.ok()) return crossed.get_status().with_context("crossed keyset of " + shard);
+    ks[wide_t].resize(ks[deep_t].size() + crossed.value().size());
+    std::merge(ks[deep_t].begin(), ks[deep_t].end(), crossed.value().begin(), crossed.value().end(),
+               ks[wide_t].begin());
+  } else {
+    ks[wide_t] = ks[deep_t];
+  }
+  return ks;
+}
+
+void trainer::impl::fill_keys(const shard_batch& b) {
+  const std::size_t n = b.size, ws = num_wide_slots;
+  wide_keys.resize(n * ws);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::copy(b.keys.begin() + i * criteo_slot_count, b.keys.begin() + (i + 1) * criteo_slot_count,
+              wide_keys.begin() + i * ws);
+    if (config.crossed)
+      std::copy(b.crossed.begin() + i * b.num_crossed,
+                b.crossed.begin() + i * b.num_crossed + criteo_cross_count,
+                wide_keys.begin() + i * ws + criteo_slot_count);
+  }
+  const std::size_t need = n * std::max(ws, criteo_slot_count) + 1;
+  // One-hot bags: the offsets are 0, 1, 2, ... for every batch.
+  while (offsets.size() < need) offsets.push_back(std::int64_t(offsets.size()));
+}
+
+void trainer::impl::take_last_counters() {
+  const table_counters last = sum_tables(cache->counters().last);
+  interval_hits += last.hits;
+  interval_misses += last.misses;
+}
+
+status trainer::impl::train_step(const shard_batch& b, double* loss) {
+  const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t dim = config.tables[deep_t].dim;
+  fill_keys(b);
+  const key_t* deep_keys = b.keys.data();
+  in_wide.resize(n * ws);
+  in_deep.resize(n * ds * dim);
+  d_wide.resize(n * ws);
+  d_deep.resize(n * ds * dim);
+  slot_batch wide_batch, deep_batch;
+  if (cached()) {
+    wide_slots.resize(n * ws);
+    deep_slots.resize(n * ds);
+    if (config.mode == trainer_mode::keyset) {
+      EMBCACHE_RETURN_IF_ERROR(
+          cache->cache(wide_t).lookup_slots(wide_keys.data(), n * ws, wide_slots.data()));
+      EMBCACHE_RETURN_IF_ERROR(
+          cache->cache(deep_t).lookup_slots(deep_keys, n * ds, deep_slots.data()));
+      for (std::size_t i = 0; i < n * ws; ++i)
+        if (wide_slots[i] < 0)
+          return status::not_found("key " + std::to_string(wide_keys[i]) +
+                                   " of the batch is not in the shard's keyset (table wide)");
+      for (std::size_t i = 0; i < n * ds; ++i)
+        if (deep_slots[i] < 0)
+          return status::not_found("key " + std::to_string(deep_keys[i]) +
+                                   " of the batch is not in the shard's keyset (table deep)");
+    } else {
+      EMBCACHE_RETURN_IF_ERROR(cache->lookup(wide_t, wide_keys.data(), n * ws, wide_slots.data())
+                                   .with_context("table wide"));
+      take_last_counters();
+      EMBCACHE_RETURN_IF_ERROR(
+          cache->lookup(deep_t, deep_keys, n * ds, deep_slots.data()).with_context("table deep"));
+      take_last_counters();
+    }
+    wide_batch = {n, ws, offsets.data(), wide_slots.data(), n * ws};
+    deep_batch = {n, ds, offsets.data(), deep_slots.data(), n * ds};
+    auto& wc = cache->cache(wide_t);
+    auto& dc = cache->cache(deep_t);
+    lookup_combine(space, wc.rows(), wc.row_width(), 1, wide_batch, combiner::sum, in_wide.data());
+    lookup_combine(space, dc.rows(), dc.row_width(), dim, deep_batch, combiner::sum,
+                   in_deep.data());
+  } else {
+    EMBCACHE_RETURN_IF_ERROR(
+        hybrid[wide_t]->forward({n, ws, offsets.data(), wide_keys.data(), n * ws}, in_wide.data()));
+    EMBCACHE_RETURN_IF_ERROR(
+        hybrid[deep_t]->forward({n, ds, offsets.data(), deep_keys, n * ds}, in_deep.data()));
+  }
+  const wide_deep_batch batch{n, in_wide.data(), in_deep.data(), b.dense.data(), b.labels.data()};
+  *loss = model->forward_backward(batch, step, d_wide.data(), d_deep.data());
+  ++step;
+  if (cached()) {
+    auto& wc = cache->cache(wide_t);
+    auto& dc = cache->cache(deep_t);
+    aggregate_gradients(space, wide_batch, combiner::sum, d_wide.data(), 1, wide_grads);
+    apply_optimizer(space, config.tables[wide_t].optimizer, wc.rows(), wc.row_width(), wide_grads,
+                    step);
+    EMBCACHE_RETURN_IF_ERROR(wc.mark_updated(wide_grads.rows.data(), wide_grads.size));
+    aggregate_gradients(space, deep_batch, combiner::sum, d_deep.data(), dim, deep_grads);
+    apply_optimizer(space, config.tables[deep_t].optimizer, dc.rows(), dc.row_width(), deep_grads,
+                    step);
+    EMBCACHE_RETURN_IF_ERROR(dc.mark_updated(deep_grads.rows.data(), deep_grads.size));
+  } else {
+    EMBCACHE_RETURN_IF_ERROR(hybrid[wide_t]->backward(d_wide.data()));
+    EMBCACHE_RETURN_IF_ERROR(hybrid[deep_t]->backward(d_deep.data()));
+  }
+  model->apply_dense_update();
+  return {};
+}
+
+trainer::trainer(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+trainer::~trainer() = default;
+
+result<std::unique_ptr<trainer>> trainer::create(const trainer_config& config) {
+  EMBCACHE_RETURN_IF_ERROR(validate(config));
+  auto p = std::make_unique<impl>();
+  p->config = config;
+  EMBCACHE_RETURN_IF_ERROR(p->build());
+  std::unique_ptr<trainer> t(new trainer(std::move(p)));
+  if (!config.resume_from.empty())
+    EMBCACHE_RETURN_IF_ERROR(t->load(config.resume_from).with_context("config.resume_from"));
+  return t;
+}
+
+std::uint64_t trainer::step() const noexcept { return impl_->step; }
+std::uint64_t trainer::passes_done() const noexcept { return impl_->passes_done; }
+const std::vector<pass_metrics>& trainer::history() const noexcept { return impl_->history; }
+const trainer_config& trainer::config() const noexcept { return impl_->config; }
+training_cache<std::int64_t>& trainer::cache() noexcept { return *impl_->cache; }
+wide_deep_model<host_space>& trainer::model() noexcept { return *impl_->model; }
+void trainer::set_log(std::function<void(const std::string&)> log) { impl_->log = std::move(log); }
+
+status trainer::run() {
+  const auto& passes = impl_->config.passes;
+  if (!impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
+    std::error_code ec;
+    fs::create_directories(impl_->config.output_dir, ec);
+    std::ofstream(impl_->config.output_dir + "/metrics.jsonl", std::ios::trunc);
+  }
+  for (std::size_t p = 0; p < passes.size(); ++p) {
+    auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
+    if (!m.ok()) return m.get_status();
+    if (impl_->config.save_every_pass && !impl_->config.save_dir.empty() && p + 1 < passes.size())
+      EMBCACHE_RETURN_IF_ERROR(save(impl_->config.save_dir));
+  }
+  if (!impl_->config.save_dir.empty()) {
+    EMBCACHE_RETURN_IF_ERROR(save(impl_->config.save_dir));
+    impl_->log("saved to " + impl_->config.save_dir);
+  }
+  return {};
+}
+
+result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
+                                       const trainer_pass_config* next) {
+  impl& s = *impl_;
+  const trainer_config& c = s.config;
+  std::vector<std::string> paths;
+  for (const auto& p : pass.shards) paths.push_back(resolve(c.data_dir, p));
+  pass_metrics m;
+  m.pass = s.passes_done + 1;
+  shard_reader_options ro;
+  ro.batch_size = c.batch_size;
+  ro.shuffle = c.shuffle;
+  ro.seed = mix(c.seed ^ m.pass);
+  auto reader = shard_reader::open(paths, ro);
+  if (!reader.ok()) return reader.get_status().with_context("pass " + std::to_string(m.pass));
+  if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
+    return status::invalid_argument(
+        "config.crossed: the shards of pass " + std::to_string(m.pass) + " have " +
+        std::to_string(reader.value()->num_crossed()) + " crossed keys, expected " +
+        std::to_string(criteo_cross_count) + " (prepare them with crossing on)");
+  const table_counters before = sum_tables(s.cache->counters().total);
+  double blocked_swap = 0;
+  s.interval_hits = s.interval_misses = 0;
+  std::uint64_t pass_hits = 0, pass_misses = 0;
+  std::size_t current = SIZE_MAX;
+  shard_batch batch;
+  double loss_sum = 0, interval_loss = 0;
+  std::uint64_t interval_steps = 0, interval_samples = 0;
+  const auto t0 = clock_type::now();
+  auto ti = t0;
+  std::string rate = "n/a";
+  for (;;) {
+    EMBCACHE_RETURN_IF_ERROR(reader.value()->next(batch));
+    if (batch.size == 0) break;
+    if (c.mode == trainer_mode::keyset && batch.shard_index != current) {
+      current = batch.shard_index;
+      auto ks = s.keysets_of(paths[current]);
+      if (!ks.ok()) return ks.get_status();
+      const auto tb = clock_type::now();
+      EMBCACHE_RETURN_IF_ERROR(s.cache->begin_pass(ks.value()).with_context(paths[current]));
+      blocked_swap += seconds_since(tb);
+      s.take_last_counters();
+      if (c.prefetch) {
+        std::string upcoming;
+        if (current + 1 < paths.size())
+          upcoming = paths[current + 1];
+        else if (next != nullptr && !next->shards.empty())
+          upcoming = resolve(c.data_dir, next->shards[0]);
+        if (!upcoming.empty()) {
+          auto nks = s.keysets_of(upcoming);
+          if (!nks.ok()) return nks.get_status();
+          EMBCACHE_RETURN_IF_ERROR(s.cache->prefetch(nks.value()).with_context(upcoming));
+        }
+      }
+    }
+    double loss = 0;
+    EMBCACHE_RETURN_IF_ERROR(s.train_step(batch, &loss));
+    loss_sum += loss;
+    interval_loss += loss;
+    ++m.steps;
+    ++interval_steps;
+    m.samples += batch.size;
+    interval_samples += batch.size;
+    if (c.log_interval > 0 && interval_steps == c.log_interval) {
+      const double secs = seconds_since(ti);
+      const std::uint64_t lookups = s.interval_hits + s.interval_misses;
+      // Keyset mode swaps once per shard: between swaps the line repeats the last swap's rate.
+      if (lookups) {
+        char r[32];
+        std::snprintf(r, sizeof r, "%.4f", double(s.interval_hits) / double(lookups));
+        rate = r;
+      } else if (!s.cached()) {
+        rate = "n/a (no cache)";
+      }
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "pass %llu step %llu | %.0f samples/s | loss %.5f | hit rate %s",
+                    (unsigned long long)m.pass, (unsigned long long)s.step,
+                    secs > 0 ? double(interval_samples) / secs : 0.0,
+                    interval_loss / double(interval_steps), rate.c_str());
+      s.log(line);
+      pass_hits += s.interval_hits;
+      pass_misses += s.interval_misses;
+      s.interval_hits = s.interval_misses = 0;
+      interval_loss = 0;
+      interval_steps = interval_samples = 0;
+      ti = clock_type::now();
+    }
+  }
+  m.seconds = seconds_since(t0);
+  pass_hits += s.interval_hits;
+  pass_misses += s.interval_misses;
+  s.samples += m.samples;
+  m.train_loss = m.steps ? loss_sum / double(m.steps) : std::nan("");
+  m.samples_per_s = m.seconds > 0 ? double(m.samples) / m.seconds : 0.0;
+  const table_counters after = sum_tables(s.cache->counters().total);
+  m.rows_in = after.misses - before.misses;
+  m.rows_out = after.rows_pushed - before.rows_pushed;
+  if (c.mode == trainer_mode::on_demand)
+    m.swap_seconds = (after.seconds_swap_in - before.seconds_swap_in) +
+                     (after.seconds_write_back - before.seconds_write_back);
+  else
+    m.swap_seconds = blocked_swap;
+  m.hit_rate =
+      pass_hits + pass_misses ? double(pass_hits) / double(pass_hits + pass_misses) : std::nan("");
+  ++s.passes_done;
+  if (!c.eval_shard.empty()) {
+    auto e = evaluate();
+    if (!e.ok()) return e.get_status();
+    m.eval_auc = e.value().auc;
+    m.eval_logloss = e.value().logloss;
+  } else {
+    m.eval_auc = m.eval_logloss = std::nan("");
+  }
+  if (!c.export_dir.empty()) {
+    auto ex = export_incremental();
+    if (!ex.ok()) return ex.get_status();
+    m.export_path = ex.value().first;
+    m.rows_exported = ex.value().second;
+  }
+  s.history.push_back(m);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "pass %llu done: %llu samples in %.2f s (%.0f samples/s), train loss %.5f, eval "
+                "AUC %.5f, eval logloss %.5f, swap %.3f s, rows in %llu, rows out %llu, hit rate "
+                "%.4f%s%s",
+                (unsigned long long)m.pass, (unsigned long long)m.samples, m.seconds,
+                m.samples_per_s, m.train_loss, m.eval_auc, m.eval_logloss, m.swap_seconds,
+                (unsigned long long)m.rows_in, (unsigned long long)m.rows_out, m.hit_rate,
+                m.export_path.empty() ? "" : ", exported ",
+                m.export_path.empty()
+                    ? ""
+                    : (std::to_string(m.rows_exported) + " rows to " + m.export_path).c_str());
+  s.log(line);
+  if (!c.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(c.output_dir, ec);
+    std::ofstream out(c.output_dir + "/metrics.jsonl", std::ios::app);
+    if (!out) return status::io_error(c.output_dir + "/metrics.jsonl: cannot append");
+    out << json(m).dump() << "\n";
+  }
+  return m;
+}
+
+result<eval_metrics> trainer::evaluate(const std::string& shard) {
+  impl& s = *impl_;
+  const trainer_config& c = s.config;
+  const std::string path = resolve(c.data_dir, shard.empty() ? c.eval_shard : shard);
+  if (path.empty()) return status::invalid_argument("config.eval_shard: no shard to evaluate on");
+  shard_reader_options ro;
+  ro.batch_size = c.batch_size;
+  ro.read_ahead = false;
+  auto reader = shard_reader::open({path}, ro);
+  if (!reader.ok()) return reader.get_status().with_context("eval shard");
+  if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
+    return status::invalid_argument("config.eval_shard: " + path + " has no crossed keys");
+  const std::size_t ws = s.num_wide_slots, ds = criteo_slot_count;
+  const std::size_t dim = c.tables[s.deep_t].dim;
+  metric_accumulator acc;
+  shard_batch b;
+  for (;;) {
+    EMBCACHE_RETURN_IF_ERROR(reader.value()->next(b));
+    if (b.size == 0) break;
+    std::size_t n = b.size;
+    if (c.eval_max_samples > 0) n = std::min<std::size_t>(n, c.eval_max_samples - acc.size());
+    s.fill_keys(b);
+    s.in_wide.assign(n * ws, 0.0f);
+    s.in_deep.assign(n * ds * dim, 0.0f);
+    // One-hot slots: each pooled value is the key's row, or zeros for a key never trained.
+    struct part {
+      std::size_t t;
+      const key_t* keys;
+      std::size_t count, dim;
+      float* out;
+    };
+    for (const part& p : {part{s.wide_t, s.wide_keys.data(), n * ws, 1, s.in_wide.data()},
+                          part{s.deep_t, b.keys.data(), n * ds, dim, s.in_deep.data()}}) {
+      const std::size_t width = s.cache->row_width(p.t);
+      s.rows_buf.resize(p.count * width);
+      bool* found = s.found_buffer(p.count);
+      if (s.cached())
+        EMBCACHE_RETURN_IF_ERROR(s.cache->read(p.t, p.keys, p.count, s.rows_buf.data(), found));
+      else
+        EMBCACHE_RETURN_IF_ERROR(s.stores[p.t]->pull(p.keys, p.count, s.rows_buf.data(), found));
+      for (std::size_t i = 0; i < p.count; ++i)
+        if (found[i])
+          std::copy(s.rows_buf.begin() + i * width, s.rows_buf.begin() + i * width + p.dim,
+                    p.out + i * p.dim);
+    }
+    s.model->predict({n, s.in_wide.data(), s.in_deep.data(), b.dense.data(), nullptr}, s.logits);
+    acc.add(s.logits.data(), b.labels.data(), n);
+    if (c.eval_max_samples > 0 && acc.size() >= c.eval_max_samples) break;
+  }
+  eval_metrics e;
+  e.samples = acc.size();
+  e.auc = acc.auc();
+  e.logloss = acc.log_loss();
+  return e;
+}
+
+result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
+  impl& s = *impl_;
+  if (!s.cached())
+    return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
+  std::error_code ec;
+  fs::create_directories(s.config.export_dir, ec);
+  auto path = s.cache->export_incremental_to(s.config.export_dir, s.config.export_with_state);
+  if (!path.ok()) return path.get_status();
+  auto text = read_file(path.value() + "/manifest.json");
+  if (!text.ok()) return text.get_status();
+  std::uint64_t rows = 0;
+  try {
+    const json m = json::parse(text.value());
+    for (const auto& t : m.at("tables")) rows += t.at("count").get<std::uint64_t>();
+  } catch (const std::exception& e) {
+    return status::corruption(path.value() + "/manifest.json: " + e.what());
+  }
+  return std::make_pair(path.value(), rows);
+}
+
+status trainer::save(const std::string& dir) {
+  impl& s = *impl_;
+  const std::string tmp = dir + ".tmp", old = dir + ".old";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return status::io_error(tmp + ": cannot create (" + ec.message() + ")");
+  EMBCACHE_RETURN_IF_ERROR(s.cache->save(tmp + "/sparse"));
+  const std::vector<std::uint8_t> dense = s.model->save();
+  EMBCACHE_RETURN_IF_ERROR(write_file_durable(tmp + "/dense.bin", dense.data(), dense.size()));
+  json history = json::array();
+  for (const auto& m : s.history) history.push_back(m);
+  json cfg = s.config;
+  const json state = {{"format", "embcache-trainer"},
+                      {"format_version", 1},
+                      {"mode", to_string(s.config.mode)},
+                      {"step", s.step},
+                      {"passes_done", s.passes_done},
+                      {"samples", s.samples},
+                      {"seed", s.config.seed},
+                      {"crossed", s.config.crossed},
+                      {"history", history},
+                      {"counters", s.cache->counters()},
+                      {"config", cfg}};
+  const std::string text = state.dump(2) + "\n";
+  EMBCACHE_RETURN_IF_ERROR(write_file_durable(tmp + "/trainer.json", text.data(), text.size()));
+  fs::remove_all(old, ec);
+  if (fs::exists(dir)) {
+    fs::rename(dir, old, ec);
+    if (ec)
+      return status::io_error(dir + ": cannot move the previous save aside (" + ec.message() + ")");
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) return status::io_error(tmp + ": cannot rename to " + dir + " (" + ec.message() + ")");
+  fs::remove_all(old, ec);
+  return {};
+}
+
+status trainer::load(const std::string& dir_in) {
+  impl& s = *impl_;
+  std::string dir = dir_in;
+  // Between the two renames of save() only `dir.old` holds a complete save.
+  if (!fs::exists(dir + "/trainer.json") && fs::exists(dir + ".old/trainer.json")) dir += ".old";
+  auto text = read_file(dir + "/trainer.json");
+  if (!text.ok()) return text.get_status();
+  json state;
+  std::uint64_t step = 0, passes = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  try {
+    state = json::parse(text.value());
+    if (state.at("format") != "embcache-trainer" || state.at("format_version") != 1)
+      return status::invalid_argument(dir +
+                                      "/trainer.json: not an embcache-trainer save of version 1");
+    if (state.at("crossed").get<bool>() != s.config.crossed)
+      return status::invalid_argument(dir + "/trainer.json: saved with crossed " +
+                                      state.at("crossed").dump() + ", config.crossed differs");
+    step = state.at("step").get<std::uint64_t>();
+    passes = state.at("passes_done").get<std::uint64_t>();
+    samples = state.at("samples").get<std::uint64_t>();
+    for (const auto& h : state.at("history")) {
+      pass_metrics m;
+      auto num = [&](const char* k) {
+        return h.at(k).is_null() ? std::nan("") : h.at(k).get<double>();
+      };
+      m.pass = h.at("pass").get<std::uint64_t>();
+      m.samples = h.at("samples").get<std::uint64_t>();
+      m.steps = h.at("steps").get<std::uint64_t>();
+      m.train_loss = num("train_loss");
+      m.eval_auc = num("eval_auc");
+      m.eval_logloss = num("eval_logloss");
+      m.swap_seconds = num("swap_seconds");
+      m.rows_in = h.at("rows_in").get<std::uint64_t>();
+      m.rows_out = h.at("rows_out").get<std::uint64_t>();
+      m.hit_rate = num("hit_rate");
+      m.samples_per_s = num("samples_per_s");
+      m.seconds = num("seconds");
+      m.rows_exported = h.at("rows_exported").get<std::uint64_t>();
+      m.export_path = h.at("export_path").get<std::string>();
+      history.push_back(m);
+    }
+  } catch (const std::exception& e) {
+    return status::corruption(dir + "/trainer.json: " + e.what());
+  }
+  auto dense = read_file(dir + "/dense.bin");
+  if (!dense.ok()) return dense.get_status();
+  EMBCACHE_RETURN_IF_ERROR(s.cache->load(dir + "/sparse"));
+  EMBCACHE_RETURN_IF_ERROR(
+      s.model
+          ->load(reinterpret_cast<const std::uint8_t*>(dense.value().data()), dense.value().size())
+          .with_context(dir + "/dense.bin"));
+  s.step = step;
+  s.passes_done = passes;
+  s.samples = samples;
+  s.history = std::move(history);
+  for (auto& h : s.hybrid)
+    if (h) h->set_step(step);
+  return {};
+}
+
+status plot_metrics(const std::string& dir, const std::vector<pass_metrics>& history,
+                    std::string* note) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  {
+    std::ofstream tsv(dir + "/metrics.tsv", std::ios::trunc);
+    if (!tsv) return status::io_error(dir + "/metrics.tsv: cannot write");
+    tsv << "# pass\ttrain_loss\teval_auc\teval_logloss\tsamples_per_s\n";
+    for (const auto& m : history)
+      tsv << m.pass << '\t' << m.train_loss << '\t' << m.eval_auc << '\t' << m.eval_logloss << '\t'
+          << m.samples_per_s << '\n';
+  }
+  {
+    std::ofstream gp(dir + "/plot.gp", std::ios::trunc);
+    if (!gp) return status::io_error(dir + "/plot.gp: cannot write");
+    gp << "# Draws loss.png and auc.png from metrics.tsv (one line per pass).\n"
+          "set terminal png size 800,500\n"
+          "set datafile missing 'nan'\n"
+          "set xlabel 'pass'\nset grid\nset key bottom right\n"
+          "set output 'loss.png'\nset ylabel 'loss'\n"
+          "plot 'metrics.tsv' using 1:2 with linespoints title 'train loss', \\\n"
+          "     'metrics.tsv' using 1:4 with linespoints title 'eval log loss'\n"
+          "set output 'auc.png'\nset ylabel 'AUC'\n"
+          "plot 'metrics.tsv' using 1:3 with linespoints title 'eval AUC'\n";
+  }
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    if (note) *note = "gnuplot not found: wrote " + dir + "/plot.gp and metrics.tsv, no PNG";
+    return {};
+  }
+  const std::string cmd = "cd '" + dir + "' && gnuplot plot.gp 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) {
+    if (note) *note = "gnuplot failed on " + dir + "/plot.gp";
+    return {};
+  }
+  if (note) *note = "drew " + dir + "/loss.png and " + dir + "/auc.png";
+  return {};
+}
+
+}  // namespace embcache
