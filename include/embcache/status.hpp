@@ -80,7 +80,8 @@ class [[nodiscard]] result {
  public:
   result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   result(status s) : status_(std::move(s)) {     // NOLINT(google-explicit-constructor)
-    if (status_.ok()) status_ = status::internal("result constructed from an ok status without a value");
+    if (status_.ok())
+      status_ = status(status_code::internal, "result constructed from an ok status without a value");
   }
   bool ok() const noexcept { return status_.ok(); }
   const status& get_status() const noexcept { return status_; }
