@@ -1,0 +1,334 @@
+// The cache-backed trainer: it learns, swapping and interruption change no bit of the model, the
+// host-hybrid path agrees with the cache, bad configurations name their field, real Criteo rows.
+#include "embcache/trainer/trainer.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "embcache/criteo.hpp"
+#include "embcache/synth.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() /
+                         ("embcache_trainer_test_" + std::to_string(::getpid()) + "_" + name))
+                            .string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Six shards of 1,500 synthetic rows with crossed keys, made once per test binary.
+const std::string& dataset() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("data");
+    synth_options so;
+    so.rows = 9000;
+    so.cardinality_scale = 0.01;
+    dataset_writer_options wo;
+    wo.output_dir = d;
+    wo.rows_per_shard = 1500;
+    auto s = write_synth_dataset(so, wo, /*cross=*/true);
+    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    return d;
+  }();
+  return dir;
+}
+
+std::string shard(std::size_t i) { return shard_file_name(i); }
+
+trainer_config small_config(const std::string& name) {
+  trainer_config c;
+  c.data_dir = dataset();
+  c.passes = {{{shard(0), shard(1)}}, {{shard(2)}}, {{shard(3), shard(4)}}};
+  c.eval_shard = shard(5);
+  c.model.hidden = {32, 16};
+  c.model.dropout = 0.1f;  // on, so that its stream is part of what must be reproduced
+  c.model.seed = 7;
+  c.batch_size = 128;
+  c.crossed = true;
+  c.seed = 3;
+  c.log_interval = 0;
+  c.threads = 2;
+  c.save_dir = temp_dir(name) + "/save";
+  return c;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(bool(in)) << path;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The model files of a save: rows and optimizer state of both tables, and the dense blob. The
+// `version` files hold the cache's update clock, which counts swap calls too, and trainer.json
+// holds timings: neither is part of the model.
+void expect_same_model(const std::string& a, const std::string& b) {
+  for (const char* table : {"wide", "deep"})
+    for (const char* file : {"key", "emb_vector", "opt_state"}) {
+      const std::string f = std::string("/sparse/") + table + "/" + file;
+      const std::string x = read_bytes(a + f), y = read_bytes(b + f);
+      EXPECT_GT(x.size(), 0u) << f;
+      EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
+    }
+  EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
+}
+
+struct run_result {
+  std::vector<pass_metrics> history;
+  table_counters totals;
+  std::uint64_t step = 0;
+};
+
+run_result run(const trainer_config& c) {
+  auto t = trainer::create(c);
+  EXPECT_TRUE(t.ok()) << t.get_status().to_string();
+  if (!t.ok()) return {};
+  const status s = t.value()->run();
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  run_result r;
+  r.history = t.value()->history();
+  for (const auto& tc : t.value()->cache().counters().total) r.totals += tc;
+  r.step = t.value()->step();
+  return r;
+}
+
+std::size_t count_keys(const trainer_config& c, const char* file) {
+  std::vector<std::int64_t> all;
+  for (const auto& p : c.passes)
+    for (const auto& s : p.shards) {
+      const std::string base = c.data_dir + "/" + s.substr(0, s.size() - 4);
+      for (const std::string& f : {base + ".keys", base + ".cross.keys"}) {
+        if (std::string(file) == "deep" && f.find(".cross.") != std::string::npos) continue;
+        auto k = read_keyset<std::int64_t>(f);
+        EXPECT_TRUE(k.ok());
+        all.insert(all.end(), k.value().begin(), k.value().end());
+      }
+    }
+  std::sort(all.begin(), all.end());
+  return std::size_t(std::unique(all.begin(), all.end()) - all.begin());
+}
+
+// Caches that hold the largest shard keyset of each table and no more: every pass evicts.
+void size_to_largest_shard(trainer_config& c) {
+  std::size_t wide = 0, deep = 0;
+  for (const auto& p : c.passes)
+    for (const auto& s : p.shards) {
+      trainer_config one = c;
+      one.passes = {{{s}}};
+      wide = std::max(wide, count_keys(one, "wide"));
+      deep = std::max(deep, count_keys(one, "deep"));
+    }
+  c.tables[0].capacity = wide;
+  c.tables[1].capacity = deep;
+}
+
+TEST(Trainer, LearnsOnSyntheticData) {
+  trainer_config c = small_config("learns");
+  c.save_dir.clear();
+  c.output_dir = temp_dir("learns") + "/out";
+  const run_result r = run(c);
+  ASSERT_EQ(r.history.size(), 3u);
+  EXPECT_EQ(r.step, 5u * 12u);  // five 1,500-row shards, batch 128: 12 steps each
+  EXPECT_EQ(r.history[0].samples, 3000u);
+  EXPECT_GT(r.history.back().eval_auc, 0.70);
+  EXPECT_LT(r.history.back().train_loss, r.history.front().train_loss);
+  // metrics.jsonl: one object per pass with the documented fields.
+  std::ifstream in(c.output_dir + "/metrics.jsonl");
+  std::string line;
+  std::size_t lines = 0;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    for (const char* k : {"pass", "samples", "train_loss", "eval_auc", "eval_logloss",
+                          "swap_seconds", "rows_in", "rows_out", "hit_rate", "samples_per_s"})
+      EXPECT_TRUE(j.contains(k)) << k;
+    EXPECT_EQ(j.at("pass").get<std::uint64_t>(), ++lines);
+  }
+  EXPECT_EQ(lines, 3u);
+}
+
+TEST(Trainer, SwappingChangesNoBitOfTheModel) {
+  // Everything resident, against a keyset-mode cache the size of the largest shard's keyset
+  // (every pass evicts) and an on-demand cache of 10% of each table.
+  trainer_config full = small_config("full");
+  full.passes = {{{shard(0)}}, {{shard(1)}}, {{shard(2)}}, {{shard(3)}}, {{shard(4)}}};
+  full.batch_size = 32;  // so that a batch's distinct keys fit in 10% of the deep table
+  const run_result rf = run(full);
+  EXPECT_EQ(rf.totals.rows_evicted, 0u);
+
+  trainer_config small = full;
+  small.save_dir = temp_dir("small") + "/save";
+  size_to_largest_shard(small);
+  const run_result rs = run(small);
+  EXPECT_GT(rs.totals.rows_evicted, 0u);
+  EXPECT_GT(rs.totals.rows_pushed, 0u);
+
+  trainer_config od = full;
+  od.mode = trainer_mode::on_demand;
+  od.save_dir = temp_dir("on_demand") + "/save";
+  const std::size_t wide_rows = count_keys(full, "wide"), deep_rows = count_keys(full, "deep");
+  od.tables[0].capacity = wide_rows / 10;
+  od.tables[1].capacity = deep_rows / 10;
+  const run_result ro = run(od);
+  EXPECT_GT(ro.totals.rows_evicted, wide_rows / 2);
+
+  ASSERT_EQ(rs.history.size(), rf.history.size());
+  ASSERT_EQ(ro.history.size(), rf.history.size());
+  for (std::size_t p = 0; p < rf.history.size(); ++p) {
+    EXPECT_EQ(rs.history[p].eval_auc, rf.history[p].eval_auc) << p;
+    EXPECT_EQ(ro.history[p].eval_auc, rf.history[p].eval_auc) << p;
+    EXPECT_EQ(rs.history[p].train_loss, rf.history[p].train_loss) << p;
+    EXPECT_EQ(ro.history[p].eval_logloss, rf.history[p].eval_logloss) << p;
+  }
+  expect_same_model(full.save_dir, small.save_dir);
+  expect_same_model(full.save_dir, od.save_dir);
+}
+
+TEST(Trainer, ResumeEqualsAnUninterruptedRun) {
+  trainer_config whole = small_config("whole");
+  size_to_largest_shard(whole);
+  const run_result rw = run(whole);
+
+  trainer_config first = whole;
+  first.passes = {whole.passes[0]};
+  first.save_dir = temp_dir("first") + "/save";
+  run(first);
+
+  trainer_config rest = whole;
+  rest.passes = {whole.passes[1], whole.passes[2]};
+  rest.resume_from = first.save_dir;
+  rest.save_dir = temp_dir("rest") + "/save";
+  auto t = trainer::create(rest);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EXPECT_EQ(t.value()->passes_done(), 1u);
+  EXPECT_EQ(t.value()->step(), 24u);
+  ASSERT_TRUE(t.value()->run().ok());
+  EXPECT_EQ(t.value()->step(), rw.step);
+  ASSERT_EQ(t.value()->history().size(), 3u);
+  EXPECT_EQ(t.value()->history()[2].pass, 3u);
+  EXPECT_EQ(t.value()->history()[2].eval_auc, rw.history[2].eval_auc);
+  EXPECT_EQ(t.value()->history()[2].train_loss, rw.history[2].train_loss);
+  expect_same_model(whole.save_dir, rest.save_dir);
+
+  // A corrupted dense blob is refused, naming the file.
+  {
+    std::fstream f(first.save_dir + "/dense.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  auto bad = trainer::create(rest);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.get_status().message().find("dense.bin"), std::string::npos)
+      << bad.get_status().to_string();
+}
+
+TEST(Trainer, HostHybridAgreesWithTheCache) {
+  trainer_config cached = small_config("cached");
+  size_to_largest_shard(cached);
+  const run_result rc = run(cached);
+  trainer_config hybrid = cached;
+  hybrid.mode = trainer_mode::host_hybrid;
+  hybrid.save_dir = temp_dir("hybrid") + "/save";
+  const run_result rh = run(hybrid);
+  ASSERT_EQ(rh.history.size(), rc.history.size());
+  for (std::size_t p = 0; p < rc.history.size(); ++p) {
+    EXPECT_EQ(rh.history[p].train_loss, rc.history[p].train_loss) << p;
+    EXPECT_EQ(rh.history[p].eval_auc, rc.history[p].eval_auc) << p;
+  }
+  expect_same_model(cached.save_dir, hybrid.save_dir);
+}
+
+TEST(TrainerConfig, ErrorsNameTheField) {
+  auto err = [](const json& j) {
+    auto c = trainer_config_from_json(j);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  const json base = {{"passes", {{"a.bin"}}}};
+  EXPECT_EQ(err(base), "ok");
+  json j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 0}}};
+  EXPECT_EQ(err(j), "config.tables[1].capacity: must be >= 1");
+  j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", "big"}}};
+  EXPECT_EQ(err(j), "config.tables[1].capacity: wrong type (string)");
+  j = base;
+  j["batch_sise"] = 4;
+  EXPECT_EQ(err(j), "config.batch_sise: unknown field");
+  j = base;
+  j["mode"] = "lazy";
+  EXPECT_EQ(err(j), "config.mode: \"lazy\" is not a mode (keyset, on_demand, host_hybrid)");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"optimizer", {{"kind", "ftrl"}, {"ftrl_l1", -1}}}},
+                 {{"name", "deep"}}};
+  EXPECT_EQ(err(j).rfind("config.tables[0].optimizer: ", 0), 0u) << err(j);
+  EXPECT_EQ(err(json::object()), "config.passes: must hold at least 1 pass");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"store", "rocksdb"}}, {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].store_path: required with store \"rocksdb\"");
+  j = base;
+  j["model"] = {{"dropout", 1.5}};
+  EXPECT_EQ(err(j), "config.model.dropout: must be in [0, 1)");
+
+  // Every field round-trips, and a table named "wide" starts from the wide defaults.
+  j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"dim", 8}}};
+  auto c = trainer_config_from_json(j);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c.value().tables[0].dim, 1u);
+  EXPECT_EQ(c.value().tables[0].optimizer.kind, optimizer_kind::ftrl);
+  EXPECT_EQ(c.value().tables[1].dim, 8u);
+  const json full = c.value();
+  auto again = trainer_config_from_json(full);
+  ASSERT_TRUE(again.ok()) << again.get_status().to_string();
+  EXPECT_EQ(json(again.value()), full);
+}
+
+#ifndef EMBCACHE_CRITEO_SAMPLE_DIR
+#define EMBCACHE_CRITEO_SAMPLE_DIR ""
+#endif
+
+TEST(Trainer, RealCriteoSampleReachesAuc065) {
+  const std::string src = EMBCACHE_CRITEO_SAMPLE_DIR;
+  std::vector<std::string> inputs;
+  if (!src.empty() && fs::is_directory(src))
+    for (const auto& e : fs::directory_iterator(src))
+      if (e.path().extension() == ".tsv") inputs.push_back(e.path().string());
+  if (inputs.empty()) GTEST_SKIP() << "no Criteo sample at '" << src << "'";
+  std::sort(inputs.begin(), inputs.end());
+  prep_options po;
+  po.inputs = inputs;
+  po.output_dir = temp_dir("criteo") + "/data";
+  po.rows_per_shard = 12000;  // the last shard (about 2,600 rows) is held out
+  po.rare_threshold = 3;
+  auto prepped = prepare_criteo(po);
+  ASSERT_TRUE(prepped.ok()) << prepped.get_status().to_string();
+  const auto& shards = prepped.value().dataset.shards;
+  ASSERT_GE(shards.size(), 2u);
+  trainer_config c;
+  c.passes = {{{shards[0].shard}}};
+  c.eval_shard = shards.back().shard;
+  c.model.hidden = {64, 32};
+  c.model.dropout = 0.0f;
+  c.batch_size = 64;
+  c.log_interval = 0;
+  c.tables[1].dim = 8;
+  const run_result r = run(c);
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_GT(r.history[0].eval_auc, 0.65);
+}
+
+}  // namespace
+}  // namespace embcache
