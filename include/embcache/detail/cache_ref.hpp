@@ -227,6 +227,8 @@ struct cache_ref {
       const std::uint64_t busy = static_cast<unsigned>(
           _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(state_busy)))));
       if (!busy) {
+        // Orders the key and row reads that follow after this load (free on x86).
+        cuda::std::atomic_thread_fence(cuda::std::memory_order_acquire);
         return {static_cast<unsigned>(_mm_movemask_epi8(
                     _mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(d))))),
                 static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())))};
