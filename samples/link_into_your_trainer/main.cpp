@@ -20,8 +20,8 @@ int main() {
   t.name = "features";
   t.dim = dim;
   t.optimizer.kind = optimizer_kind::adam;
-  t.optimizer.learning_rate = 0.05f;
-  t.capacity = 4096;  // one pass's keys; the table grows beyond it in the store
+  t.optimizer.learning_rate = 0.01f;
+  t.capacity = 1024;  // one pass's keys; the table grows beyond it in the store
   training_cache<std::int64_t> cache({}, {t});
 
   // Pass p uses keys from its own range (plus a shared head): the table outgrows the cache.
