@@ -20,6 +20,17 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+std::string temp_prefix() { return "embcache_trainer_test_" + std::to_string(::getpid()) + "_"; }
+
+// Removes this process's folders when the test binary exits.
+struct temp_cleanup {
+  ~temp_cleanup() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec))
+      if (e.path().filename().string().rfind(temp_prefix(), 0) == 0) fs::remove_all(e.path(), ec);
+  }
+} cleanup_at_exit;
+
 std::string temp_dir(const std::string& name) {
   const std::string d = (fs::temp_directory_path() /
                          ("embcache_trainer_test_" + std::to_string(::getpid()) + "_" + name))
