@@ -1,9 +1,12 @@
-// Per-pass swap of the training cache against the HugeCTR-style full swap, in one binary.
-// Keys per keyset: EMBCACHE_BENCH_KEYS (default 1M). Rows are dim 64 with Adam state (192 floats).
+// Per-pass swap of the training cache against the HugeCTR-style full swap, in one binary, on the
+// host store and on RocksDB (when built with it). Keys per keyset: EMBCACHE_BENCH_KEYS (default
+// 1M). Rows are dim 64 with Adam state (192 floats).
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -12,6 +15,9 @@
 
 #include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
+#ifdef EMBCACHE_BENCH_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+#endif
 
 namespace embcache {
 namespace {
@@ -37,14 +43,44 @@ table_options<std::int64_t> table(std::shared_ptr<param_store<std::int64_t>> sto
 struct fixture {
   std::vector<std::int64_t> cur, next;
   std::shared_ptr<param_store<std::int64_t>> store;
+  std::string dir;  // RocksDB folder, removed with the fixture
+  ~fixture() {
+    store.reset();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
 };
 
-fixture& get_fixture(int overlap) {
-  static std::map<int, std::unique_ptr<fixture>> cache;
-  auto& f = cache[overlap];
+std::shared_ptr<param_store<std::int64_t>> make_store(bool rocksdb, std::size_t rows,
+                                                      std::string* dir) {
+#ifdef EMBCACHE_BENCH_ROCKSDB
+  if (rocksdb) {
+    *dir = (std::filesystem::temp_directory_path() /
+            ("embcache_bench_training_" + std::to_string(::getpid())))
+               .string();
+    rocksdb_store_options o;
+    o.path = *dir;
+    o.table_name = "emb";
+    o.row_width = dim * 3;
+    return std::shared_ptr<param_store<std::int64_t>>(
+        rocksdb_store<std::int64_t>::open(o).value().release());
+  }
+#else
+  if (rocksdb) throw std::runtime_error("built without RocksDB");
+#endif
+  host_store_options ho;
+  ho.table_name = "emb";
+  ho.row_width = dim * 3;
+  ho.expected_rows = rows;
+  return std::make_shared<host_store<std::int64_t>>(ho);
+}
+
+fixture& get_fixture(int overlap, bool rocksdb) {
+  static std::map<std::pair<int, bool>, std::unique_ptr<fixture>> cache;
+  auto& f = cache[{overlap, rocksdb}];
   if (f) return *f;
-  cache.clear();  // one store in memory at a time
-  auto& g = cache[overlap];
+  cache.clear();  // one store at a time
+  auto& g = cache[{overlap, rocksdb}];
   g = std::make_unique<fixture>();
   const std::size_t n = num_keys();
   const std::size_t keep = n * std::size_t(overlap) / 100;
@@ -53,11 +89,7 @@ fixture& get_fixture(int overlap) {
   g->next.resize(n);
   for (std::size_t i = 0; i < keep; ++i) g->next[i] = std::int64_t(n - keep + i);
   for (std::size_t i = keep; i < n; ++i) g->next[i] = std::int64_t(n + i - keep);
-  host_store_options ho;
-  ho.table_name = "emb";
-  ho.row_width = dim * 3;
-  ho.expected_rows = 2 * n;
-  g->store = std::make_shared<host_store<std::int64_t>>(ho);
+  g->store = make_store(rocksdb, 2 * n, &g->dir);
   // Every key of both passes already exists in the store (a continued training run).
   std::vector<std::int64_t> all(2 * n - keep);
   std::iota(all.begin(), all.end(), std::int64_t{0});
@@ -67,13 +99,15 @@ fixture& get_fixture(int overlap) {
     const std::size_t m = std::min(vers.size(), all.size() - b);
     g->store->push(all.data() + b, m, rows.data(), vers.data()).throw_if_error();
   }
+  g->store->flush().throw_if_error();
   return *g;
 }
 
 // A cache holding pass k, every row updated (dirty), as after training pass k.
-std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f) {
-  auto tc = std::make_unique<training_cache<std::int64_t>>(training_cache_options{},
-                                                           std::vector{table(f.store)});
+std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool write_behind = true) {
+  training_cache_options opts;
+  opts.write_behind = write_behind;
+  auto tc = std::make_unique<training_cache<std::int64_t>>(opts, std::vector{table(f.store)});
   tc->begin_pass({f.cur}).throw_if_error();
   std::vector<std::int64_t> slots(f.cur.size());
   tc->cache(0).lookup_slots(f.cur.data(), f.cur.size(), slots.data()).throw_if_error();
@@ -81,48 +115,71 @@ std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f) {
   return tc;
 }
 
-std::map<int, double> unprefetched_seconds;
+// Mean blocking time of the synchronous swap (no prefetch, no write-behind), per fixture: the
+// length of the simulated training phase of the other variants.
+std::map<std::pair<int, bool>, double> sync_seconds;
 
 void report(benchmark::State& state, double rows, double bytes) {
   state.counters["rows_per_s"] = benchmark::Counter(rows, benchmark::Counter::kIsRate);
   state.counters["bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
 }
 
-// begin_pass(next) with and without a prefetch issued at the start of a training phase as long
-// as the unprefetched swap. Only the time begin_pass blocks is measured.
+// Steady-state pass boundaries on one cache, alternating between the two keysets: train (sleep
+// as long as the synchronous swap, then mark every row of the pass updated), begin_pass(next).
+// With prefetch, prefetch(next) is issued when the training phase starts; with write-behind, the
+// previous boundary's push runs during the phase too. Only the time begin_pass blocks is timed.
 void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
-  auto& f = get_fixture(overlap);
-  double rows = 0, bytes = 0, total = 0;
+  const bool write_behind = state.range(2) != 0;
+  const bool rocksdb = state.range(3) != 0;
+  auto& f = get_fixture(overlap, rocksdb);
+  const auto key = std::make_pair(overlap, rocksdb);
+  const double train = sync_seconds.count(key) ? sync_seconds[key] : 0.0;
+  if ((prefetch || write_behind) && train == 0.0) {
+    state.SkipWithError("run the synchronous variant first (it sets the training time)");
+    return;
+  }
+  double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0;
+  auto tc = trained_cache(f, write_behind);
+  const std::vector<std::int64_t>* cur = &f.cur;
+  const std::vector<std::int64_t>* next = &f.next;
+  std::vector<std::int64_t> slots(f.cur.size());
   for (auto _ : state) {
     state.PauseTiming();
-    auto tc = trained_cache(f);
-    if (prefetch) {
-      tc->prefetch({f.next}).throw_if_error();
-      const double train =
-          unprefetched_seconds.count(overlap) ? unprefetched_seconds[overlap] : 0.5;
-      std::this_thread::sleep_for(std::chrono::duration<double>(train));
-    }
+    if (prefetch) tc->prefetch({*next}).throw_if_error();
+    std::this_thread::sleep_for(std::chrono::duration<double>(train));
+    tc->cache(0).lookup_slots(cur->data(), cur->size(), slots.data()).throw_if_error();
+    tc->cache(0).mark_updated(slots.data(), cur->size()).throw_if_error();
     state.ResumeTiming();
     const auto t0 = std::chrono::steady_clock::now();
-    tc->begin_pass({f.next}).throw_if_error();
+    tc->begin_pass({*next}).throw_if_error();
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.PauseTiming();
     const auto& c = tc->counters().last[0];
-    rows += double(f.next.size());
+    rows += double(next->size());
     bytes += double(c.bytes_store_to_cache + c.bytes_cache_to_store);
-    tc.reset();
+    wb += c.seconds_write_back;
+    in += c.seconds_swap_in;
+    wait += c.seconds_prefetch_wait;
+    std::swap(cur, next);
     state.ResumeTiming();
   }
-  if (!prefetch) unprefetched_seconds[overlap] = total / double(state.iterations());
+  tc.reset();  // after the timed loop: waits for the last write-behind
+  const double iters = double(state.iterations());
+  if (!prefetch && !write_behind) sync_seconds[key] = total / iters;
   report(state, rows, bytes);
+  // Where the blocking time goes (ms per begin_pass), from the cache's own counters.
+  state.counters["write_back_ms"] = 1e3 * wb / iters;
+  state.counters["swap_in_ms"] = 1e3 * in / iters;
+  state.counters["wait_ms"] = 1e3 * wait / iters;
+  if (prefetch || write_behind) state.counters["ratio_to_sync"] = total / iters / train;
 }
 
 // HugeCTR's embedding training cache: write back every row, clear, pull the whole next keyset.
 void training_full_swap(benchmark::State& state) {
   const int overlap = int(state.range(0));
-  auto& f = get_fixture(overlap);
+  auto& f = get_fixture(overlap, state.range(1) != 0);
   double rows = 0, bytes = 0;
   const std::size_t w = dim * 3;
   for (auto _ : state) {
@@ -151,25 +208,41 @@ void training_full_swap(benchmark::State& state) {
   report(state, rows, bytes);
 }
 
+// Per store, the fixtures are built once per overlap: keep each overlap's runs together.
+void full_swap_args(benchmark::internal::Benchmark* b) {
+  for (int store : {0, 1}) {
+#ifndef EMBCACHE_BENCH_ROCKSDB
+    if (store) continue;
+#endif
+    for (int overlap : {0, 50, 90}) b->Args({overlap, store});
+  }
+}
+void begin_pass_args(benchmark::internal::Benchmark* b) {
+  for (int store : {0, 1}) {
+#ifndef EMBCACHE_BENCH_ROCKSDB
+    if (store) continue;
+#endif
+    for (int overlap : {0, 50, 90}) {
+      b->Args({overlap, 0, 0, store});  // synchronous: sets the training time of the others
+      b->Args({overlap, 0, 1, store});
+      b->Args({overlap, 1, 1, store});
+      b->Args({overlap, 1, 0, store});
+    }
+  }
+}
+
 BENCHMARK(training_full_swap)
-    ->Name("training_full_swap/host")
-    ->ArgNames({"overlap"})
-    ->Args({0})
-    ->Args({50})
-    ->Args({90})
+    ->Name("training_full_swap")
+    ->ArgNames({"overlap", "rocksdb"})
+    ->Apply(full_swap_args)
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(training_begin_pass)
-    ->Name("training_begin_pass/host")
-    ->ArgNames({"overlap", "prefetch"})
-    ->Args({0, 0})
-    ->Args({0, 1})
-    ->Args({50, 0})
-    ->Args({50, 1})
-    ->Args({90, 0})
-    ->Args({90, 1})
-    ->Iterations(2)
+    ->Name("training_begin_pass")
+    ->ArgNames({"overlap", "prefetch", "write_behind", "rocksdb"})
+    ->Apply(begin_pass_args)
+    ->Iterations(3)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

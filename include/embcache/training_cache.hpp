@@ -56,6 +56,11 @@ struct training_cache_options {
   cache_mode mode = cache_mode::keyset;                ///< default: keyset passes
   keyset_format keyset_fmt = keyset_format::embcache;  ///< default: our keyset format
   std::size_t prefetch_batch = 65536;  ///< keys per store pull while staging; default 65536
+  /// Write-behind; default true: begin_pass gathers the dirty rows that leave into a host buffer
+  /// and a background thread pushes them to the store while the next pass trains. Every call that
+  /// reads or changes the store (and store(t)) waits for that push first. false: begin_pass
+  /// pushes them itself before returning.
+  bool write_behind = true;
 };
 
 /// Counters of one table (over one pass, or in total).
@@ -74,6 +79,9 @@ struct table_counters {
   double seconds_write_back = 0;           ///< reading dirty victims and pushing them
   double seconds_prefetch_wait = 0;        ///< begin_pass blocked on a running prefetch
   double seconds_staging = 0;              ///< background staging time (not blocking the caller)
+  /// Background push of the rows written behind at this pass's boundary (not blocking the
+  /// caller); known once that push is over, so `last` gets it at the next begin_pass.
+  double seconds_write_behind = 0;
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };
@@ -138,7 +146,9 @@ class training_cache {
   std::size_t row_width(std::size_t t) const;
   /// Device cache of table `t`.
   cache_type& cache(std::size_t t);
-  /// Store of table `t`. Do not write to it directly while the cache holds rows of the table.
+  /// Store of table `t`, after waiting for a pending write-behind (a failed one is reported by
+  /// the next call that returns a status). Do not write to it directly while the cache holds
+  /// rows of the table.
   param_store<Key>& store(std::size_t t);
 
   /// Keyset mode: makes every key of `keysets[t]` resident in table t (one keyset per table;

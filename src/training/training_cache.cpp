@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,7 @@ table_counters& table_counters::operator+=(const table_counters& o) {
   seconds_write_back += o.seconds_write_back;
   seconds_prefetch_wait += o.seconds_prefetch_wait;
   seconds_staging += o.seconds_staging;
+  seconds_write_behind += o.seconds_write_behind;
   return *this;
 }
 
@@ -61,7 +63,8 @@ void to_json(nlohmann::json& j, const table_counters& c) {
                      {"seconds_swap_in", c.seconds_swap_in},
                      {"seconds_write_back", c.seconds_write_back},
                      {"seconds_prefetch_wait", c.seconds_prefetch_wait},
-                     {"seconds_staging", c.seconds_staging}};
+                     {"seconds_staging", c.seconds_staging},
+                     {"seconds_write_behind", c.seconds_write_behind}};
 }
 
 void to_json(nlohmann::json& j, const cache_counters& c) {
@@ -229,6 +232,9 @@ struct training_cache<Key>::impl {
     std::vector<float> rows;
     std::vector<std::uint64_t> versions;
     std::vector<std::uint8_t> found;  // 0 = initialized by staging
+    // Gather buffer for the rows the next begin_pass writes behind, sized (and its pages
+    // touched) by the worker so that the boundary does not pay for page faults.
+    std::vector<float> gather;
     double seconds = 0;
   };
 
@@ -252,6 +258,19 @@ struct training_cache<Key>::impl {
     std::vector<Key> store_writes_log;
     bool log_store_writes = false;
     staging staged;
+    // Write-behind: dirty rows that left the device at the last boundary, pushed by the flusher
+    // thread. Owned by the caller's thread; the flusher only reads them until it is joined.
+    std::vector<Key> wb_keys;
+    std::vector<float> wb_rows;  // at least wb_keys.size() rows
+    std::vector<std::uint64_t> wb_versions;
+    bool wb_pushed = false;         // set by the flusher once they are in the store
+    double wb_seconds = 0;          // the flusher's push time (set by the flusher)
+    double wb_seconds_done = 0;     // pushes over, not yet in a pass's counters
+    std::vector<float> spare_rows;  // recycled gather buffer (its pages already touched)
+    // begin_pass scratch, kept to avoid allocating per pass.
+    std::vector<std::int64_t> scratch_slots;
+    std::vector<std::uint32_t> slot_mark;  // == mark_epoch: slot holds a key of the keyset
+    std::uint32_t mark_epoch = 0;
   };
 
   training_cache_options options;
@@ -260,6 +279,86 @@ struct training_cache<Key>::impl {
   std::thread worker;
   bool staged_valid = false;
   status staging_status;
+  // The flusher pushes every table's write-behind rows; `flushing` is cleared when it is done,
+  // so that the staging worker can wait for it without joining it.
+  std::thread flusher;
+  std::mutex flush_mutex;
+  std::condition_variable flush_cv;
+  bool flushing = false;
+
+  bool write_behind_pending() const {
+    for (const auto& tb : tables) {
+      if (!tb.wb_keys.empty()) return true;
+    }
+    return false;
+  }
+
+  void start_flusher() {
+    {
+      std::lock_guard<std::mutex> l(flush_mutex);
+      flushing = true;
+    }
+    flusher = std::thread([this] {
+      status s;
+      for (auto& tb : tables) {
+        if (tb.wb_keys.empty()) continue;
+        const auto t0 = clock_type::now();
+        {
+          // Not logged for the prefetch hazard: staging starts pulling only after this push is
+          // over (wait_flush), so no staged row can predate it.
+          std::lock_guard<std::mutex> lock(*tb.store_mutex);
+          s = tb.store->push(tb.wb_keys.data(), tb.wb_keys.size(), tb.wb_rows.data(),
+                             tb.wb_versions.data());
+        }
+        tb.wb_seconds = seconds_since(t0);
+        if (!s.ok()) break;  // settle() pushes what is left and reports the error
+        tb.wb_pushed = true;
+      }
+      std::lock_guard<std::mutex> l(flush_mutex);
+      flushing = false;
+      flush_cv.notify_all();
+    });
+  }
+
+  // For the staging worker: returns once no write-behind push is running.
+  void wait_flush() {
+    std::unique_lock<std::mutex> l(flush_mutex);
+    flush_cv.wait(l, [&] { return !flushing; });
+  }
+
+  // Waits for the write-behind and retires its rows. Rows the flusher did not push (its push
+  // failed, or begin_pass failed before starting it) are pushed here, logged like every push of
+  // the caller; while that fails they stay pending and every call that needs the store returns
+  // the error.
+  status settle() {
+    if (flusher.joinable()) flusher.join();
+    for (auto& tb : tables) {
+      if (tb.wb_keys.empty()) continue;
+      if (!tb.wb_pushed) {
+        EMBCACHE_RETURN_IF_ERROR(
+            push(tb, tb.wb_keys.data(), tb.wb_keys.size(), tb.wb_rows.data(), tb.wb_versions.data())
+                .with_context("write-behind of table '" + tb.opt.name + "'"));
+      }
+      tb.wb_seconds_done += tb.wb_seconds;
+      tb.wb_seconds = 0;
+      tb.wb_pushed = false;
+      tb.wb_keys.clear();
+      tb.wb_versions.clear();
+      if (tb.wb_rows.size() > tb.spare_rows.size()) tb.spare_rows.swap(tb.wb_rows);
+    }
+    return {};
+  }
+
+  // Drops the write-behind rows unpushed (load() replaces the whole store).
+  void discard_write_behind() {
+    if (flusher.joinable()) flusher.join();
+    for (auto& tb : tables) {
+      tb.wb_keys.clear();
+      tb.wb_versions.clear();
+      tb.wb_seconds = 0;
+      tb.wb_pushed = false;
+    }
+  }
 
   // Store access, serialized with the prefetch worker.
   status push(table_state& tb, const Key* keys, std::size_t n, const float* rows,
@@ -346,10 +445,11 @@ struct training_cache<Key>::impl {
   }
 
   // Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time).
-  status stage(table_state& tb, std::vector<Key> keys) {
+  status stage(table_state& tb, std::vector<Key> keys, std::size_t gather_floats) {
     const auto t0 = clock_type::now();
     auto& st = tb.staged;
     st.keys = std::move(keys);
+    st.gather.resize(gather_floats);
     const std::size_t n = st.keys.size(), w = tb.row_width;
     st.rows.resize(n * w);
     st.versions.assign(n, 0);
@@ -377,15 +477,23 @@ struct training_cache<Key>::impl {
     wait_worker();
     staged_valid = false;
     for (auto& tb : tables) {
-      std::lock_guard<std::mutex> lock(*tb.store_mutex);
+      // The log belongs to the caller's thread (the worker only pulls, the flusher's pushes are
+      // not logged), so no lock: taking the store's would wait for a running write-behind.
       tb.log_store_writes = false;
       tb.store_writes_log.clear();
+      // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
+      auto rows = std::move(tb.staged.rows);
       tb.staged = staging{};
+      tb.staged.rows = std::move(rows);
     }
   }
 
   status swap_in(table_state& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
+  status swap_in_staged(table_state& tb, const std::vector<Key>& missing, table_counters& c);
+  status evict(table_state& tb, const std::vector<std::int64_t>& victims, table_counters& c);
+  status transition(table_state& tb, const std::vector<Key>& keys, bool use_staging,
+                    table_counters& c);
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
   status lookup(table_state& tb, const Key* keys, std::size_t n, std::int64_t* slots_out);
   status dump_store(table_state& tb, std::vector<Key>* keys, std::vector<float>* vectors,
@@ -395,6 +503,9 @@ struct training_cache<Key>::impl {
 template <class Key>
 status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key>& missing,
                                           bool use_staging, table_counters& c) {
+  if (use_staging && tb.store_writes_log.empty() && tb.staged.keys == missing) {
+    return swap_in_staged(tb, missing, c);
+  }
   const auto t0 = clock_type::now();
   const std::size_t n = missing.size(), w = tb.row_width;
   std::vector<float> rows(n * w);
@@ -465,6 +576,140 @@ status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key
   return {};
 }
 
+// Every missing key staged, none written to the store since: the staged rows go in as they are,
+// without another copy (the common case, and the one whose blocking time prefetch must cut).
+template <class Key>
+status training_cache<Key>::impl::swap_in_staged(table_state& tb, const std::vector<Key>& missing,
+                                                 table_counters& c) {
+  const auto t0 = clock_type::now();
+  auto& st = tb.staged;
+  const std::size_t n = missing.size(), w = tb.row_width;
+  std::uint64_t init_version = 0;
+  std::size_t initialized = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (st.found[i]) continue;
+    // Initialized by the worker; a fresh version makes the row dirty (written back, exported).
+    if (!init_version) init_version = fresh_version(tb);
+    st.versions[i] = init_version;
+    ++initialized;
+  }
+  c.rows_staged += n;
+  c.rows_initialized += initialized;
+  c.bytes_store_to_cache += (n - initialized) * w * sizeof(float);
+  EMBCACHE_RETURN_IF_ERROR(
+      tb.cache->insert_or_assign(missing.data(), n, st.rows.data(), st.versions.data()));
+  auto& slots = tb.scratch_slots;
+  slots.resize(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(missing.data(), n, slots.data()));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
+    tb.slot_used[slots[i]] = 1;
+    tb.slot_synced[slots[i]] = st.found[i] ? st.versions[i] : 0;
+  }
+  c.seconds_swap_in += seconds_since(t0);
+  return {};
+}
+
+// Removes the rows of `victims` (slots) from the cache; the dirty ones are gathered and pushed,
+// by the flusher after begin_pass returns when write-behind is on.
+template <class Key>
+status training_cache<Key>::impl::evict(table_state& tb, const std::vector<std::int64_t>& victims,
+                                        table_counters& c) {
+  const auto t0 = clock_type::now();
+  const auto ref = tb.cache->ref();
+  const std::size_t m = victims.size(), w = tb.row_width;
+  std::vector<Key> keys(m);
+  std::vector<std::int64_t> dirty_slots;
+  std::vector<Key> dirty_keys;
+  std::vector<std::uint64_t> dirty_vers;
+  dirty_slots.reserve(m);
+  dirty_keys.reserve(m);
+  dirty_vers.reserve(m);
+  for (std::size_t i = 0; i < m; ++i) {
+    const auto s = victims[i];
+    keys[i] = ref.keys[s];
+    const std::uint64_t v = ref.versions[s];
+    if (!tb.slot_used[s] || v > tb.slot_synced[s]) {
+      dirty_slots.push_back(s);
+      dirty_keys.push_back(keys[i]);
+      dirty_vers.push_back(v);
+    }
+    tb.slot_used[s] = 0;
+  }
+  const std::size_t d = dirty_slots.size();
+  std::vector<float>& rows = tb.spare_rows;
+  if (rows.size() < d * w) rows.resize(d * w);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(dirty_slots.data(), d, rows.data()));
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys.data(), m));
+  tb.written_since_export.insert(tb.written_since_export.end(), dirty_keys.begin(),
+                                 dirty_keys.end());
+  c.rows_pushed += d;
+  c.rows_evicted += m;
+  c.bytes_cache_to_store += d * w * sizeof(float);
+  if (options.write_behind) {
+    tb.wb_keys = std::move(dirty_keys);
+    tb.wb_versions = std::move(dirty_vers);
+    tb.wb_rows.swap(rows);
+  } else {
+    EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
+                                 .with_context("write-back of table '" + tb.opt.name + "'"));
+  }
+  c.seconds_write_back += seconds_since(t0);
+  return {};
+}
+
+// One table's boundary: which keys are missing, which residents leave, then out and in. Works on
+// slots (no export, no sort of the residents).
+template <class Key>
+status training_cache<Key>::impl::transition(table_state& tb, const std::vector<Key>& keys,
+                                             bool use_staging, table_counters& c) {
+  const std::size_t n = keys.size();
+  auto& slots = tb.scratch_slots;
+  slots.resize(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), n, slots.data()));
+  if (tb.slot_mark.size() != tb.cache->capacity()) tb.slot_mark.assign(tb.cache->capacity(), 0);
+  if (++tb.mark_epoch == 0) {
+    std::fill(tb.slot_mark.begin(), tb.slot_mark.end(), 0);
+    tb.mark_epoch = 1;
+  }
+  std::vector<Key> missing;
+  missing.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) {
+      missing.push_back(keys[i]);
+    } else {
+      tb.slot_mark[slots[i]] = tb.mark_epoch;
+    }
+  }
+  c.misses = missing.size();
+  c.hits = n - missing.size();
+  const std::size_t resident = tb.cache->size();
+  if (resident + missing.size() > tb.opt.capacity) {
+    const std::size_t need = resident + missing.size() - tb.opt.capacity;
+    const auto ref = tb.cache->ref();
+    std::vector<std::int64_t> victims;
+    victims.reserve(resident - c.hits);
+    const std::size_t cap = tb.cache->capacity();
+    for (std::size_t s = 0; s < cap; ++s) {
+      if (ref.states[s] > detail::state_busy && tb.slot_mark[s] != tb.mark_epoch) {
+        victims.push_back(static_cast<std::int64_t>(s));
+      }
+    }
+    if (need < victims.size()) {
+      // Oldest rows first (least recently updated), then smallest key: deterministic.
+      std::nth_element(victims.begin(), victims.begin() + static_cast<std::ptrdiff_t>(need),
+                       victims.end(), [&](std::int64_t a, std::int64_t b) {
+                         return ref.versions[a] != ref.versions[b]
+                                    ? ref.versions[a] < ref.versions[b]
+                                    : ref.keys[a] < ref.keys[b];
+                       });
+      victims.resize(need);
+    }
+    EMBCACHE_RETURN_IF_ERROR(evict(tb, victims, c));
+  }
+  return swap_in(tb, missing, use_staging, c);
+}
+
 template <class Key>
 status training_cache<Key>::impl::begin_pass(const std::vector<std::vector<Key>>& keysets) {
   if (keysets.size() != tables.size()) {
@@ -483,8 +728,10 @@ status training_cache<Key>::impl::begin_pass(const std::vector<std::vector<Key>>
   }
   std::vector<table_counters> pass(tables.size());
   const auto tw = clock_type::now();
-  const bool had_worker = worker.joinable();
+  const bool had_worker = worker.joinable() || flusher.joinable();
   wait_worker();
+  // The previous boundary's write-behind must be in the store before this one reads it.
+  const status settled = settle();
   const double waited = had_worker ? seconds_since(tw) : 0.0;
   if (!staging_status.ok()) {
     status s = staging_status;
@@ -492,54 +739,22 @@ status training_cache<Key>::impl::begin_pass(const std::vector<std::vector<Key>>
     drop_staging();
     return s.with_context("prefetch");
   }
+  EMBCACHE_RETURN_IF_ERROR(settled);
   const bool use_staging = staged_valid;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     auto& tb = tables[t];
     auto& c = pass[t];
     c.seconds_prefetch_wait = t == 0 ? waited : 0.0;
-    const auto& keys = *ks[t];
-    std::vector<Key> rk;
-    std::vector<std::uint64_t> rv;
-    EMBCACHE_RETURN_IF_ERROR(residents(tb, &rk, &rv));
-    std::vector<Key> missing;
-    std::vector<std::size_t> candidates;  // indexes into rk of residents outside the keyset
-    missing.reserve(keys.size());
-    {
-      std::size_t i = 0, j = 0;
-      while (i < keys.size() || j < rk.size()) {
-        if (j == rk.size() || (i < keys.size() && keys[i] < rk[j])) {
-          missing.push_back(keys[i++]);
-        } else if (i == keys.size() || rk[j] < keys[i]) {
-          candidates.push_back(j++);
-        } else {
-          ++i;
-          ++j;
-        }
-      }
+    c.seconds_write_behind = tb.wb_seconds_done;
+    tb.wb_seconds_done = 0;
+    if (use_staging && tb.staged.gather.size() > tb.spare_rows.size()) {
+      tb.spare_rows.swap(tb.staged.gather);
     }
-    c.misses = missing.size();
-    c.hits = keys.size() - missing.size();
-    const std::size_t total = rk.size() + missing.size();
-    if (total > tb.opt.capacity) {
-      const std::size_t need = total - tb.opt.capacity;
-      // Oldest rows first (least recently updated), then smallest key: deterministic.
-      std::sort(candidates.begin(), candidates.end(), [&](std::size_t a, std::size_t b) {
-        return rv[a] != rv[b] ? rv[a] < rv[b] : rk[a] < rk[b];
-      });
-      candidates.resize(need);
-      std::sort(candidates.begin(), candidates.end());
-      std::vector<Key> vk(need);
-      std::vector<std::uint64_t> vv(need);
-      for (std::size_t i = 0; i < need; ++i) {
-        vk[i] = rk[candidates[i]];
-        vv[i] = rv[candidates[i]];
-      }
-      EMBCACHE_RETURN_IF_ERROR(write_back(tb, vk, vv, true, c));
-    }
-    EMBCACHE_RETURN_IF_ERROR(swap_in(tb, missing, use_staging, c));
+    EMBCACHE_RETURN_IF_ERROR(transition(tb, *ks[t], use_staging, c));
     c.seconds_staging = use_staging ? tb.staged.seconds : 0.0;
   }
   if (use_staging) drop_staging();
+  if (write_behind_pending()) start_flusher();
   ++counters.passes;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     counters.last[t] = pass[t];
@@ -761,7 +976,10 @@ training_cache<Key>::training_cache(training_cache_options options,
 
 template <class Key>
 training_cache<Key>::~training_cache() {
-  if (impl_) impl_->wait_worker();
+  if (impl_) {
+    impl_->wait_worker();
+    if (impl_->flusher.joinable()) impl_->flusher.join();
+  }
 }
 
 template <class Key>
@@ -791,7 +1009,10 @@ typename training_cache<Key>::cache_type& training_cache<Key>::cache(std::size_t
 }
 template <class Key>
 param_store<Key>& training_cache<Key>::store(std::size_t t) {
-  return *impl_->tables.at(t).store;
+  auto& tb = impl_->tables.at(t);
+  // A failed push keeps its rows pending; the next call returning a status reports it.
+  (void)impl_->settle();
+  return *tb.store;
 }
 template <class Key>
 const cache_counters& training_cache<Key>::counters() const noexcept {
@@ -841,22 +1062,29 @@ status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keyset
   im.drop_staging();
   im.staging_status = {};
   std::vector<std::vector<Key>> todo(im.tables.size());
+  std::vector<std::size_t> gather(im.tables.size(), 0);
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     std::vector<Key> scratch;
     const auto& keys = sorted_unique(keysets[t], scratch);
-    std::vector<Key> rk;
-    std::vector<std::uint64_t> rv;
-    EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
-    std::set_difference(keys.begin(), keys.end(), rk.begin(), rk.end(),
-                        std::back_inserter(todo[t]));
-    std::lock_guard<std::mutex> lock(*tb.store_mutex);
+    std::vector<std::int64_t> slots(keys.size());
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), keys.size(), slots.data()));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (slots[i] < 0) todo[t].push_back(keys[i]);
+    }
+    // At most the residents outside the keyset leave at that boundary.
+    const std::size_t leaving = tb.cache->size() - (keys.size() - todo[t].size());
+    if (im.options.write_behind && tb.spare_rows.size() < leaving * tb.row_width) {
+      gather[t] = leaving * tb.row_width;
+    }
     tb.log_store_writes = true;
   }
   im.staged_valid = true;
-  im.worker = std::thread([&im, todo = std::move(todo)]() mutable {
+  im.worker = std::thread([&im, todo = std::move(todo), gather]() mutable {
+    // Rows written behind at the last boundary must be in the store before staging reads it.
+    im.wait_flush();
     for (std::size_t t = 0; t < im.tables.size(); ++t) {
-      status s = im.stage(im.tables[t], std::move(todo[t]));
+      status s = im.stage(im.tables[t], std::move(todo[t]), gather[t]);
       if (!s.ok()) {
         im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
         return;
@@ -884,6 +1112,7 @@ status training_cache<Key>::lookup(std::size_t t, const Key* keys, std::size_t n
   if (impl_->options.mode != cache_mode::on_demand) {
     throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
   }
+  EMBCACHE_RETURN_IF_ERROR(impl_->settle());
   return impl_->lookup(impl_->tables.at(t), keys, n, slots_out);
 }
 
@@ -909,6 +1138,10 @@ status training_cache<Key>::read(std::size_t t, const Key* keys, std::size_t n, 
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
   EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(slots.data(), n, rows_out));
+  bool all_resident = true;
+  for (std::size_t i = 0; i < n && all_resident; ++i) all_resident = slots[i] >= 0;
+  // A row that left at the last boundary may still be on its way to the store.
+  if (!all_resident) EMBCACHE_RETURN_IF_ERROR(impl_->settle());
   std::vector<Key> rest;
   std::vector<std::size_t> at;
   for (std::size_t i = 0; i < n; ++i) {
@@ -933,6 +1166,8 @@ status training_cache<Key>::read(std::size_t t, const Key* keys, std::size_t n, 
 template <class Key>
 status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n) {
   auto& tb = impl_->tables.at(t);
+  // A pending write-behind of these keys must not land after the erase and revive them.
+  EMBCACHE_RETURN_IF_ERROR(impl_->settle());
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
   for (auto s : slots) {
@@ -951,6 +1186,7 @@ status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n)
 template <class Key>
 status training_cache<Key>::end_training() {
   auto& im = *impl_;
+  EMBCACHE_RETURN_IF_ERROR(im.settle());
   for (auto& tb : im.tables) {
     std::vector<Key> rk;
     std::vector<std::uint64_t> rv;
@@ -965,6 +1201,7 @@ status training_cache<Key>::end_training() {
 template <class Key>
 result<std::vector<table_delta<Key>>> training_cache<Key>::export_incremental(bool with_state) {
   auto& im = *impl_;
+  EMBCACHE_RETURN_IF_ERROR(im.settle());
   std::vector<table_delta<Key>> out;
   for (auto& tb : im.tables) {
     table_delta<Key> d;
@@ -1265,8 +1502,9 @@ status training_cache<Key>::load(const std::string& dir_in) {
       }
     }
   }
-  // Validated: replace the rows.
+  // Validated: replace the rows (write-behind rows of the old model would land on the new one).
   im.drop_staging();
+  im.discard_write_behind();
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     auto& L = data[t];

@@ -480,7 +480,8 @@ TEST(training_cache, begin_pass_moves_only_the_difference) {
 
 // --- prefetch ------------------------------------------------------------------------------------
 
-// A store whose pulls wait at a gate, to make the overlap observable without timing.
+// A store whose pulls (and, separately, pushes) wait at a gate, to make the overlap observable
+// without timing.
 template <class Key>
 class gated_store final : public param_store<Key> {
  public:
@@ -514,6 +515,42 @@ class gated_store final : public param_store<Key> {
     std::lock_guard<std::mutex> l(m_);
     return pulls_;
   }
+  // The push gate. A closed gate holds a push for at most 20 seconds (a write-back that the
+  // caller's thread waits for then shows up as a push from that thread, not as a hang).
+  void close_push_gate() {
+    std::lock_guard<std::mutex> l(m_);
+    push_open_ = false;
+  }
+  void open_push_gate() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      push_open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait_for_blocked_push() {
+    std::unique_lock<std::mutex> l(m_);
+    return cv_.wait_for(l, std::chrono::minutes(1), [&] { return push_blocked_ > 0; });
+  }
+  // Whether a push is held at the gate now.
+  bool push_held() {
+    std::lock_guard<std::mutex> l(m_);
+    return push_blocked_ > 0;
+  }
+  std::thread::id last_push_thread() {
+    std::lock_guard<std::mutex> l(m_);
+    return push_thread_;
+  }
+  // Pulls and erases that reached the store while a push was held at the gate: a caller that
+  // reads or changes the store before a pending write-behind is in shows up here.
+  std::size_t calls_during_blocked_push() {
+    std::lock_guard<std::mutex> l(m_);
+    return calls_during_push_;
+  }
+  void fail_pushes(int n) {
+    std::lock_guard<std::mutex> l(m_);
+    fail_pushes_ = n;
+  }
 
   std::size_t row_width() const noexcept override { return inner_->row_width(); }
   const std::string& table_name() const noexcept override { return inner_->table_name(); }
@@ -521,6 +558,7 @@ class gated_store final : public param_store<Key> {
     {
       std::unique_lock<std::mutex> l(m_);
       ++pulls_;
+      if (push_blocked_ > 0) ++calls_during_push_;
       pull_thread_ = std::this_thread::get_id();
       ++blocked_;
       cv_.notify_all();
@@ -530,9 +568,25 @@ class gated_store final : public param_store<Key> {
     return inner_->pull(k, n, r, f, v);
   }
   status push(const Key* k, std::size_t n, const float* r, const std::uint64_t* v) override {
+    {
+      std::unique_lock<std::mutex> l(m_);
+      push_thread_ = std::this_thread::get_id();
+      if (fail_pushes_ > 0) {
+        --fail_pushes_;
+        return status::io_error("injected push failure");
+      }
+      ++push_blocked_;
+      cv_.notify_all();
+      cv_.wait_for(l, std::chrono::seconds(20), [&] { return push_open_; });
+      --push_blocked_;
+    }
     return inner_->push(k, n, r, v);
   }
   status erase(const Key* k, std::size_t n, std::size_t* e) override {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      if (push_blocked_ > 0) ++calls_during_push_;
+    }
     return inner_->erase(k, n, e);
   }
   status contains(const Key* k, std::size_t n, bool* f) override {
@@ -558,6 +612,11 @@ class gated_store final : public param_store<Key> {
   int blocked_ = 0;
   std::size_t pulls_ = 0;
   std::thread::id pull_thread_;
+  bool push_open_ = true;
+  int push_blocked_ = 0;
+  int fail_pushes_ = 0;
+  std::size_t calls_during_push_ = 0;
+  std::thread::id push_thread_;
 };
 
 TEST(training_cache, prefetch_stages_in_the_background_while_the_caller_trains) {
@@ -670,6 +729,200 @@ TEST(training_cache, write_back_after_staging_forces_a_re_pull) {
   std::vector<float> row(dim);
   ASSERT_TRUE(tc.read(0, &ten, 1, row.data(), nullptr).ok());
   EXPECT_NE(row, v1);  // erased: re-initialized, the staged copy was not used
+}
+
+// --- write-behind --------------------------------------------------------------------------------
+
+// One Adam table of capacity 64 on a gated store, holding pass {0..39} with rows set to known
+// values (all dirty, all of one version). The next keyset {40..79} makes 16 of them leave: keys
+// 0..15 (oldest version first, then smallest key).
+struct wb_fixture {
+  std::shared_ptr<gated_store<std::int64_t>> store =
+      std::make_shared<gated_store<std::int64_t>>(dim * 3);
+  std::unique_ptr<training_cache<std::int64_t>> tc;
+  std::vector<std::int64_t> a, b;
+  std::vector<float> rows;  // the rows given to a
+  explicit wb_fixture(training_cache_options opts = {}) {
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.optimizer.kind = optimizer_kind::adam;
+    o.capacity = 64;
+    o.store = store;
+    tc = std::make_unique<training_cache<std::int64_t>>(opts, std::vector{o});
+    for (int i = 0; i < 40; ++i) a.push_back(i);
+    for (int i = 40; i < 80; ++i) b.push_back(i);
+    rows.resize(a.size() * dim * 3);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.5f + float(i);
+    EXPECT_TRUE(tc->begin_pass({a}).ok());
+    EXPECT_TRUE(tc->assign(0, a.data(), a.size(), rows.data()).ok());
+  }
+  // Opens the push gate from another thread after a while, so that a call of the caller's thread
+  // that wrongly touches the store before the pending push shows up in
+  // calls_during_blocked_push(); a call that rightly waits for the push returns once it is open.
+  std::thread open_later() {
+    return std::thread([s = store] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      s->open_push_gate();
+    });
+  }
+  // begin_pass(b) with the push gate closed: returns with the write-back of a held at the gate.
+  void leave_with_push_held() {
+    store->close_push_gate();
+    ASSERT_TRUE(tc->begin_pass({b}).ok());
+    ASSERT_TRUE(store->wait_for_blocked_push());
+    EXPECT_NE(store->last_push_thread(), std::this_thread::get_id());
+    EXPECT_EQ(tc->counters().last[0].rows_evicted, 16u);  // 40 + 40 - 64
+    EXPECT_EQ(tc->counters().last[0].rows_pushed, 16u);
+  }
+};
+
+TEST(training_cache, begin_pass_returns_while_the_write_back_is_pushed_behind) {
+  wb_fixture f;
+  f.leave_with_push_held();
+  // The caller trains the next pass while the push is held in the store.
+  train_pass(*f.tc, {f.b}, 1);
+  EXPECT_TRUE(f.store->push_held());
+  EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+  auto opener = f.open_later();
+  ASSERT_TRUE(f.tc->end_training().ok());  // waits for the push
+  opener.join();
+  EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+  const auto m = store_model(*f.tc, 0);
+  // The 16 evicted rows are in the store with the values assigned before they left.
+  for (int i = 0; i < 16; ++i) {
+    const std::vector<float> want(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3);
+    ASSERT_EQ(m.count(i), 1u);
+    EXPECT_EQ(m.at(i), want) << "key " << i;
+  }
+}
+
+// A row written behind and needed again by the very next keyset, without and with prefetch.
+TEST(training_cache, a_row_written_behind_comes_back_with_its_latest_value) {
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
+    wb_fixture f;
+    f.leave_with_push_held();
+    if (prefetch) {
+      ASSERT_TRUE(f.tc->prefetch({f.a}).ok());  // staging must wait for the held push ...
+      EXPECT_TRUE(f.store->push_held());        // ... but not the caller
+    }
+    auto opener = f.open_later();
+    ASSERT_TRUE(f.tc->begin_pass({f.a}).ok());
+    opener.join();
+    EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+    const auto& c = f.tc->counters().last[0];
+    EXPECT_EQ(c.misses, 16u);
+    EXPECT_EQ(c.rows_staged, prefetch ? 16u : 0u);
+    EXPECT_EQ(c.rows_restaged, 0u);  // the write-behind was in before staging read the store
+    EXPECT_EQ(c.rows_pulled, prefetch ? 0u : 16u);
+    EXPECT_EQ(c.rows_initialized, 0u);
+    std::vector<float> got(f.rows.size());
+    ASSERT_TRUE(f.tc->read(0, f.a.data(), f.a.size(), got.data(), nullptr).ok());
+    EXPECT_EQ(got, f.rows);
+  }
+}
+
+// read() of a row on its way to the store, export and erase while the push is held.
+TEST(training_cache, reads_exports_and_erases_wait_for_a_pending_write_behind) {
+  {
+    wb_fixture f;
+    f.leave_with_push_held();
+    auto opener = f.open_later();
+    std::vector<float> got(dim * 3);
+    bool found = false;
+    const std::int64_t k = 3;
+    ASSERT_TRUE(f.tc->read(0, &k, 1, got.data(), &found).ok());
+    opener.join();
+    EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+    EXPECT_TRUE(found);
+    EXPECT_EQ(got, std::vector<float>(f.rows.begin() + 3 * dim * 3, f.rows.begin() + 4 * dim * 3));
+  }
+  {
+    wb_fixture f;
+    f.leave_with_push_held();
+    auto opener = f.open_later();
+    auto d = f.tc->export_incremental(true);
+    opener.join();
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+    // The 40 assigned rows and the 40 new rows of b changed; 0..15 come from the store.
+    ASSERT_EQ(d.value()[0].keys.size(), 80u);
+    EXPECT_EQ(d.value()[0].keys[0], 0);
+    EXPECT_EQ(std::vector<float>(d.value()[0].vectors.begin(), d.value()[0].vectors.begin() + dim),
+              std::vector<float>(f.rows.begin(), f.rows.begin() + dim));
+  }
+  {
+    wb_fixture f;
+    f.leave_with_push_held();
+    auto opener = f.open_later();
+    const std::int64_t k = 5;  // left at the boundary, its push is held
+    ASSERT_TRUE(f.tc->erase(0, &k, 1).ok());
+    opener.join();
+    EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
+    ASSERT_TRUE(f.tc->end_training().ok());
+    bool found = true;
+    std::vector<float> got(dim * 3);
+    ASSERT_TRUE(f.tc->read(0, &k, 1, got.data(), &found).ok());
+    EXPECT_FALSE(found);  // the held push did not bring it back
+    EXPECT_EQ(store_model(*f.tc, 0).count(5), 0u);
+  }
+}
+
+// load() while a write-behind is held: the old rows must not land on the loaded model.
+TEST(training_cache, load_while_a_write_behind_is_pending_keeps_the_loaded_model) {
+  temp_dir dir;
+  wb_fixture f;
+  ASSERT_TRUE(f.tc->save(dir.path + "/ckpt").ok());
+  const auto saved = store_model(*f.tc, 0);
+  std::vector<float> other(f.rows.size(), -3.0f);
+  ASSERT_TRUE(f.tc->assign(0, f.a.data(), f.a.size(), other.data()).ok());
+  f.leave_with_push_held();
+  auto opener = f.open_later();
+  ASSERT_TRUE(f.tc->load(dir.path + "/ckpt").ok());
+  opener.join();
+  EXPECT_TRUE(store_model(*f.tc, 0) == saved);
+}
+
+// A failed background push loses nothing: the rows stay pending, the next call reports the error,
+// and a later call pushes them.
+TEST(training_cache, a_failed_write_behind_is_reported_and_retried) {
+  wb_fixture f;
+  f.store->fail_pushes(2);  // the background push and the first retry
+  ASSERT_TRUE(f.tc->begin_pass({f.b}).ok());
+  const status s = f.tc->end_training();
+  EXPECT_EQ(s.code(), status_code::io_error);
+  EXPECT_NE(s.to_string().find("write-behind of table 't'"), std::string::npos) << s.to_string();
+  ASSERT_TRUE(f.tc->end_training().ok());
+  const auto m = store_model(*f.tc, 0);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(m.count(i), 1u);
+    EXPECT_EQ(m.at(i),
+              std::vector<float>(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3));
+  }
+}
+
+// Write-behind changes when rows reach the store, never which rows: the scripted passes leave the
+// same store with it on and off, with and without prefetch.
+TEST(training_cache, write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps) {
+  const auto passes = script<std::int64_t>(400, 120, 8);
+  auto run = [&](bool write_behind, bool prefetch) {
+    training_cache_options opts;
+    opts.write_behind = write_behind;
+    training_cache<std::int64_t> tc(opts, two_tables<std::int64_t>(150, 130));
+    for (std::size_t p = 0; p < passes.size(); ++p) {
+      EXPECT_TRUE(tc.begin_pass(passes[p]).ok());
+      if (prefetch && p + 1 < passes.size()) EXPECT_TRUE(tc.prefetch(passes[p + 1]).ok());
+      train_pass(tc, passes[p], int(p));
+    }
+    EXPECT_TRUE(tc.end_training().ok());
+    EXPECT_GT(tc.counters().total[0].rows_pushed, 0u);
+    return std::make_pair(store_model(tc, 0), store_model(tc, 1));
+  };
+  const auto sync = run(false, false);
+  EXPECT_TRUE(run(true, false) == sync);
+  EXPECT_TRUE(run(true, true) == sync);
+  EXPECT_TRUE(run(false, true) == sync);
 }
 
 // --- on-demand -----------------------------------------------------------------------------------
