@@ -51,6 +51,11 @@ struct rocksdb_store_options {
   bool log_file = false;
   /// Keys per MultiGet / WriteBatch; default 2048.
   std::size_t batch_keys = 2048;
+  /// Keys per WriteBatch of a push; default 16384 (fewer, larger writes into the memtable).
+  std::size_t push_batch_keys = 16384;
+  /// Looks every pushed key up first, so that size() stays exact without a scan; default false:
+  /// a push writes blindly and the first size() after it counts the table with one scan.
+  bool count_on_push = false;
   /// Threads used by bulk calls; default: oneTBB's default (all cores).
   host_space space{};
 };
@@ -106,12 +111,15 @@ class rocksdb_store final : public param_store<Key> {
   /// Sorted MultiGet in batches of `batch_keys`, batches in parallel.
   status pull(const Key* keys, std::size_t n, float* rows_out, bool* found_out,
               std::uint64_t* versions_out = nullptr) override;
-  /// Sorted, deduplicated WriteBatches written in parallel. Keeping size() exact costs one
-  /// sorted MultiGet of the batch (to tell new keys from overwritten ones).
+  /// Sorted, deduplicated WriteBatches of `push_batch_keys` rows written in parallel, without
+  /// reading anything first (unless `count_on_push`): RocksDB cannot tell an insert from an
+  /// overwrite, so the row count is left to size().
   status push(const Key* keys, std::size_t n, const float* rows,
               const std::uint64_t* versions = nullptr) override;
   status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr) override;
   status contains(const Key* keys, std::size_t n, bool* found_out) override;
+  /// Exact. After a push without `count_on_push`, the first call scans the table once (an I/O
+  /// error during that scan leaves the count of the last exact point).
   std::size_t size() const noexcept override;
   std::uint64_t max_version() const noexcept override;
   /// Iterates in numeric key order over a snapshot.

@@ -248,6 +248,9 @@ struct rocksdb_store<Key>::state {
   rocksdb_database::impl* db = nullptr;
   rocksdb::ColumnFamilyHandle* cf = nullptr;
   std::size_t count = 0;
+  // Whether pushes since the last exact point may have added keys that `count` misses.
+  std::atomic<bool> count_stale{false};
+  std::mutex count_mutex;
   std::uint64_t max_version = 0;
   // Whether the metadata entry says "dirty": rows were pushed after it was last written.
   bool meta_dirty = false;
@@ -268,6 +271,7 @@ struct rocksdb_store<Key>::state {
                      {"key_type", key_type_name<Key>()},
                      {"row_width", options.row_width},
                      {"count", count},
+                     {"count_exact", !count_stale.load()},
                      {"max_version", max_version},
                      {"dirty", dirty}};
     EMBCACHE_RETURN_IF_ERROR(
@@ -334,7 +338,12 @@ struct rocksdb_store<Key>::state {
   // Runs f(begin, end) over batches of batch_keys sorted keys in parallel.
   template <class F>
   void for_batches(std::size_t n, const F& f) const {
-    const std::size_t b = std::max<std::size_t>(1, options.batch_keys);
+    for_batches(n, options.batch_keys, f);
+  }
+
+  template <class F>
+  void for_batches(std::size_t n, std::size_t batch_keys, const F& f) const {
+    const std::size_t b = std::max<std::size_t>(1, batch_keys);
     const std::size_t batches = (n + b - 1) / b;
     if (batches <= 1) {
       if (n) f(0, n);
@@ -445,10 +454,12 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
                                       " floats, expected " + std::to_string(options.row_width));
     st->count = m["count"].get<std::size_t>();
     st->max_version = m["max_version"].get<std::uint64_t>();
+    st->count_stale = !m.value("count_exact", true);
     if (m.value("dirty", false)) {
       // The last session ended without a flush: what reached the disk is a prefix of its
       // writes, so the stored count may be stale.
       EMBCACHE_RETURN_IF_ERROR(st->recount());
+      st->count_stale = false;
       EMBCACHE_RETURN_IF_ERROR(st->write_meta(false));
     }
   }
@@ -468,7 +479,11 @@ const std::string& rocksdb_store<Key>::table_name() const noexcept {
 
 template <class Key>
 std::size_t rocksdb_store<Key>::size() const noexcept {
-  return state_->count;
+  auto& s = *state_;
+  if (!s.count_stale.load(std::memory_order_acquire)) return s.count;
+  std::lock_guard<std::mutex> lock(s.count_mutex);
+  if (s.count_stale.load() && s.recount().ok()) s.count_stale = false;
+  return s.count;
 }
 
 template <class Key>
@@ -556,18 +571,24 @@ status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* row
   std::atomic<std::uint64_t> vmax{0};
   first_error err;
   const auto wo = s.write_options();
-  s.for_batches(m, [&](std::size_t b, std::size_t e) {
+  const bool count = s.options.count_on_push && !s.count_stale;
+  const std::size_t batch = std::max<std::size_t>(1, s.options.push_batch_keys);
+  const std::size_t value_bytes = s.value_bytes();
+  s.for_batches(m, batch, [&](std::size_t b, std::size_t e) {
     if (err.failed) return;
     std::size_t fresh = 0;
-    // Overwrites and inserts look alike to RocksDB: the lookup keeps size() exact.
-    s.multi_get(su.data(), b, e,
-                [&](std::size_t, const rocksdb::Status& st, const rocksdb::PinnableSlice&) {
-                  if (st.IsNotFound())
-                    ++fresh;
-                  else if (!st.ok())
-                    err.set(from_rocksdb(st, s.who + ": push lookup"));
-                });
-    rocksdb::WriteBatch batch;
+    if (count) {
+      s.multi_get(su.data(), b, e,
+                  [&](std::size_t, const rocksdb::Status& st, const rocksdb::PinnableSlice&) {
+                    if (st.IsNotFound())
+                      ++fresh;
+                    else if (!st.ok())
+                      err.set(from_rocksdb(st, s.who + ": push lookup"));
+                  });
+      if (err.failed) return;
+    }
+    // Reserved up front: a batch that grows by doubling copies its rows several times.
+    rocksdb::WriteBatch wb((e - b) * (value_bytes + sizeof(Key) + 16) + 64);
     std::uint64_t local_max = 0;
     char kb[sizeof(Key)];
     for (std::size_t j = b; j < e; ++j) {
@@ -580,13 +601,13 @@ status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* row
           rocksdb::Slice(reinterpret_cast<const char*>(rows + i * width), width * sizeof(float)),
           rocksdb::Slice(reinterpret_cast<const char*>(&v), 8)};
       rocksdb::Status ps =
-          batch.Put(s.cf, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2));
+          wb.Put(s.cf, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2));
       if (!ps.ok()) {
         err.set(from_rocksdb(ps, s.who + ": building a write batch"));
         return;
       }
     }
-    rocksdb::Status ws = s.db->db->Write(wo, &batch);
+    rocksdb::Status ws = s.db->db->Write(wo, &wb);
     if (!ws.ok()) {
       err.set(from_rocksdb(ws, s.who + ": writing " + std::to_string(e - b) + " rows"));
       return;
@@ -596,6 +617,9 @@ status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* row
     while (cur < local_max && !vmax.compare_exchange_weak(cur, local_max)) {
     }
   });
+  // A blind push may have added keys: size() counts them when asked. A failed push may have
+  // written some batches, so the count is stale either way.
+  if (!count || err.failed) s.count_stale = true;
   s.count += added.load();
   s.max_version = std::max(s.max_version, vmax.load());
   return err.st;
@@ -653,11 +677,14 @@ status rocksdb_store<Key>::for_each_impl(bool changed_only, std::uint64_t versio
   if (!fn) return status::invalid_argument(s.who + ": for_each with an empty callback");
   const std::size_t width = s.options.row_width;
   const std::size_t row_bytes = width * sizeof(float);
+  // The count may be stale after blind pushes: the buffers grow up to batch_size as needed.
   const std::size_t cap = std::min(batch_size, std::max<std::size_t>(s.count, 1));
-  std::vector<Key> k(cap);
-  std::vector<float> r(cap * width);
-  std::vector<std::uint64_t> v(cap);
-  std::size_t fill = 0;
+  std::vector<Key> k;
+  std::vector<float> r;
+  std::vector<std::uint64_t> v;
+  k.reserve(cap);
+  r.reserve(cap * width);
+  v.reserve(cap);
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;  // a full scan would evict the rows that pulls need
   ro.readahead_size = 2 << 20;
@@ -673,16 +700,19 @@ status rocksdb_store<Key>::for_each_impl(bool changed_only, std::uint64_t versio
     std::uint64_t ver;
     std::memcpy(&ver, val.data() + row_bytes, 8);
     if (changed_only && ver <= version) continue;
-    k[fill] = from_sortable<Key>(decode_key<Key>(key.data()));
-    v[fill] = ver;
-    std::memcpy(r.data() + fill * width, val.data(), row_bytes);
-    if (++fill == cap) {
-      EMBCACHE_RETURN_IF_ERROR(fn(k.data(), r.data(), v.data(), fill));
-      fill = 0;
+    k.push_back(from_sortable<Key>(decode_key<Key>(key.data())));
+    v.push_back(ver);
+    r.resize(r.size() + width);
+    std::memcpy(r.data() + r.size() - width, val.data(), row_bytes);
+    if (k.size() == batch_size) {
+      EMBCACHE_RETURN_IF_ERROR(fn(k.data(), r.data(), v.data(), k.size()));
+      k.clear();
+      r.clear();
+      v.clear();
     }
   }
   EMBCACHE_RETURN_IF_ERROR(from_rocksdb(it->status(), s.who + ": iteration"));
-  if (fill) EMBCACHE_RETURN_IF_ERROR(fn(k.data(), r.data(), v.data(), fill));
+  if (!k.empty()) EMBCACHE_RETURN_IF_ERROR(fn(k.data(), r.data(), v.data(), k.size()));
   return {};
 }
 

@@ -305,6 +305,41 @@ TEST(rocksdb_store, reopening_the_live_database_restores_rows_size_and_versions)
   EXPECT_NE(as_u32.get_status().message().find("int64 keys"), std::string::npos);
 }
 
+// Blind pushes (the default) leave the count to size(); count_on_push keeps it on every push.
+// Either way size() is exact after inserts, overwrites, repeats, erases and a reopen.
+TEST(rocksdb_store, size_stays_exact_with_blind_and_counted_pushes) {
+  for (bool counted : {false, true}) {
+    SCOPED_TRACE(counted ? "count_on_push" : "blind");
+    scratch_dir dir;
+    auto o = small_options(dir.sub("db"), "t", 2);
+    o.push_batch_keys = 128;
+    o.count_on_push = counted;
+    auto keys = make_keys<std::int64_t>(3000);
+    std::vector<std::int64_t> first(keys.begin(), keys.begin() + 1000);
+    // 500 already held, 1000 new, each repeated once.
+    std::vector<std::int64_t> second(keys.begin() + 500, keys.begin() + 2000);
+    second.insert(second.end(), keys.begin() + 500, keys.begin() + 2000);
+    {
+      auto s = must_open<std::int64_t>(o);
+      ASSERT_TRUE(s->push(first.data(), first.size(), make_rows(first, 2, 1).data()).ok());
+      EXPECT_EQ(s->size(), 1000u);
+      ASSERT_TRUE(s->push(second.data(), second.size(), make_rows(second, 2, 2).data()).ok());
+      EXPECT_EQ(s->size(), 2000u);
+      std::size_t erased = 0;
+      ASSERT_TRUE(s->erase(keys.data() + 1900, 200, &erased).ok());  // 100 held, 100 absent
+      EXPECT_EQ(erased, 100u);
+      EXPECT_EQ(s->size(), 1900u);
+      // Not asked for in between: the count is settled after the reopen.
+      ASSERT_TRUE(s->push(keys.data(), 2500, make_rows(keys, 2, 3).data()).ok());
+      ASSERT_TRUE(s->erase(keys.data(), 10).ok());
+    }
+    auto s = must_open<std::int64_t>(o);
+    EXPECT_EQ(s->size(), 2490u);
+    ASSERT_TRUE(s->push(keys.data(), 5, make_rows(keys, 2, 4).data()).ok());
+    EXPECT_EQ(s->size(), 2495u);
+  }
+}
+
 TEST(rocksdb_store, a_full_disk_under_the_live_database_is_out_of_space_and_loses_nothing) {
   small_tmpfs disk(3 << 20);
   if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
