@@ -5,9 +5,9 @@
 // Each benchmark moves the whole table (1M rows, shuffled key order) per iteration. The raw
 // push runs a single iteration (one Put per key with the write-ahead log, as default options
 // do, takes seconds). The raw pull alone reads a sample: one Get per key from a database with
-// no bloom filter and an 8 MiB block cache costs ~45 s per dim for the whole table, so it reads
-// the first 64Ki keys of the same shuffled batch (a uniform random sample of the same table) and
-// reports the same rates.
+// no bloom filter and the small default block cache costs ~45 s per dim for the whole table, so
+// it reads the first 64Ki keys of the same shuffled batch (a uniform random sample of the same
+// table) and reports the same rates.
 #include <benchmark/benchmark.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
