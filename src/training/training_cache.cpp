@@ -235,6 +235,12 @@ struct training_cache<Key>::impl {
     // Gather buffer for the rows the next begin_pass writes behind, sized (and its pages
     // touched) by the worker so that the boundary does not pay for page faults.
     std::vector<float> gather;
+    // The prefetched keyset (sorted, unique) and the slots of its keys resident at prefetch
+    // time: begin_pass of the same keyset with the residency unchanged needs no lookup.
+    std::vector<Key> keyset;
+    std::vector<std::int64_t> hit_slots;
+    std::uint64_t residency = 0;
+    std::size_t resident_rows = 0;
     double seconds = 0;
   };
 
@@ -271,6 +277,8 @@ struct training_cache<Key>::impl {
     std::vector<std::int64_t> scratch_slots;
     std::vector<std::uint32_t> slot_mark;  // == mark_epoch: slot holds a key of the keyset
     std::uint32_t mark_epoch = 0;
+    // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
+    std::uint64_t residency = 0;
   };
 
   training_cache_options options;
@@ -503,7 +511,8 @@ struct training_cache<Key>::impl {
 template <class Key>
 status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key>& missing,
                                           bool use_staging, table_counters& c) {
-  if (use_staging && tb.store_writes_log.empty() && tb.staged.keys == missing) {
+  if (use_staging && tb.store_writes_log.empty() &&
+      (&missing == &tb.staged.keys || tb.staged.keys == missing)) {
     return swap_in_staged(tb, missing, c);
   }
   const auto t0 = clock_type::now();
@@ -664,23 +673,35 @@ template <class Key>
 status training_cache<Key>::impl::transition(table_state& tb, const std::vector<Key>& keys,
                                              bool use_staging, table_counters& c) {
   const std::size_t n = keys.size();
-  auto& slots = tb.scratch_slots;
-  slots.resize(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), n, slots.data()));
   if (tb.slot_mark.size() != tb.cache->capacity()) tb.slot_mark.assign(tb.cache->capacity(), 0);
   if (++tb.mark_epoch == 0) {
     std::fill(tb.slot_mark.begin(), tb.slot_mark.end(), 0);
     tb.mark_epoch = 1;
   }
-  std::vector<Key> missing;
-  missing.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) {
-      missing.push_back(keys[i]);
-    } else {
-      tb.slot_mark[slots[i]] = tb.mark_epoch;
+  auto& st = tb.staged;
+  std::vector<Key> computed;
+  const std::vector<Key>* miss = &computed;
+  if (use_staging && st.residency == tb.residency && st.resident_rows == tb.cache->size() &&
+      st.keyset == keys) {
+    // Nothing entered or left since prefetch computed the hits and staged the misses.
+    for (const auto s : st.hit_slots) tb.slot_mark[s] = tb.mark_epoch;
+    miss = &st.keys;
+  } else {
+    auto& missing = computed;
+    auto& slots = tb.scratch_slots;
+    slots.resize(n);
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), n, slots.data()));
+    missing.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots[i] < 0) {
+        missing.push_back(keys[i]);
+      } else {
+        tb.slot_mark[slots[i]] = tb.mark_epoch;
+      }
     }
   }
+  ++tb.residency;
+  const std::vector<Key>& missing = *miss;
   c.misses = missing.size();
   c.hits = n - missing.size();
   const std::size_t resident = tb.cache->size();
@@ -1072,6 +1093,15 @@ status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keyset
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (slots[i] < 0) todo[t].push_back(keys[i]);
     }
+    auto& st = tb.staged;
+    st.keyset.assign(keys.begin(), keys.end());
+    st.hit_slots.clear();
+    st.hit_slots.reserve(keys.size() - todo[t].size());
+    for (const auto s : slots) {
+      if (s >= 0) st.hit_slots.push_back(s);
+    }
+    st.residency = tb.residency;
+    st.resident_rows = tb.cache->size();
     // At most the residents outside the keyset leave at that boundary.
     const std::size_t leaving = tb.cache->size() - (keys.size() - todo[t].size());
     if (im.options.write_behind && tb.spare_rows.size() < leaving * tb.row_width) {
@@ -1113,6 +1143,7 @@ status training_cache<Key>::lookup(std::size_t t, const Key* keys, std::size_t n
     throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
   }
   EMBCACHE_RETURN_IF_ERROR(impl_->settle());
+  ++impl_->tables.at(t).residency;
   return impl_->lookup(impl_->tables.at(t), keys, n, slots_out);
 }
 
@@ -1173,6 +1204,7 @@ status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n)
   for (auto s : slots) {
     if (s >= 0) tb.slot_used[s] = 0;
   }
+  ++tb.residency;
   EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys, n));
   {
     std::lock_guard<std::mutex> lock(*tb.store_mutex);
@@ -1508,6 +1540,7 @@ status training_cache<Key>::load(const std::string& dir_in) {
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     auto& L = data[t];
+    ++tb.residency;
     tb.cache->clear();
     std::fill(tb.slot_used.begin(), tb.slot_used.end(), 0);
     std::vector<Key> old;

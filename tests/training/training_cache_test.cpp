@@ -731,6 +731,31 @@ TEST(training_cache, write_back_after_staging_forces_a_re_pull) {
   EXPECT_NE(row, v1);  // erased: re-initialized, the staged copy was not used
 }
 
+// begin_pass reuses the hits that prefetch computed only while nothing entered or left: a resident
+// key erased after prefetch must be brought back by begin_pass.
+TEST(training_cache, a_key_erased_after_prefetch_is_resident_after_begin_pass) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 16;
+  training_cache<std::int64_t> tc({}, {o});
+  const std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {1, 2, 3, 4};
+  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  ASSERT_TRUE(tc.prefetch({k2}).ok());  // hits 1, 2, 3; stages 4
+  const std::int64_t two = 2;
+  ASSERT_TRUE(tc.erase(0, &two, 1).ok());
+  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.hits, 2u);
+  EXPECT_EQ(c.misses, 2u);
+  EXPECT_EQ(c.rows_staged, 1u);
+  EXPECT_EQ(c.rows_initialized, 2u);
+  std::vector<std::int64_t> slots(k2.size());
+  ASSERT_TRUE(tc.cache(0).lookup_slots(k2.data(), k2.size(), slots.data()).ok());
+  for (std::size_t i = 0; i < k2.size(); ++i) EXPECT_GE(slots[i], 0) << "key " << k2[i];
+  EXPECT_EQ(tc.cache(0).size(), 4u);
+}
+
 // --- write-behind --------------------------------------------------------------------------------
 
 // One Adam table of capacity 64 on a gated store, holding pass {0..39} with rows set to known
