@@ -3,7 +3,7 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -18,22 +18,26 @@ namespace embcache {
 namespace detail {
 
 // Host allocations are 64-byte aligned so rows and bucket groups start on cache lines. Large ones
-// are aligned to 2 MiB and offered to transparent huge pages: tables are probed at random, and
-// with 4 KiB pages nearly every probe would also miss the TLB.
+// are offered to transparent huge pages: tables are probed at random, and with 4 KiB pages nearly
+// every probe would also miss the TLB. (Any 2 MiB-aligned stretch of the range gets huge pages,
+// so the allocation itself needs no 2 MiB alignment.)
 inline void* host_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  constexpr std::size_t huge = std::size_t{2} << 20;
-  const bool large = bytes >= 2 * huge;
-  const std::size_t align = large ? huge : 64;
-  const std::size_t rounded = (bytes + align - 1) / align * align;
-  void* p = nullptr;
-  if (posix_memalign(&p, align, rounded) != 0) throw std::bad_alloc();
+  void* p = ::operator new(bytes, std::align_val_t(64));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (large) (void)madvise(p, rounded, MADV_HUGEPAGE);
+  constexpr std::size_t huge = std::size_t{2} << 20;
+  if (bytes >= 2 * huge) {
+    constexpr std::uintptr_t page = 4096;
+    const std::uintptr_t begin = (reinterpret_cast<std::uintptr_t>(p) + page - 1) & ~(page - 1);
+    const std::uintptr_t end = (reinterpret_cast<std::uintptr_t>(p) + bytes) & ~(page - 1);
+    if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
 #endif
   return p;
 }
-inline void host_deallocate(void* p) noexcept { std::free(p); }
+inline void host_deallocate(void* p) noexcept {
+  if (p) ::operator delete(p, std::align_val_t(64));
+}
 
 // Implemented by the embcache::cuda library; they throw embcache::error on CUDA failures.
 void* cuda_allocate(std::size_t bytes, CUstream_st* stream);
