@@ -75,8 +75,10 @@ std::shared_ptr<param_store<std::int64_t>> make_store(bool rocksdb, std::size_t 
   return std::make_shared<host_store<std::int64_t>>(ho);
 }
 
+std::map<std::pair<int, bool>, std::unique_ptr<fixture>> fixtures;
+
 fixture& get_fixture(int overlap, bool rocksdb) {
-  static std::map<std::pair<int, bool>, std::unique_ptr<fixture>> cache;
+  auto& cache = fixtures;
   auto& f = cache[{overlap, rocksdb}];
   if (f) return *f;
   cache.clear();  // one store at a time
@@ -249,4 +251,11 @@ BENCHMARK(training_begin_pass)
 }  // namespace
 }  // namespace embcache
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  embcache::fixtures.clear();  // removes the RocksDB folder
+  return 0;
+}
