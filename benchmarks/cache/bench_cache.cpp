@@ -38,9 +38,9 @@ const char* op_name(op o) {
 // Resident keys and the batch, shared by the cache and both baselines of one (dim, load, dist).
 struct workload {
   std::vector<key_t_> resident;
-  std::vector<key_t_> batch_keys;   // find: all resident
-  std::vector<key_t_> mixed_keys;   // half resident, half new
-  std::vector<key_t_> new_keys;     // the new ones of mixed_keys, unique
+  std::vector<key_t_> batch_keys;  // find: all resident
+  std::vector<key_t_> mixed_keys;  // half resident, half new
+  std::vector<key_t_> new_keys;    // the new ones of mixed_keys, unique
 };
 
 std::vector<std::size_t> draw(std::size_t n, std::size_t universe, bool zipf, std::uint64_t seed) {
@@ -222,7 +222,8 @@ void bm_umap(benchmark::State& state, op o, std::size_t dim, double load, bool z
 
 std::string suffix(std::size_t dim, double load, bool zipf) {
   char buf[96];
-  std::snprintf(buf, sizeof(buf), "dim:%zu/load:%.1f/dist:%s", dim, load, zipf ? "zipf" : "uniform");
+  std::snprintf(buf, sizeof(buf), "dim:%zu/load:%.1f/dist:%s", dim, load,
+                zipf ? "zipf" : "uniform");
   return buf;
 }
 
@@ -241,8 +242,8 @@ int register_all() {
                                        dim, load, zipf)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
-          benchmark::RegisterBenchmark(("baseline_" + name + "/std_umap/" + s).c_str(), bm_umap,
-                                       o, dim, load, zipf)
+          benchmark::RegisterBenchmark(("baseline_" + name + "/std_umap/" + s).c_str(), bm_umap, o,
+                                       dim, load, zipf)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
         }

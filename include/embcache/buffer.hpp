@@ -42,7 +42,8 @@ inline void host_deallocate(void* p) noexcept {
 // Implemented by the embcache::cuda library; they throw embcache::error on CUDA failures.
 void* cuda_allocate(std::size_t bytes, CUstream_st* stream);
 void cuda_deallocate(void* p, CUstream_st* stream) noexcept;
-void cuda_copy(void* dst, const void* src, std::size_t bytes, CUstream_st* stream);  // any direction
+void cuda_copy(void* dst, const void* src, std::size_t bytes,
+               CUstream_st* stream);  // any direction
 void cuda_memset(void* dst, int value, std::size_t bytes, CUstream_st* stream);
 void cuda_synchronize(CUstream_st* stream);
 void* cuda_allocate_pinned(std::size_t bytes);

@@ -153,10 +153,9 @@ class embedding_cache {
   /// `slots_out` (may be nullptr) where each key is now (-1 if it could not be placed: then the
   /// call returns capacity_exceeded). Deterministic: the result does not depend on thread count.
   status insert_and_evict(const Key* keys, std::size_t n, const float* rows_in,
-                          const std::uint64_t* versions_in, Key* evicted_keys,
-                          float* evicted_rows, std::uint64_t* evicted_versions,
-                          std::size_t* evicted_count, bool* found_out = nullptr,
-                          std::int64_t* slots_out = nullptr);
+                          const std::uint64_t* versions_in, Key* evicted_keys, float* evicted_rows,
+                          std::uint64_t* evicted_versions, std::size_t* evicted_count,
+                          bool* found_out = nullptr, std::int64_t* slots_out = nullptr);
 
   /// Number of resident rows that pass `filter`.
   std::size_t count_if(const export_filter& filter) const;

@@ -18,9 +18,8 @@ namespace embcache {
 /// Callback of a batched iteration: `n` rows, `keys[i]` owns `rows[i*row_width ..]` and
 /// `versions[i]`. Returning a non-ok status stops the iteration and is returned by it.
 template <class Key>
-using store_batch_fn =
-    std::function<status(const Key* keys, const float* rows, const std::uint64_t* versions,
-                         std::size_t n)>;
+using store_batch_fn = std::function<status(const Key* keys, const float* rows,
+                                            const std::uint64_t* versions, std::size_t n)>;
 
 /// Interface of a parameter store for one table. Batches may hold 0 to 10M keys; bulk calls run
 /// in parallel inside. Calls on one store are not meant to overlap each other unless an

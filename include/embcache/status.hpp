@@ -44,9 +44,13 @@ class [[nodiscard]] status {
   status(status_code code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static status ok_status() { return {}; }
-  static status invalid_argument(std::string m) { return {status_code::invalid_argument, std::move(m)}; }
+  static status invalid_argument(std::string m) {
+    return {status_code::invalid_argument, std::move(m)};
+  }
   static status not_found(std::string m) { return {status_code::not_found, std::move(m)}; }
-  static status capacity_exceeded(std::string m) { return {status_code::capacity_exceeded, std::move(m)}; }
+  static status capacity_exceeded(std::string m) {
+    return {status_code::capacity_exceeded, std::move(m)};
+  }
   static status io_error(std::string m) { return {status_code::io_error, std::move(m)}; }
   static status corruption(std::string m) { return {status_code::corruption, std::move(m)}; }
   static status out_of_space(std::string m) { return {status_code::out_of_space, std::move(m)}; }
@@ -81,7 +85,8 @@ class [[nodiscard]] result {
   result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
   result(status s) : status_(std::move(s)) {     // NOLINT(google-explicit-constructor)
     if (status_.ok())
-      status_ = status(status_code::internal, "result constructed from an ok status without a value");
+      status_ =
+          status(status_code::internal, "result constructed from an ok status without a value");
   }
   bool ok() const noexcept { return status_.ok(); }
   const status& get_status() const noexcept { return status_; }
@@ -106,15 +111,24 @@ class [[nodiscard]] result {
 
 inline const char* to_string(status_code code) noexcept {
   switch (code) {
-    case status_code::ok: return "ok";
-    case status_code::invalid_argument: return "invalid_argument";
-    case status_code::not_found: return "not_found";
-    case status_code::capacity_exceeded: return "capacity_exceeded";
-    case status_code::io_error: return "io_error";
-    case status_code::corruption: return "corruption";
-    case status_code::out_of_space: return "out_of_space";
-    case status_code::unsupported: return "unsupported";
-    case status_code::internal: return "internal";
+    case status_code::ok:
+      return "ok";
+    case status_code::invalid_argument:
+      return "invalid_argument";
+    case status_code::not_found:
+      return "not_found";
+    case status_code::capacity_exceeded:
+      return "capacity_exceeded";
+    case status_code::io_error:
+      return "io_error";
+    case status_code::corruption:
+      return "corruption";
+    case status_code::out_of_space:
+      return "out_of_space";
+    case status_code::unsupported:
+      return "unsupported";
+    case status_code::internal:
+      return "internal";
   }
   return "unknown";
 }
@@ -127,8 +141,8 @@ inline std::string status::to_string() const {
 }  // namespace embcache
 
 /// Returns the status of `expr` from the enclosing function when it is not ok.
-#define EMBCACHE_RETURN_IF_ERROR(expr)          \
-  do {                                          \
-    ::embcache::status _embcache_s = (expr);    \
-    if (!_embcache_s.ok()) return _embcache_s;  \
+#define EMBCACHE_RETURN_IF_ERROR(expr)         \
+  do {                                         \
+    ::embcache::status _embcache_s = (expr);   \
+    if (!_embcache_s.ok()) return _embcache_s; \
   } while (0)

@@ -2,8 +2,8 @@
 // what changed, and evict on demand when it is full.
 #include <cstdio>
 #include <memory>
-#include <string>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "embcache/embcache.hpp"
@@ -58,8 +58,8 @@ int main() {
   std::size_t evicted = 0;
   auto st = cache.insert_and_evict(fresh.data(), fresh.size(), nullptr, nullptr, victims.data(),
                                    victim_rows.data(), victim_versions.data(), &evicted);
-  std::printf("insert_and_evict: %zu new keys, %zu rows evicted, %zu resident (%s)\n",
-              fresh.size(), evicted, cache.size(), st.to_string().c_str());
+  std::printf("insert_and_evict: %zu new keys, %zu rows evicted, %zu resident (%s)\n", fresh.size(),
+              evicted, cache.size(), st.to_string().c_str());
   std::size_t dirty = 0;
   for (std::size_t i = 0; i < evicted; ++i) dirty += victim_versions[i] > exported_at;
   std::printf("of the evicted rows, %zu had changed since the export and need a write-back\n",

@@ -309,8 +309,11 @@ TYPED_TEST_P(cache_conformance, EveryKeyValueIsAKey) {
   using Key = typename TypeParam::key_type;
   using L = std::numeric_limits<Key>;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
-  std::vector<Key> keys = {0, 1, std::is_signed_v<Key> ? static_cast<Key>(-1) : Key(2),
-                           std::is_signed_v<Key> ? L::min() : Key(3), L::max(),
+  std::vector<Key> keys = {0,
+                           1,
+                           std::is_signed_v<Key> ? static_cast<Key>(-1) : Key(2),
+                           std::is_signed_v<Key> ? L::min() : Key(3),
+                           L::max(),
                            static_cast<Key>(L::max() - 1)};
   std::vector<float> rows = {1, 2, 3, 4, 5, 6};
   ASSERT_TRUE(h.insert_or_assign(keys, rows).ok());
@@ -427,8 +430,8 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
   EXPECT_EQ(r.keys, std::vector<Key>({6}));
   EXPECT_EQ(h.cache.size(), 128u);
   auto f = h.find({0, 1, 2, 3, 4, 5, 6, 1000, 1001, 1002, 2000});
-  EXPECT_EQ(f.found, std::vector<bool>({true, true, false, false, false, true, false, true, true,
-                                        true, true}));
+  EXPECT_EQ(f.found, std::vector<bool>(
+                         {true, true, false, false, false, true, false, true, true, true, true}));
 }
 
 TYPED_TEST_P(cache_conformance, InsertAndEvictLfuOrderAndOverflowingBatch) {
@@ -537,16 +540,12 @@ TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
   }
 }
 
-REGISTER_TYPED_TEST_SUITE_P(cache_conformance, EmptyFindsNothing,
-                            FindOrInsertInitializesDeterministically,
-                            InitializerKindsHaveTheirShape,
-                            InsertOrAssignOverwritesAndLastDuplicateWins,
-                            DuplicatesInFindOrInsertInsertOnce,
-                            EraseRemovesOnceAndAllowsReinsert, EveryKeyValueIsAKey,
-                            FullTableIsAClearStatus, SlotsReadAssignAndVersions,
-                            ExportAllIsSortedWithRowsAndVersions, InsertAndEvictLruOrder,
-                            InsertAndEvictLfuOrderAndOverflowingBatch,
-                            InsertAndEvictUsesGivenRows, ClearEmptiesAndKeepsTheVersionClock,
-                            RandomizedDifferentialAgainstUnorderedMap);
+REGISTER_TYPED_TEST_SUITE_P(
+    cache_conformance, EmptyFindsNothing, FindOrInsertInitializesDeterministically,
+    InitializerKindsHaveTheirShape, InsertOrAssignOverwritesAndLastDuplicateWins,
+    DuplicatesInFindOrInsertInsertOnce, EraseRemovesOnceAndAllowsReinsert, EveryKeyValueIsAKey,
+    FullTableIsAClearStatus, SlotsReadAssignAndVersions, ExportAllIsSortedWithRowsAndVersions,
+    InsertAndEvictLruOrder, InsertAndEvictLfuOrderAndOverflowingBatch, InsertAndEvictUsesGivenRows,
+    ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap);
 
 }  // namespace embcache::testing

@@ -10,8 +10,8 @@
 namespace embcache::testing {
 namespace {
 
-using host_cases = ::testing::Types<cache_case<std::int64_t, host_space>,
-                                    cache_case<std::uint32_t, host_space>>;
+using host_cases =
+    ::testing::Types<cache_case<std::int64_t, host_space>, cache_case<std::uint32_t, host_space>>;
 INSTANTIATE_TYPED_TEST_SUITE_P(host, cache_conformance, host_cases);
 
 std::vector<std::int64_t> shuffled_keys(std::size_t n, std::uint64_t seed) {
@@ -75,7 +75,8 @@ TEST(cache_host, ManyHostThreadsAtOnce) {
           if (!std::equal(e.begin(), e.end(), rows.begin() + i * 4)) ++failures;
         }
         std::vector<char> found(keys.size());
-        if (!cache.find(keys.data(), keys.size(), nullptr, reinterpret_cast<bool*>(found.data())).ok())
+        if (!cache.find(keys.data(), keys.size(), nullptr, reinterpret_cast<bool*>(found.data()))
+                 .ok())
           ++failures;
         for (char f : found)
           if (!f) ++failures;

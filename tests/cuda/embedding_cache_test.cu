@@ -5,8 +5,8 @@
 namespace embcache::testing {
 namespace {
 
-using cuda_cases = ::testing::Types<cache_case<std::int64_t, cuda_space>,
-                                    cache_case<std::uint32_t, cuda_space>>;
+using cuda_cases =
+    ::testing::Types<cache_case<std::int64_t, cuda_space>, cache_case<std::uint32_t, cuda_space>>;
 INSTANTIATE_TYPED_TEST_SUITE_P(cuda, cache_conformance, cuda_cases);
 
 TEST(cache_cuda, SameRowsAsTheHostSpace) {

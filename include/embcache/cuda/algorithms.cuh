@@ -4,27 +4,26 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <thrust/count.h>
+#include <thrust/execution_policy.h>
+#include <thrust/scan.h>
+#include <thrust/sort.h>
 
 #include <cstddef>
 #include <string>
-#include <thrust/execution_policy.h>
-#include <thrust/count.h>
-#include <thrust/scan.h>
-#include <thrust/scan.h>
-#include <thrust/sort.h>
 
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 
 /// Throws embcache::error naming the call, the file and the line when a CUDA call fails.
-#define EMBCACHE_CUDA_CHECK(call)                                                               \
-  do {                                                                                          \
-    cudaError_t _embcache_e = (call);                                                           \
-    if (_embcache_e != cudaSuccess)                                                             \
-      throw ::embcache::error(::embcache::status_code::internal,                                \
-                              std::string(#call) + " failed at " + __FILE__ + ":" +             \
-                                  std::to_string(__LINE__) + ": " +                             \
-                                  cudaGetErrorString(_embcache_e));                             \
+#define EMBCACHE_CUDA_CHECK(call)                                                   \
+  do {                                                                              \
+    cudaError_t _embcache_e = (call);                                               \
+    if (_embcache_e != cudaSuccess)                                                 \
+      throw ::embcache::error(::embcache::status_code::internal,                    \
+                              std::string(#call) + " failed at " + __FILE__ + ":" + \
+                                  std::to_string(__LINE__) + ": " +                 \
+                                  cudaGetErrorString(_embcache_e));                 \
   } while (0)
 
 namespace embcache::detail {

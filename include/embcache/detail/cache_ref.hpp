@@ -5,10 +5,9 @@
 /// the logic the GPU runs. No stability promise: this is internal.
 #pragma once
 
-#include <cuda/atomic>
-
 #include <cstddef>
 #include <cstdint>
+#include <cuda/atomic>
 #if !defined(__CUDA_ARCH__) && defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -105,10 +104,9 @@ EMBCACHE_HD inline float initial_value(const initializer_options& init, float no
       // Irwin-Hall with 4 terms of 22 bits: the sum is exact in float, one rounding at the end.
       const std::uint64_t r2 = mix64(r ^ 0xd6e8feb86659fd93ULL);
       const float k = 1.0f / 4194304.0f;
-      const float s = static_cast<float>(r & 0x3fffff) * k +
-                      static_cast<float>((r >> 22) & 0x3fffff) * k +
-                      static_cast<float>(r2 & 0x3fffff) * k +
-                      static_cast<float>((r2 >> 22) & 0x3fffff) * k;
+      const float s =
+          static_cast<float>(r & 0x3fffff) * k + static_cast<float>((r >> 22) & 0x3fffff) * k +
+          static_cast<float>(r2 & 0x3fffff) * k + static_cast<float>((r2 >> 22) & 0x3fffff) * k;
       return (s - 2.0f) * normal_factor;
     }
     case init_kind::constant:
@@ -120,19 +118,19 @@ EMBCACHE_HD inline float initial_value(const initializer_options& init, float no
 /// Non-owning view of an embedding cache's arrays with its single-key operations.
 template <class Key>
 struct cache_ref {
-  std::uint8_t* states;      // capacity bytes (stored as 64-bit words)
-  Key* keys;                 // capacity
-  std::uint32_t* overflow;   // num_buckets: keys stored past this bucket whose probe passed it
-  std::uint64_t* versions;   // capacity
-  std::uint64_t* scores;     // capacity
-  std::uint64_t* touched;    // capacity (LFU only, else nullptr)
-  std::uint64_t* claims;     // capacity
-  float* rows;               // capacity * row_width
+  std::uint8_t* states;     // capacity bytes (stored as 64-bit words)
+  Key* keys;                // capacity
+  std::uint32_t* overflow;  // num_buckets: keys stored past this bucket whose probe passed it
+  std::uint64_t* versions;  // capacity
+  std::uint64_t* scores;    // capacity
+  std::uint64_t* touched;   // capacity (LFU only, else nullptr)
+  std::uint64_t* claims;    // capacity
+  float* rows;              // capacity * row_width
   std::size_t num_buckets;
   std::size_t row_width;
   std::size_t dim;
   initializer_options init;
-  float normal_factor;       // scale * sqrt(3), for init_kind::normal
+  float normal_factor;  // scale * sqrt(3), for init_kind::normal
   score_policy policy;
 
   struct hashed {
@@ -164,10 +162,11 @@ struct cache_ref {
     const __m128i needle = _mm_set1_epi8(static_cast<char>(d));
     const std::uint8_t* base = states + b * cache_bucket_size;
     for (std::size_t g = 0; g < cache_bucket_size; g += 16) {
-      unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
+      unsigned m = static_cast<unsigned>(_mm_movemask_epi8(
+          _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
       while (m) {
-        const std::size_t s = b * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
+        const std::size_t s =
+            b * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
         m &= m - 1;
         if (atomic_load(states + s, cuda::std::memory_order_acquire) == d && keys[s] == k)
           return static_cast<std::int64_t>(s);
@@ -229,8 +228,8 @@ struct cache_ref {
       if (!busy) {
         // Orders the key and row reads that follow after this load (free on x86).
         cuda::std::atomic_thread_fence(cuda::std::memory_order_acquire);
-        return {static_cast<unsigned>(_mm_movemask_epi8(
-                    _mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(d))))),
+        return {static_cast<unsigned>(
+                    _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(d))))),
                 static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())))};
       }
 #else

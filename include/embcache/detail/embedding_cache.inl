@@ -50,7 +50,8 @@ void prefetch_slot(const cache_ref<Key>& t, Key k, bool with_row) {
     const unsigned m = static_cast<unsigned>(_mm_movemask_epi8(
         _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
     if (!m) continue;
-    const std::size_t s = h.home * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
+    const std::size_t s =
+        h.home * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
 #else
   std::uint64_t* words = t.bucket_words(h.home);
   for (std::size_t w = 0; w < cache_bucket_words; ++w) {
@@ -410,7 +411,8 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
   overflow_ = buffer<std::uint32_t, Space>(num_buckets_, space_);
   versions_ = buffer<std::uint64_t, Space>(capacity_, space_);
   scores_ = buffer<std::uint64_t, Space>(capacity_, space_);
-  if (options.scores == score_policy::lfu) touched_ = buffer<std::uint64_t, Space>(capacity_, space_);
+  if (options.scores == score_policy::lfu)
+    touched_ = buffer<std::uint64_t, Space>(capacity_, space_);
   claims_ = buffer<std::uint64_t, Space>(capacity_, space_);
   rows_ = buffer<float, Space>(capacity_ * row_width_, space_);
   states_.fill_bytes(0);
@@ -448,7 +450,8 @@ template <class Key, class Space>
 status embedding_cache<Key, Space>::find(const Key* keys, std::size_t n, float* rows_out,
                                          bool* found_out) {
   std::shared_lock lock(*mutex_);
-  detail::for_each_index(space_, n, detail::find_fn<Key>{ref(), keys, rows_out, found_out, next_op()});
+  detail::for_each_index(space_, n,
+                         detail::find_fn<Key>{ref(), keys, rows_out, found_out, next_op()});
   detail::synchronize(space_);
   return {};
 }
@@ -470,17 +473,17 @@ status embedding_cache<Key, Space>::check_no_failures(const std::int64_t* slots,
     }
   if (failed == 0) return {};
   return status::capacity_exceeded(
-      std::string("embedding_cache::") + what + ": no room for " + std::to_string(failed) +
-      " of " + std::to_string(n) + " keys (first: key " + detail::key_to_string(k[first]) +
+      std::string("embedding_cache::") + what + ": no room for " + std::to_string(failed) + " of " +
+      std::to_string(n) + " keys (first: key " + detail::key_to_string(k[first]) +
       " at batch index " + std::to_string(first) + "); size " + std::to_string(size_.load()) +
       " of capacity " + std::to_string(capacity_));
 }
 
 template <class Key, class Space>
-status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n,
-                                                std::int64_t* slots, float* rows_out,
-                                                bool* inserted_out, bool initialize,
-                                                std::uint64_t op, const char* what) {
+status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, std::int64_t* slots,
+                                                float* rows_out, bool* inserted_out,
+                                                bool initialize, std::uint64_t op,
+                                                const char* what) {
   buffer<std::uint8_t, Space> outcome(n, space_);
   const std::uint64_t version = next_version();
   detail::for_each_index(space_, n,
@@ -504,8 +507,8 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n,
 }
 
 template <class Key, class Space>
-status embedding_cache<Key, Space>::find_or_insert(const Key* keys, std::size_t n,
-                                                   float* rows_out, bool* inserted_out) {
+status embedding_cache<Key, Space>::find_or_insert(const Key* keys, std::size_t n, float* rows_out,
+                                                   bool* inserted_out) {
   std::shared_lock lock(*mutex_);
   buffer<std::int64_t, Space> slots(n, space_);
   return insert_pass(keys, n, slots.data(), rows_out, inserted_out, true, next_op(),
@@ -535,13 +538,13 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
   detail::for_each_index(space_, n,
-                         detail::insert_fn<Key>{ref(), keys, slots.data(), outcome.data(),
-                                                nullptr, rows, versions, version, op, false});
+                         detail::insert_fn<Key>{ref(), keys, slots.data(), outcome.data(), nullptr,
+                                                rows, versions, version, op, false});
   const std::uint64_t epoch = ++claim_epoch_;
   detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots.data(), epoch});
-  detail::for_each_index(space_, n,
-                         detail::assign_fn<Key>{ref(), slots.data(), outcome.data(), rows,
-                                                versions, version, epoch});
+  detail::for_each_index(
+      space_, n,
+      detail::assign_fn<Key>{ref(), slots.data(), outcome.data(), rows, versions, version, epoch});
   size_ += detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
   const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
   detail::synchronize(space_);
@@ -550,8 +553,7 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
 }
 
 template <class Key, class Space>
-status embedding_cache<Key, Space>::erase(const Key* keys, std::size_t n,
-                                          std::size_t* erased_out) {
+status embedding_cache<Key, Space>::erase(const Key* keys, std::size_t n, std::size_t* erased_out) {
   std::unique_lock lock(*mutex_);
   buffer<std::uint8_t, Space> erased(n, space_);
   detail::for_each_index(space_, n, detail::erase_fn<Key>{ref(), keys, erased.data()});
@@ -574,16 +576,14 @@ status embedding_cache<Key, Space>::read_slots(const std::int64_t* slots, std::s
 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::assign_slots(const std::int64_t* slots, std::size_t n,
-                                                 const float* rows,
-                                                 const std::uint64_t* versions) {
+                                                 const float* rows, const std::uint64_t* versions) {
   std::shared_lock lock(*mutex_);
   if (n == 0) return {};
   const std::uint64_t version = next_version();
   const std::uint64_t epoch = ++claim_epoch_;
   detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots, epoch});
-  detail::for_each_index(space_, n,
-                         detail::assign_fn<Key>{ref(), slots, nullptr, rows, versions, version,
-                                                epoch});
+  detail::for_each_index(
+      space_, n, detail::assign_fn<Key>{ref(), slots, nullptr, rows, versions, version, epoch});
   detail::synchronize(space_);
   return {};
 }
@@ -624,7 +624,8 @@ status embedding_cache<Key, Space>::insert_and_evict(
                             vversions.data()});
   const std::size_t inserted =
       detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
-  const std::size_t evicted = detail::count_equal(space_, outcome.data(), n, detail::outcome_evicted);
+  const std::size_t evicted =
+      detail::count_equal(space_, outcome.data(), n, detail::outcome_evicted);
   const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (evicted) {
@@ -632,12 +633,11 @@ status embedding_cache<Key, Space>::insert_and_evict(
     buffer<std::uint64_t, Space> positions(n, space_);
     detail::for_each_index(space_, n, detail::victim_flag_fn<Key>{outcome.data(), flags.data()});
     detail::exclusive_scan(space_, flags.data(), positions.data(), n);
-    detail::for_each_index(space_, n,
-                           detail::victim_compact_fn<Key>{outcome.data(), positions.data(),
-                                                          vkeys.data(), vrows.data(),
-                                                          vversions.data(), row_width_,
-                                                          evicted_keys, evicted_rows,
-                                                          evicted_versions});
+    detail::for_each_index(
+        space_, n,
+        detail::victim_compact_fn<Key>{outcome.data(), positions.data(), vkeys.data(), vrows.data(),
+                                       vversions.data(), row_width_, evicted_keys, evicted_rows,
+                                       evicted_versions});
   }
   if (evicted_count) *evicted_count = evicted;
   if (slots_out) detail::copy(space_, slots_out, slots.data(), n * sizeof(std::int64_t));
@@ -657,9 +657,9 @@ template <class Key, class Space>
 std::size_t embedding_cache<Key, Space>::count_if(const export_filter& filter) const {
   std::unique_lock lock(*mutex_);
   buffer<std::uint32_t, Space> flags(capacity_, space_);
-  detail::for_each_index(space_, capacity_,
-                         detail::export_flag_fn{states_.data(), versions_.data(), filter,
-                                                flags.data()});
+  detail::for_each_index(
+      space_, capacity_,
+      detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
   return detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
 }
 
@@ -671,23 +671,21 @@ status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* 
   if (count_out) *count_out = 0;
   buffer<std::uint32_t, Space> flags(capacity_, space_);
   buffer<std::uint64_t, Space> positions(capacity_, space_);
-  detail::for_each_index(space_, capacity_,
-                         detail::export_flag_fn{states_.data(), versions_.data(), filter,
-                                                flags.data()});
+  detail::for_each_index(
+      space_, capacity_,
+      detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
   const std::size_t count = detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
   if (count > max_out)
     return status::capacity_exceeded("embedding_cache::export_if: " + std::to_string(count) +
-                                     " rows match but the output holds " +
-                                     std::to_string(max_out));
+                                     " rows match but the output holds " + std::to_string(max_out));
   detail::exclusive_scan(space_, flags.data(), positions.data(), capacity_);
   buffer<std::int64_t, Space> slots(count, space_);
   detail::for_each_index(space_, capacity_,
                          detail::export_collect_fn<Key>{keys_.data(), flags.data(),
                                                         positions.data(), keys_out, slots.data()});
   detail::stable_sort_by_key(space_, keys_out, slots.data(), count);
-  detail::for_each_index(space_, count,
-                         detail::export_gather_fn<Key>{ref(), slots.data(), rows_out,
-                                                       versions_out});
+  detail::for_each_index(
+      space_, count, detail::export_gather_fn<Key>{ref(), slots.data(), rows_out, versions_out});
   detail::synchronize(space_);
   if (count_out) *count_out = count;
   return {};
@@ -703,8 +701,8 @@ result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
   out.versions.resize(count);
   std::size_t written = 0;
   if constexpr (is_host_space_v<Space>) {
-    EMBCACHE_RETURN_IF_ERROR(export_if(filter, out.keys.data(), out.rows.data(),
-                                       out.versions.data(), count, &written));
+    EMBCACHE_RETURN_IF_ERROR(
+        export_if(filter, out.keys.data(), out.rows.data(), out.versions.data(), count, &written));
   } else {
     buffer<Key, Space> k(count, space_);
     buffer<float, Space> r(count * row_width_, space_);

@@ -14,12 +14,12 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-#include <utility>
 #include <thrust/count.h>
-#include <thrust/scan.h>
 #include <thrust/scan.h>
 #include <thrust/sort.h>
 #include <thrust/system/tbb/execution_policy.h>
+
+#include <utility>
 
 #include "embcache/space.hpp"
 
@@ -93,7 +93,8 @@ void for_each_index(const host_space& space, std::size_t n, const F& f) {
 template <class K, class V>
 void stable_sort_by_key(const host_space& space, K* keys, V* values, std::size_t n) {
   if (n < 2) return;
-  run_in_space(space, [&] { thrust::stable_sort_by_key(thrust::tbb::par, keys, keys + n, values); });
+  run_in_space(space,
+               [&] { thrust::stable_sort_by_key(thrust::tbb::par, keys, keys + n, values); });
 }
 
 /// Sort of `keys` (length n), in parallel.

@@ -1,8 +1,7 @@
 // A trainer outside the embcache tree: links the installed library through find_package.
 #include <cstdio>
-#include <vector>
-
 #include <embcache/embcache.hpp>
+#include <vector>
 
 int main() {
   embcache::cache_options o;
