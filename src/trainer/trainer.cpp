@@ -109,7 +109,9 @@ struct trainer::impl {
 #endif
   std::unique_ptr<training_cache<key_t>> cache;
   std::unique_ptr<host_hybrid_table<key_t>> hybrid[2];
-  std::unique_ptr<wide_deep_model<host_space>> model;
+  std::unique_ptr<dense_backend> model;
+  std::string dense_note;
+  bool dense_note_logged = false;
   std::uint64_t step = 0, passes_done = 0, samples = 0;
   std::vector<pass_metrics> history;
   std::function<void(const std::string&)> log = [](const std::string& s) {
@@ -238,11 +240,12 @@ status trainer::impl::build() {
   mo.num_deep_slots = criteo_slot_count;
   mo.deep_dim = config.tables[deep_t].dim;
   mo.num_dense = criteo_dense_count;
-  try {
-    model = std::make_unique<wide_deep_model<host_space>>(mo, space);
-  } catch (const error& e) {
-    return status(e.code(), std::string("config.model: ") + e.what());
-  }
+  // Shape errors are the model's, not the device's.
+  if (const status ms = check_options(mlp_options(mo)); !ms.ok())
+    return status(ms.code(), "config.model: " + ms.message());
+  auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
+  if (!m.ok()) return m.get_status();
+  model = std::move(m).value();
   return {};
 }
 
@@ -373,11 +376,16 @@ std::uint64_t trainer::passes_done() const noexcept { return impl_->passes_done;
 const std::vector<pass_metrics>& trainer::history() const noexcept { return impl_->history; }
 const trainer_config& trainer::config() const noexcept { return impl_->config; }
 training_cache<std::int64_t>& trainer::cache() noexcept { return *impl_->cache; }
-wide_deep_model<host_space>& trainer::model() noexcept { return *impl_->model; }
+dense_backend& trainer::model() noexcept { return *impl_->model; }
+const std::string& trainer::dense_note() const noexcept { return impl_->dense_note; }
 void trainer::set_log(std::function<void(const std::string&)> log) { impl_->log = std::move(log); }
 
 status trainer::run() {
   const auto& passes = impl_->config.passes;
+  if (!impl_->dense_note_logged) {
+    impl_->log(impl_->dense_note);
+    impl_->dense_note_logged = true;
+  }
   if (!impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
     std::error_code ec;
     fs::create_directories(impl_->config.output_dir, ec);

@@ -186,6 +186,9 @@ status validate(const trainer_config& c) {
   if (!(c.model.adam.learning_rate > 0.0f))
     return status::invalid_argument("config.model.learning_rate: must be > 0");
   if (c.threads < 0) return status::invalid_argument("config.threads: must be >= 0");
+  if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
+    return status::invalid_argument("config.dense_device: \"" + c.dense_device +
+                                    "\" is not a device (host, cuda, auto)");
   if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
     return status::invalid_argument(
         "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");
@@ -286,6 +289,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
   r.get("save_every_pass", c.save_every_pass);
   r.get("resume_from", c.resume_from);
   r.get("threads", c.threads);
+  r.get("dense_device", c.dense_device);
   r.finish();
   if (!err.ok()) return err;
   EMBCACHE_RETURN_IF_ERROR(validate(c));
@@ -344,7 +348,8 @@ void to_json(json& j, const trainer_config& c) {
            {"save_dir", c.save_dir},
            {"save_every_pass", c.save_every_pass},
            {"resume_from", c.resume_from},
-           {"threads", c.threads}};
+           {"threads", c.threads},
+           {"dense_device", c.dense_device}};
 }
 
 void to_json(json& j, const pass_metrics& m) {

@@ -294,6 +294,20 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   j = base;
   j["model"] = {{"dropout", 1.5}};
   EXPECT_EQ(err(j), "config.model.dropout: must be in [0, 1)");
+  j = base;
+  j["dense_device"] = "gpu";
+  EXPECT_EQ(err(j), "config.dense_device: \"gpu\" is not a device (host, cuda, auto)");
+  j = base;
+  j["dense_device"] = 1;
+  EXPECT_EQ(err(j), "config.dense_device: wrong type (number)");
+  for (const char* d : {"host", "cuda", "auto"}) {
+    j = base;
+    j["dense_device"] = d;
+    auto parsed = trainer_config_from_json(j);
+    ASSERT_TRUE(parsed.ok()) << d;
+    EXPECT_EQ(parsed.value().dense_device, d);
+  }
+  EXPECT_EQ(trainer_config{}.dense_device, "auto");
 
   // Every field round-trips, and a table named "wide" starts from the wide defaults.
   j = base;
@@ -307,6 +321,77 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   auto again = trainer_config_from_json(full);
   ASSERT_TRUE(again.ok()) << again.get_status().to_string();
   EXPECT_EQ(json(again.value()), full);
+}
+
+// A stand-in for the cuda backend: the host model under another device name, counting its builds.
+int fake_cuda_builds = 0;
+std::unique_ptr<dense_backend> fake_cuda(const wide_deep_options& o) {
+  ++fake_cuda_builds;
+  return make_host_dense_backend(o);
+}
+
+// Restores the factory this binary started with (none: it does not link embcache::cuda).
+struct factory_guard {
+  ~factory_guard() { set_cuda_dense_backend_factory(nullptr); }
+};
+
+TEST(TrainerDenseDevice, CudaIsAClearErrorWithoutTheCudaSpace) {
+  ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
+  trainer_config c = small_config("dense_device");
+  c.dense_device = "cuda";
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+  EXPECT_EQ(t.get_status().message(),
+            "config.dense_device: \"cuda\" needs the cuda space, and this program was built "
+            "without it (link embcache::cuda, call register_cuda_dense_backend())");
+  c.dense_device = "tpu";
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message(),
+            "config.dense_device: \"tpu\" is not a device (host, cuda, auto)");
+}
+
+TEST(TrainerDenseDevice, AutoAndHostSayWhereTheNetworkRuns) {
+  ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
+  trainer_config c = small_config("dense_auto");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EXPECT_STREQ(t.value()->model().device(), "host");
+  EXPECT_EQ(t.value()->dense_note(),
+            "dense network on host (auto: this program has no cuda space)");
+  std::vector<std::string> lines;
+  t.value()->set_log([&](const std::string& l) { lines.push_back(l); });
+  ASSERT_TRUE(t.value()->run().ok());
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
+  c.dense_device = "host";
+  t = trainer::create(c);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t.value()->dense_note(), "dense network on host");
+}
+
+TEST(TrainerDenseDevice, AutoUsesTheRegisteredFactoryOnlyWithADevice) {
+  factory_guard guard;
+  set_cuda_dense_backend_factory(&fake_cuda);
+  fake_cuda_builds = 0;
+  std::string note;
+  const bool device = cuda_device_available();
+  auto b = make_dense_backend("auto", wide_deep_options{}, host_space{}, &note, "f");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(fake_cuda_builds, device ? 1 : 0);
+  EXPECT_EQ(note, device ? "dense network on host (auto: CUDA device present)"
+                         : "dense network on host (auto: no CUDA device)");
+  auto c = make_dense_backend("cuda", wide_deep_options{}, host_space{}, &note, "f");
+  if (device) {
+    ASSERT_TRUE(c.ok());
+    EXPECT_EQ(fake_cuda_builds, 2);
+  } else {
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.get_status().message(), "f: \"cuda\" but no CUDA device is present");
+  }
 }
 
 #ifndef EMBCACHE_CRITEO_SAMPLE_DIR

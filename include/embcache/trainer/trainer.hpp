@@ -5,10 +5,12 @@
 /// stores (host-hybrid mode). docs/trainer.md describes the configuration and the outputs.
 ///
 /// Two tables: "wide" (dim 1, FTRL by default; the 26 slot keys, plus the 13 crossed keys when
-/// `crossed`) and "deep" (dim 16 by default, lazy Adam; the 26 slot keys). The dense part is
-/// wide_deep_model<host_space> (OpenBLAS). In the host space every result is a function of the
-/// configuration and the data only: the cache capacity, the mode, prefetch, thread count and an
-/// interruption by save / resume change timings, never a bit of the model.
+/// `crossed`) and "deep" (dim 16 by default, lazy Adam; the 26 slot keys). The dense part is a
+/// dense_backend: wide_deep_model<host_space> (OpenBLAS) or, with `dense_device` "cuda" (or "auto"
+/// on a machine with a device, in a program that registered the cuda backend), the cuda space
+/// (cuBLAS). For a given device every result is a function of the configuration and the data
+/// only: the cache capacity, the mode, prefetch, thread count and an interruption by save /
+/// resume change timings, never a bit of the model.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,7 @@
 
 #include "embcache/optimizers.hpp"
 #include "embcache/status.hpp"
+#include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/in_memory.hpp"
 #include "embcache/trainer/wide_deep.hpp"
 #include "embcache/training_cache.hpp"
@@ -82,6 +85,9 @@ struct trainer_config {
   bool save_every_pass = false;    ///< save after every pass too (default off)
   std::string resume_from;         ///< a save to start from (default "": fresh start)
   int threads = 0;                 ///< worker threads of the sparse ops (default 0: all)
+  /// Where the dense network runs: "host", "cuda" or "auto" (default: cuda when the program
+  /// registered the cuda backend and a device is present, else host). make_dense_backend.
+  std::string dense_device = "auto";
 
   /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
   static wide_deep_options default_model() { return wide_deep_options{}; }
@@ -166,8 +172,11 @@ class trainer {
   const trainer_config& config() const noexcept;
   /// The training cache (also present in host_hybrid mode, with capacity 1, for save and load).
   training_cache<std::int64_t>& cache() noexcept;
-  /// The dense model.
-  wide_deep_model<host_space>& model() noexcept;
+  /// The dense model, on the device config.dense_device chose.
+  dense_backend& model() noexcept;
+  /// Where the dense network runs and, for "auto", why: "dense network on host (auto: no CUDA
+  /// device)". run() logs it before the first pass.
+  const std::string& dense_note() const noexcept;
   /// Receives progress lines and pass summaries; default: printed to stdout.
   void set_log(std::function<void(const std::string&)> log);
 

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the full configuration and exit");
   app.add_flag("--no-plot", no_plot, "do not draw the loss and AUC curves");
   CLI11_PARSE(app, argc, argv);
+#ifdef EMBCACHE_TRAINER_WITH_CUDA
+  embcache::register_cuda_dense_backend();  // lets dense_device pick "cuda"
+#endif
 
   auto config = embcache::load_trainer_config(config_path);
   if (!config.ok()) {
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
     std::cerr << "embcache-train: " << t.get_status().to_string() << "\n";
     return 1;
   }
+  // run() logs where the dense network runs before the first pass.
   std::printf("embcache-train: mode %s, %zu passes, batch %zu%s\n", embcache::to_string(c.mode),
               c.passes.size(), c.batch_size,
               c.resume_from.empty()

@@ -1,0 +1,91 @@
+/// @file trainer/dense_backend.hpp
+/// @brief Where the dense part of Wide&Deep runs, behind one interface whose inputs and outputs
+/// are in host memory: the host space (OpenBLAS) or the cuda space (cuBLAS). The trainer and the
+/// host-hybrid sample keep the embeddings and the sparse optimizers on the host and hand each
+/// batch's pooled embeddings and dense features to a dense_backend, which gives back the
+/// gradients with respect to the embeddings.
+///
+/// This header compiles with g++ alone. The cuda implementation lives in the embcache::cuda
+/// library; a program that links it calls register_cuda_dense_backend() once, after which
+/// make_dense_backend() can pick "cuda". Programs that do not link it never need CUDA.
+///
+/// Both implementations save the same blob (wide_deep_model::save, docs/model.md), so a model
+/// trained on one device resumes on the other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+#include "embcache/trainer/wide_deep.hpp"
+
+namespace embcache {
+
+/// The dense part of a Wide&Deep model (the MLP and the wide bias with their Adam state) on some
+/// device. Every pointer it takes or fills is in host memory. Not thread-safe.
+class dense_backend {
+ public:
+  virtual ~dense_backend() = default;
+  dense_backend() = default;
+  dense_backend(const dense_backend&) = delete;
+  dense_backend& operator=(const dense_backend&) = delete;
+
+  /// Where it runs: "host" or "cuda".
+  virtual const char* device() const noexcept = 0;
+  /// The model's options.
+  virtual const wide_deep_options& options() const noexcept = 0;
+  /// wide_deep_model::predict on a batch in host memory.
+  virtual void predict(const wide_deep_batch& batch, std::vector<float>& logits) = 0;
+  /// wide_deep_model::forward_backward on a batch in host memory; `d_wide` and `d_deep` are host
+  /// arrays of B * num_wide_slots and B * num_deep_slots * deep_dim floats.
+  virtual double forward_backward(const wide_deep_batch& batch, std::uint64_t dropout_step,
+                                  float* d_wide, float* d_deep,
+                                  std::vector<float>* logits = nullptr) = 0;
+  /// One Adam step of the MLP and the wide bias (wide_deep_model::apply_dense_update).
+  virtual void apply_dense_update() = 0;
+  /// wide_deep_model::save: the same bytes whatever the device.
+  virtual std::vector<std::uint8_t> save() const = 0;
+  /// wide_deep_model::load.
+  [[nodiscard]] virtual status load(const std::uint8_t* data, std::size_t size) = 0;
+  /// Seconds spent copying batches and gradients between host and device memory since it was
+  /// built (always 0 on the host).
+  virtual double transfer_seconds() const noexcept { return 0.0; }
+};
+
+/// The host implementation: a wide_deep_model<host_space> used in place (no copies). Throws
+/// embcache::error (invalid_argument) for bad options.
+std::unique_ptr<dense_backend> make_host_dense_backend(const wide_deep_options& options,
+                                                       host_space space = {});
+
+/// Builds a cuda dense_backend; throws embcache::error on a CUDA or cuBLAS failure.
+using dense_backend_factory = std::unique_ptr<dense_backend> (*)(const wide_deep_options&);
+
+/// Installs the factory make_dense_backend() uses for "cuda" (nullptr removes it). Normally
+/// called through register_cuda_dense_backend(); tests may install their own.
+void set_cuda_dense_backend_factory(dense_backend_factory factory) noexcept;
+/// The installed factory (nullptr when the program registered none).
+dense_backend_factory cuda_dense_backend_factory() noexcept;
+
+/// Defined in the embcache::cuda library (cuda/trainer_dense_backend.cu), so only programs that
+/// link it may call these. make_cuda_dense_backend builds a wide_deep_model<cuda_space> behind the
+/// interface (batches are copied to the device, gradients back); register_cuda_dense_backend
+/// installs it as the "cuda" factory.
+std::unique_ptr<dense_backend> make_cuda_dense_backend(const wide_deep_options& options);
+/// See make_cuda_dense_backend.
+void register_cuda_dense_backend();
+
+/// Builds the dense part on the device `requested` names: "host", "cuda" (needs a registered
+/// factory and a CUDA device) or "auto" (cuda when both are there, else host). `note` (may be
+/// null) receives one line saying where it runs and, for "auto", why, e.g. "dense network on
+/// host (auto: no CUDA device)". Errors are invalid_argument or unsupported and start with
+/// `field`, e.g. `config.dense_device: "cuda" but no CUDA device is present`.
+result<std::unique_ptr<dense_backend>> make_dense_backend(const std::string& requested,
+                                                          const wide_deep_options& options,
+                                                          host_space space, std::string* note,
+                                                          const std::string& field);
+
+}  // namespace embcache
