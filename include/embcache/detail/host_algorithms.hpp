@@ -8,17 +8,13 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
-
-#include <cstddef>
-#include <type_traits>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 #include <thrust/count.h>
 #include <thrust/scan.h>
 #include <thrust/sort.h>
 #include <thrust/system/tbb/execution_policy.h>
 
+#include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "embcache/space.hpp"
@@ -52,15 +48,28 @@ struct has_prefetch_late<
     F, std::void_t<decltype(std::declval<const F&>().prefetch_late(std::size_t{}))>>
     : std::true_type {};
 
-/// Calls `f(i)` for every i in [0, n), in parallel. When `F` has `prefetch(i)`, the loop calls
-/// it `early` indices ahead, and `prefetch_late(i)` (if present) `late` indices ahead, so that
-/// the memory latency of random accesses overlaps instead of adding up.
+/// Whether a loop body offers `run_range(begin, end)`: its own host loop over a chunk of indices
+/// (e.g. a software pipeline), with the same effect as calling `f(i)` for each.
+template <class F, class = void>
+struct has_run_range : std::false_type {};
+template <class F>
+struct has_run_range<
+    F, std::void_t<decltype(std::declval<const F&>().run_range(std::size_t{}, std::size_t{}))>>
+    : std::true_type {};
+
+/// Calls `f(i)` for every i in [0, n), in parallel, chunk by chunk. When `F` has
+/// `run_range(begin, end)`, each chunk is handed to it whole. Otherwise, when `F` has
+/// `prefetch(i)`, the loop calls it `early` indices ahead, and `prefetch_late(i)` (if present)
+/// `late` indices ahead, so that the memory latency of random accesses overlaps instead of adding
+/// up.
 template <class F>
 void for_each_index(const host_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
   constexpr std::size_t grain = 4096;
   auto chunk = [&f](std::size_t begin, std::size_t end) {
-    if constexpr (has_prefetch<F>::value) {
+    if constexpr (has_run_range<F>::value) {
+      f.run_range(begin, end);
+    } else if constexpr (has_prefetch<F>::value) {
       constexpr std::size_t early = 16;
       constexpr std::size_t late = 8;
       for (std::size_t i = begin; i < end && i < begin + early; ++i) f.prefetch(i);
@@ -75,9 +84,6 @@ void for_each_index(const host_space& space, std::size_t n, const F& f) {
     } else {
       for (std::size_t i = begin; i < end; ++i) f(i);
     }
-#if defined(__SSE2__)
-    _mm_sfence();  // bodies may use streaming stores; make them visible before the join
-#endif
   };
   if (n <= grain) {
     chunk(0, n);
