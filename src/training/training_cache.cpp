@@ -101,6 +101,19 @@ const std::vector<Key>& sorted_unique(const std::vector<Key>& in, std::vector<Ke
   return scratch;
 }
 
+// Keeps in `slots` the `need` rows to evict first: oldest version (least recently updated), then
+// smallest key, so that the choice is deterministic.
+template <class Ref>
+void pick_oldest(const Ref& ref, std::vector<std::int64_t>& slots, std::size_t need) {
+  if (need >= slots.size()) return;
+  std::nth_element(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(need), slots.end(),
+                   [&](std::int64_t a, std::int64_t b) {
+                     return ref.versions[a] != ref.versions[b] ? ref.versions[a] < ref.versions[b]
+                                                               : ref.keys[a] < ref.keys[b];
+                   });
+  slots.resize(need);
+}
+
 // --- files -------------------------------------------------------------------------------------
 
 status sys_error(const std::string& what, const std::string& path, int err) {
@@ -241,6 +254,12 @@ struct training_cache<Key>::impl {
     std::vector<std::int64_t> hit_slots;
     std::uint64_t residency = 0;
     std::size_t resident_rows = 0;
+    // Filled by the worker once it has settled the residency for the next pass (early_install):
+    // the resident slots outside the prefetched keyset, i.e. the eviction candidates of the next
+    // begin_pass, and how many of the keyset's missing rows it already inserted.
+    std::vector<std::int64_t> leave_slots;
+    bool leave_valid = false;
+    std::size_t early_inserted = 0;
     double seconds = 0;
   };
 
@@ -252,6 +271,12 @@ struct training_cache<Key>::impl {
     std::unique_ptr<cache_type> cache;
     std::shared_ptr<param_store<Key>> store;
     std::unique_ptr<std::mutex> store_mutex = std::make_unique<std::mutex>();
+    // Held by the prefetch worker while it changes the table's residency during a pass
+    // (early_install), and by the caller's calls that read or change residency or the slot
+    // bookkeeping below while a worker may run. Taken before store_mutex, never after it.
+    std::unique_ptr<std::mutex> install_mutex = std::make_unique<std::mutex>();
+    // Work of the worker's early_install not yet in a pass's counters.
+    table_counters early;
     // Per slot: whether the slot holds a row inserted by us, and the version that row had when
     // last in sync with the store (a row is dirty while its version is greater).
     std::vector<std::uint8_t> slot_used;
@@ -275,6 +300,7 @@ struct training_cache<Key>::impl {
     std::vector<float> spare_rows;  // recycled gather buffer (its pages already touched)
     // begin_pass scratch, kept to avoid allocating per pass.
     std::vector<std::int64_t> scratch_slots;
+    std::vector<Key> scratch_keys;
     std::vector<std::uint32_t> slot_mark;  // == mark_epoch: slot holds a key of the keyset
     std::uint32_t mark_epoch = 0;
     // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
@@ -498,6 +524,7 @@ struct training_cache<Key>::impl {
 
   status swap_in(table_state& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
+  status early_install(table_state& tb);
   status swap_in_staged(table_state& tb, const std::vector<Key>& missing, table_counters& c);
   status evict(table_state& tb, const std::vector<std::int64_t>& victims, table_counters& c);
   status transition(table_state& tb, const std::vector<Key>& keys, bool use_staging,
@@ -579,6 +606,7 @@ status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key
   for (std::size_t i = 0; i < n; ++i) {
     if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
     tb.slot_used[slots[i]] = 1;
+    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_install reads it)
     tb.slot_synced[slots[i]] = found[i] ? vers[i] : 0;
   }
   c.seconds_swap_in += seconds_since(t0);
@@ -613,6 +641,7 @@ status training_cache<Key>::impl::swap_in_staged(table_state& tb, const std::vec
   for (std::size_t i = 0; i < n; ++i) {
     if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
     tb.slot_used[slots[i]] = 1;
+    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_install reads it)
     tb.slot_synced[slots[i]] = st.found[i] ? st.versions[i] : 0;
   }
   c.seconds_swap_in += seconds_since(t0);
@@ -627,7 +656,8 @@ status training_cache<Key>::impl::evict(table_state& tb, const std::vector<std::
   const auto t0 = clock_type::now();
   const auto ref = tb.cache->ref();
   const std::size_t m = victims.size(), w = tb.row_width;
-  std::vector<Key> keys(m);
+  std::vector<Key>& keys = tb.scratch_keys;
+  keys.resize(m);
   std::vector<std::int64_t> dirty_slots;
   std::vector<Key> dirty_keys;
   std::vector<std::uint64_t> dirty_vers;
@@ -667,6 +697,140 @@ status training_cache<Key>::impl::evict(table_state& tb, const std::vector<std::
   return {};
 }
 
+// Runs in the prefetch worker after staging, keyset mode only. The caller's pass updates rows of
+// its own keyset in place and changes no residency, so everything the next boundary decides from
+// the resident set and the next keyset alone can be done now: residents outside both keysets
+// (frozen: nothing touches them before the boundary) are evicted as far as the next keyset's
+// misses need the room, the staged rows that then fit are inserted, and the eviction candidates
+// of the boundary are listed. begin_pass only handles what is left. Skipped whenever the
+// residency or the store changed since prefetch() (the boundary then does everything).
+template <class Key>
+status training_cache<Key>::impl::early_install(table_state& tb) {
+  if (options.mode != cache_mode::keyset) return {};
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
+  const auto t0 = clock_type::now();
+  auto& st = tb.staged;
+  if (st.residency != tb.residency || st.resident_rows != tb.cache->size()) return {};
+  const auto ref = tb.cache->ref();
+  const std::size_t slots = tb.cache->capacity(), w = tb.row_width;
+  // 1: next keyset's hit; 2: evicted here.
+  std::vector<std::uint8_t> keep(slots, 0);
+  for (const auto s : st.hit_slots) keep[s] = 1;
+  // The slots of the current pass's keyset are marked with mark_epoch by its begin_pass.
+  const bool know_current = tb.mark_epoch != 0 && tb.slot_mark.size() == slots;
+  std::vector<std::int64_t> leave, frozen;
+  for (std::size_t s = 0; s < slots; ++s) {
+    if (ref.states[s] <= detail::state_busy || keep[s]) continue;
+    leave.push_back(static_cast<std::int64_t>(s));
+    if (know_current && tb.slot_mark[s] != tb.mark_epoch) frozen.push_back(std::int64_t(s));
+  }
+  const std::size_t resident = tb.cache->size(), cap = tb.opt.capacity;
+  const std::size_t need = resident + st.keys.size() > cap ? resident + st.keys.size() - cap : 0;
+  const std::size_t ev = std::min(need, frozen.size());
+  if (ev > 0) {
+    pick_oldest(ref, frozen, ev);
+    std::vector<Key> keys(ev), dirty_keys;
+    std::vector<std::int64_t> dirty_slots;
+    std::vector<std::uint64_t> dirty_vers;
+    for (std::size_t i = 0; i < ev; ++i) {
+      const auto s = frozen[i];
+      keys[i] = ref.keys[s];
+      const std::uint64_t v = ref.versions[s];
+      if (!tb.slot_used[s] || v > tb.slot_synced[s]) {
+        dirty_slots.push_back(s);
+        dirty_keys.push_back(keys[i]);
+        dirty_vers.push_back(v);
+      }
+    }
+    const std::size_t d = dirty_slots.size();
+    std::vector<float> rows(d * w);
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(dirty_slots.data(), d, rows.data()));
+    if (d > 0) {
+      // Not logged for the prefetch hazard: these keys are outside the staged keyset.
+      std::lock_guard<std::mutex> store_lock(*tb.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(
+          tb.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
+              .with_context("early write-back of table '" + tb.opt.name + "'"));
+    }
+    // Pushed first, erased after: a row is always in the device or in the store.
+    EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys.data(), ev));
+    for (std::size_t i = 0; i < ev; ++i) {
+      tb.slot_used[frozen[i]] = 0;
+      keep[frozen[i]] = 2;
+    }
+    tb.written_since_export.insert(tb.written_since_export.end(), dirty_keys.begin(),
+                                   dirty_keys.end());
+    tb.early.rows_evicted += ev;
+    tb.early.rows_pushed += d;
+    tb.early.bytes_cache_to_store += d * w * sizeof(float);
+    leave.erase(
+        std::remove_if(leave.begin(), leave.end(), [&](std::int64_t s) { return keep[s] == 2; }),
+        leave.end());
+  }
+  // Staged rows found in the store go in where there is room now; rows the initializer made wait
+  // for the boundary, which gives them a fresh version (until then the key does not exist). A
+  // store write since staging began (erase, write-back) leaves everything to the boundary.
+  const std::size_t room = cap > tb.cache->size() ? cap - tb.cache->size() : 0;
+  if (room > 0 && tb.store_writes_log.empty()) {
+    std::vector<std::size_t> pick;
+    for (std::size_t i = 0; i < st.keys.size() && pick.size() < room; ++i) {
+      if (st.found[i]) pick.push_back(i);
+    }
+    const std::size_t m = pick.size();
+    if (m > 0) {
+      std::vector<Key> keys(m);
+      std::vector<std::uint64_t> vers(m);
+      const bool prefix = pick.back() == m - 1;
+      std::vector<float> gathered(prefix ? 0 : m * w);
+      for (std::size_t i = 0; i < m; ++i) {
+        keys[i] = st.keys[pick[i]];
+        vers[i] = st.versions[pick[i]];
+        if (!prefix) {
+          std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
+        }
+      }
+      EMBCACHE_RETURN_IF_ERROR(tb.cache->insert_or_assign(
+          keys.data(), m, prefix ? st.rows.data() : gathered.data(), vers.data()));
+      std::vector<std::int64_t> placed(m);
+      EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), m, placed.data()));
+      for (std::size_t i = 0; i < m; ++i) {
+        if (placed[i] < 0) return status::internal("early-inserted key is absent from the cache");
+        tb.slot_used[placed[i]] = 1;
+        tb.slot_synced[placed[i]] = vers[i];
+        st.hit_slots.push_back(placed[i]);
+      }
+      // Compact the staging to the rows still missing, keeping key order.
+      std::size_t out = 0, next_pick = 0;
+      for (std::size_t i = 0; i < st.keys.size(); ++i) {
+        if (next_pick < m && pick[next_pick] == i) {
+          ++next_pick;
+          continue;
+        }
+        if (out != i) {
+          st.keys[out] = st.keys[i];
+          st.versions[out] = st.versions[i];
+          st.found[out] = st.found[i];
+          std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
+        }
+        ++out;
+      }
+      st.keys.resize(out);
+      st.versions.resize(out);
+      st.found.resize(out);
+      st.early_inserted += m;
+      tb.early.rows_staged += m;
+      tb.early.bytes_store_to_cache += m * w * sizeof(float);
+    }
+  }
+  if (ev > 0 || st.early_inserted > 0) ++tb.residency;
+  st.residency = tb.residency;
+  st.resident_rows = tb.cache->size();
+  st.leave_slots = std::move(leave);
+  st.leave_valid = true;
+  st.seconds += seconds_since(t0);
+  return {};
+}
+
 // One table's boundary: which keys are missing, which residents leave, then out and in. Works on
 // slots (no export, no sort of the residents).
 template <class Key>
@@ -681,11 +845,16 @@ status training_cache<Key>::impl::transition(table_state& tb, const std::vector<
   auto& st = tb.staged;
   std::vector<Key> computed;
   const std::vector<Key>* miss = &computed;
+  std::size_t early = 0;
+  bool planned = false;
   if (use_staging && st.residency == tb.residency && st.resident_rows == tb.cache->size() &&
       st.keyset == keys) {
-    // Nothing entered or left since prefetch computed the hits and staged the misses.
+    // Nothing entered or left since prefetch computed the hits and staged the misses (and the
+    // worker settled what it could of the residency).
     for (const auto s : st.hit_slots) tb.slot_mark[s] = tb.mark_epoch;
     miss = &st.keys;
+    early = st.early_inserted;
+    planned = st.leave_valid;
   } else {
     auto& missing = computed;
     auto& slots = tb.scratch_slots;
@@ -702,30 +871,25 @@ status training_cache<Key>::impl::transition(table_state& tb, const std::vector<
   }
   ++tb.residency;
   const std::vector<Key>& missing = *miss;
-  c.misses = missing.size();
-  c.hits = n - missing.size();
+  // Rows the worker inserted early were missing when the pass was prefetched.
+  c.misses = missing.size() + early;
+  c.hits = n - c.misses;
   const std::size_t resident = tb.cache->size();
   if (resident + missing.size() > tb.opt.capacity) {
     const std::size_t need = resident + missing.size() - tb.opt.capacity;
     const auto ref = tb.cache->ref();
-    std::vector<std::int64_t> victims;
-    victims.reserve(resident - c.hits);
-    const std::size_t cap = tb.cache->capacity();
-    for (std::size_t s = 0; s < cap; ++s) {
-      if (ref.states[s] > detail::state_busy && tb.slot_mark[s] != tb.mark_epoch) {
-        victims.push_back(static_cast<std::int64_t>(s));
+    std::vector<std::int64_t> computed_victims;
+    std::vector<std::int64_t>& victims = planned ? st.leave_slots : computed_victims;
+    if (!planned) {
+      victims.reserve(resident - (n - missing.size()));
+      const std::size_t cap = tb.cache->capacity();
+      for (std::size_t s = 0; s < cap; ++s) {
+        if (ref.states[s] > detail::state_busy && tb.slot_mark[s] != tb.mark_epoch) {
+          victims.push_back(static_cast<std::int64_t>(s));
+        }
       }
     }
-    if (need < victims.size()) {
-      // Oldest rows first (least recently updated), then smallest key: deterministic.
-      std::nth_element(victims.begin(), victims.begin() + static_cast<std::ptrdiff_t>(need),
-                       victims.end(), [&](std::int64_t a, std::int64_t b) {
-                         return ref.versions[a] != ref.versions[b]
-                                    ? ref.versions[a] < ref.versions[b]
-                                    : ref.keys[a] < ref.keys[b];
-                       });
-      victims.resize(need);
-    }
+    pick_oldest(ref, victims, need);
     EMBCACHE_RETURN_IF_ERROR(evict(tb, victims, c));
   }
   return swap_in(tb, missing, use_staging, c);
@@ -768,6 +932,9 @@ status training_cache<Key>::impl::begin_pass(const std::vector<std::vector<Key>>
     c.seconds_prefetch_wait = t == 0 ? waited : 0.0;
     c.seconds_write_behind = tb.wb_seconds_done;
     tb.wb_seconds_done = 0;
+    // What the worker evicted and inserted during the pass that just ended.
+    c += tb.early;
+    tb.early = {};
     if (use_staging && tb.staged.gather.size() > tb.spare_rows.size()) {
       tb.spare_rows.swap(tb.staged.gather);
     }
@@ -1031,6 +1198,7 @@ typename training_cache<Key>::cache_type& training_cache<Key>::cache(std::size_t
 template <class Key>
 param_store<Key>& training_cache<Key>::store(std::size_t t) {
   auto& tb = impl_->tables.at(t);
+  impl_->wait_worker();  // its early evictions push to the store
   // A failed push keeps its rows pending; the next call returning a status reports it.
   (void)impl_->settle();
   return *tb.store;
@@ -1115,6 +1283,7 @@ status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keyset
     im.wait_flush();
     for (std::size_t t = 0; t < im.tables.size(); ++t) {
       status s = im.stage(im.tables[t], std::move(todo[t]), gather[t]);
+      if (s.ok()) s = im.early_install(im.tables[t]);
       if (!s.ok()) {
         im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
         return;
@@ -1143,14 +1312,17 @@ status training_cache<Key>::lookup(std::size_t t, const Key* keys, std::size_t n
     throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
   }
   EMBCACHE_RETURN_IF_ERROR(impl_->settle());
-  ++impl_->tables.at(t).residency;
-  return impl_->lookup(impl_->tables.at(t), keys, n, slots_out);
+  auto& tb = impl_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
+  ++tb.residency;
+  return impl_->lookup(tb, keys, n, slots_out);
 }
 
 template <class Key>
 status training_cache<Key>::assign(std::size_t t, const Key* keys, std::size_t n,
                                    const float* rows) {
   auto& tb = impl_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
   for (std::size_t i = 0; i < n; ++i) {
@@ -1166,6 +1338,8 @@ template <class Key>
 status training_cache<Key>::read(std::size_t t, const Key* keys, std::size_t n, float* rows_out,
                                  bool* found_out) {
   auto& tb = impl_->tables.at(t);
+  // Slots found here must not change owner before they are read.
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys, n, slots.data()));
   EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(slots.data(), n, rows_out));
@@ -1197,6 +1371,7 @@ status training_cache<Key>::read(std::size_t t, const Key* keys, std::size_t n, 
 template <class Key>
 status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n) {
   auto& tb = impl_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
   // A pending write-behind of these keys must not land after the erase and revive them.
   EMBCACHE_RETURN_IF_ERROR(impl_->settle());
   std::vector<std::int64_t> slots(n);
@@ -1218,8 +1393,12 @@ status training_cache<Key>::erase(std::size_t t, const Key* keys, std::size_t n)
 template <class Key>
 status training_cache<Key>::end_training() {
   auto& im = *impl_;
+  // No early eviction of the worker may push after the flush.
+  im.wait_worker();
   EMBCACHE_RETURN_IF_ERROR(im.settle());
   for (auto& tb : im.tables) {
+    im.counters.total[tb.index] += tb.early;
+    tb.early = {};
     std::vector<Key> rk;
     std::vector<std::uint64_t> rv;
     EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
@@ -1236,6 +1415,7 @@ result<std::vector<table_delta<Key>>> training_cache<Key>::export_incremental(bo
   EMBCACHE_RETURN_IF_ERROR(im.settle());
   std::vector<table_delta<Key>> out;
   for (auto& tb : im.tables) {
+    std::lock_guard<std::mutex> install_lock(*tb.install_mutex);
     table_delta<Key> d;
     d.table = tb.opt.name;
     d.dim = tb.opt.dim;
@@ -1351,6 +1531,7 @@ result<std::string> training_cache<Key>::export_incremental_to(const std::string
 
 template <class Key>
 status training_cache<Key>::save(const std::string& dir_in) {
+  impl_->wait_worker();  // the store must not change between the write-back and the dump
   EMBCACHE_RETURN_IF_ERROR(end_training());
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "embcache/host_store.hpp"
@@ -948,6 +949,175 @@ TEST(training_cache, write_behind_and_prefetch_leave_the_same_store_as_synchrono
   EXPECT_TRUE(run(true, false) == sync);
   EXPECT_TRUE(run(true, true) == sync);
   EXPECT_TRUE(run(false, true) == sync);
+}
+
+// --- early install (prefetch with room) ----------------------------------------------------------
+
+// A host store holding keys [0, n) with known rows, version 1.
+std::shared_ptr<host_store<std::int64_t>> filled_store(std::int64_t n, std::int64_t step = 1) {
+  host_store_options ho;
+  ho.table_name = "t";
+  ho.row_width = dim * 3;
+  auto s = std::make_shared<host_store<std::int64_t>>(ho);
+  for (std::int64_t k = 0; k < n; k += step) {
+    std::vector<float> row(dim * 3);
+    for (std::size_t j = 0; j < row.size(); ++j) row[j] = float(k) + float(j) * 0.01f;
+    const std::uint64_t v = 1;
+    EXPECT_TRUE(s->push(&k, 1, row.data(), &v).ok());
+  }
+  return s;
+}
+
+std::vector<std::int64_t> range_keys(std::int64_t from, std::int64_t to) {
+  std::vector<std::int64_t> k;
+  for (std::int64_t i = from; i < to; ++i) k.push_back(i);
+  return k;
+}
+
+std::set<std::int64_t> resident_keys(training_cache<std::int64_t>& tc) {
+  export_filter all;
+  all.all = true;
+  const auto ex = tc.cache(0).export_to_host(all).value();
+  return std::set<std::int64_t>(ex.keys.begin(), ex.keys.end());
+}
+
+// With room in the cache, the prefetch worker evicts rows outside both the current and the next
+// keyset (oldest version first, then smallest key) as far as the next keyset needs, and inserts
+// the staged rows: exactly the next keyset's missing rows, nothing else.
+TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_early) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adam;
+  o.capacity = 110;
+  o.store = filled_store(200);
+  training_cache<std::int64_t> tc({}, {o});
+  const auto a = range_keys(0, 60), b = range_keys(40, 100), c = range_keys(80, 140);
+  ASSERT_TRUE(tc.begin_pass({a}).ok());
+  train_pass(tc, {a}, 0);
+  ASSERT_TRUE(tc.begin_pass({b}).ok());
+  train_pass(tc, {b}, 1);
+  const auto first = range_keys(0, 100);
+  ASSERT_EQ(resident_keys(tc), std::set<std::int64_t>(first.begin(), first.end()));
+  // Frozen rows: 0..39 (in neither b nor c); 100 + 40 - 110 = 30 of them must go: the 26 that pass
+  // 0 left as pulled (version 1), then 4 trained ones.
+  export_filter all;
+  all.all = true;
+  const auto before = tc.cache(0).export_to_host(all).value();
+  std::vector<std::pair<std::uint64_t, std::int64_t>> frozen;
+  for (std::size_t i = 0; i < before.keys.size(); ++i) {
+    if (before.keys[i] < 40) frozen.push_back({before.versions[i], before.keys[i]});
+  }
+  std::sort(frozen.begin(), frozen.end());
+  std::set<std::int64_t> evicted;
+  std::size_t dirty = 0;
+  for (std::size_t i = 0; i < 30; ++i) {
+    evicted.insert(frozen[i].second);
+    dirty += frozen[i].first > 1;  // version 1: as pulled, clean
+  }
+  ASSERT_EQ(dirty, 4u);
+  std::vector<float> frozen_rows(30 * dim * 3);
+  {
+    std::vector<std::int64_t> ek(evicted.begin(), evicted.end());
+    ASSERT_TRUE(tc.read(0, ek.data(), ek.size(), frozen_rows.data(), nullptr).ok());
+  }
+  ASSERT_TRUE(tc.prefetch({c}).ok());
+  (void)tc.store(0);  // joins the worker
+  std::set<std::int64_t> want;
+  for (std::int64_t k = 0; k < 140; ++k) {
+    if (!evicted.count(k)) want.insert(k);
+  }
+  EXPECT_EQ(resident_keys(tc), want);
+  // The evicted rows reached the store with their trained values.
+  {
+    std::vector<std::int64_t> ek(evicted.begin(), evicted.end());
+    std::vector<float> got(ek.size() * dim * 3);
+    std::unique_ptr<bool[]> found(new bool[ek.size()]);
+    ASSERT_TRUE(tc.store(0).pull(ek.data(), ek.size(), got.data(), found.get(), nullptr).ok());
+    EXPECT_EQ(got, frozen_rows);
+  }
+  ASSERT_TRUE(tc.begin_pass({c}).ok());
+  const auto& k = tc.counters().last[0];
+  EXPECT_EQ(k.hits, 20u);
+  EXPECT_EQ(k.misses, 40u);
+  EXPECT_EQ(k.rows_staged, 40u);
+  EXPECT_EQ(k.rows_pulled, 0u);
+  EXPECT_EQ(k.rows_initialized, 0u);
+  EXPECT_EQ(k.rows_evicted, 30u);
+  EXPECT_EQ(k.rows_pushed, dirty);
+  EXPECT_EQ(resident_keys(tc), want);  // the boundary had nothing left to move
+  // The early rows are the store's rows, byte for byte.
+  std::vector<float> got(40 * dim * 3), ref(40 * dim * 3);
+  const auto fresh = range_keys(100, 140);
+  ASSERT_TRUE(tc.read(0, fresh.data(), fresh.size(), got.data(), nullptr).ok());
+  for (std::size_t i = 0; i < fresh.size(); ++i) {
+    for (std::size_t j = 0; j < dim * 3; ++j) {
+      ref[i * dim * 3 + j] = float(fresh[i]) + float(j) * 0.01f;
+    }
+  }
+  EXPECT_EQ(got, ref);
+}
+
+// Rotating keysets over a store that holds every other key: early eviction and early insertion
+// (and initialized rows left to the boundary) change where rows are, never the model or the
+// exports. Cache sizes: keyset-sized (nothing early) and larger.
+TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
+  auto run = [](std::size_t cap, bool prefetch, bool write_behind) {
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.optimizer.kind = optimizer_kind::adam;
+    o.capacity = cap;
+    o.store = filled_store(600, 2);
+    training_cache_options opts;
+    opts.write_behind = write_behind;
+    training_cache<std::int64_t> tc(opts, {o});
+    std::map<std::int64_t, std::vector<float>> exported = store_model(tc, 0);
+    auto keyset = [](int p) { return range_keys(p * 37, p * 37 + 100); };
+    const int passes = 12;
+    for (int p = 0; p < passes; ++p) {
+      EXPECT_TRUE(tc.begin_pass({keyset(p)}).ok());
+      if (prefetch && p + 1 < passes) EXPECT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+      train_pass(tc, {keyset(p)}, p);
+      if (p % 3 == 1) {
+        auto d = tc.export_incremental(true);
+        EXPECT_TRUE(d.ok());
+        const auto& t = d.value()[0];
+        for (std::size_t i = 0; i < t.keys.size(); ++i) {
+          auto& row = exported[t.keys[i]];
+          row.assign(t.vectors.begin() + i * dim, t.vectors.begin() + (i + 1) * dim);
+          row.insert(row.end(), t.states.begin() + i * 2 * dim,
+                     t.states.begin() + (i + 1) * 2 * dim);
+        }
+      }
+    }
+    auto d = tc.export_incremental(true);
+    EXPECT_TRUE(d.ok());
+    const auto& t = d.value()[0];
+    for (std::size_t i = 0; i < t.keys.size(); ++i) {
+      auto& row = exported[t.keys[i]];
+      row.assign(t.vectors.begin() + i * dim, t.vectors.begin() + (i + 1) * dim);
+      row.insert(row.end(), t.states.begin() + i * 2 * dim, t.states.begin() + (i + 1) * 2 * dim);
+    }
+    EXPECT_TRUE(tc.end_training().ok());
+    const auto m = store_model(tc, 0);
+    EXPECT_TRUE(exported == m) << "cap " << cap << " prefetch " << prefetch;
+    return std::make_pair(m, tc.counters().total[0]);
+  };
+  const auto [sync, cs] = run(100, false, false);
+  for (std::size_t cap : {100, 140, 180}) {
+    for (bool wb : {false, true}) {
+      SCOPED_TRACE("cap " + std::to_string(cap) + (wb ? " write-behind" : ""));
+      const auto [pref, cp] = run(cap, true, wb);
+      EXPECT_TRUE(pref == sync);
+      EXPECT_EQ(cp.rows_initialized, cs.rows_initialized);
+      EXPECT_EQ(cp.hits + cp.misses, cs.hits + cs.misses);
+      if (cap > 100) {
+        EXPECT_GT(cp.rows_staged, 0u);
+        EXPECT_GT(cp.rows_evicted, 0u);
+      }
+    }
+  }
 }
 
 // --- on-demand -----------------------------------------------------------------------------------
