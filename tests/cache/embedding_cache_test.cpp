@@ -55,6 +55,45 @@ TEST(cache_host, EvictionDoesNotDependOnThreadCount) {
   EXPECT_EQ(one.export_rows().keys, two.export_rows().keys);
 }
 
+// find and lookup_slots run a software pipeline on the host that looks in the home bucket first
+// and falls back to the full probe. In a full table many keys live past their home bucket; every
+// answer must still be exactly find_slot's, in batches split across threads.
+TEST(cache_host, PipelinedFindMatchesFindSlotInAFullTable) {
+  auto o = small_options(8192, 3, 1);
+  const auto resident = shuffled_keys(8192, 3);
+  std::vector<std::int64_t> batch;
+  for (int r = 0; r < 3; ++r) batch.insert(batch.end(), resident.begin(), resident.end());
+  for (std::int64_t i = 0; i < 15000; ++i) batch.push_back(-7 - i * 31);  // never inserted
+  std::shuffle(batch.begin(), batch.end(), std::mt19937_64(4));
+  for (int threads : {1, 2}) {
+    embedding_cache<std::int64_t, host_space> cache(o, host_space{threads});
+    ASSERT_TRUE(cache.find_or_insert(resident.data(), resident.size(), nullptr, nullptr).ok());
+    ASSERT_EQ(cache.size(), 8192u);
+    const auto t = cache.ref();
+    std::size_t past_home = 0;
+    for (auto k : resident)
+      past_home +=
+          static_cast<std::size_t>(t.find_slot(k)) / detail::cache_bucket_size != t.hash(k).home;
+    EXPECT_GT(past_home, 100u);  // the fallback path is exercised
+
+    const std::size_t n = batch.size(), w = cache.row_width();
+    std::vector<float> rows(n * w, -1.0f);
+    std::unique_ptr<bool[]> found(new bool[n]);
+    std::vector<std::int64_t> slots(n, -2);
+    ASSERT_TRUE(cache.find(batch.data(), n, rows.data(), found.get()).ok());
+    ASSERT_TRUE(cache.lookup_slots(batch.data(), n, slots.data()).ok());
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t s = t.find_slot(batch[i]);
+      ASSERT_EQ(slots[i], s) << "key " << batch[i] << ", threads " << threads;
+      ASSERT_EQ(found[i], s >= 0) << "key " << batch[i];
+      if (s >= 0)
+        ASSERT_TRUE(std::equal(t.row(s), t.row(s) + w, rows.begin() + i * w)) << "key " << batch[i];
+      else
+        ASSERT_EQ(rows[i * w], -1.0f);  // rows of missing keys are left untouched
+    }
+  }
+}
+
 TEST(cache_host, ManyHostThreadsAtOnce) {
   auto o = small_options(1 << 17, 4, 0);
   embedding_cache<std::int64_t, host_space> cache(o);
