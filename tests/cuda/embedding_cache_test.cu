@@ -27,6 +27,46 @@ TEST(cache_cuda, SameRowsAsTheHostSpace) {
   }
 }
 
+// The cuda space finds keys with a warp per key (warp_find_slot); the host space runs the
+// portable find_slot. In a full table (many keys past their home bucket) both must answer alike.
+TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  auto o = small_options(8192, 37, 3);  // a row width that is not a multiple of 32
+  harness<std::int64_t, host_space> h(o);
+  harness<std::int64_t, cuda_space> d(o);
+  std::vector<std::int64_t> resident(8192), batch;
+  for (std::size_t i = 0; i < resident.size(); ++i)
+    resident[i] = static_cast<std::int64_t>(i) * 1000003 + 17;
+  ASSERT_TRUE(h.find_or_insert(resident).ok());
+  ASSERT_TRUE(d.find_or_insert(resident).ok());
+  ASSERT_EQ(d.cache.size(), 8192u);
+  for (int r = 0; r < 2; ++r) batch.insert(batch.end(), resident.begin(), resident.end());
+  for (std::int64_t i = 0; i < 9000; ++i) batch.push_back(-7 - i * 31);  // never inserted
+  std::shuffle(batch.begin(), batch.end(), std::mt19937_64(4));
+  auto a = h.find(batch);
+  auto b = d.find(batch);
+  ASSERT_EQ(a.found, b.found);
+  const std::size_t w = d.cache.row_width();
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (a.found[i])  // rows of missing keys are left untouched (uninitialized here)
+      ASSERT_TRUE(
+          std::equal(a.rows.begin() + i * w, a.rows.begin() + (i + 1) * w, b.rows.begin() + i * w))
+          << "key " << batch[i];
+  const auto hs = h.slots(batch);
+  const auto ds = d.slots(batch);
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    ASSERT_EQ(hs[i] < 0, ds[i] < 0) << "key " << batch[i];
+  // The device's slots hold the keys' rows.
+  std::vector<std::int64_t> found_slots;
+  std::vector<float> expect;
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (ds[i] >= 0) {
+      found_slots.push_back(ds[i]);
+      expect.insert(expect.end(), a.rows.begin() + i * w, a.rows.begin() + (i + 1) * w);
+    }
+  EXPECT_EQ(d.read_slots(found_slots), expect);
+}
+
 TEST(cache_cuda, EvictionMatchesTheHostSpace) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   auto o = small_options(4096, 2, 0);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
@@ -34,14 +35,39 @@ __global__ void for_each_index_kernel(std::size_t n, F f) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-/// Calls `f(i)` for every i in [0, n) on the space's stream (asynchronous).
+// A warp per index: every lane of a warp calls f.warp(i, lane) with the same i, so warp-wide
+// intrinsics (ballot, shuffle) are safe in it.
+template <class F>
+__global__ void for_each_index_warp_kernel(std::size_t n, F f) {
+  const std::size_t warps = (std::size_t(gridDim.x) * blockDim.x) / 32;
+  const unsigned lane = threadIdx.x % 32;
+  for (std::size_t i = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n; i += warps)
+    f.warp(i, lane);
+}
+
+/// Whether a loop body asks for a warp per index (`static constexpr bool warp_per_index`, with
+/// a `__device__ warp(i, lane)` doing the work of `f(i)` cooperatively).
+template <class F, class = void>
+struct has_warp_per_index : std::false_type {};
+template <class F>
+struct has_warp_per_index<F, std::enable_if_t<F::warp_per_index>> : std::true_type {};
+
+/// Calls `f(i)` for every i in [0, n) on the space's stream (asynchronous); a body with
+/// `warp_per_index` gets a warp per index instead.
 template <class F>
 void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
   constexpr int block = 256;
-  const std::size_t blocks = (n + block - 1) / block;
-  const unsigned grid = static_cast<unsigned>(blocks < 65535u * 32u ? blocks : 65535u * 32u);
-  for_each_index_kernel<<<grid, block, 0, space.stream>>>(n, f);
+  constexpr std::size_t max_grid = 65535u * 32u;
+  if constexpr (has_warp_per_index<F>::value) {
+    const std::size_t blocks = (n * 32 + block - 1) / block;
+    const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
+    for_each_index_warp_kernel<<<grid, block, 0, space.stream>>>(n, f);
+  } else {
+    const std::size_t blocks = (n + block - 1) / block;
+    const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
+    for_each_index_kernel<<<grid, block, 0, space.stream>>>(n, f);
+  }
   EMBCACHE_CUDA_CHECK(cudaGetLastError());
 }
 

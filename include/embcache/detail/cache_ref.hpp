@@ -201,6 +201,41 @@ struct cache_ref {
     return -1;
   }
 
+#if defined(__CUDACC__)
+  /// find_slot by a whole warp: every lane calls it with the same key and gets the same slot.
+  /// Lane l reads state bytes 4l..4l+3 of each bucket, so a bucket's states are one 128-byte
+  /// load, and the lanes check their digest matches' keys at once. Same answer as find_slot (the
+  /// cuda test compares it with the host space, which runs find_slot).
+  __device__ std::int64_t warp_find_slot(Key k, unsigned lane) const {
+    const hashed h = hash(k);
+    std::size_t b = h.home;
+    for (std::size_t p = 0; p < num_buckets; ++p) {
+      const std::size_t first = b * cache_bucket_size + lane * 4;
+      const std::uint32_t word = atomic_load(reinterpret_cast<std::uint32_t*>(states + first),
+                                             cuda::std::memory_order_acquire);
+      const std::uint32_t x = word ^ (0x01010101u * h.digest);
+      std::uint32_t m = ~(((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;
+      long long mine = -1;
+      while (m) {
+        const std::size_t s = first + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1) / 8;
+        m &= m - 1;
+        if (keys[s] == k) {
+          mine = static_cast<long long>(s);
+          break;
+        }
+      }
+      const unsigned hits = __ballot_sync(0xffffffffu, mine >= 0);
+      if (hits) return __shfl_sync(0xffffffffu, mine, __ffs(static_cast<int>(hits)) - 1);
+      // One read, broadcast: lanes must agree on whether to go on even while inserts run.
+      const std::uint32_t more =
+          __shfl_sync(0xffffffffu, lane == 0 ? atomic_load(overflow + b) : 0u, 0);
+      if (more == 0) return -1;
+      b = next_bucket(b);
+    }
+    return -1;
+  }
+#endif
+
   // A group of state bytes scanned at once: 16 with SSE2 on the host, 8 (one word) elsewhere.
   // Masks carry one bit per slot on the host and bit 7 of each byte (SWAR) elsewhere; `shift`
   // turns a mask bit index into a slot offset. Same candidates either way.

@@ -165,6 +165,21 @@ struct find_fn {
     t.touch(s, op);
     if (rows_out) cache_ref<Key>::copy_row(rows_out + i * t.row_width, t.row(s), t.row_width);
   }
+#if defined(__CUDACC__)
+  // The cuda space runs a warp per key: one bucket load per probe step, coalesced row copies.
+  static constexpr bool warp_per_index = true;
+  __device__ void warp(std::size_t i, unsigned lane) const {
+    const std::int64_t s = t.warp_find_slot(keys[i], lane);
+    if (lane == 0) {
+      if (found_out) found_out[i] = s >= 0;
+      if (s >= 0) t.touch(s, op);
+    }
+    if (s < 0 || !rows_out) return;
+    const float* src = t.row(s);
+    float* dst = rows_out + i * t.row_width;
+    for (std::size_t j = lane; j < t.row_width; j += 32) dst[j] = src[j];
+  }
+#endif
 };
 
 template <class Key>
@@ -182,6 +197,13 @@ struct slot_fn {
     slots[i] = s;
     if (s >= 0) t.touch(s, op);
   }
+#if defined(__CUDACC__)
+  static constexpr bool warp_per_index = true;
+  __device__ void warp(std::size_t i, unsigned lane) const {
+    const std::int64_t s = t.warp_find_slot(keys[i], lane);
+    if (lane == 0) finish(i, s);
+  }
+#endif
 };
 
 // Finds or inserts each key. `rows_in` given: new rows take rows_in[i] (insert_or_assign);
