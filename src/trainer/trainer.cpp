@@ -125,6 +125,10 @@ struct trainer::impl {
   std::unique_ptr<bool[]> found;
   std::size_t found_size = 0;
   sparse_gradients<host_space> wide_grads, deep_grads;
+  // Keysets of the shard last prefetched: its begin_pass takes them instead of reading the files
+  // again on the training thread.
+  std::string prefetched_shard;
+  std::vector<std::vector<key_t>> prefetched_keysets;
   // Hits and misses since the last progress line and over the pass.
   std::uint64_t interval_hits = 0, interval_misses = 0;
 
@@ -439,10 +443,18 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
     if (batch.size == 0) break;
     if (c.mode == trainer_mode::keyset && batch.shard_index != current) {
       current = batch.shard_index;
-      auto ks = s.keysets_of(paths[current]);
-      if (!ks.ok()) return ks.get_status();
+      std::vector<std::vector<key_t>> keysets;
+      if (s.prefetched_shard == paths[current]) {
+        keysets = std::move(s.prefetched_keysets);
+      } else {
+        auto ks = s.keysets_of(paths[current]);
+        if (!ks.ok()) return ks.get_status();
+        keysets = std::move(ks).value();
+      }
+      s.prefetched_shard.clear();
+      s.prefetched_keysets.clear();
       const auto tb = clock_type::now();
-      EMBCACHE_RETURN_IF_ERROR(s.cache->begin_pass(ks.value()).with_context(paths[current]));
+      EMBCACHE_RETURN_IF_ERROR(s.cache->begin_pass(keysets).with_context(paths[current]));
       blocked_swap += seconds_since(tb);
       s.take_last_counters();
       if (c.prefetch) {
@@ -455,6 +467,8 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
           auto nks = s.keysets_of(upcoming);
           if (!nks.ok()) return nks.get_status();
           EMBCACHE_RETURN_IF_ERROR(s.cache->prefetch(nks.value()).with_context(upcoming));
+          s.prefetched_shard = upcoming;
+          s.prefetched_keysets = std::move(nks).value();
         }
       }
     }
