@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "embcache/buffer.hpp"
 #include "embcache/detail/cache_ref.hpp"
 #include "embcache/embedding_cache.hpp"
 
@@ -88,30 +89,59 @@ void report(benchmark::State& state, std::size_t dim) {
   state.SetBytesProcessed(state.iterations() * batch * dim * sizeof(float));
 }
 
+template <class Space>
 void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
   const workload w = make_workload(load, zipf);
   embcache::cache_options opt;
   opt.capacity = capacity;
   opt.dim = dim;
-  embcache::embedding_cache<key_t_, host_space> cache(opt);
-  if (!cache.find_or_insert(w.resident.data(), w.resident.size(), nullptr, nullptr).ok())
+  const Space space{};
+  embcache::embedding_cache<key_t_, Space> cache(opt, space);
+  // Keys, rows and the found mask: host vectors, as the baselines use, or copies in device
+  // memory for the cuda space (made before the timing).
+  std::vector<float> rows_host(batch * dim, 1.0f);
+  std::unique_ptr<bool[]> found_host(new bool[batch]);
+  const key_t_* resident = w.resident.data();
+  const key_t_* batch_keys = w.batch_keys.data();
+  const key_t_* mixed_keys = w.mixed_keys.data();
+  const key_t_* new_keys = w.new_keys.data();
+  float* rows = rows_host.data();
+  bool* found = found_host.get();
+  std::vector<embcache::buffer<key_t_, Space>> device_keys;
+  embcache::buffer<float, Space> device_rows;
+  embcache::buffer<bool, Space> device_found;
+  if constexpr (!embcache::is_host_space_v<Space>) {
+    for (const auto* v : {&w.resident, &w.batch_keys, &w.mixed_keys, &w.new_keys}) {
+      device_keys.emplace_back(v->size(), space);
+      device_keys.back().copy_from_host(v->data(), v->size());
+    }
+    resident = device_keys[0].data();
+    batch_keys = device_keys[1].data();
+    mixed_keys = device_keys[2].data();
+    new_keys = device_keys[3].data();
+    device_rows = embcache::buffer<float, Space>(batch * dim, space);
+    device_rows.copy_from_host(rows_host.data(), rows_host.size());
+    device_found = embcache::buffer<bool, Space>(batch, space);
+    rows = device_rows.data();
+    found = device_found.data();
+  }
+  if (!cache.find_or_insert(resident, w.resident.size(), nullptr, nullptr).ok())
     state.SkipWithError("prefill failed");
-  std::vector<float> rows(batch * dim, 1.0f);
-  std::unique_ptr<bool[]> found(new bool[batch]);
   for (auto _ : state) {
     embcache::status s;
+    // Every bulk call returns once its work is complete (the cuda space synchronizes its stream).
     if (o == op::find) {
-      s = cache.find(w.batch_keys.data(), batch, rows.data(), found.get());
+      s = cache.find(batch_keys, batch, rows, found);
     } else if (o == op::find_or_insert) {
-      s = cache.find_or_insert(w.mixed_keys.data(), batch, rows.data(), nullptr);
+      s = cache.find_or_insert(mixed_keys, batch, rows, nullptr);
     } else {
-      s = cache.insert_or_assign(w.mixed_keys.data(), batch, rows.data());
+      s = cache.insert_or_assign(mixed_keys, batch, rows);
     }
     if (!s.ok()) state.SkipWithError(s.to_string().c_str());
-    benchmark::DoNotOptimize(rows.data());
+    benchmark::DoNotOptimize(rows);
     if (o != op::find) {
       state.PauseTiming();
-      (void)cache.erase(w.new_keys.data(), w.new_keys.size());
+      (void)cache.erase(new_keys, w.new_keys.size());
       state.ResumeTiming();
     }
   }
@@ -227,15 +257,15 @@ std::string suffix(std::size_t dim, double load, bool zipf) {
   return buf;
 }
 
-int register_all() {
+void register_all() {
   for (op o : {op::find, op::find_or_insert, op::insert_or_assign})
     for (std::size_t dim : {16, 64, 128})
       for (double load : {0.5, 0.8})
         for (bool zipf : {false, true}) {
           const std::string s = suffix(dim, load, zipf);
           const std::string name = op_name(o);
-          benchmark::RegisterBenchmark(("cache_" + name + "/host/" + s).c_str(), bm_cache, o, dim,
-                                       load, zipf)
+          benchmark::RegisterBenchmark(("cache_" + name + "/host/" + s).c_str(),
+                                       bm_cache<host_space>, o, dim, load, zipf)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
           benchmark::RegisterBenchmark(("baseline_" + name + "/tbb_chm/" + s).c_str(), bm_tbb, o,
@@ -247,10 +277,29 @@ int register_all() {
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
         }
-  return 0;
+#if defined(EMBCACHE_BENCH_CUDA)
+  // The cuda space, when this build has it and a device is present; dim 32 is the configuration
+  // GPU tables are usually compared at.
+  if (embcache::cuda_device_available())
+    for (op o : {op::find, op::find_or_insert, op::insert_or_assign})
+      for (std::size_t dim : {16, 32, 64, 128})
+        for (double load : {0.5, 0.8})
+          for (bool zipf : {false, true})
+            benchmark::RegisterBenchmark(
+                ("cache_" + std::string(op_name(o)) + "/cuda/" + suffix(dim, load, zipf)).c_str(),
+                bm_cache<embcache::cuda_space>, o, dim, load, zipf)
+                ->Unit(benchmark::kMicrosecond)
+                ->UseRealTime();
+#endif
 }
-const int registered = register_all();
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
