@@ -75,6 +75,25 @@ void prefetch_slot(const cache_ref<Key>& t, Key k, bool with_row) {
 #endif
 }
 
+// Host-only hint: the lines of the row of `slot` (-1: nothing), for reading or (`write`) writing.
+template <class Key>
+void prefetch_row(const cache_ref<Key>& t, std::int64_t slot, bool write) {
+#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
+  if (slot < 0) return;
+  const char* r = reinterpret_cast<const char*>(t.row(slot));
+  const std::size_t bytes = t.row_width * sizeof(float);
+  if (write) {
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 1);
+  } else {
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b);
+  }
+#else
+  (void)t;
+  (void)slot;
+  (void)write;
+#endif
+}
+
 // Host-only: the slot of each key of keys[begin, end), through a software pipeline that hashes
 // every key once and keeps the memory accesses of several keys in flight. Stage 1 (16 keys
 // ahead) prefetches the home bucket's state bytes, stage 2 (8 ahead) the key of every digest
@@ -254,6 +273,9 @@ struct claim_fn {
   cache_ref<Key> t;
   const std::int64_t* slots;
   std::uint64_t epoch;
+  void prefetch(std::size_t i) const {
+    if (slots[i] >= 0) __builtin_prefetch(t.claims + slots[i], 1);
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (slots[i] >= 0) atomic_max(t.claims + slots[i], (epoch << 32) | std::uint64_t(i));
   }
@@ -268,6 +290,12 @@ struct assign_fn {
   const std::uint64_t* versions_in;
   std::uint64_t version;
   std::uint64_t epoch;
+  void prefetch(std::size_t i) const {
+    if (slots[i] < 0) return;
+    __builtin_prefetch(t.claims + slots[i]);
+    __builtin_prefetch(t.versions + slots[i], 1);
+    prefetch_row(t, slots[i], true);
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
     const std::int64_t s = slots[i];
     if (s < 0) return;
@@ -283,6 +311,7 @@ struct read_slots_fn {
   cache_ref<Key> t;
   const std::int64_t* slots;
   float* rows_out;
+  void prefetch(std::size_t i) const { prefetch_row(t, slots[i], false); }
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (slots[i] >= 0)
       cache_ref<Key>::copy_row(rows_out + i * t.row_width, t.row(slots[i]), t.row_width);
@@ -294,6 +323,9 @@ struct mark_fn {
   cache_ref<Key> t;
   const std::int64_t* slots;
   std::uint64_t version;
+  void prefetch(std::size_t i) const {
+    if (slots[i] >= 0) __builtin_prefetch(t.versions + slots[i], 1);
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (slots[i] >= 0) atomic_store(t.versions + slots[i], version);
   }
