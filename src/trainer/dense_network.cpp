@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/detail/dense_network.inl"
 
 namespace embcache {
@@ -89,6 +90,11 @@ status check_options(const dense_network_options& o) {
     return status::invalid_argument("dense_network_options.adam.epsilon is " +
                                     std::to_string(o.adam.epsilon) + ", expected > 0");
   return status::ok_status();
+}
+
+int set_host_blas_threads(int threads) {
+  if (threads > 0) openblas_set_num_threads(threads);
+  return openblas_get_num_threads();
 }
 
 bool dropout_keep(std::uint64_t seed, std::uint64_t step, std::size_t layer, std::uint64_t index,

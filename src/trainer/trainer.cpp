@@ -247,6 +247,7 @@ status trainer::impl::build() {
   // Shape errors are the model's, not the device's.
   if (const status ms = check_options(mlp_options(mo)); !ms.ok())
     return status(ms.code(), "config.model: " + ms.message());
+  if (config.blas_threads > 0) set_host_blas_threads(config.blas_threads);
   auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
   if (!m.ok()) return m.get_status();
   model = std::move(m).value();

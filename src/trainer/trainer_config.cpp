@@ -186,6 +186,7 @@ status validate(const trainer_config& c) {
   if (!(c.model.adam.learning_rate > 0.0f))
     return status::invalid_argument("config.model.learning_rate: must be > 0");
   if (c.threads < 0) return status::invalid_argument("config.threads: must be >= 0");
+  if (c.blas_threads < 0) return status::invalid_argument("config.blas_threads: must be >= 0");
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
@@ -290,6 +291,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
   r.get("resume_from", c.resume_from);
   r.get("threads", c.threads);
   r.get("dense_device", c.dense_device);
+  r.get("blas_threads", c.blas_threads);
   r.finish();
   if (!err.ok()) return err;
   EMBCACHE_RETURN_IF_ERROR(validate(c));
@@ -349,7 +351,8 @@ void to_json(json& j, const trainer_config& c) {
            {"save_every_pass", c.save_every_pass},
            {"resume_from", c.resume_from},
            {"threads", c.threads},
-           {"dense_device", c.dense_device}};
+           {"dense_device", c.dense_device},
+           {"blas_threads", c.blas_threads}};
 }
 
 void to_json(json& j, const pass_metrics& m) {

@@ -308,6 +308,9 @@ TEST(TrainerConfig, ErrorsNameTheField) {
     EXPECT_EQ(parsed.value().dense_device, d);
   }
   EXPECT_EQ(trainer_config{}.dense_device, "auto");
+  j = base;
+  j["blas_threads"] = -1;
+  EXPECT_EQ(err(j), "config.blas_threads: must be >= 0");
 
   // Every field round-trips, and a table named "wide" starts from the wide defaults.
   j = base;

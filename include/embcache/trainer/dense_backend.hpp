@@ -61,6 +61,12 @@ class dense_backend {
 std::unique_ptr<dense_backend> make_host_dense_backend(const wide_deep_options& options,
                                                        host_space space = {});
 
+/// Threads of the host BLAS (OpenBLAS), for the whole process: `threads` > 0 sets them
+/// (openblas_set_num_threads); 0 leaves OpenBLAS's own setting (OPENBLAS_NUM_THREADS, else one per
+/// core). Returns the count in effect afterwards. On a machine with few cores, OpenBLAS's threads
+/// spin against oneTBB's workers between GEMMs; one thread can then be faster (docs/trainer.md).
+int set_host_blas_threads(int threads);
+
 /// Builds a cuda dense_backend; throws embcache::error on a CUDA or cuBLAS failure.
 using dense_backend_factory = std::unique_ptr<dense_backend> (*)(const wide_deep_options&);
 

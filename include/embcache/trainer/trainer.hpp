@@ -88,6 +88,9 @@ struct trainer_config {
   /// Where the dense network runs: "host", "cuda" or "auto" (default: cuda when the program
   /// registered the cuda backend and a device is present, else host). make_dense_backend.
   std::string dense_device = "auto";
+  /// Threads of OpenBLAS for the host dense network, process-wide (default 0: OpenBLAS's own
+  /// setting, OPENBLAS_NUM_THREADS or one per core). set_host_blas_threads.
+  int blas_threads = 0;
 
   /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
   static wide_deep_options default_model() { return wide_deep_options{}; }
