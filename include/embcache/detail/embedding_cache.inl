@@ -24,57 +24,6 @@ inline constexpr std::uint8_t outcome_inserted = 1;
 inline constexpr std::uint8_t outcome_failed = 2;
 inline constexpr std::uint8_t outcome_evicted = 3;  // inserted in place of a victim
 
-// Host-only latency hiding for bulk loops (detail/host_algorithms.hpp calls these ahead of the
-// work): first the key's home bucket states, then, once they are in cache, the key and row of the
-// first digest match. Hints only: they change no state and no result.
-template <class Key>
-void prefetch_bucket(const cache_ref<Key>& t, Key k) {
-#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
-  const auto h = t.hash(k);
-  __builtin_prefetch(t.states + h.home * cache_bucket_size);
-  __builtin_prefetch(t.states + h.home * cache_bucket_size + 64);
-#else
-  (void)t;
-  (void)k;
-#endif
-}
-
-template <class Key>
-void prefetch_slot(const cache_ref<Key>& t, Key k, bool with_row) {
-#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
-  const auto h = t.hash(k);
-#if defined(__SSE2__)
-  const __m128i needle = _mm_set1_epi8(static_cast<char>(h.digest));
-  const std::uint8_t* base = t.states + h.home * cache_bucket_size;
-  for (std::size_t g = 0; g < cache_bucket_size; g += 16) {
-    const unsigned m = static_cast<unsigned>(_mm_movemask_epi8(
-        _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
-    if (!m) continue;
-    const std::size_t s =
-        h.home * cache_bucket_size + g + static_cast<std::size_t>(__builtin_ctz(m));
-#else
-  std::uint64_t* words = t.bucket_words(h.home);
-  for (std::size_t w = 0; w < cache_bucket_words; ++w) {
-    const std::uint64_t m = match_bytes(atomic_load(words + w), h.digest);
-    if (!m) continue;
-    const std::size_t s = h.home * cache_bucket_size + w * 8 + (ctz64(m) >> 3);
-#endif
-    __builtin_prefetch(t.keys + s);
-    __builtin_prefetch(t.scores + s, 1);
-    if (with_row) {
-      const char* r = reinterpret_cast<const char*>(t.rows + s * t.row_width);
-      const std::size_t bytes = t.row_width * sizeof(float);
-      for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b);
-    }
-    return;
-  }
-#else
-  (void)t;
-  (void)k;
-  (void)with_row;
-#endif
-}
-
 // Host-only hint: the lines of the row of `slot` (-1: nothing), for reading or (`write`) writing.
 template <class Key>
 void prefetch_row(const cache_ref<Key>& t, std::int64_t slot, bool write) {
@@ -100,11 +49,12 @@ void prefetch_row(const cache_ref<Key>& t, std::int64_t slot, bool write) {
 // match there, stage 3 (4 ahead) finds the key in its home bucket and prefetches its score and,
 // `with_row`, its row. `visit(i, slot)` then runs in index order. The slot of stage 3 is checked
 // again there (state byte and key), and a key not found in its home bucket, or whose slot changed
-// meanwhile, goes through find_slot: the slots are exactly find_slot's. On the device (the cuda
-// space never calls this) it is the plain loop.
+// meanwhile, goes through find_slot: the slots are exactly find_slot's. Without `resolve`, such
+// keys get -1 instead (the caller does the full search). On the device (the cuda space never
+// calls this) it is the plain loop.
 template <class Key, class Visit>
 void pipelined_slots(const cache_ref<Key>& t, const Key* keys, std::size_t begin, std::size_t end,
-                     bool with_row, const Visit& visit) {
+                     bool with_row, const Visit& visit, bool resolve = true) {
 #if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
   constexpr std::size_t ahead1 = 16;
   constexpr std::size_t ahead2 = 8;
@@ -155,14 +105,15 @@ void pipelined_slots(const cache_ref<Key>& t, const Key* keys, std::size_t begin
     if (i + ahead2 < end) stage2(i + ahead2);
     if (i + ahead3 < end) stage3(i + ahead3);
     std::int64_t s = slot[i % ring];
-    if (s < 0 || atomic_load(t.states + s, cuda::std::memory_order_acquire) != digest[i % ring] ||
-        t.keys[s] != keys[i])
-      s = t.find_slot(keys[i]);
+    if (s >= 0 && (atomic_load(t.states + s, cuda::std::memory_order_acquire) != digest[i % ring] ||
+                   t.keys[s] != keys[i]))
+      s = -1;
+    if (s < 0 && resolve) s = t.find_slot(keys[i]);
     visit(i, s);
   }
 #else
   (void)with_row;
-  for (std::size_t i = begin; i < end; ++i) visit(i, t.find_slot(keys[i]));
+  for (std::size_t i = begin; i < end; ++i) visit(i, resolve ? t.find_slot(keys[i]) : -1);
 #endif
 }
 
@@ -239,8 +190,20 @@ struct insert_fn {
   std::uint64_t version;
   std::uint64_t op;
   bool initialize;
-  void prefetch(std::size_t i) const { prefetch_bucket(t, keys[i]); }
-  void prefetch_late(std::size_t i) const { prefetch_slot(t, keys[i], true); }
+  // Host: resident keys found by the pipeline skip find_or_claim (a key lives in one slot only,
+  // so a checked match is the answer find_or_claim would give); the others take the full path.
+  void run_range(std::size_t begin, std::size_t end) const {
+    pipelined_slots(
+        t, keys, begin, end, true,
+        [this](std::size_t i, std::int64_t s) {
+          if (s < 0) return (*this)(i);
+          slots[i] = s;
+          t.touch(s, op);
+          outcome[i] = outcome_found;
+          if (rows_out) cache_ref<Key>::copy_row(rows_out + i * t.row_width, t.row(s), t.row_width);
+        },
+        false);
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
     const auto c = t.find_or_claim(keys[i]);
     slots[i] = c.slot;

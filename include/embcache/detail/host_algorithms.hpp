@@ -39,15 +39,6 @@ void run_in_space(const host_space& space, Body&& body) {
   }
 }
 
-/// Whether a loop body offers `prefetch_late(i)`: a second hint, issued closer to `f(i)`, that
-/// may read what `prefetch(i)` brought in (e.g. to find and prefetch a row).
-template <class F, class = void>
-struct has_prefetch_late : std::false_type {};
-template <class F>
-struct has_prefetch_late<
-    F, std::void_t<decltype(std::declval<const F&>().prefetch_late(std::size_t{}))>>
-    : std::true_type {};
-
 /// Whether a loop body offers `run_range(begin, end)`: its own host loop over a chunk of indices
 /// (e.g. a software pipeline), with the same effect as calling `f(i)` for each.
 template <class F, class = void>
@@ -59,9 +50,8 @@ struct has_run_range<
 
 /// Calls `f(i)` for every i in [0, n), in parallel, chunk by chunk. When `F` has
 /// `run_range(begin, end)`, each chunk is handed to it whole. Otherwise, when `F` has
-/// `prefetch(i)`, the loop calls it `early` indices ahead, and `prefetch_late(i)` (if present)
-/// `late` indices ahead, so that the memory latency of random accesses overlaps instead of adding
-/// up.
+/// `prefetch(i)`, the loop calls it `ahead` indices before `f(i)`, so that the memory latency of
+/// random accesses overlaps instead of adding up.
 template <class F>
 void for_each_index(const host_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
@@ -70,15 +60,10 @@ void for_each_index(const host_space& space, std::size_t n, const F& f) {
     if constexpr (has_run_range<F>::value) {
       f.run_range(begin, end);
     } else if constexpr (has_prefetch<F>::value) {
-      constexpr std::size_t early = 16;
-      constexpr std::size_t late = 8;
-      for (std::size_t i = begin; i < end && i < begin + early; ++i) f.prefetch(i);
-      if constexpr (has_prefetch_late<F>::value)
-        for (std::size_t i = begin; i < end && i < begin + late; ++i) f.prefetch_late(i);
+      constexpr std::size_t ahead = 16;
+      for (std::size_t i = begin; i < end && i < begin + ahead; ++i) f.prefetch(i);
       for (std::size_t i = begin; i < end; ++i) {
-        if (i + early < end) f.prefetch(i + early);
-        if constexpr (has_prefetch_late<F>::value)
-          if (i + late < end) f.prefetch_late(i + late);
+        if (i + ahead < end) f.prefetch(i + ahead);
         f(i);
       }
     } else {
