@@ -1,9 +1,12 @@
 // Per-pass swap of the training cache against the HugeCTR-style full swap, in one binary, on the
 // host store and on RocksDB (when built with it). Keys per keyset: EMBCACHE_BENCH_KEYS (default
-// 1M). Rows are dim 64 with Adam state (192 floats).
+// 1M). Rows are dim 64 with Adam state (192 floats). Keysets roll over a key universe: pass p
+// trains the n keys from p * s on (modulo n + 2s), s = n * (100 - overlap) / 100, so consecutive
+// keysets share `overlap` percent of their keys and every pass brings s new ones.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +14,7 @@
 #include <memory>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "embcache/host_store.hpp"
@@ -29,19 +33,32 @@ std::size_t num_keys() {
   return e ? std::strtoull(e, nullptr, 10) : (std::size_t{1} << 20);
 }
 
-table_options<std::int64_t> table(std::shared_ptr<param_store<std::int64_t>> store) {
+table_options<std::int64_t> table(std::shared_ptr<param_store<std::int64_t>> store,
+                                  std::size_t capacity) {
   table_options<std::int64_t> o;
   o.name = "emb";
   o.dim = dim;
   o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = num_keys();
+  o.capacity = capacity;
   o.store = std::move(store);
   return o;
 }
 
-// Keysets of pass k and k+1 sharing `overlap` percent of their keys, and a store holding both.
+// The rolling keysets of one overlap, and a store holding every key of the universe.
 struct fixture {
-  std::vector<std::int64_t> cur, next;
+  std::size_t n = 0, step = 0, universe = 0;
+  std::vector<std::int64_t> cur, next;  // passes 0 and 1
+  std::map<int, std::vector<std::int64_t>> passes;
+  const std::vector<std::int64_t>& keyset(int p) {
+    auto& k = passes[p];
+    if (k.empty()) {
+      k.resize(n);
+      for (std::size_t i = 0; i < n; ++i)
+        k[i] = std::int64_t((std::size_t(p) * step + i) % universe);
+      std::sort(k.begin(), k.end());
+    }
+    return k;
+  }
   std::shared_ptr<param_store<std::int64_t>> store;
   std::string dir;  // RocksDB folder, removed with the fixture
   ~fixture() {
@@ -86,14 +103,16 @@ fixture& get_fixture(int overlap, bool rocksdb) {
   g = std::make_unique<fixture>();
   const std::size_t n = num_keys();
   const std::size_t keep = n * std::size_t(overlap) / 100;
-  g->cur.resize(n);
-  std::iota(g->cur.begin(), g->cur.end(), std::int64_t{0});
-  g->next.resize(n);
-  for (std::size_t i = 0; i < keep; ++i) g->next[i] = std::int64_t(n - keep + i);
-  for (std::size_t i = keep; i < n; ++i) g->next[i] = std::int64_t(n + i - keep);
-  g->store = make_store(rocksdb, 2 * n, &g->dir);
-  // Every key of both passes already exists in the store (a continued training run).
-  std::vector<std::int64_t> all(2 * n - keep);
+  g->n = n;
+  g->step = n - keep;
+  // With a cache of n + s rows, the rows of pass p - 1 that pass p does not train are outside
+  // pass p + 1's keyset too: a universe of n + 2s keys.
+  g->universe = n + 2 * g->step;
+  g->cur = g->keyset(0);
+  g->next = g->keyset(1);
+  g->store = make_store(rocksdb, g->universe, &g->dir);
+  // Every key already exists in the store (a continued training run).
+  std::vector<std::int64_t> all(g->universe);
   std::iota(all.begin(), all.end(), std::int64_t{0});
   std::vector<float> rows(std::size_t{1 << 16} * dim * 3, 0.01f);
   std::vector<std::uint64_t> vers(std::size_t{1} << 16, 1);
@@ -106,10 +125,12 @@ fixture& get_fixture(int overlap, bool rocksdb) {
 }
 
 // A cache holding pass k, every row updated (dirty), as after training pass k.
-std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool write_behind = true) {
+std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool write_behind = true,
+                                                            std::size_t capacity = 0) {
   training_cache_options opts;
   opts.write_behind = write_behind;
-  auto tc = std::make_unique<training_cache<std::int64_t>>(opts, std::vector{table(f.store)});
+  auto tc = std::make_unique<training_cache<std::int64_t>>(
+      opts, std::vector{table(f.store, capacity ? capacity : f.n)});
   tc->begin_pass({f.cur}).throw_if_error();
   std::vector<std::int64_t> slots(f.cur.size());
   tc->cache(0).lookup_slots(f.cur.data(), f.cur.size(), slots.data()).throw_if_error();
@@ -117,55 +138,72 @@ std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool wri
   return tc;
 }
 
-// Mean blocking time of the synchronous swap (no prefetch, no write-behind), per fixture: the
-// length of the simulated training phase of the other variants.
-std::map<std::pair<int, bool>, double> sync_seconds;
+// Mean blocking time of the synchronous swap (no prefetch, no write-behind), per fixture and cache
+// size: the length of the simulated training phase of the other variants.
+std::map<std::tuple<int, bool, bool>, double> sync_seconds;
 
 void report(benchmark::State& state, double rows, double bytes) {
   state.counters["rows_per_s"] = benchmark::Counter(rows, benchmark::Counter::kIsRate);
   state.counters["bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
 }
 
-// Steady-state pass boundaries on one cache, alternating between the two keysets: train (sleep
-// as long as the synchronous swap, then mark every row of the pass updated), begin_pass(next).
-// With prefetch, prefetch(next) is issued when the training phase starts; with write-behind, the
-// previous boundary's push runs during the phase too. Only the time begin_pass blocks is timed.
+// Steady-state pass boundaries on one cache over the rolling keysets: train (sleep as long as the
+// synchronous swap, then mark every row of the pass updated), begin_pass(next). With prefetch,
+// prefetch(next) is issued when the training phase starts; with write-behind, the previous
+// boundary's push runs during the phase too. Only the time begin_pass blocks is timed. `room`:
+// the cache holds the keyset (0) or the keyset plus one pass's new keys (1); with room, the
+// prefetch worker can install the next pass during the phase.
 void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
   const bool write_behind = state.range(2) != 0;
   const bool rocksdb = state.range(3) != 0;
+  const bool room = state.range(4) != 0;
   auto& f = get_fixture(overlap, rocksdb);
-  const auto key = std::make_pair(overlap, rocksdb);
+  const auto key = std::make_tuple(overlap, rocksdb, room);
   const double train = sync_seconds.count(key) ? sync_seconds[key] : 0.0;
   if ((prefetch || write_behind) && train == 0.0) {
     state.SkipWithError("run the synchronous variant first (it sets the training time)");
     return;
   }
   double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0;
-  auto tc = trained_cache(f, write_behind);
-  const std::vector<std::int64_t>* cur = &f.cur;
-  const std::vector<std::int64_t>* next = &f.next;
+  auto tc = trained_cache(f, write_behind, room ? f.n + f.step : f.n);
+  int pass = 0;
   std::vector<std::int64_t> slots(f.cur.size());
-  for (auto _ : state) {
-    state.PauseTiming();
+  if (room) {
+    // Fill the room: from pass 1 on, the cache holds a keyset and the rest of the one before.
+    tc->begin_pass({f.next}).throw_if_error();
+    pass = 1;
+  }
+  const std::vector<std::int64_t>* cur = &f.keyset(pass);
+  const std::vector<std::int64_t>* next = nullptr;
+  // One pass: train `cur` (with the next keyset prefetched), then the timed boundary.
+  auto one_pass = [&] {
+    next = &f.keyset(pass + 1);
     if (prefetch) tc->prefetch({*next}).throw_if_error();
     std::this_thread::sleep_for(std::chrono::duration<double>(train));
     tc->cache(0).lookup_slots(cur->data(), cur->size(), slots.data()).throw_if_error();
     tc->cache(0).mark_updated(slots.data(), cur->size()).throw_if_error();
-    state.ResumeTiming();
     const auto t0 = std::chrono::steady_clock::now();
     tc->begin_pass({*next}).throw_if_error();
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    state.PauseTiming();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // A first boundary of the variant, untimed: buffers reach their steady size.
+  one_pass();
+  cur = next;
+  ++pass;
+  for (auto _ : state) {
+    const double t = one_pass();
+    total += t;
+    state.SetIterationTime(t);  // only begin_pass counts
     const auto& c = tc->counters().last[0];
     rows += double(next->size());
     bytes += double(c.bytes_store_to_cache + c.bytes_cache_to_store);
     wb += c.seconds_write_back;
     in += c.seconds_swap_in;
     wait += c.seconds_prefetch_wait;
-    std::swap(cur, next);
-    state.ResumeTiming();
+    cur = next;
+    ++pass;
   }
   tc.reset();  // after the timed loop: waits for the last write-behind
   const double iters = double(state.iterations());
@@ -225,10 +263,12 @@ void begin_pass_args(benchmark::internal::Benchmark* b) {
     if (store) continue;
 #endif
     for (int overlap : {0, 50, 90}) {
-      b->Args({overlap, 0, 0, store});  // synchronous: sets the training time of the others
-      b->Args({overlap, 0, 1, store});
-      b->Args({overlap, 1, 1, store});
-      b->Args({overlap, 1, 0, store});
+      for (int room : {0, 1}) {
+        b->Args({overlap, 0, 0, store, room});  // synchronous: sets the training time of the others
+        b->Args({overlap, 0, 1, store, room});
+        b->Args({overlap, 1, 1, store, room});
+        b->Args({overlap, 1, 0, store, room});
+      }
     }
   }
 }
@@ -242,11 +282,11 @@ BENCHMARK(training_full_swap)
     ->UseRealTime();
 BENCHMARK(training_begin_pass)
     ->Name("training_begin_pass")
-    ->ArgNames({"overlap", "prefetch", "write_behind", "rocksdb"})
+    ->ArgNames({"overlap", "prefetch", "write_behind", "rocksdb", "room"})
     ->Apply(begin_pass_args)
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace embcache

@@ -254,7 +254,7 @@ struct training_cache<Key>::impl {
     std::vector<std::int64_t> hit_slots;
     std::uint64_t residency = 0;
     std::size_t resident_rows = 0;
-    // Filled by the worker once it has settled the residency for the next pass (early_install):
+    // Filled by the worker once it has settled the residency for the next pass (early_evict):
     // the resident slots outside the prefetched keyset, i.e. the eviction candidates of the next
     // begin_pass, and how many of the keyset's missing rows it already inserted.
     std::vector<std::int64_t> leave_slots;
@@ -272,10 +272,10 @@ struct training_cache<Key>::impl {
     std::shared_ptr<param_store<Key>> store;
     std::unique_ptr<std::mutex> store_mutex = std::make_unique<std::mutex>();
     // Held by the prefetch worker while it changes the table's residency during a pass
-    // (early_install), and by the caller's calls that read or change residency or the slot
-    // bookkeeping below while a worker may run. Taken before store_mutex, never after it.
+    // (early_evict, early_insert), and by the caller's calls that read or change residency or the
+    // slot bookkeeping below while a worker may run. Taken before store_mutex, never after it.
     std::unique_ptr<std::mutex> install_mutex = std::make_unique<std::mutex>();
-    // Work of the worker's early_install not yet in a pass's counters.
+    // Work of the worker's early install not yet in a pass's counters.
     table_counters early;
     // Per slot: whether the slot holds a row inserted by us, and the version that row had when
     // last in sync with the store (a row is dirty while its version is greater).
@@ -478,30 +478,12 @@ struct training_cache<Key>::impl {
     return {};
   }
 
-  // Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time).
-  status stage(table_state& tb, std::vector<Key> keys, std::size_t gather_floats) {
-    const auto t0 = clock_type::now();
-    auto& st = tb.staged;
-    st.keys = std::move(keys);
-    st.gather.resize(gather_floats);
-    const std::size_t n = st.keys.size(), w = tb.row_width;
-    st.rows.resize(n * w);
-    st.versions.assign(n, 0);
-    st.found.assign(n, 0);
-    const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
-    std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
-    for (std::size_t b = 0; b < n; b += batch) {
-      const std::size_t m = std::min(batch, n - b);
-      EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + b, m, st.rows.data() + b * w, found.get(),
-                                    st.versions.data() + b));
-      for (std::size_t i = 0; i < m; ++i) {
-        st.found[b + i] = found[i];
-        if (!found[i]) initialize_row(tb, st.keys[b + i], st.rows.data() + (b + i) * w);
-      }
-    }
-    st.seconds = seconds_since(t0);
-    return {};
-  }
+  status stage(table_state& tb, std::vector<Key> keys, std::size_t spare_floats);
+  bool early_current(const table_state& tb) const;
+  void early_changed(table_state& tb);
+  status early_evict(table_state& tb, bool* go_on);
+  status early_insert(table_state& tb, std::size_t b, std::size_t m,
+                      std::vector<std::uint8_t>& taken, bool* go_on);
 
   void wait_worker() {
     if (worker.joinable()) worker.join();
@@ -524,7 +506,6 @@ struct training_cache<Key>::impl {
 
   status swap_in(table_state& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
-  status early_install(table_state& tb);
   status swap_in_staged(table_state& tb, const std::vector<Key>& missing, table_counters& c);
   status evict(table_state& tb, const std::vector<std::int64_t>& victims, table_counters& c);
   status transition(table_state& tb, const std::vector<Key>& keys, bool use_staging,
@@ -606,7 +587,7 @@ status training_cache<Key>::impl::swap_in(table_state& tb, const std::vector<Key
   for (std::size_t i = 0; i < n; ++i) {
     if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
     tb.slot_used[slots[i]] = 1;
-    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_install reads it)
+    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_evict reads it)
     tb.slot_synced[slots[i]] = found[i] ? vers[i] : 0;
   }
   c.seconds_swap_in += seconds_since(t0);
@@ -641,7 +622,7 @@ status training_cache<Key>::impl::swap_in_staged(table_state& tb, const std::vec
   for (std::size_t i = 0; i < n; ++i) {
     if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
     tb.slot_used[slots[i]] = 1;
-    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_install reads it)
+    tb.slot_mark[slots[i]] = tb.mark_epoch;  // a key of this pass (early_evict reads it)
     tb.slot_synced[slots[i]] = st.found[i] ? st.versions[i] : 0;
   }
   c.seconds_swap_in += seconds_since(t0);
@@ -697,26 +678,37 @@ status training_cache<Key>::impl::evict(table_state& tb, const std::vector<std::
   return {};
 }
 
-// Runs in the prefetch worker after staging, keyset mode only. The caller's pass updates rows of
-// its own keyset in place and changes no residency, so everything the next boundary decides from
-// the resident set and the next keyset alone can be done now: residents outside both keysets
-// (frozen: nothing touches them before the boundary) are evicted as far as the next keyset's
-// misses need the room, the staged rows that then fit are inserted, and the eviction candidates
-// of the boundary are listed. begin_pass only handles what is left. Skipped whenever the
-// residency or the store changed since prefetch() (the boundary then does everything).
+// The prefetch worker's early install (keyset mode). The caller's pass updates rows of its own
+// keyset in place and changes no residency, so what the next boundary decides from the resident
+// set and the next keyset alone can be done during the pass: residents outside both keysets
+// (frozen: nothing touches them before the boundary) are evicted first, as far as the next
+// keyset's misses need the room; then each staged batch is inserted as far as it fits, right
+// after its pull (while it is still in the processor's cache). begin_pass only handles what is
+// left, with the eviction candidates listed here. Everything stops as soon as the residency or
+// the store changed behind the worker (the boundary then does the rest).
 template <class Key>
-status training_cache<Key>::impl::early_install(table_state& tb) {
-  if (options.mode != cache_mode::keyset) return {};
+bool training_cache<Key>::impl::early_current(const table_state& tb) const {
+  return tb.staged.residency == tb.residency && tb.staged.resident_rows == tb.cache->size();
+}
+
+template <class Key>
+void training_cache<Key>::impl::early_changed(table_state& tb) {
+  ++tb.residency;
+  tb.staged.residency = tb.residency;
+  tb.staged.resident_rows = tb.cache->size();
+}
+
+template <class Key>
+status training_cache<Key>::impl::early_evict(table_state& tb, bool* go_on) {
+  *go_on = false;
   std::lock_guard<std::mutex> lock(*tb.install_mutex);
-  const auto t0 = clock_type::now();
   auto& st = tb.staged;
-  if (st.residency != tb.residency || st.resident_rows != tb.cache->size()) return {};
+  if (!early_current(tb)) return {};
   const auto ref = tb.cache->ref();
   const std::size_t slots = tb.cache->capacity(), w = tb.row_width;
-  // 1: next keyset's hit; 2: evicted here.
-  std::vector<std::uint8_t> keep(slots, 0);
+  std::vector<std::uint8_t> keep(slots, 0);  // 1: a hit of the next keyset; 2: evicted here
   for (const auto s : st.hit_slots) keep[s] = 1;
-  // The slots of the current pass's keyset are marked with mark_epoch by its begin_pass.
+  // The slots of the current pass's keyset carry mark_epoch (set by its begin_pass).
   const bool know_current = tb.mark_epoch != 0 && tb.slot_mark.size() == slots;
   std::vector<std::int64_t> leave, frozen;
   for (std::size_t s = 0; s < slots; ++s) {
@@ -729,28 +721,42 @@ status training_cache<Key>::impl::early_install(table_state& tb) {
   const std::size_t ev = std::min(need, frozen.size());
   if (ev > 0) {
     pick_oldest(ref, frozen, ev);
-    std::vector<Key> keys(ev), dirty_keys;
+    std::vector<Key> keys(ev);
+    const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
     std::vector<std::int64_t> dirty_slots;
+    std::vector<Key> dirty_keys;
     std::vector<std::uint64_t> dirty_vers;
-    for (std::size_t i = 0; i < ev; ++i) {
-      const auto s = frozen[i];
-      keys[i] = ref.keys[s];
-      const std::uint64_t v = ref.versions[s];
-      if (!tb.slot_used[s] || v > tb.slot_synced[s]) {
-        dirty_slots.push_back(s);
-        dirty_keys.push_back(keys[i]);
-        dirty_vers.push_back(v);
+    std::vector<float> rows;
+    std::size_t pushed = 0;
+    for (std::size_t b = 0; b < ev; b += batch) {
+      const std::size_t m = std::min(batch, ev - b);
+      dirty_slots.clear();
+      dirty_keys.clear();
+      dirty_vers.clear();
+      for (std::size_t i = b; i < b + m; ++i) {
+        const auto s = frozen[i];
+        keys[i] = ref.keys[s];
+        const std::uint64_t v = ref.versions[s];
+        if (!tb.slot_used[s] || v > tb.slot_synced[s]) {
+          dirty_slots.push_back(s);
+          dirty_keys.push_back(keys[i]);
+          dirty_vers.push_back(v);
+        }
       }
-    }
-    const std::size_t d = dirty_slots.size();
-    std::vector<float> rows(d * w);
-    EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(dirty_slots.data(), d, rows.data()));
-    if (d > 0) {
-      // Not logged for the prefetch hazard: these keys are outside the staged keyset.
-      std::lock_guard<std::mutex> store_lock(*tb.store_mutex);
-      EMBCACHE_RETURN_IF_ERROR(
-          tb.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
-              .with_context("early write-back of table '" + tb.opt.name + "'"));
+      const std::size_t d = dirty_slots.size();
+      if (d == 0) continue;
+      rows.resize(d * w);
+      EMBCACHE_RETURN_IF_ERROR(tb.cache->read_slots(dirty_slots.data(), d, rows.data()));
+      {
+        // Not logged for the prefetch hazard: these keys are outside the staged keyset.
+        std::lock_guard<std::mutex> store_lock(*tb.store_mutex);
+        EMBCACHE_RETURN_IF_ERROR(
+            tb.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
+                .with_context("early write-back of table '" + tb.opt.name + "'"));
+      }
+      tb.written_since_export.insert(tb.written_since_export.end(), dirty_keys.begin(),
+                                     dirty_keys.end());
+      pushed += d;
     }
     // Pushed first, erased after: a row is always in the device or in the store.
     EMBCACHE_RETURN_IF_ERROR(tb.cache->erase(keys.data(), ev));
@@ -758,76 +764,126 @@ status training_cache<Key>::impl::early_install(table_state& tb) {
       tb.slot_used[frozen[i]] = 0;
       keep[frozen[i]] = 2;
     }
-    tb.written_since_export.insert(tb.written_since_export.end(), dirty_keys.begin(),
-                                   dirty_keys.end());
     tb.early.rows_evicted += ev;
-    tb.early.rows_pushed += d;
-    tb.early.bytes_cache_to_store += d * w * sizeof(float);
+    tb.early.rows_pushed += pushed;
+    tb.early.bytes_cache_to_store += pushed * w * sizeof(float);
     leave.erase(
         std::remove_if(leave.begin(), leave.end(), [&](std::int64_t s) { return keep[s] == 2; }),
         leave.end());
+    early_changed(tb);
   }
-  // Staged rows found in the store go in where there is room now; rows the initializer made wait
-  // for the boundary, which gives them a fresh version (until then the key does not exist). A
-  // store write since staging began (erase, write-back) leaves everything to the boundary.
-  const std::size_t room = cap > tb.cache->size() ? cap - tb.cache->size() : 0;
-  if (room > 0 && tb.store_writes_log.empty()) {
-    std::vector<std::size_t> pick;
-    for (std::size_t i = 0; i < st.keys.size() && pick.size() < room; ++i) {
-      if (st.found[i]) pick.push_back(i);
-    }
-    const std::size_t m = pick.size();
-    if (m > 0) {
-      std::vector<Key> keys(m);
-      std::vector<std::uint64_t> vers(m);
-      const bool prefix = pick.back() == m - 1;
-      std::vector<float> gathered(prefix ? 0 : m * w);
-      for (std::size_t i = 0; i < m; ++i) {
-        keys[i] = st.keys[pick[i]];
-        vers[i] = st.versions[pick[i]];
-        if (!prefix) {
-          std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
-        }
-      }
-      EMBCACHE_RETURN_IF_ERROR(tb.cache->insert_or_assign(
-          keys.data(), m, prefix ? st.rows.data() : gathered.data(), vers.data()));
-      std::vector<std::int64_t> placed(m);
-      EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), m, placed.data()));
-      for (std::size_t i = 0; i < m; ++i) {
-        if (placed[i] < 0) return status::internal("early-inserted key is absent from the cache");
-        tb.slot_used[placed[i]] = 1;
-        tb.slot_synced[placed[i]] = vers[i];
-        st.hit_slots.push_back(placed[i]);
-      }
-      // Compact the staging to the rows still missing, keeping key order.
-      std::size_t out = 0, next_pick = 0;
-      for (std::size_t i = 0; i < st.keys.size(); ++i) {
-        if (next_pick < m && pick[next_pick] == i) {
-          ++next_pick;
-          continue;
-        }
-        if (out != i) {
-          st.keys[out] = st.keys[i];
-          st.versions[out] = st.versions[i];
-          st.found[out] = st.found[i];
-          std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
-        }
-        ++out;
-      }
-      st.keys.resize(out);
-      st.versions.resize(out);
-      st.found.resize(out);
-      st.early_inserted += m;
-      tb.early.rows_staged += m;
-      tb.early.bytes_store_to_cache += m * w * sizeof(float);
-    }
-  }
-  if (ev > 0 || st.early_inserted > 0) ++tb.residency;
-  st.residency = tb.residency;
-  st.resident_rows = tb.cache->size();
   st.leave_slots = std::move(leave);
-  st.leave_valid = true;
-  st.seconds += seconds_since(t0);
+  *go_on = true;
+  return {};
+}
+
+// Inserts the staged rows [b, b + m) found in the store as far as they fit; `taken` marks them.
+// Rows the initializer made wait for the boundary, which gives them a fresh version (until then
+// the key does not exist). A store write since staging began (erase, write-back) stops it.
+template <class Key>
+status training_cache<Key>::impl::early_insert(table_state& tb, std::size_t b, std::size_t m,
+                                               std::vector<std::uint8_t>& taken, bool* go_on) {
+  std::lock_guard<std::mutex> lock(*tb.install_mutex);
+  auto& st = tb.staged;
+  const std::size_t cap = tb.opt.capacity, w = tb.row_width;
+  if (!early_current(tb) || !tb.store_writes_log.empty() || tb.cache->size() >= cap) {
+    *go_on = false;
+    return {};
+  }
+  const std::size_t room = cap - tb.cache->size();
+  std::vector<std::size_t> pick;
+  for (std::size_t i = b; i < b + m && pick.size() < room; ++i) {
+    if (st.found[i]) pick.push_back(i);
+  }
+  const std::size_t k = pick.size();
+  if (k == 0) return {};
+  const bool whole = k == m;  // the batch as it lies in the staging
+  std::vector<Key> keys(k);
+  std::vector<std::uint64_t> vers(k);
+  std::vector<float> gathered(whole ? 0 : k * w);
+  for (std::size_t i = 0; i < k; ++i) {
+    keys[i] = st.keys[pick[i]];
+    vers[i] = st.versions[pick[i]];
+    if (!whole) {
+      std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
+    }
+  }
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->insert_or_assign(
+      keys.data(), k, whole ? st.rows.data() + b * w : gathered.data(), vers.data()));
+  std::vector<std::int64_t> placed(k);
+  EMBCACHE_RETURN_IF_ERROR(tb.cache->lookup_slots(keys.data(), k, placed.data()));
+  for (std::size_t i = 0; i < k; ++i) {
+    if (placed[i] < 0) return status::internal("early-inserted key is absent from the cache");
+    tb.slot_used[placed[i]] = 1;
+    tb.slot_synced[placed[i]] = vers[i];
+    st.hit_slots.push_back(placed[i]);
+    taken[pick[i]] = 1;
+  }
+  st.early_inserted += k;
+  tb.early.rows_staged += k;
+  tb.early.bytes_store_to_cache += k * w * sizeof(float);
+  early_changed(tb);
+  return {};
+}
+
+// Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time), with the
+// early install in keyset mode.
+template <class Key>
+status training_cache<Key>::impl::stage(table_state& tb, std::vector<Key> keys,
+                                        std::size_t spare_floats) {
+  const auto t0 = clock_type::now();
+  auto& st = tb.staged;
+  st.keys = std::move(keys);
+  const std::size_t n = st.keys.size(), w = tb.row_width;
+  st.rows.resize(n * w);
+  st.versions.assign(n, 0);
+  st.found.assign(n, 0);
+  bool early = false;
+  if (options.mode == cache_mode::keyset) EMBCACHE_RETURN_IF_ERROR(early_evict(tb, &early));
+  {
+    // Rows the boundary will still have to gather (at most); its write-behind buffer is sized,
+    // and its pages touched, here rather than at the boundary.
+    const std::size_t resident = tb.cache->size(), cap = tb.opt.capacity;
+    const std::size_t need = resident + n > cap ? resident + n - cap : 0;
+    const std::size_t leaving = std::min(need, resident - std::min(resident, st.hit_slots.size()));
+    if (spare_floats < leaving * w) st.gather.resize(leaving * w);
+  }
+  const bool planned = early;
+  std::vector<std::uint8_t> taken(early ? n : 0, 0);
+  const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
+  std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
+  for (std::size_t b = 0; b < n; b += batch) {
+    const std::size_t m = std::min(batch, n - b);
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + b, m, st.rows.data() + b * w, found.get(),
+                                  st.versions.data() + b));
+    for (std::size_t i = 0; i < m; ++i) {
+      st.found[b + i] = found[i];
+      if (!found[i]) initialize_row(tb, st.keys[b + i], st.rows.data() + (b + i) * w);
+    }
+    if (early) EMBCACHE_RETURN_IF_ERROR(early_insert(tb, b, m, taken, &early));
+  }
+  if (st.early_inserted > 0) {
+    // Keep in the staging only the rows still missing, in key order.
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (taken[i]) continue;
+      if (out != i) {
+        st.keys[out] = st.keys[i];
+        st.versions[out] = st.versions[i];
+        st.found[out] = st.found[i];
+        std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
+      }
+      ++out;
+    }
+    st.keys.resize(out);
+    st.versions.resize(out);
+    st.found.resize(out);
+  }
+  if (planned) {
+    std::lock_guard<std::mutex> lock(*tb.install_mutex);
+    st.leave_valid = early_current(tb);
+  }
+  st.seconds = seconds_since(t0);
   return {};
 }
 
@@ -1251,7 +1307,7 @@ status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keyset
   im.drop_staging();
   im.staging_status = {};
   std::vector<std::vector<Key>> todo(im.tables.size());
-  std::vector<std::size_t> gather(im.tables.size(), 0);
+  std::vector<std::size_t> spare(im.tables.size(), 0);
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     std::vector<Key> scratch;
@@ -1270,20 +1326,16 @@ status training_cache<Key>::prefetch(const std::vector<std::vector<Key>>& keyset
     }
     st.residency = tb.residency;
     st.resident_rows = tb.cache->size();
-    // At most the residents outside the keyset leave at that boundary.
-    const std::size_t leaving = tb.cache->size() - (keys.size() - todo[t].size());
-    if (im.options.write_behind && tb.spare_rows.size() < leaving * tb.row_width) {
-      gather[t] = leaving * tb.row_width;
-    }
+    // The worker sizes the gather buffer of the boundary's write-behind, past what is spare.
+    spare[t] = im.options.write_behind ? tb.spare_rows.size() : ~std::size_t{0};
     tb.log_store_writes = true;
   }
   im.staged_valid = true;
-  im.worker = std::thread([&im, todo = std::move(todo), gather]() mutable {
+  im.worker = std::thread([&im, todo = std::move(todo), spare]() mutable {
     // Rows written behind at the last boundary must be in the store before staging reads it.
     im.wait_flush();
     for (std::size_t t = 0; t < im.tables.size(); ++t) {
-      status s = im.stage(im.tables[t], std::move(todo[t]), gather[t]);
-      if (s.ok()) s = im.early_install(im.tables[t]);
+      status s = im.stage(im.tables[t], std::move(todo[t]), spare[t]);
       if (!s.ok()) {
         im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
         return;
