@@ -376,6 +376,20 @@ TEST(TrainerDenseDevice, AutoAndHostSayWhereTheNetworkRuns) {
   EXPECT_EQ(t.value()->dense_note(), "dense network on host");
 }
 
+TEST(TrainerDenseDevice, BlasThreadsSetsOpenBlasAndZeroLeavesIt) {
+  const int before = set_host_blas_threads(0);
+  ASSERT_GE(before, 1);
+  trainer_config c = small_config("blas_threads");
+  c.blas_threads = 0;
+  ASSERT_TRUE(trainer::create(c).ok());
+  EXPECT_EQ(set_host_blas_threads(0), before);
+  c.blas_threads = before + 1;
+  ASSERT_TRUE(trainer::create(c).ok());
+  EXPECT_EQ(set_host_blas_threads(0), before + 1);
+  set_host_blas_threads(before);
+  EXPECT_EQ(set_host_blas_threads(0), before);
+}
+
 TEST(TrainerDenseDevice, AutoUsesTheRegisteredFactoryOnlyWithADevice) {
   factory_guard guard;
   set_cuda_dense_backend_factory(&fake_cuda);
