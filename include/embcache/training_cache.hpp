@@ -119,9 +119,10 @@ inline constexpr int model_format_version = 1;
 
 /// The training cache of several tables.
 ///
-/// Thread safety: one caller thread drives the cache; the only other thread is its own
-/// prefetch worker. Rows may be updated in place through cache(t) (lookup_slots, rows(),
-/// mark_updated) between begin_pass / lookup calls.
+/// Thread safety: one caller thread drives the cache; the only other threads are its own
+/// prefetch worker and write-behind flusher. Rows may be updated in place through cache(t)
+/// (lookup_slots, rows(), mark_updated) between begin_pass / lookup calls; in keyset mode, while
+/// a prefetch is pending, only rows of the current pass's keyset (see prefetch()).
 template <class Key>
 class training_cache {
  public:
@@ -155,8 +156,9 @@ class training_cache {
   /// keys in any order, repeats allowed). Rows resident and in the keyset stay; other rows are
   /// evicted only as capacity requires (oldest version first, then smallest key), the dirty
   /// ones written back first; missing rows come from the prefetch staging, the store, or the
-  /// initializer. A keyset with more distinct keys than its table's capacity gives
-  /// capacity_exceeded before anything changes; so does a count of keysets other than
+  /// initializer. After a prefetch of the same keysets, part of this may already have been done
+  /// during the pass (see prefetch()). A keyset with more distinct keys than its table's capacity
+  /// gives capacity_exceeded before anything changes; so does a count of keysets other than
   /// num_tables() (invalid_argument). Throws in on_demand mode.
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
   /// begin_pass with keysets read from files (one per table, options().keyset_fmt). Read errors
@@ -167,6 +169,14 @@ class training_cache {
   /// so that a later begin_pass moves only the difference. A running prefetch is waited for and
   /// replaced. Staged rows are checked at begin_pass: a key written to or erased from the store
   /// after staging began is re-pulled, a key resident by then keeps its resident row.
+  ///
+  /// In keyset mode the worker also installs what it can of the next pass while this one
+  /// trains: residents outside both the current pass's keyset and `keysets` are evicted as far
+  /// as the missing rows need room (oldest version first, then smallest key; dirty ones pushed
+  /// to the store first), and staged rows found in the store are inserted while there is room.
+  /// So, until the next begin_pass, update in place only rows of the current pass's keyset.
+  /// read(), assign(), erase() and export_incremental() wait while the worker changes which
+  /// rows are resident; end_training(), save() and store(t) wait for the worker to finish.
   status prefetch(const std::vector<std::vector<Key>>& keysets);
   /// prefetch() with keysets read from files.
   status prefetch_files(const std::vector<std::string>& paths);

@@ -260,6 +260,7 @@ struct training_cache<Key>::impl {
     std::vector<std::int64_t> leave_slots;
     bool leave_valid = false;
     std::size_t early_inserted = 0;
+    std::uint32_t premark = 0;  // epoch of the worker's marks in next_mark; 0 = none
     double seconds = 0;
   };
 
@@ -303,6 +304,10 @@ struct training_cache<Key>::impl {
     std::vector<Key> scratch_keys;
     std::vector<std::uint32_t> slot_mark;  // == mark_epoch: slot holds a key of the keyset
     std::uint32_t mark_epoch = 0;
+    // The prefetch worker marks the next keyset's resident slots here (with staged.premark, a
+    // later epoch); the boundary swaps it with slot_mark instead of marking them itself. Epochs
+    // only grow, so stale marks in either array never match a current one.
+    std::vector<std::uint32_t> next_mark;
     // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
     std::uint64_t residency = 0;
   };
@@ -497,6 +502,10 @@ struct training_cache<Key>::impl {
       // not logged), so no lock: taking the store's would wait for a running write-behind.
       tb.log_store_writes = false;
       tb.store_writes_log.clear();
+      if (tb.staged.premark != 0) {
+        // Unused marks of a replaced prefetch would match the next one's epoch.
+        for (const auto s : tb.staged.hit_slots) tb.next_mark[s] = 0;
+      }
       // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
       auto rows = std::move(tb.staged.rows);
       tb.staged = staging{};
@@ -882,6 +891,12 @@ status training_cache<Key>::impl::stage(table_state& tb, std::vector<Key> keys,
   if (planned) {
     std::lock_guard<std::mutex> lock(*tb.install_mutex);
     st.leave_valid = early_current(tb);
+    const std::uint32_t e = tb.mark_epoch + 1;
+    if (st.leave_valid && e != 0 && tb.slot_mark.size() == tb.cache->capacity()) {
+      if (tb.next_mark.size() != tb.slot_mark.size()) tb.next_mark.assign(tb.slot_mark.size(), 0);
+      for (const auto s : st.hit_slots) tb.next_mark[s] = e;
+      st.premark = e;
+    }
   }
   st.seconds = seconds_since(t0);
   return {};
@@ -893,21 +908,30 @@ template <class Key>
 status training_cache<Key>::impl::transition(table_state& tb, const std::vector<Key>& keys,
                                              bool use_staging, table_counters& c) {
   const std::size_t n = keys.size();
+  auto& st = tb.staged;
+  const bool as_staged = use_staging && st.residency == tb.residency &&
+                         st.resident_rows == tb.cache->size() && st.keyset == keys;
   if (tb.slot_mark.size() != tb.cache->capacity()) tb.slot_mark.assign(tb.cache->capacity(), 0);
-  if (++tb.mark_epoch == 0) {
+  const bool premarked = as_staged && st.premark != 0;
+  if (premarked) {
+    std::swap(tb.slot_mark, tb.next_mark);  // the worker marked the keyset's resident slots
+    tb.mark_epoch = st.premark;
+    st.premark = 0;  // consumed
+  } else if (++tb.mark_epoch == 0) {
     std::fill(tb.slot_mark.begin(), tb.slot_mark.end(), 0);
+    std::fill(tb.next_mark.begin(), tb.next_mark.end(), 0);
     tb.mark_epoch = 1;
   }
-  auto& st = tb.staged;
   std::vector<Key> computed;
   const std::vector<Key>* miss = &computed;
   std::size_t early = 0;
   bool planned = false;
-  if (use_staging && st.residency == tb.residency && st.resident_rows == tb.cache->size() &&
-      st.keyset == keys) {
+  if (as_staged) {
     // Nothing entered or left since prefetch computed the hits and staged the misses (and the
     // worker settled what it could of the residency).
-    for (const auto s : st.hit_slots) tb.slot_mark[s] = tb.mark_epoch;
+    if (!premarked) {
+      for (const auto s : st.hit_slots) tb.slot_mark[s] = tb.mark_epoch;
+    }
     miss = &st.keys;
     early = st.early_inserted;
     planned = st.leave_valid;

@@ -1120,6 +1120,33 @@ TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
   }
 }
 
+// A prefetch replaced by another, or followed by a begin_pass of other keysets, leaves the same
+// model as no prefetch at all (the worker's early install and marks of the unused one included).
+TEST(training_cache, replaced_and_unused_prefetches_keep_the_model) {
+  auto run = [](bool prefetch) {
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.optimizer.kind = optimizer_kind::adam;
+    o.capacity = 160;
+    o.store = filled_store(700, 3);
+    training_cache<std::int64_t> tc({}, {o});
+    auto keyset = [](int p) { return range_keys(p * 41, p * 41 + 100); };
+    for (int p = 0; p < 12; ++p) {
+      EXPECT_TRUE(tc.begin_pass({keyset(p)}).ok());
+      if (prefetch) {
+        EXPECT_TRUE(tc.prefetch({keyset(p + 3)}).ok());  // a decoy, replaced below or unused
+        if (p % 3 != 2) EXPECT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+      }
+      train_pass(tc, {keyset(p)}, p);
+    }
+    EXPECT_TRUE(tc.end_training().ok());
+    return store_model(tc, 0);
+  };
+  const auto sync = run(false);
+  EXPECT_TRUE(run(true) == sync);
+}
+
 // --- on-demand -----------------------------------------------------------------------------------
 
 TEST(training_cache, on_demand_small_cache_equals_full_cache) {
