@@ -2,6 +2,7 @@
 // stream, the element-wise steps as kernels over the portable functors.
 #include <cublas_v2.h>
 
+#include <limits>
 #include <string>
 
 #include "embcache/cuda/algorithms.cuh"
@@ -39,6 +40,11 @@ std::shared_ptr<void> blas_create(const cuda_space& space) {
 void gemm_row_major(const cuda_space& space, void* blas, bool trans_a, bool trans_b, std::size_t m,
                     std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
                     const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  // cuBLAS takes int dimensions; a batch or layer beyond that would wrap silently.
+  for (std::size_t d : {m, n, k, lda, ldb, ldc})
+    if (d > std::size_t(std::numeric_limits<int>::max()))
+      throw error(status_code::invalid_argument,
+                  "cublasSgemm: dimension " + std::to_string(d) + " exceeds the int range");
   auto h = static_cast<cublasHandle_t>(blas);
   cublas_check(cublasSetStream(h, space.stream), "cublasSetStream");
   cublas_check(
