@@ -59,15 +59,13 @@ void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
   constexpr int block = 256;
   constexpr std::size_t max_grid = 65535u * 32u;
-  if constexpr (has_warp_per_index<F>::value) {
-    const std::size_t blocks = (n * 32 + block - 1) / block;
-    const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
+  constexpr std::size_t threads_per_index = has_warp_per_index<F>::value ? 32 : 1;
+  const std::size_t blocks = (n * threads_per_index + block - 1) / block;
+  const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
+  if constexpr (has_warp_per_index<F>::value)
     for_each_index_warp_kernel<<<grid, block, 0, space.stream>>>(n, f);
-  } else {
-    const std::size_t blocks = (n + block - 1) / block;
-    const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
+  else
     for_each_index_kernel<<<grid, block, 0, space.stream>>>(n, f);
-  }
   EMBCACHE_CUDA_CHECK(cudaGetLastError());
 }
 
