@@ -8,7 +8,11 @@
 /// from the table's update counter (the device cache's version clock, which only grows); a row
 /// is dirty while its version is newer than the version it had when last in sync with the store.
 ///
-/// This build runs the cache in the host space (host_space); the cuda space is not instantiated.
+/// Spaces. training_cache<Key> keeps its device caches in host memory (host_space, library
+/// embcache); training_cache<Key, cuda_space> keeps them in GPU memory (library embcache::cuda),
+/// with the staging and write-behind rows in pinned host memory. Either way the orchestration runs
+/// on the host and every pointer argument of this class is host memory; only the rows of cache(t)
+/// (cache(t).rows(), the slots of lookup) live in the space's memory.
 #pragma once
 
 #include <cstddef>
@@ -123,15 +127,19 @@ inline constexpr int model_format_version = 1;
 /// prefetch worker and write-behind flusher. Rows may be updated in place through cache(t)
 /// (lookup_slots, rows(), mark_updated) between begin_pass / lookup calls; in keyset mode, while
 /// a prefetch is pending, only rows of the current pass's keyset (see prefetch()).
-template <class Key>
+template <class Key, class Space = host_space>
 class training_cache {
  public:
-  using cache_type = embedding_cache<Key, host_space>;
+  using cache_type = embedding_cache<Key, Space>;
+  using space_type = Space;
 
   /// Builds the caches and, where none is given, the host stores. Throws embcache::error
   /// (invalid_argument) for an empty or repeated name, a zero dim or capacity, bad optimizer
-  /// options, or a store whose row width differs from dim + state width.
-  training_cache(training_cache_options options, std::vector<table_options<Key>> tables);
+  /// options, or a store whose row width differs from dim + state width; in the cuda space,
+  /// embcache::error (unsupported) when no CUDA device can be used. `space` carries the stream the
+  /// device caches run on.
+  training_cache(training_cache_options options, std::vector<table_options<Key>> tables,
+                 Space space = {});
   /// Waits for a running prefetch; does not flush (call end_training() for that).
   ~training_cache();
   training_cache(const training_cache&) = delete;
@@ -233,7 +241,9 @@ class training_cache {
   std::unique_ptr<impl> impl_;
 };
 
-extern template class training_cache<std::int64_t>;
-extern template class training_cache<std::uint32_t>;
+extern template class training_cache<std::int64_t, host_space>;
+extern template class training_cache<std::uint32_t, host_space>;
+extern template class training_cache<std::int64_t, cuda_space>;  // library embcache::cuda
+extern template class training_cache<std::uint32_t, cuda_space>;
 
 }  // namespace embcache
