@@ -47,6 +47,15 @@ struct table_options {
   /// Slots of the device table; default 0 = capacity * 5 / 4, so that a full keyset leaves the
   /// table at most 80% occupied and probing stays short.
   std::size_t slots = 0;
+  /// Rows the cache may hold between passes, in keyset mode; default 0 = 90% of the table's slots
+  /// (at least `capacity`). A begin_pass evicts the rows that leave only as far as this limit
+  /// requires: the others stay resident past their pass (written back, or exported, like any
+  /// resident row) until the prefetch worker of a later pass evicts them in the background or a
+  /// later boundary needs their room. So the table's slack slots, allocated anyway, hold the next
+  /// pass's new rows: when `max_resident` >= the keyset plus the rows new to the next pass, the
+  /// prefetch worker installs them all during the pass and begin_pass moves no row. Set it to
+  /// `capacity` to evict every leaving row at its boundary. Must lie in [capacity, slots].
+  std::size_t max_resident = 0;
   initializer_options init{};  ///< default uniform(-0.05, 0.05); the table index is folded
                                ///< into init.seed, so equal options differ per table
   score_policy scores = score_policy::lru;  ///< default LRU (on-demand eviction)
@@ -162,8 +171,8 @@ class training_cache {
 
   /// Keyset mode: makes every key of `keysets[t]` resident in table t (one keyset per table;
   /// keys in any order, repeats allowed). Rows resident and in the keyset stay; other rows are
-  /// evicted only as capacity requires (oldest version first, then smallest key), the dirty
-  /// ones written back first; missing rows come from the prefetch staging, the store, or the
+  /// evicted only as the table's max_resident requires (oldest version first, then smallest
+  /// key), the dirty ones written back first (rows outside the keyset may stay resident); missing rows come from the prefetch staging, the store, or the
   /// initializer. After a prefetch of the same keysets, part of this may already have been done
   /// during the pass (see prefetch()). A keyset with more distinct keys than its table's capacity
   /// gives capacity_exceeded before anything changes; so does a count of keysets other than
@@ -180,8 +189,9 @@ class training_cache {
   ///
   /// In keyset mode the worker also installs what it can of the next pass while this one
   /// trains: residents outside both the current pass's keyset and `keysets` are evicted as far
-  /// as the missing rows need room (oldest version first, then smallest key; dirty ones pushed
-  /// to the store first), and staged rows found in the store are inserted while there is room.
+  /// as the missing rows need room under max_resident (oldest version first, then smallest key;
+  /// dirty ones pushed to the store first), and staged rows found in the store are inserted while
+  /// there is room.
   /// So, until the next begin_pass, update in place only rows of the current pass's keyset.
   /// read(), assign(), erase() and export_incremental() wait while the worker changes which
   /// rows are resident; end_training(), save() and store(t) wait for the worker to finish.

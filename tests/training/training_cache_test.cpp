@@ -176,10 +176,14 @@ TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
   temp_dir dir;
   const std::size_t space = 2000;
   const auto passes = script<Key>(space, 180, 8);
-  auto run = [&](std::size_t cap, const std::string& sub, bool use_prefetch) {
+  // tight: every leaving row is evicted at its boundary (max_resident = capacity); otherwise
+  // leaving rows may stay in the table's slack.
+  auto run = [&](std::size_t cap, const std::string& sub, bool use_prefetch, bool tight = false) {
     auto sa = TypeParam::make(dir.path + "/" + sub, "a", dim * 3);
     auto sb = TypeParam::make(dir.path + "/" + sub, "b", dim * 2);
-    training_cache<Key> tc({}, two_tables<Key>(cap, cap, sa, sb));
+    auto opts = two_tables<Key>(cap, cap, sa, sb);
+    for (auto& o : opts) o.max_resident = tight ? cap : 0;
+    training_cache<Key> tc({}, opts);
     for (std::size_t p = 0; p < passes.size(); ++p) {
       EXPECT_TRUE(tc.begin_pass(passes[p]).ok());
       if (use_prefetch && p + 1 < passes.size()) EXPECT_TRUE(tc.prefetch(passes[p + 1]).ok());
@@ -195,7 +199,9 @@ TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
   const auto [a_full, b_full, c_full] = run(space, "full", false);
   const auto [a_small, b_small, c_small] = run(space / 10, "small", false);
   const auto [a_pref, b_pref, c_pref] = run(space / 10, "pref", true);
+  const auto [a_tight, b_tight, c_tight] = run(space / 10, "tight", true, true);
   EXPECT_EQ(c_full.total[0].rows_evicted, 0u);
+  EXPECT_GT(c_tight.total[0].rows_evicted, c_pref.total[0].rows_evicted);
   EXPECT_GT(c_small.total[0].rows_evicted, 0u);
   EXPECT_GT(c_small.total[0].rows_pushed, 0u);
   EXPECT_GT(c_pref.total[0].rows_staged, 0u);
@@ -204,6 +210,8 @@ TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
   EXPECT_TRUE(b_full == b_small);
   EXPECT_TRUE(a_full == a_pref);
   EXPECT_TRUE(b_full == b_pref);
+  EXPECT_TRUE(a_full == a_tight);
+  EXPECT_TRUE(b_full == b_tight);
 }
 
 // Export completeness: base + every delta, applied in order, equals the current model, and keys
@@ -454,6 +462,7 @@ TEST(training_cache, begin_pass_moves_only_the_difference) {
   o.dim = dim;
   o.optimizer.kind = optimizer_kind::adam;
   o.capacity = 150;
+  o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t> tc({}, {o});
   std::vector<std::int64_t> k1, k2;
   for (int i = 0; i < 100; ++i) k1.push_back(i);
@@ -671,6 +680,7 @@ TEST(training_cache, staged_rows_are_never_older_than_a_write_back) {
   o.name = "t";
   o.dim = dim;
   o.capacity = 128;
+  o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t> tc({}, {o});
   std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {10, 11, 12}, k3 = {20, 21}, k4 = {10, 30};
   ASSERT_TRUE(tc.begin_pass({k1}).ok());
@@ -708,6 +718,7 @@ TEST(training_cache, write_back_after_staging_forces_a_re_pull) {
   o.name = "t";
   o.dim = dim;
   o.capacity = 128;
+  o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t> tc({}, {o});
   std::vector<std::int64_t> k1 = {10, 11, 12};
   ASSERT_TRUE(tc.begin_pass({k1}).ok());
@@ -774,6 +785,7 @@ struct wb_fixture {
     o.dim = dim;
     o.optimizer.kind = optimizer_kind::adam;
     o.capacity = 64;
+    o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
     o.store = store;
     tc = std::make_unique<training_cache<std::int64_t>>(opts, std::vector{o});
     for (int i = 0; i < 40; ++i) a.push_back(i);
@@ -990,6 +1002,7 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   o.dim = dim;
   o.optimizer.kind = optimizer_kind::adam;
   o.capacity = 110;
+  o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   o.store = filled_store(200);
   training_cache<std::int64_t> tc({}, {o});
   const auto a = range_keys(0, 60), b = range_keys(40, 100), c = range_keys(80, 140);
@@ -1058,16 +1071,102 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   EXPECT_EQ(got, ref);
 }
 
+// The table's slack holds the next pass's new rows: with max_resident above the keyset, the
+// prefetch worker installs them during the pass, the boundary moves no row, and the rows that left
+// stay resident (readable, dirty) until a later worker writes them back in the background.
+TEST(training_cache, leaving_rows_wait_in_the_slack_and_leave_in_the_background) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adam;
+  o.capacity = 100;
+  o.slots = 128;
+  o.max_resident = 115;
+  o.store = filled_store(200);
+  training_cache<std::int64_t> tc({}, {o});
+  const auto a = range_keys(0, 100), b = range_keys(10, 110), c = range_keys(20, 120);
+  auto train_all = [&](const std::vector<std::int64_t>& keys) {  // every row updated: dirty
+    std::vector<float> rows(keys.size() * dim * 3);
+    ASSERT_TRUE(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr).ok());
+    for (auto& x : rows) x += 1.0f;
+    ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+  };
+  ASSERT_TRUE(tc.begin_pass({a}).ok());
+  ASSERT_TRUE(tc.prefetch({b}).ok());
+  train_all(a);
+  const auto left = range_keys(0, 10);
+  std::vector<float> trained(left.size() * dim * 3);
+  ASSERT_TRUE(tc.read(0, left.data(), left.size(), trained.data(), nullptr).ok());
+  ASSERT_TRUE(tc.begin_pass({b}).ok());
+  {
+    const auto& k = tc.counters().last[0];
+    EXPECT_EQ(k.misses, 10u);
+    EXPECT_EQ(k.rows_staged, 10u);  // all installed by the worker
+    EXPECT_EQ(k.rows_evicted, 0u);
+    EXPECT_EQ(k.rows_pushed, 0u);
+    EXPECT_EQ(k.seconds_write_back, 0.0);  // the boundary gathered nothing
+  }
+  const auto first = range_keys(0, 110);
+  EXPECT_EQ(resident_keys(tc), std::set<std::int64_t>(first.begin(), first.end()));
+  // The rows that left are still the newest copies: on the device, not in the store yet.
+  std::vector<float> got(trained.size());
+  ASSERT_TRUE(tc.read(0, left.data(), left.size(), got.data(), nullptr).ok());
+  EXPECT_EQ(got, trained);
+  std::vector<float> stored(trained.size());
+  std::unique_ptr<bool[]> found(new bool[left.size()]);
+  ASSERT_TRUE(tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr).ok());
+  EXPECT_NE(stored, trained);
+  // The next worker evicts them (oldest version first, then smallest key: 0..4) as far as pass
+  // c's new rows need room, 110 + 10 - 115 = 5, and pushes them to the store first.
+  ASSERT_TRUE(tc.prefetch({c}).ok());
+  train_all(b);
+  ASSERT_TRUE(tc.begin_pass({c}).ok());
+  {
+    const auto& k = tc.counters().last[0];
+    EXPECT_EQ(k.rows_evicted, 5u);
+    EXPECT_EQ(k.rows_pushed, 5u);
+    EXPECT_EQ(k.misses, 10u);
+  }
+  EXPECT_EQ(tc.cache(0).size(), 115u);
+  const auto now = range_keys(5, 120);
+  EXPECT_EQ(resident_keys(tc), std::set<std::int64_t>(now.begin(), now.end()));
+  ASSERT_TRUE(tc.store(0).pull(left.data(), 5, stored.data(), found.get(), nullptr).ok());
+  EXPECT_TRUE(std::equal(stored.begin(), stored.begin() + 5 * dim * 3, trained.begin()));
+  ASSERT_TRUE(tc.end_training().ok());
+  ASSERT_TRUE(tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr).ok());
+  EXPECT_EQ(stored, trained);  // rows 0..9 were not trained after pass a
+}
+
+TEST(training_cache, max_resident_outside_capacity_and_slots_is_refused) {
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = dim;
+  o.capacity = 100;
+  o.slots = 128;
+  for (std::size_t bad : {std::size_t{99}, std::size_t{129}}) {
+    o.max_resident = bad;
+    try {
+      training_cache<std::int64_t> tc({}, {o});
+      ADD_FAILURE() << "max_resident " << bad << " accepted";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), status_code::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("max_resident"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Rotating keysets over a store that holds every other key: early eviction and early insertion
 // (and initialized rows left to the boundary) change where rows are, never the model or the
-// exports. Cache sizes: keyset-sized (nothing early) and larger.
+// exports. Cache sizes: keyset-sized without slack (nothing early), keyset-sized with the table's
+// slack, and larger.
 TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
-  auto run = [](std::size_t cap, bool prefetch, bool write_behind) {
+  auto run = [](std::size_t cap, bool prefetch, bool write_behind, bool tight = false) {
     table_options<std::int64_t> o;
     o.name = "t";
     o.dim = dim;
     o.optimizer.kind = optimizer_kind::adam;
     o.capacity = cap;
+    o.max_resident = tight ? cap : 0;
     o.store = filled_store(600, 2);
     training_cache_options opts;
     opts.write_behind = write_behind;
@@ -1104,15 +1203,18 @@ TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
     EXPECT_TRUE(exported == m) << "cap " << cap << " prefetch " << prefetch;
     return std::make_pair(m, tc.counters().total[0]);
   };
-  const auto [sync, cs] = run(100, false, false);
-  for (std::size_t cap : {100, 140, 180}) {
+  const auto [sync, cs] = run(100, false, false, true);
+  for (std::size_t cap : {0, 100, 140, 180}) {  // 0: 100 without slack
+    const bool tight = cap == 0;
+    if (tight) cap = 100;
     for (bool wb : {false, true}) {
-      SCOPED_TRACE("cap " + std::to_string(cap) + (wb ? " write-behind" : ""));
-      const auto [pref, cp] = run(cap, true, wb);
+      SCOPED_TRACE("cap " + std::to_string(cap) + (tight ? " tight" : "") +
+                   (wb ? " write-behind" : ""));
+      const auto [pref, cp] = run(cap, true, wb, tight);
       EXPECT_TRUE(pref == sync);
       EXPECT_EQ(cp.rows_initialized, cs.rows_initialized);
       EXPECT_EQ(cp.hits + cp.misses, cs.hits + cs.misses);
-      if (cap > 100) {
+      if (!tight) {
         EXPECT_GT(cp.rows_staged, 0u);
         EXPECT_GT(cp.rows_evicted, 0u);
       }

@@ -436,6 +436,8 @@ struct training_cache<Key, Space>::impl {
     std::size_t state_width = 0;
     std::size_t row_width = 0;
     std::unique_ptr<cache_type> cache;
+    // Rows the cache may hold between passes (table_options::max_resident, resolved).
+    std::size_t max_resident = 0;
     cache_io<Key, Space> io;  // the cache's calls with host-memory arguments
     std::shared_ptr<param_store<Key>> store;
     std::unique_ptr<std::mutex> store_mutex = std::make_unique<std::mutex>();
@@ -892,7 +894,7 @@ status training_cache<Key, Space>::impl::early_evict(table_state& tb, bool* go_o
     leave.push_back(static_cast<std::int64_t>(s));
     if (know_current && tb.slot_mark[s] != tb.mark_epoch) frozen.push_back(std::int64_t(s));
   }
-  const std::size_t resident = tb.cache->size(), cap = tb.opt.capacity;
+  const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
   const std::size_t need = resident + st.keys.size() > cap ? resident + st.keys.size() - cap : 0;
   const std::size_t ev = std::min(need, frozen.size());
   if (ev > 0) {
@@ -962,7 +964,7 @@ status training_cache<Key, Space>::impl::early_insert(table_state& tb, std::size
                                                       bool* go_on) {
   std::lock_guard<std::mutex> lock(*tb.install_mutex);
   auto& st = tb.staged;
-  const std::size_t cap = tb.opt.capacity, w = tb.row_width;
+  const std::size_t cap = tb.max_resident, w = tb.row_width;
   if (!early_current(tb) || !tb.store_writes_log.empty() || tb.cache->size() >= cap) {
     *go_on = false;
     return {};
@@ -1020,7 +1022,7 @@ status training_cache<Key, Space>::impl::stage(table_state& tb, std::vector<Key>
   {
     // Rows the boundary will still have to gather (at most); its write-behind buffer is sized,
     // and its pages touched, here rather than at the boundary.
-    const std::size_t resident = tb.cache->size(), cap = tb.opt.capacity;
+    const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
     const std::size_t need = resident + n > cap ? resident + n - cap : 0;
     const std::size_t leaving = std::min(need, resident - std::min(resident, st.hit_slots.size()));
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
@@ -1123,8 +1125,8 @@ status training_cache<Key, Space>::impl::transition(table_state& tb, const std::
   c.misses = missing.size() + early;
   c.hits = n - c.misses;
   const std::size_t resident = tb.cache->size();
-  if (resident + missing.size() > tb.opt.capacity) {
-    const std::size_t need = resident + missing.size() - tb.opt.capacity;
+  if (resident + missing.size() > tb.max_resident) {
+    const std::size_t need = resident + missing.size() - tb.max_resident;
     const auto ref = tb.io.meta();
     std::vector<std::int64_t> computed_victims;
     std::vector<std::int64_t>& victims = planned ? st.leave_slots : computed_victims;
@@ -1390,6 +1392,14 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     co.scores = o.scores;
     tb.cache = std::make_unique<cache_type>(co, space);
     tb.io = cache_io<Key, Space>(tb.cache.get());
+    const std::size_t slots = tb.cache->capacity();
+    tb.max_resident = o.max_resident ? o.max_resident : std::max(o.capacity, slots / 10 * 9);
+    if (tb.max_resident < o.capacity || tb.max_resident > slots) {
+      throw error(status_code::invalid_argument,
+                  who + ": max_resident " + std::to_string(tb.max_resident) +
+                      " must lie between the capacity " + std::to_string(o.capacity) +
+                      " and the table's slots " + std::to_string(slots));
+    }
     tb.slot_used.assign(tb.cache->capacity(), 0);
     tb.slot_synced.assign(tb.cache->capacity(), 0);
     if (o.store) {
