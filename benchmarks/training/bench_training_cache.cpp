@@ -34,12 +34,13 @@ std::size_t num_keys() {
 }
 
 table_options<std::int64_t> table(std::shared_ptr<param_store<std::int64_t>> store,
-                                  std::size_t capacity) {
+                                  std::size_t capacity, std::size_t max_resident = 0) {
   table_options<std::int64_t> o;
   o.name = "emb";
   o.dim = dim;
   o.optimizer.kind = optimizer_kind::adam;
   o.capacity = capacity;
+  o.max_resident = max_resident;  // 0: the default, 90% of the slots
   o.store = std::move(store);
   return o;
 }
@@ -126,11 +127,12 @@ fixture& get_fixture(int overlap, bool rocksdb) {
 
 // A cache holding pass k, every row updated (dirty), as after training pass k.
 std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool write_behind = true,
-                                                            std::size_t capacity = 0) {
+                                                            std::size_t capacity = 0,
+                                                            std::size_t max_resident = 0) {
   training_cache_options opts;
   opts.write_behind = write_behind;
   auto tc = std::make_unique<training_cache<std::int64_t>>(
-      opts, std::vector{table(f.store, capacity ? capacity : f.n)});
+      opts, std::vector{table(f.store, capacity ? capacity : f.n, max_resident)});
   tc->begin_pass({f.cur}).throw_if_error();
   std::vector<std::int64_t> slots(f.cur.size());
   tc->cache(0).lookup_slots(f.cur.data(), f.cur.size(), slots.data()).throw_if_error();
@@ -140,7 +142,7 @@ std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool wri
 
 // Mean blocking time of the synchronous swap (no prefetch, no write-behind), per fixture and cache
 // size: the length of the simulated training phase of the other variants.
-std::map<std::tuple<int, bool, bool>, double> sync_seconds;
+std::map<std::tuple<int, bool, int>, double> sync_seconds;
 
 void report(benchmark::State& state, double rows, double bytes) {
   state.counters["rows_per_s"] = benchmark::Counter(rows, benchmark::Counter::kIsRate);
@@ -151,14 +153,17 @@ void report(benchmark::State& state, double rows, double bytes) {
 // synchronous swap, then mark every row of the pass updated), begin_pass(next). With prefetch,
 // prefetch(next) is issued when the training phase starts; with write-behind, the previous
 // boundary's push runs during the phase too. Only the time begin_pass blocks is timed. `room`:
-// the cache holds the keyset (0) or the keyset plus one pass's new keys (1); with room, the
-// prefetch worker can install the next pass during the phase.
+//  0: capacity = the keyset, max_resident = capacity: every leaving row is evicted at its boundary;
+//  1: capacity = the keyset, default max_resident (90% of the 1.25 * capacity slots): leaving rows
+//     wait in the slack and the worker installs as much of the next pass as the slack holds;
+//  2: capacity = the keyset plus one pass's new keys (slack unused, max_resident = capacity).
+// With room (1, 2), the prefetch worker can install the next pass during the phase.
 void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
   const bool write_behind = state.range(2) != 0;
   const bool rocksdb = state.range(3) != 0;
-  const bool room = state.range(4) != 0;
+  const int room = int(state.range(4));
   auto& f = get_fixture(overlap, rocksdb);
   const auto key = std::make_tuple(overlap, rocksdb, room);
   const double train = sync_seconds.count(key) ? sync_seconds[key] : 0.0;
@@ -167,10 +172,11 @@ void training_begin_pass(benchmark::State& state) {
     return;
   }
   double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0;
-  auto tc = trained_cache(f, write_behind, room ? f.n + f.step : f.n);
+  const std::size_t capacity = room == 2 ? f.n + f.step : f.n;
+  auto tc = trained_cache(f, write_behind, capacity, room == 1 ? 0 : capacity);
   int pass = 0;
   std::vector<std::int64_t> slots(f.cur.size());
-  if (room) {
+  if (room != 0) {
     // Fill the room: from pass 1 on, the cache holds a keyset and the rest of the one before.
     tc->begin_pass({f.next}).throw_if_error();
     pass = 1;
@@ -263,7 +269,7 @@ void begin_pass_args(benchmark::internal::Benchmark* b) {
     if (store) continue;
 #endif
     for (int overlap : {0, 50, 90}) {
-      for (int room : {0, 1}) {
+      for (int room : {0, 1, 2}) {
         b->Args({overlap, 0, 0, store, room});  // synchronous: sets the training time of the others
         b->Args({overlap, 0, 1, store, room});
         b->Args({overlap, 1, 1, store, room});
