@@ -1,12 +1,45 @@
 // Memory and copies of the cuda space.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <mutex>
+
 #include "embcache/buffer.hpp"
 #include "embcache/cuda/algorithms.cuh"
 
 namespace embcache::detail {
 
+namespace {
+// Stream-ordered allocations come from the device's default pool. With its default release
+// threshold (0) the pool hands memory back at every synchronization, and the bulk calls, which
+// allocate scratch per call and synchronize before returning, would map fresh memory each time:
+// keep what was allocated instead (once per device).
+void keep_pool_memory() {
+  static std::mutex m;
+  static std::uint64_t done = 0;  // bit per device
+  int device = 0;
+  EMBCACHE_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= 64) return;
+  std::lock_guard<std::mutex> lock(m);
+  if (done & (std::uint64_t{1} << device)) return;
+  cudaMemPool_t pool;
+  EMBCACHE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  std::uint64_t threshold = ~std::uint64_t{0};
+  EMBCACHE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done |= std::uint64_t{1} << device;
+}
+}  // namespace
+
+int cuda_current_device() {
+  int device = 0;
+  EMBCACHE_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void cuda_set_device(int device) { EMBCACHE_CUDA_CHECK(cudaSetDevice(device)); }
+
 void* cuda_allocate(std::size_t bytes, CUstream_st* stream) {
+  keep_pool_memory();
   void* p = nullptr;
   EMBCACHE_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
   return p;

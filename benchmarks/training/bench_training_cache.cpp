@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "embcache/buffer.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
 #ifdef EMBCACHE_BENCH_ROCKSDB
@@ -125,24 +126,36 @@ fixture& get_fixture(int overlap, bool rocksdb) {
   return *g;
 }
 
+// The training step's effect on the cache: every row of `keys` updated in place (dirty). The
+// cache's own calls take pointers in the space's memory.
+template <class Space>
+void mark_trained(training_cache<std::int64_t, Space>& tc, const std::vector<std::int64_t>& keys) {
+  auto& cache = tc.cache(0);
+  const std::size_t n = keys.size();
+  buffer<std::int64_t, Space> k(n, cache.space()), slots(n, cache.space());
+  k.copy_from_host(keys.data(), n);
+  cache.lookup_slots(k.data(), n, slots.data()).throw_if_error();
+  cache.mark_updated(slots.data(), n).throw_if_error();
+}
+
 // A cache holding pass k, every row updated (dirty), as after training pass k.
-std::unique_ptr<training_cache<std::int64_t>> trained_cache(fixture& f, bool write_behind = true,
-                                                            std::size_t capacity = 0,
-                                                            std::size_t max_resident = 0) {
+template <class Space = host_space>
+std::unique_ptr<training_cache<std::int64_t, Space>> trained_cache(fixture& f,
+                                                                   bool write_behind = true,
+                                                                   std::size_t capacity = 0,
+                                                                   std::size_t max_resident = 0) {
   training_cache_options opts;
   opts.write_behind = write_behind;
-  auto tc = std::make_unique<training_cache<std::int64_t>>(
+  auto tc = std::make_unique<training_cache<std::int64_t, Space>>(
       opts, std::vector{table(f.store, capacity ? capacity : f.n, max_resident)});
   tc->begin_pass({f.cur}).throw_if_error();
-  std::vector<std::int64_t> slots(f.cur.size());
-  tc->cache(0).lookup_slots(f.cur.data(), f.cur.size(), slots.data()).throw_if_error();
-  tc->cache(0).mark_updated(slots.data(), slots.size()).throw_if_error();
+  mark_trained(*tc, f.cur);
   return tc;
 }
 
 // Mean blocking time of the synchronous swap (no prefetch, no write-behind), per fixture and cache
 // size: the length of the simulated training phase of the other variants.
-std::map<std::tuple<int, bool, int>, double> sync_seconds;
+std::map<std::tuple<std::string, int, bool, int>, double> sync_seconds;
 
 void report(benchmark::State& state, double rows, double bytes) {
   state.counters["rows_per_s"] = benchmark::Counter(rows, benchmark::Counter::kIsRate);
@@ -158,6 +171,7 @@ void report(benchmark::State& state, double rows, double bytes) {
 //     wait in the slack and the worker installs as much of the next pass as the slack holds;
 //  2: capacity = the keyset plus one pass's new keys (slack unused, max_resident = capacity).
 // With room (1, 2), the prefetch worker can install the next pass during the phase.
+template <class Space>
 void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
@@ -165,7 +179,7 @@ void training_begin_pass(benchmark::State& state) {
   const bool rocksdb = state.range(3) != 0;
   const int room = int(state.range(4));
   auto& f = get_fixture(overlap, rocksdb);
-  const auto key = std::make_tuple(overlap, rocksdb, room);
+  const auto key = std::make_tuple(std::string(space_name<Space>()), overlap, rocksdb, room);
   const double train = sync_seconds.count(key) ? sync_seconds[key] : 0.0;
   if ((prefetch || write_behind) && train == 0.0) {
     state.SkipWithError("run the synchronous variant first (it sets the training time)");
@@ -173,9 +187,8 @@ void training_begin_pass(benchmark::State& state) {
   }
   double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0;
   const std::size_t capacity = room == 2 ? f.n + f.step : f.n;
-  auto tc = trained_cache(f, write_behind, capacity, room == 1 ? 0 : capacity);
+  auto tc = trained_cache<Space>(f, write_behind, capacity, room == 1 ? 0 : capacity);
   int pass = 0;
-  std::vector<std::int64_t> slots(f.cur.size());
   if (room != 0) {
     // Fill the room: from pass 1 on, the cache holds a keyset and the rest of the one before.
     tc->begin_pass({f.next}).throw_if_error();
@@ -188,8 +201,7 @@ void training_begin_pass(benchmark::State& state) {
     next = &f.keyset(pass + 1);
     if (prefetch) tc->prefetch({*next}).throw_if_error();
     std::this_thread::sleep_for(std::chrono::duration<double>(train));
-    tc->cache(0).lookup_slots(cur->data(), cur->size(), slots.data()).throw_if_error();
-    tc->cache(0).mark_updated(slots.data(), cur->size()).throw_if_error();
+    mark_trained(*tc, *cur);
     const auto t0 = std::chrono::steady_clock::now();
     tc->begin_pass({*next}).throw_if_error();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -286,7 +298,7 @@ BENCHMARK(training_full_swap)
     ->Iterations(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK(training_begin_pass)
+BENCHMARK(training_begin_pass<host_space>)
     ->Name("training_begin_pass")
     ->ArgNames({"overlap", "prefetch", "write_behind", "rocksdb", "room"})
     ->Apply(begin_pass_args)
@@ -299,6 +311,19 @@ BENCHMARK(training_begin_pass)
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+#ifdef EMBCACHE_BENCH_CUDA
+  // The cuda space, when this build has it and a device is present: the device caches in GPU
+  // memory, staging and write-behind rows in pinned memory, the same stores.
+  if (embcache::cuda_device_available()) {
+    benchmark::RegisterBenchmark("training_begin_pass/cuda",
+                                 embcache::training_begin_pass<embcache::cuda_space>)
+        ->ArgNames({"overlap", "prefetch", "write_behind", "rocksdb", "room"})
+        ->Apply(embcache::begin_pass_args)
+        ->Iterations(3)
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
+  }
+#endif
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

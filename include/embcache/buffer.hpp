@@ -48,6 +48,8 @@ void cuda_memset(void* dst, int value, std::size_t bytes, CUstream_st* stream);
 void cuda_synchronize(CUstream_st* stream);
 void* cuda_allocate_pinned(std::size_t bytes);
 void cuda_deallocate_pinned(void* p) noexcept;
+int cuda_current_device();  // the calling thread's current device
+void cuda_set_device(int device);
 
 inline void* allocate(const host_space&, std::size_t bytes) { return host_allocate(bytes); }
 inline void deallocate(const host_space&, void* p) noexcept { host_deallocate(p); }

@@ -33,7 +33,7 @@ namespace embcache {
 
 /// How the cache is filled.
 enum class cache_mode : std::uint8_t {
-  keyset,     ///< begin_pass(keyset) before each pass makes exactly the keyset's rows resident
+  keyset,     ///< begin_pass(keyset) before each pass makes every row of the keyset resident
   on_demand,  ///< lookup(keys) fetches misses per batch and evicts by score
 };
 
@@ -43,18 +43,19 @@ struct table_options {
   std::string name;               ///< table name; required, unique, usable as a folder name
   std::size_t dim = 0;            ///< embedding floats per row; required (>= 1)
   optimizer_options optimizer{};  ///< default: sgd (no state); sets the state width and init
-  std::size_t capacity = 0;       ///< rows the device cache holds; required (>= 1)
+  std::size_t capacity = 0;  ///< most distinct keys of a keyset or lookup batch; required (>= 1)
   /// Slots of the device table; default 0 = capacity * 5 / 4, so that a full keyset leaves the
   /// table at most 80% occupied and probing stays short.
   std::size_t slots = 0;
-  /// Rows the cache may hold between passes, in keyset mode; default 0 = 90% of the table's slots
-  /// (at least `capacity`). A begin_pass evicts the rows that leave only as far as this limit
-  /// requires: the others stay resident past their pass (written back, or exported, like any
-  /// resident row) until the prefetch worker of a later pass evicts them in the background or a
-  /// later boundary needs their room. So the table's slack slots, allocated anyway, hold the next
-  /// pass's new rows: when `max_resident` >= the keyset plus the rows new to the next pass, the
-  /// prefetch worker installs them all during the pass and begin_pass moves no row. Set it to
-  /// `capacity` to evict every leaving row at its boundary. Must lie in [capacity, slots].
+  /// Rows the cache may hold between passes, in keyset mode; default 0 = capacity * 9 / 8 (the
+  /// slack of the default slots), at most 90% of the slots and at least `capacity`. A begin_pass
+  /// evicts the rows that leave only as far as this limit requires: the others stay resident past
+  /// their pass (written back, or exported, like any resident row) until the prefetch worker of a
+  /// later pass evicts them in the background or a later boundary needs their room. So the table's
+  /// slack slots, allocated anyway, hold the next pass's new rows: when `max_resident` >= the
+  /// keyset plus the rows new to the next pass, the prefetch worker installs them all during the
+  /// pass and begin_pass moves no row. Set it to `capacity` to evict every leaving row at its
+  /// boundary. Must lie in [capacity, slots].
   std::size_t max_resident = 0;
   initializer_options init{};  ///< default uniform(-0.05, 0.05); the table index is folded
                                ///< into init.seed, so equal options differ per table
@@ -172,11 +173,12 @@ class training_cache {
   /// Keyset mode: makes every key of `keysets[t]` resident in table t (one keyset per table;
   /// keys in any order, repeats allowed). Rows resident and in the keyset stay; other rows are
   /// evicted only as the table's max_resident requires (oldest version first, then smallest
-  /// key), the dirty ones written back first (rows outside the keyset may stay resident); missing rows come from the prefetch staging, the store, or the
-  /// initializer. After a prefetch of the same keysets, part of this may already have been done
-  /// during the pass (see prefetch()). A keyset with more distinct keys than its table's capacity
-  /// gives capacity_exceeded before anything changes; so does a count of keysets other than
-  /// num_tables() (invalid_argument). Throws in on_demand mode.
+  /// key), the dirty ones written back first (rows outside the keyset may stay resident); missing
+  /// rows come from the prefetch staging, the store, or the initializer. After a prefetch of the
+  /// same keysets, part of this may already have been done during the pass (see prefetch()). A
+  /// keyset with more distinct keys than its table's capacity gives capacity_exceeded before
+  /// anything changes; so does a count of keysets other than num_tables() (invalid_argument).
+  /// Throws in on_demand mode.
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
   /// begin_pass with keysets read from files (one per table, options().keyset_fmt). Read errors
   /// (missing, truncated, wrong key type) are returned before anything changes.

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "embcache/buffer.hpp"
+
 namespace embcache {
 namespace {
 
@@ -40,7 +42,8 @@ struct temp_dir {
 };
 
 template <class Key, class Space>
-std::unique_ptr<training_cache<Key, Space>> make_cache(cache_mode mode, std::size_t capacity) {
+std::unique_ptr<training_cache<Key, Space>> make_cache(cache_mode mode, std::size_t capacity,
+                                                       bool tight = false) {
   training_cache_options o;
   o.mode = mode;
   o.prefetch_batch = 64;  // several staging batches, so the early install runs batch by batch
@@ -56,6 +59,7 @@ std::unique_ptr<training_cache<Key, Space>> make_cache(cache_mode mode, std::siz
   b.optimizer.kind = optimizer_kind::adagrad;
   b.capacity = capacity;
   b.init.seed = 3;
+  if (tight) a.max_resident = b.max_resident = capacity;  // evict every leaving row at once
   return std::make_unique<training_cache<Key, Space>>(o, std::vector{a, b});
 }
 
@@ -97,9 +101,23 @@ void train(training_cache<Key, Space>& tc, std::size_t t, const std::vector<Key>
   ASSERT_TRUE(tc.assign(t, some.data(), some.size(), rows.data()).ok());
 }
 
+// An update made on the device, as a training kernel would: the rows of `keys` are marked
+// updated through the cache's own calls (device pointers in the cuda space).
+template <class Key, class Space>
+void mark_on_device(training_cache<Key, Space>& tc, std::size_t t, const std::vector<Key>& keys) {
+  auto& cache = tc.cache(t);
+  const std::size_t n = keys.size();
+  buffer<Key, Space> k(n, cache.space());
+  buffer<std::int64_t, Space> slots(n, cache.space());
+  k.copy_from_host(keys.data(), n);
+  ASSERT_TRUE(cache.lookup_slots(k.data(), n, slots.data()).ok());
+  ASSERT_TRUE(cache.mark_updated(slots.data(), n).ok());
+}
+
 // What a script leaves: every export, the final stores, and the stores after save + load.
 template <class Key>
 struct outcome {
+  std::vector<std::vector<float>> reads;  // rows read back, resident or not
   std::vector<std::vector<table_delta<Key>>> exports;
   std::vector<model<Key>> stores;
   std::vector<model<Key>> reloaded;
@@ -118,8 +136,8 @@ std::vector<std::vector<Key>> keysets(std::mt19937_64& rng, std::size_t per_tabl
 // Keyset passes, each prefetching the next, with updates, an erase and an export per pass; then
 // a save, loaded into a host-space cache.
 template <class Key, class Space>
-outcome<Key> run_keyset_script(std::size_t capacity, const std::string& dir) {
-  auto tc = make_cache<Key, Space>(cache_mode::keyset, capacity);
+outcome<Key> run_keyset_script(std::size_t capacity, const std::string& dir, bool tight = false) {
+  auto tc = make_cache<Key, Space>(cache_mode::keyset, capacity, tight);
   std::mt19937_64 rng(11);
   std::vector<std::vector<std::vector<Key>>> passes;
   for (int p = 0; p < 7; ++p) passes.push_back(keysets<Key>(rng, 300));
@@ -128,6 +146,20 @@ outcome<Key> run_keyset_script(std::size_t capacity, const std::string& dir) {
     EXPECT_TRUE(tc->begin_pass(passes[p]).ok()) << "pass " << p;
     if (p + 1 < passes.size()) EXPECT_TRUE(tc->prefetch(passes[p + 1]).ok());
     for (std::size_t t = 0; t < 2; ++t) train(*tc, t, passes[p][t], int(p));
+    // While the prefetch runs: a device-side update of table b's keyset, and a read that mixes
+    // resident keys with keys of the previous pass (some left the device, some never existed).
+    mark_on_device(*tc, 1, passes[p][1]);
+    if (p > 0) {
+      std::vector<Key> mixed(passes[p - 1][0].begin(), passes[p - 1][0].begin() + 40);
+      mixed.insert(mixed.end(), passes[p][0].begin(), passes[p][0].begin() + 20);
+      mixed.push_back(Key{3});  // never in any keyset (keys are 2 mod 5)
+      std::vector<float> rows(mixed.size() * tc->row_width(0), -1.0f);
+      std::unique_ptr<bool[]> found(new bool[mixed.size()]);
+      EXPECT_TRUE(tc->read(0, mixed.data(), mixed.size(), rows.data(), found.get()).ok());
+      EXPECT_FALSE(found[mixed.size() - 1]);
+      for (std::size_t i = 0; i < mixed.size(); ++i) rows.push_back(found[i] ? 1.0f : 0.0f);
+      out.reads.push_back(std::move(rows));
+    }
     if (p % 3 == 1) {
       const Key gone[2] = {passes[p][0][0], passes[p][0][1]};
       EXPECT_TRUE(tc->erase(0, gone, 2).ok());
@@ -229,9 +261,15 @@ TYPED_TEST(training_cache_spaces, keyset_passes_match_the_host_space) {
   const auto ref = run_keyset_script<std::int64_t, host_space>(400, d.path + "/host");
   const auto got = run_keyset_script<std::int64_t, TypeParam>(400, d.path + "/space");
   expect_same_exports(ref, got);
+  EXPECT_EQ(ref.reads, got.reads);
   EXPECT_EQ(ref.stores, got.stores);
   EXPECT_EQ(got.stores, got.reloaded);
   for (const auto& m : got.stores) EXPECT_GT(m.size(), 1000u);
+  // Every leaving row evicted at its boundary (max_resident = capacity): the same model.
+  const auto tight = run_keyset_script<std::int64_t, TypeParam>(400, d.path + "/tight", true);
+  expect_same_exports(ref, tight);
+  EXPECT_EQ(ref.reads, tight.reads);
+  EXPECT_EQ(ref.stores, tight.stores);
 }
 
 // Swap transparency in the space: a cache that holds one keyset (with room for the next pass's

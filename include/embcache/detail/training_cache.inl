@@ -90,6 +90,7 @@ struct staging_allocator {
   template <class U>
   staging_allocator(const staging_allocator<U, Space>&) noexcept {}  // NOLINT
   T* allocate(std::size_t n) {
+    if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_alloc();
     const std::size_t bytes = n * sizeof(T);
     if constexpr (is_cuda_space_v<Space>) {
       return static_cast<T*>(detail::cuda_allocate_pinned(bytes));
@@ -114,10 +115,32 @@ struct staging_allocator {
   }
 };
 
+// The status of an exception thrown by a CUDA call, an allocation or Thrust.
+status status_of(const std::exception& e) {
+  if (const auto* x = dynamic_cast<const error*>(&e)) return status(x->code(), x->what());
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return status::out_of_space(e.what());
+  return status::internal(e.what());
+}
+
+// Runs `f` (returning a status), turning an exception into the status it stands for.
+template <class F>
+status guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return status_of(e);
+  }
+}
+
 // Slot metadata read on the host: states, keys and versions of every slot. In the host space it
 // points at the table; in the cuda space it is a copy taken when it was made.
 template <class Key>
 struct slot_meta {
+  slot_meta() = default;
+  slot_meta(const slot_meta&) = delete;  // the pointers may aim at this object's vectors
+  slot_meta& operator=(const slot_meta&) = delete;
+  slot_meta(slot_meta&&) noexcept = default;  // a vector's move keeps its data where it is
+  slot_meta& operator=(slot_meta&&) noexcept = default;
   const std::uint8_t* states = nullptr;
   const Key* keys = nullptr;
   const std::uint64_t* versions = nullptr;
@@ -128,7 +151,8 @@ struct slot_meta {
 
 // The cache's bulk calls with every argument in host memory. The host space passes them through;
 // the cuda space copies inputs into device buffers, runs the call on the cache's stream and copies
-// outputs back (each call returns once its results are on the host).
+// outputs back (each call returns once its results are on the host); a CUDA failure there becomes
+// the returned status instead of an exception.
 template <class Key, class Space>
 class cache_io {
  public:
@@ -139,29 +163,33 @@ class cache_io {
     if constexpr (is_host_space_v<Space>) {
       return cache_->lookup_slots(keys, n, slots);
     } else {
-      // Called even for n == 0: like the host space's, it takes an op (LRU scores stay equal).
-      auto k = in(keys, n);
-      buffer<std::int64_t, Space> s(n, space());
-      EMBCACHE_RETURN_IF_ERROR(cache_->lookup_slots(k.data(), n, s.data()));
-      s.copy_to_host(slots, n);
-      return {};
+      return guarded([&]() -> status {
+        // Called even for n == 0: like the host space's, it takes an op (LRU scores stay equal).
+        auto k = in(keys, n);
+        buffer<std::int64_t, Space> s(n, space());
+        EMBCACHE_RETURN_IF_ERROR(cache_->lookup_slots(k.data(), n, s.data()));
+        s.copy_to_host(slots, n);
+        return {};
+      });
     }
   }
   status read_slots(const std::int64_t* slots, std::size_t n, float* rows) {
     if constexpr (is_host_space_v<Space>) {
       return cache_->read_slots(slots, n, rows);
     } else {
-      if (n == 0) return {};
-      const std::size_t w = cache_->row_width();
-      auto s = in(slots, n);
-      buffer<float, Space> r(n * w, space());
-      // Slots of -1 leave their rows untouched: start from the caller's rows.
-      bool all = true;
-      for (std::size_t i = 0; i < n && all; ++i) all = slots[i] >= 0;
-      if (!all) r.copy_from_host(rows, n * w);
-      EMBCACHE_RETURN_IF_ERROR(cache_->read_slots(s.data(), n, r.data()));
-      r.copy_to_host(rows, n * w);
-      return {};
+      return guarded([&]() -> status {
+        if (n == 0) return {};
+        const std::size_t w = cache_->row_width();
+        auto s = in(slots, n);
+        buffer<float, Space> r(n * w, space());
+        // Slots of -1 leave their rows untouched: start from the caller's rows.
+        bool all = true;
+        for (std::size_t i = 0; i < n && all; ++i) all = slots[i] >= 0;
+        if (!all) r.copy_from_host(rows, n * w);
+        EMBCACHE_RETURN_IF_ERROR(cache_->read_slots(s.data(), n, r.data()));
+        r.copy_to_host(rows, n * w);
+        return {};
+      });
     }
   }
   status insert_or_assign(const Key* keys, std::size_t n, const float* rows,
@@ -169,30 +197,36 @@ class cache_io {
     if constexpr (is_host_space_v<Space>) {
       return cache_->insert_or_assign(keys, n, rows, versions);
     } else {
-      if (n == 0) return {};
-      auto k = in(keys, n);
-      auto r = in(rows, n * cache_->row_width());
-      auto v = in(versions, n);
-      return cache_->insert_or_assign(k.data(), n, r.data(), versions ? v.data() : nullptr);
+      return guarded([&]() -> status {
+        if (n == 0) return {};
+        auto k = in(keys, n);
+        auto r = in(rows, n * cache_->row_width());
+        auto v = in(versions, n);
+        return cache_->insert_or_assign(k.data(), n, r.data(), versions ? v.data() : nullptr);
+      });
     }
   }
   status assign_slots(const std::int64_t* slots, std::size_t n, const float* rows) {
     if constexpr (is_host_space_v<Space>) {
       return cache_->assign_slots(slots, n, rows);
     } else {
-      if (n == 0) return {};
-      auto s = in(slots, n);
-      auto r = in(rows, n * cache_->row_width());
-      return cache_->assign_slots(s.data(), n, r.data());
+      return guarded([&]() -> status {
+        if (n == 0) return {};
+        auto s = in(slots, n);
+        auto r = in(rows, n * cache_->row_width());
+        return cache_->assign_slots(s.data(), n, r.data());
+      });
     }
   }
   status erase(const Key* keys, std::size_t n) {
     if constexpr (is_host_space_v<Space>) {
       return cache_->erase(keys, n);
     } else {
-      if (n == 0) return {};
-      auto k = in(keys, n);
-      return cache_->erase(k.data(), n);
+      return guarded([&]() -> status {
+        if (n == 0) return {};
+        auto k = in(keys, n);
+        return cache_->erase(k.data(), n);
+      });
     }
   }
   // Keys and versions of the rows that pass `filter` (rows are not needed by the orchestration).
@@ -201,14 +235,16 @@ class cache_io {
     if constexpr (is_host_space_v<Space>) {
       return cache_->export_if(filter, keys, rows, versions, max_out, count);
     } else {
-      if (rows) return status::internal("cache_io::export_if copies no rows");
-      buffer<Key, Space> k(max_out, space());
-      buffer<std::uint64_t, Space> v(max_out, space());
-      EMBCACHE_RETURN_IF_ERROR(
-          cache_->export_if(filter, k.data(), nullptr, v.data(), max_out, count));
-      k.copy_to_host(keys, *count);
-      if (versions) v.copy_to_host(versions, *count);
-      return {};
+      return guarded([&]() -> status {
+        if (rows) return status::internal("cache_io::export_if copies no rows");
+        buffer<Key, Space> k(max_out, space());
+        buffer<std::uint64_t, Space> v(max_out, space());
+        EMBCACHE_RETURN_IF_ERROR(
+            cache_->export_if(filter, k.data(), nullptr, v.data(), max_out, count));
+        k.copy_to_host(keys, *count);
+        if (versions) v.copy_to_host(versions, *count);
+        return {};
+      });
     }
   }
   status insert_and_evict(const Key* keys, std::size_t n, const float* rows_in,
@@ -219,28 +255,30 @@ class cache_io {
       return cache_->insert_and_evict(keys, n, rows_in, versions_in, evicted_keys, evicted_rows,
                                       evicted_versions, evicted_count, found_out, slots_out);
     } else {
-      *evicted_count = 0;
-      if (n == 0) return {};
-      const std::size_t w = cache_->row_width();
-      auto k = in(keys, n);
-      auto r = in(rows_in, n * w);
-      auto v = in(versions_in, n);
-      buffer<Key, Space> ek(n, space());
-      buffer<float, Space> er(n * w, space());
-      buffer<std::uint64_t, Space> ev(n, space());
-      buffer<bool, Space> f(n, space());
-      buffer<std::int64_t, Space> s(n, space());
-      const status st = cache_->insert_and_evict(
-          k.data(), n, rows_in ? r.data() : nullptr, versions_in ? v.data() : nullptr, ek.data(),
-          er.data(), ev.data(), evicted_count, f.data(), s.data());
-      // The outputs are complete even when some key found no room.
-      const std::size_t e = *evicted_count;
-      ek.copy_to_host(evicted_keys, e);
-      er.copy_to_host(evicted_rows, e * w);
-      ev.copy_to_host(evicted_versions, e);
-      if (found_out) f.copy_to_host(found_out, n);
-      if (slots_out) s.copy_to_host(slots_out, n);
-      return st;
+      return guarded([&]() -> status {
+        *evicted_count = 0;
+        if (n == 0) return {};
+        const std::size_t w = cache_->row_width();
+        auto k = in(keys, n);
+        auto r = in(rows_in, n * w);
+        auto v = in(versions_in, n);
+        buffer<Key, Space> ek(n, space());
+        buffer<float, Space> er(n * w, space());
+        buffer<std::uint64_t, Space> ev(n, space());
+        buffer<bool, Space> f(n, space());
+        buffer<std::int64_t, Space> s(n, space());
+        const status st = cache_->insert_and_evict(
+            k.data(), n, rows_in ? r.data() : nullptr, versions_in ? v.data() : nullptr, ek.data(),
+            er.data(), ev.data(), evicted_count, f.data(), s.data());
+        // The outputs are complete even when some key found no room.
+        const std::size_t e = *evicted_count;
+        ek.copy_to_host(evicted_keys, e);
+        er.copy_to_host(evicted_rows, e * w);
+        ev.copy_to_host(evicted_versions, e);
+        if (found_out) f.copy_to_host(found_out, n);
+        if (slots_out) s.copy_to_host(slots_out, n);
+        return st;
+      });
     }
   }
   // States, keys and versions of every slot, readable on the host.
@@ -482,6 +520,7 @@ struct training_cache<Key, Space>::impl {
   };
 
   training_cache_options options;
+  int device = 0;  // cuda space: the device the caches live on
   std::vector<table_state> tables;
   cache_counters counters;
   std::thread worker;
@@ -683,7 +722,8 @@ struct training_cache<Key, Space>::impl {
   status swap_in(table_state& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
   status swap_in_staged(table_state& tb, const std::vector<Key>& missing, table_counters& c);
-  status evict(table_state& tb, const std::vector<std::int64_t>& victims, table_counters& c);
+  status evict(table_state& tb, const std::vector<std::int64_t>& victims,
+               const slot_meta<Key>& meta, table_counters& c);
   status transition(table_state& tb, const std::vector<Key>& keys, bool use_staging,
                     table_counters& c);
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
@@ -811,9 +851,8 @@ status training_cache<Key, Space>::impl::swap_in_staged(table_state& tb,
 template <class Key, class Space>
 status training_cache<Key, Space>::impl::evict(table_state& tb,
                                                const std::vector<std::int64_t>& victims,
-                                               table_counters& c) {
+                                               const slot_meta<Key>& ref, table_counters& c) {
   const auto t0 = clock_type::now();
-  const auto ref = tb.io.meta();
   const std::size_t m = victims.size(), w = tb.row_width;
   std::vector<Key>& keys = tb.scratch_keys;
   keys.resize(m);
@@ -965,7 +1004,14 @@ status training_cache<Key, Space>::impl::early_insert(table_state& tb, std::size
   std::lock_guard<std::mutex> lock(*tb.install_mutex);
   auto& st = tb.staged;
   const std::size_t cap = tb.max_resident, w = tb.row_width;
-  if (!early_current(tb) || !tb.store_writes_log.empty() || tb.cache->size() >= cap) {
+  bool logged = false;
+  {
+    // The caller's pushes append to the log under the store's mutex (settle() may push while this
+    // runs), so it is read under it too.
+    std::lock_guard<std::mutex> store_lock(*tb.store_mutex);
+    logged = !tb.store_writes_log.empty();
+  }
+  if (!early_current(tb) || logged || tb.cache->size() >= cap) {
     *go_on = false;
     return {};
   }
@@ -1140,7 +1186,7 @@ status training_cache<Key, Space>::impl::transition(table_state& tb, const std::
       }
     }
     pick_oldest(ref, victims, need);
-    EMBCACHE_RETURN_IF_ERROR(evict(tb, victims, c));
+    EMBCACHE_RETURN_IF_ERROR(evict(tb, victims, ref, c));
   }
   return swap_in(tb, missing, use_staging, c);
 }
@@ -1365,6 +1411,7 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     if (!cuda_device_available()) {
       throw error(status_code::unsupported, "training_cache: the cuda space needs a CUDA device");
     }
+    impl_->device = detail::cuda_current_device();
   }
   if (tables.empty()) throw error(status_code::invalid_argument, "training_cache: no tables");
   std::unordered_set<std::string> names;
@@ -1393,7 +1440,12 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     tb.cache = std::make_unique<cache_type>(co, space);
     tb.io = cache_io<Key, Space>(tb.cache.get());
     const std::size_t slots = tb.cache->capacity();
-    tb.max_resident = o.max_resident ? o.max_resident : std::max(o.capacity, slots / 10 * 9);
+    // Default: the slack of the default slots (capacity / 8 above capacity, 90% of capacity * 5 /
+    // 4), never more than 90% of the slots (a user who asked for more slots for short probing
+    // keeps them short).
+    tb.max_resident = o.max_resident
+                          ? o.max_resident
+                          : std::max(o.capacity, std::min(slots / 10 * 9, o.capacity / 8 * 9));
     if (tb.max_resident < o.capacity || tb.max_resident > slots) {
       throw error(status_code::invalid_argument,
                   who + ": max_resident " + std::to_string(tb.max_resident) +
@@ -1542,12 +1594,23 @@ status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>&
   im.worker = std::thread([&im, todo = std::move(todo), spare]() mutable {
     // Rows written behind at the last boundary must be in the store before staging reads it.
     im.wait_flush();
-    for (std::size_t t = 0; t < im.tables.size(); ++t) {
-      status s = im.stage(im.tables[t], std::move(todo[t]), spare[t]);
-      if (!s.ok()) {
-        im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
-        return;
+    std::size_t t = 0;
+    try {
+      // The worker's cache calls run on the device the cache was built on (a new thread starts
+      // on device 0).
+      if constexpr (is_cuda_space_v<Space>) detail::cuda_set_device(im.device);
+      for (; t < im.tables.size(); ++t) {
+        status s = im.stage(im.tables[t], std::move(todo[t]), spare[t]);
+        if (!s.ok()) {
+          im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
+          return;
+        }
       }
+    } catch (const std::exception& e) {
+      // A device or allocation failure: reported by the next begin_pass, never std::terminate.
+      const std::string where =
+          t < im.tables.size() ? "staging table '" + im.tables[t].opt.name + "'" : "staging";
+      im.staging_status = status_of(e).with_context(where);
     }
   });
   return {};
