@@ -202,6 +202,8 @@ status trainer::impl::build() {
     o.optimizer = tc.optimizer;
     // The host-hybrid path keeps a cache of one bucket, only for save, load and the initializer.
     o.capacity = cached() ? tc.capacity : 1;
+    o.slots = cached() ? tc.slots : 0;
+    o.max_resident = cached() ? tc.max_resident : 0;
     o.init.kind = init_kind::uniform;
     o.init.scale = tc.init_scale;
     o.init.seed = config.seed;

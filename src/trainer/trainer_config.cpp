@@ -167,6 +167,12 @@ status validate(const trainer_config& c) {
                                       "\" is not a table of the model (\"wide\" or \"deep\")");
     }
     if (tc.capacity < 1) return status::invalid_argument(at + ".capacity: must be >= 1");
+    if (tc.slots != 0 && tc.slots < tc.capacity)
+      return status::invalid_argument(at + ".slots: must be 0 (default) or >= capacity");
+    if (tc.max_resident != 0 && tc.max_resident < tc.capacity)
+      return status::invalid_argument(at + ".max_resident: must be 0 (default) or >= capacity");
+    if (tc.max_resident != 0 && tc.slots != 0 && tc.max_resident > tc.slots)
+      return status::invalid_argument(at + ".max_resident: must be <= slots");
     if (tc.store != "host" && tc.store != "rocksdb")
       return status::invalid_argument(at + ".store: \"" + tc.store +
                                       "\" is not a store (\"host\" or \"rocksdb\")");
@@ -259,6 +265,8 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       if (tr.has("optimizer") && err.ok())
         read_optimizer(tr.at("optimizer"), at + ".optimizer", tc.optimizer, &err);
       tr.get("capacity", tc.capacity);
+      tr.get("slots", tc.slots);
+      tr.get("max_resident", tc.max_resident);
       tr.get("store", tc.store);
       tr.get("store_path", tc.store_path);
       tr.get("init_scale", tc.init_scale);
@@ -321,6 +329,8 @@ void to_json(json& j, const trainer_config& c) {
                       {"dim", t.dim},
                       {"optimizer", optimizer_json(t.optimizer)},
                       {"capacity", t.capacity},
+                      {"slots", t.slots},
+                      {"max_resident", t.max_resident},
                       {"store", t.store},
                       {"store_path", t.store_path},
                       {"init_scale", t.init_scale}});

@@ -278,6 +278,16 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", "big"}}};
   EXPECT_EQ(err(j), "config.tables[1].capacity: wrong type (string)");
   j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 100}, {"max_resident", 99}}};
+  EXPECT_EQ(err(j), "config.tables[1].max_resident: must be 0 (default) or >= capacity");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"capacity", 100}, {"slots", 120}, {"max_resident", 121}},
+                 {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].max_resident: must be <= slots");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"capacity", 100}, {"slots", 90}}, {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].slots: must be 0 (default) or >= capacity");
+  j = base;
   j["batch_sise"] = 4;
   EXPECT_EQ(err(j), "config.batch_sise: unknown field");
   j = base;
@@ -314,9 +324,12 @@ TEST(TrainerConfig, ErrorsNameTheField) {
 
   // Every field round-trips, and a table named "wide" starts from the wide defaults.
   j = base;
-  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"dim", 8}}};
+  j["tables"] = {{{"name", "wide"}},
+                 {{"name", "deep"}, {"dim", 8}, {"slots", 5000}, {"max_resident", 4000}}};
   auto c = trainer_config_from_json(j);
   ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c.value().tables[1].slots, 5000u);
+  EXPECT_EQ(c.value().tables[1].max_resident, 4000u);
   EXPECT_EQ(c.value().tables[0].dim, 1u);
   EXPECT_EQ(c.value().tables[0].optimizer.kind, optimizer_kind::ftrl);
   EXPECT_EQ(c.value().tables[1].dim, 8u);

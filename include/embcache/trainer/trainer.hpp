@@ -46,6 +46,9 @@ struct trainer_table_config {
   std::size_t dim = 16;                                    ///< embedding floats (default 16)
   optimizer_options optimizer = default_deep_optimizer();  ///< default lazy Adam, lr 0.001
   std::size_t capacity = std::size_t{1} << 20;  ///< cache rows (default 1 Mi); unused host_hybrid
+  /// Device table slots and the rows it may hold between passes (table_options::slots and
+  /// max_resident); default 0 = the cache's defaults (capacity * 5 / 4 and capacity * 9 / 8).
+  std::size_t slots = 0, max_resident = 0;
   std::string store = "host";  ///< "host" (default) or "rocksdb" (needs store_path)
   std::string store_path;      ///< RocksDB folder (default ""); tables may share one
   float init_scale = 0.01f;    ///< new rows start uniform in [-scale, scale) (default 0.01)
