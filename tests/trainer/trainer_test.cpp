@@ -324,8 +324,9 @@ TEST(TrainerConfig, ErrorsNameTheField) {
 
   // Every field round-trips, and a table named "wide" starts from the wide defaults.
   j = base;
-  j["tables"] = {{{"name", "wide"}},
-                 {{"name", "deep"}, {"dim", 8}, {"slots", 5000}, {"max_resident", 4000}}};
+  j["tables"] = {
+      {{"name", "wide"}},
+      {{"name", "deep"}, {"dim", 8}, {"capacity", 3000}, {"slots", 5000}, {"max_resident", 4000}}};
   auto c = trainer_config_from_json(j);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c.value().tables[1].slots, 5000u);
