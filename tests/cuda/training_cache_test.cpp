@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../training/test_util.hpp"
 #include "embcache/buffer.hpp"
 
 namespace embcache {
@@ -23,8 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <class Key>
-using model = std::map<Key, std::vector<float>>;
+using testing::model;
+using testing::store_model;
 
 struct temp_dir {
   std::string path;
@@ -61,22 +62,6 @@ std::unique_ptr<training_cache<Key, Space>> make_cache(cache_mode mode, std::siz
   b.init.seed = 3;
   if (tight) a.max_resident = b.max_resident = capacity;  // evict every leaving row at once
   return std::make_unique<training_cache<Key, Space>>(o, std::vector{a, b});
-}
-
-template <class Key, class Space>
-model<Key> store_model(training_cache<Key, Space>& tc, std::size_t t) {
-  model<Key> m;
-  const std::size_t w = tc.row_width(t);
-  EXPECT_TRUE(tc.store(t)
-                  .for_each(512,
-                            [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
-                              for (std::size_t i = 0; i < n; ++i) {
-                                m[k[i]].assign(r + i * w, r + (i + 1) * w);
-                              }
-                              return status{};
-                            })
-                  .ok());
-  return m;
 }
 
 // Updates a third of `keys` in place (read, change, assign), as a training step would.
@@ -210,6 +195,13 @@ outcome<Key> run_on_demand_script() {
 }
 
 template <class Key>
+std::uint64_t rows_evicted(const outcome<Key>& o) {
+  std::uint64_t n = 0;
+  for (const auto& c : o.totals) n += c.rows_evicted;
+  return n;
+}
+
+template <class Key>
 void expect_same_exports(const outcome<Key>& a, const outcome<Key>& b) {
   ASSERT_EQ(a.exports.size(), b.exports.size());
   for (std::size_t e = 0; e < a.exports.size(); ++e) {
@@ -281,9 +273,7 @@ TYPED_TEST(training_cache_spaces, small_cache_leaves_the_same_store_as_a_full_on
   const auto small = run_keyset_script<std::uint32_t, TypeParam>(300, d.path + "/small");
   const auto full = run_keyset_script<std::uint32_t, TypeParam>(8000, d.path + "/full");
   EXPECT_EQ(small.stores, full.stores);
-  std::uint64_t evicted = 0;
-  for (const auto& c : small.totals) evicted += c.rows_evicted;
-  EXPECT_GT(evicted, 0u);  // the small cache did swap
+  EXPECT_GT(rows_evicted(small), 0u);  // the small cache did swap
 }
 
 TYPED_TEST(training_cache_spaces, on_demand_batches_match_the_host_space) {
@@ -294,9 +284,7 @@ TYPED_TEST(training_cache_spaces, on_demand_batches_match_the_host_space) {
   expect_same_exports(ref, got);
   expect_same_moves(ref, got);
   EXPECT_EQ(ref.stores, got.stores);
-  std::uint64_t evicted = 0;
-  for (const auto& c : got.totals) evicted += c.rows_evicted;
-  EXPECT_GT(evicted, 0u);
+  EXPECT_GT(rows_evicted(got), 0u);
 }
 
 TEST(training_cache_cuda, without_a_device_construction_is_refused_clearly) {

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "embcache/host_store.hpp"
+#include "test_util.hpp"
 #ifdef EMBCACHE_TEST_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
 #endif
@@ -51,25 +52,8 @@ struct temp_dir {
 
 constexpr std::size_t dim = 4;
 
-template <class Key>
-using model = std::map<Key, std::vector<float>>;
-
-// Every row of the table's store (call end_training() first).
-template <class Key>
-model<Key> store_model(training_cache<Key>& tc, std::size_t t) {
-  model<Key> m;
-  const std::size_t w = tc.row_width(t);
-  EXPECT_TRUE(tc.store(t)
-                  .for_each(1000,
-                            [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
-                              for (std::size_t i = 0; i < n; ++i) {
-                                m[k[i]].assign(r + i * w, r + (i + 1) * w);
-                              }
-                              return status{};
-                            })
-                  .ok());
-  return m;
-}
+using testing::model;
+using testing::store_model;
 
 template <class Key>
 struct host_kind {

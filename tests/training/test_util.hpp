@@ -1,0 +1,36 @@
+// Helpers shared by the training-cache tests of both spaces (tests/training, tests/cuda).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "embcache/training_cache.hpp"
+
+namespace embcache::testing {
+
+/// Rows by key.
+template <class Key>
+using model = std::map<Key, std::vector<float>>;
+
+/// Every row of table `t`'s store (call end_training() first).
+template <class Key, class Space>
+model<Key> store_model(training_cache<Key, Space>& tc, std::size_t t) {
+  model<Key> m;
+  const std::size_t w = tc.row_width(t);
+  EXPECT_TRUE(tc.store(t)
+                  .for_each(1000,
+                            [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
+                              for (std::size_t i = 0; i < n; ++i) {
+                                m[k[i]].assign(r + i * w, r + (i + 1) * w);
+                              }
+                              return status{};
+                            })
+                  .ok());
+  return m;
+}
+
+}  // namespace embcache::testing
