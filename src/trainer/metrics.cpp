@@ -19,6 +19,10 @@ double sigmoid(double z) noexcept {
 }
 
 double auc(const float* scores, const float* labels, std::size_t n) {
+  // A NaN score has no rank: it would make the comparator below inconsistent (undefined behaviour
+  // in std::sort) and the tie loop would never advance past it. A diverged model gives NaN.
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::isnan(scores[i])) return std::numeric_limits<double>::quiet_NaN();
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(),
@@ -27,7 +31,7 @@ double auc(const float* scores, const float* labels, std::size_t n) {
   double rank_sum = 0;
   std::size_t positives = 0;
   for (std::size_t i = 0; i < n;) {
-    std::size_t j = i;
+    std::size_t j = i + 1;  // at least one step, whatever the scores compare to
     while (j < n && scores[order[j]] == scores[order[i]]) ++j;
     const double average_rank = 0.5 * double(i + 1 + j);  // mean of ranks i+1..j
     for (std::size_t k = i; k < j; ++k) {

@@ -2,10 +2,13 @@
 #include "embcache/trainer/wide_deep.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -57,6 +60,36 @@ TEST(Metrics, AucMatchesPairwiseCountWithTies) {
   EXPECT_DOUBLE_EQ(auc(all_ties.data(), y.data(), 4), 0.5);
   const std::vector<float> one_class = {1, 1, 1, 1};
   EXPECT_TRUE(std::isnan(auc(s.data(), one_class.data(), 4)));
+}
+
+// 0 when auc() answers NaN for NaN scores, alone or among numbers, directly and streamed.
+int nan_scores_give_nan_auc() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> s(1000, nan), y(1000, 0.0f);
+  for (std::size_t i = 0; i < y.size(); i += 3) y[i] = 1.0f;
+  for (std::size_t i = 0; i < s.size(); i += 7) s[i] = float(i % 5);  // NaN among numbers
+  const double all = auc(s.data(), y.data(), s.size());
+  const std::vector<float> one_nan = {0.1f, nan, 0.35f, 0.8f}, yy = {0, 0, 1, 1};
+  const double one = auc(one_nan.data(), yy.data(), 4);
+  metric_accumulator acc;
+  acc.add(s.data(), y.data(), s.size());
+  const double streamed = acc.auc();
+  return std::isnan(all) && std::isnan(one) && std::isnan(streamed) ? 0 : 1;
+}
+
+// A diverged model gives NaN scores: auc() must answer NaN at once, not loop in its tie scan
+// (NaN == NaN is false) nor hand std::sort an inconsistent comparator. Run in a child process
+// with an alarm, so that a hang fails the test instead of stalling the suite.
+TEST(Metrics, AucOfNaNScoresIsNaNAndReturns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT((::alarm(10), std::exit(nan_scores_give_nan_auc())), ::testing::ExitedWithCode(0),
+              "");
+  const float inf = std::numeric_limits<float>::infinity();
+  // Infinite scores are ordered like any others.
+  const std::vector<float> s = {-inf, 0.4f, inf, inf}, y = {0, 0, 1, 1};
+  EXPECT_DOUBLE_EQ(auc(s.data(), y.data(), 4), 1.0);
+  const std::vector<float> t = {inf, 0.4f, inf, -inf}, z = {0, 0, 1, 1};
+  EXPECT_DOUBLE_EQ(auc(t.data(), z.data(), 4), 0.375);
 }
 
 TEST(Metrics, LogLossIsStableAndAccumulates) {

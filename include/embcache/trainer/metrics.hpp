@@ -17,7 +17,9 @@ double sigmoid(double z) noexcept;
 
 /// Exact ROC AUC of `scores` against `labels` (label > 0.5 is positive): the probability that a
 /// random positive scores above a random negative, ties counted one half. Rank-based (average
-/// ranks for ties), O(n log n). NaN when the labels hold a single class or n is 0.
+/// ranks for ties), O(n log n). NaN when the labels hold a single class or n is 0, and NaN when
+/// any score is NaN (a diverged model): such a score has no rank, so no AUC is made up for it.
+/// Infinite scores rank like any other (+inf above every finite score). Never loops, any input.
 double auc(const float* scores, const float* labels, std::size_t n);
 
 /// Mean bce_with_logits over n (logit, label) pairs; NaN when n is 0.
