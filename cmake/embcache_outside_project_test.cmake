@@ -15,7 +15,10 @@ function(embcache_add_outside_project_test name)
   add_test(NAME ${name}_configure
            COMMAND ${CMAKE_COMMAND} -S ${arg_SOURCE_DIR} -B ${build}
                    -DCMAKE_PREFIX_PATH=${EMBCACHE_TEST_PREFIX} -DCMAKE_BUILD_TYPE=Release
-                   -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER})
+                   -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
+                   # the same instrumentation as this build (the sanitizer preset needs it)
+                   "-DCMAKE_CXX_FLAGS=${CMAKE_CXX_FLAGS}"
+                   "-DCMAKE_EXE_LINKER_FLAGS=${CMAKE_EXE_LINKER_FLAGS}")
   add_test(NAME ${name}_build COMMAND ${CMAKE_COMMAND} --build ${build})
   add_test(NAME ${name}_run COMMAND ${build}/${arg_EXECUTABLE})
   set_tests_properties(${name}_configure PROPERTIES FIXTURES_REQUIRED embcache_installed
