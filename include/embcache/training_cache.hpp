@@ -131,6 +131,22 @@ struct table_delta {
 /// Format version of the folders written by save() and export_incremental_to().
 inline constexpr int model_format_version = 1;
 
+/// What training_cache::load() accepts beyond a complete folder written by save().
+struct load_options {
+  /// Loads a plain HugeCTR sparse model folder (`dir/<table>/key` + `emb_vector`, or `dir/key` +
+  /// `emb_vector` for a single table; no manifest): optimizer state initialized, every row at
+  /// version 1, no checksums. Default false: a folder without `manifest.json` is refused
+  /// (not_found naming the file), because a folder written by save() always has one and loading
+  /// it without its manifest would drop the optimizer state and skip every checksum.
+  bool allow_hugectr_folder = false;
+  /// Accepts a key that appears more than once in a table's `key` file (the last occurrence
+  /// wins). Default false: invalid_argument naming the file and the key.
+  bool allow_duplicate_keys = false;
+  /// Accepts NaN and infinite floats in `emb_vector` and `opt_state`. Default false:
+  /// invalid_argument naming the file, the key and the value.
+  bool allow_non_finite = false;
+};
+
 /// The training cache of several tables.
 ///
 /// Thread safety: one caller thread drives the cache; the only other threads are its own
@@ -236,11 +252,14 @@ class training_cache {
   /// and `version` (uint64[n]), plus `dir/manifest.json`. The folder is built beside `dir` and
   /// renamed into place; a crash at any point leaves the previous save loadable by load(dir).
   status save(const std::string& dir);
-  /// Replaces every table's rows with those of `dir`: a folder written by save() (manifest
-  /// checked: format version, key type, tables, dims, optimizer, counts, checksums) or a plain
-  /// HugeCTR folder (`dir/<table>/key` + `emb_vector`, or `dir/key` + `emb_vector` for one
-  /// table; optimizer state initialized). Everything is validated before anything changes.
-  status load(const std::string& dir);
+  /// Replaces every table's rows with those of `dir`, a folder written by save(). Its
+  /// `manifest.json` is required (not_found naming it when missing) and checked: format version,
+  /// key type, tables, dims, optimizer, counts, every file's size against the count (corruption)
+  /// and its checksum (corruption). A plain HugeCTR folder (no manifest) loads only with
+  /// `options.allow_hugectr_folder`. Repeated keys and non-finite floats are refused
+  /// (invalid_argument) unless `options` allows them. Everything is validated before anything
+  /// changes.
+  status load(const std::string& dir, const load_options& options = {});
 
   /// Counters of the last pass and the totals.
   const cache_counters& counters() const noexcept;

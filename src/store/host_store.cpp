@@ -653,7 +653,7 @@ result<std::unique_ptr<host_store<Key>>> host_store<Key>::open(const std::string
     return status::invalid_argument(who + ": '" + manifest_path + "' has format '" +
                                     m["format"].get<std::string>() + "', expected '" +
                                     manifest_format + "'");
-  if (m["format_version"].get<int>() != manifest_format_version)
+  if (m["format_version"].get<std::uint64_t>() != std::uint64_t{manifest_format_version})
     return status::unsupported(who + ": format_version " + m["format_version"].dump() +
                                ", this build reads " + std::to_string(manifest_format_version));
   const std::string table = m["table_name"].get<std::string>();
@@ -687,17 +687,20 @@ result<std::unique_ptr<host_store<Key>>> host_store<Key>::open(const std::string
         !(*entry)["bytes"].is_number_unsigned() || !(*entry)["xxh64"].is_string())
       return status::corruption(who + ": '" + manifest_path + "' lacks a valid entry for '" +
                                 f.name + "'");
-    const std::uint64_t expect = count * f.elem_bytes;
+    std::uint64_t expect = 0;
+    if (!detail::checked_mul(count, f.elem_bytes, &expect))
+      return status::corruption(who + ": '" + manifest_path + "' gives count " +
+                                std::to_string(count) + ": " + f.name + " would hold " +
+                                std::to_string(count) + " * " + std::to_string(f.elem_bytes) +
+                                " bytes, which overflows 64 bits");
     if ((*entry)["bytes"].get<std::uint64_t>() != expect)
-      return status::corruption(who + ": '" + manifest_path + "' gives " + f.name + " " +
-                                (*entry)["bytes"].dump() + " bytes, expected " +
-                                std::to_string(expect) + " for " + std::to_string(count) + " rows");
+      return status::corruption(who + ": '" + manifest_path + "' gives files." + f.name +
+                                ".bytes " + (*entry)["bytes"].dump() + ", expected " +
+                                std::to_string(expect) + " for count " + std::to_string(count));
     const std::string hex = (*entry)["xxh64"].get<std::string>();
-    char* endp = nullptr;
-    f.expected_digest = std::strtoull(hex.c_str(), &endp, 16);
-    if (hex.size() != 16 || *endp != '\0')
-      return status::corruption(who + ": '" + manifest_path + "' has a malformed xxh64 for " +
-                                f.name);
+    if (!detail::parse_hex64(hex, &f.expected_digest))
+      return status::corruption(who + ": '" + manifest_path + "' has a malformed files." + f.name +
+                                ".xxh64 \"" + hex + "\", expected 16 hex digits");
     std::uint64_t size = 0;
     EMBCACHE_RETURN_IF_ERROR(f.reader.open(path, &size).with_context(who));
     if (size != expect)

@@ -63,6 +63,16 @@ class checked_file_reader {
 /// xxHash64 digest as 16 lower-case hex digits.
 std::string hex64(std::uint64_t v);
 
+/// Parses exactly 16 hex digits (what hex64 writes) into `out`; false for anything else (a sign,
+/// a "0x" prefix, spaces, another length).
+bool parse_hex64(const std::string& text, std::uint64_t* out);
+
+/// `*out = a * b`; false when the product overflows 64 bits (sizes taken from a manifest are
+/// multiplied through this before they are compared with a file's size).
+inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
 /// fsyncs a folder so that entries created or renamed in it are durable.
 status sync_dir(const std::string& dir);
 

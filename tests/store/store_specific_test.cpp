@@ -210,6 +210,55 @@ TEST(host_store, open_refuses_other_key_types_and_bad_manifests) {
   EXPECT_EQ(none.get_status().code(), status_code::not_found);
 }
 
+// Manifest fields whose products with the row sizes wrap around 64 bits must not pass the size
+// checks: count = 2^61 + n gives n rows' worth of bytes for every file once wrapped.
+TEST(host_store, open_refuses_manifest_sizes_that_overflow_or_are_malformed) {
+  scratch_dir dir;
+  host_store_options o;
+  o.table_name = "ads";
+  o.row_width = 4;
+  host_store<std::int64_t> s(o);
+  auto keys = make_keys<std::int64_t>(100);
+  ASSERT_TRUE(s.push(keys.data(), keys.size(), make_rows(keys, 4, 1).data()).ok());
+  ASSERT_TRUE(s.checkpoint(dir.sub("cp")).ok());
+  const std::string mpath = dir.sub("cp/manifest.json");
+  const auto good = nlohmann::json::parse(file_text(mpath));
+  struct bad_case {
+    const char* what;
+    void (*edit)(nlohmann::json&);
+    status_code code;
+    const char* names;
+  };
+  const bad_case cases[] = {
+      {"count wraps", [](nlohmann::json& m) { m["count"] = (std::uint64_t{1} << 61) + 100; },
+       status_code::corruption, "gives count 2305843009213694052: keys.bin would hold"},
+      {"count at the maximum",
+       [](nlohmann::json& m) { m["count"] = std::numeric_limits<std::uint64_t>::max(); },
+       status_code::corruption, "overflows 64 bits"},
+      {"bytes disagree", [](nlohmann::json& m) { m["files"]["rows.bin"]["bytes"] = 12; },
+       status_code::corruption, "files.rows.bin.bytes 12, expected 1600 for count 100"},
+      {"xxh64 with a prefix",
+       [](nlohmann::json& m) { m["files"]["keys.bin"]["xxh64"] = "0x00000000000001"; },
+       status_code::corruption, "malformed files.keys.bin.xxh64"},
+      {"format_version wraps an int",
+       [](nlohmann::json& m) { m["format_version"] = (std::uint64_t{1} << 32) + 1; },
+       status_code::unsupported, "format_version 4294967297"},
+  };
+  for (const auto& c : cases) {
+    auto m = good;
+    c.edit(m);
+    { std::ofstream(mpath, std::ios::trunc) << m.dump(); }
+    auto r = host_store<std::int64_t>::open(dir.sub("cp"), o);
+    EXPECT_EQ(r.get_status().code(), c.code) << c.what << ": " << r.get_status().to_string();
+    EXPECT_NE(r.get_status().message().find(c.names), std::string::npos)
+        << c.what << ": " << r.get_status().message();
+  }
+  { std::ofstream(mpath, std::ios::trunc) << good.dump(); }
+  auto r = host_store<std::int64_t>::open(dir.sub("cp"), o);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value()->size(), 100u);
+}
+
 // --- RocksDB store ----------------------------------------------------------------------------
 #if EMBCACHE_TEST_ROCKSDB
 

@@ -376,7 +376,9 @@ TEST(training_cache, loads_a_plain_hugectr_folder) {
   o.optimizer.adagrad_initial_accumulator = 0.5f;
   o.capacity = 128;
   training_cache<std::int64_t> tc({}, {o});
-  const status s = tc.load(dir.path + "/model");
+  load_options hugectr;
+  hugectr.allow_hugectr_folder = true;
+  const status s = tc.load(dir.path + "/model", hugectr);
   ASSERT_TRUE(s.ok()) << s.to_string();
   auto m = store_model(tc, 0);
   ASSERT_EQ(m.size(), 3u);
@@ -384,7 +386,7 @@ TEST(training_cache, loads_a_plain_hugectr_folder) {
   // A folder of another dim is refused.
   o.dim = 3;
   training_cache<std::int64_t> wrong({}, {o});
-  EXPECT_EQ(wrong.load(dir.path + "/model").code(), status_code::invalid_argument);
+  EXPECT_EQ(wrong.load(dir.path + "/model", hugectr).code(), status_code::invalid_argument);
 }
 
 // --- keyset errors -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -364,35 +365,6 @@ status sync_folder(const std::string& dir) {
   return {};
 }
 
-result<std::vector<char>> read_whole(const std::string& path) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) return status::not_found("cannot read '" + path + "': " + ec.message());
-  std::vector<char> out(size);
-  std::ifstream in(path, std::ios::binary);
-  if (!in || !in.read(out.data(), static_cast<std::streamsize>(size))) {
-    return status::io_error("cannot read '" + path + "'");
-  }
-  return out;
-}
-
-template <class T>
-status read_array(const std::string& path, std::size_t elems_per_item, std::vector<T>* out,
-                  std::uint64_t* digest) {
-  auto bytes = read_whole(path);
-  if (!bytes.ok()) return bytes.get_status();
-  const auto& b = bytes.value();
-  const std::size_t item = sizeof(T) * elems_per_item;
-  if (item == 0 || b.size() % item != 0) {
-    return status::corruption("'" + path + "' has " + std::to_string(b.size()) +
-                              " bytes, not a multiple of " + std::to_string(item));
-  }
-  out->resize(b.size() / sizeof(T));
-  if (!b.empty()) std::memcpy(out->data(), b.data(), b.size());
-  if (digest) *digest = XXH64(b.data(), b.size(), 0);
-  return {};
-}
-
 std::string hex(std::uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -435,6 +407,294 @@ status write_table_folder(const std::string& folder, const std::vector<Key>& key
 status write_manifest(const std::string& dir, const nlohmann::json& manifest) {
   const std::string text = manifest.dump(2);
   return write_file(dir + "/manifest.json", text.data(), text.size(), nullptr);
+}
+
+// --- loading a saved model ---------------------------------------------------------------------
+
+// The rows of one table as read from a folder, before anything is changed.
+struct loaded_table {
+  std::string folder;
+  std::vector<std::int64_t> keys;
+  std::vector<float> vectors, states;
+  std::vector<std::uint64_t> versions;
+  bool has_states = false;
+  std::uint64_t version = 0;
+};
+
+// What the cache expects of a table in a save.
+struct table_schema {
+  std::string name;
+  std::size_t dim = 0, state_width = 0;
+  std::string optimizer;
+};
+
+// Bytes of the files in a save: every size is a product of manifest fields, checked for overflow
+// before it is compared with anything.
+bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+
+// The largest manifest.json read: far above any real one (a few hundred bytes per table).
+constexpr std::uint64_t max_manifest_bytes = std::uint64_t{64} << 20;
+
+result<std::uint64_t> regular_file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return sys_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) return status::corruption("'" + path + "' is not a regular file");
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+// Reads `path`, whose size the caller checked to be `bytes` (a multiple of sizeof(T)); a file
+// that changed size since is refused as truncated.
+template <class T>
+status read_exact(const std::string& path, std::uint64_t bytes, std::vector<T>* out,
+                  std::uint64_t* digest) {
+  if (bytes % sizeof(T) != 0 || bytes > std::numeric_limits<std::size_t>::max()) {
+    return status::corruption("'" + path + "' has " + std::to_string(bytes) +
+                              " bytes, not a whole number of " + std::to_string(sizeof(T)) +
+                              "-byte items");
+  }
+  out->assign(static_cast<std::size_t>(bytes / sizeof(T)), T{});
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return status::io_error("cannot open '" + path + "'");
+  if (bytes > 0 &&
+      !in.read(reinterpret_cast<char*>(out->data()), static_cast<std::streamsize>(bytes))) {
+    return status::corruption("'" + path + "' ends before " + std::to_string(bytes) +
+                              " bytes (truncated while being read)");
+  }
+  if (digest) *digest = XXH64(out->data(), static_cast<std::size_t>(bytes), 0);
+  return {};
+}
+
+// Field readers of manifest.json that name the file and the field in every refusal.
+struct manifest_fields {
+  std::string path;
+
+  status missing(const std::string& field, const char* what) const {
+    return status::corruption("load: '" + path + "': field '" + field + "' must be " + what);
+  }
+  status str(const nlohmann::json& o, const char* name, const std::string& at,
+             std::string* out) const {
+    const auto it = o.find(name);
+    if (it == o.end() || !it->is_string()) return missing(at + name, "a string");
+    *out = it->get<std::string>();
+    return {};
+  }
+  status u64(const nlohmann::json& o, const char* name, const std::string& at,
+             std::uint64_t* out) const {
+    const auto it = o.find(name);
+    if (it == o.end() || !it->is_number_unsigned()) {
+      return missing(at + name, "an unsigned integer");
+    }
+    *out = it->get<std::uint64_t>();
+    return {};
+  }
+};
+
+// Reads and checks the folder written by save(): manifest fields, file sizes against the count
+// (overflow-safe) before reading, then checksums. Nothing outside `out` changes.
+status read_saved_model(const std::string& dir, const std::string& key_type,
+                        const std::vector<table_schema>& want, std::vector<loaded_table>* out) {
+  const manifest_fields f{dir + "/manifest.json"};
+  auto size = regular_file_size(f.path);
+  if (!size.ok()) return size.get_status().with_context("load");
+  if (size.value() > max_manifest_bytes) {
+    return status::corruption("load: '" + f.path + "' has " + std::to_string(size.value()) +
+                              " bytes, more than the " + std::to_string(max_manifest_bytes) +
+                              " a manifest may have");
+  }
+  std::vector<char> text;
+  EMBCACHE_RETURN_IF_ERROR(read_exact(f.path, size.value(), &text, nullptr).with_context("load"));
+  const nlohmann::json m = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (m.is_discarded()) return status::corruption("load: '" + f.path + "' is not valid JSON");
+  if (!m.is_object()) return status::corruption("load: '" + f.path + "' is not a JSON object");
+  std::string format, kt;
+  EMBCACHE_RETURN_IF_ERROR(f.str(m, "format", "", &format));
+  if (format != "embcache-model") {
+    return status::invalid_argument("load: '" + f.path + "' has format '" + format +
+                                    "', expected 'embcache-model' (not a saved model)");
+  }
+  const auto fv = m.find("format_version");
+  if (fv == m.end() || !fv->is_number_integer()) return f.missing("format_version", "an integer");
+  if (fv->get<std::int64_t>() != model_format_version) {
+    return status::unsupported("load: '" + f.path + "' has format_version " + fv->dump() +
+                               ", expected " + std::to_string(model_format_version));
+  }
+  EMBCACHE_RETURN_IF_ERROR(f.str(m, "key_type", "", &kt));
+  if (kt != key_type) {
+    return status::invalid_argument("load: '" + f.path + "' holds " + kt + " keys, expected " +
+                                    key_type);
+  }
+  const auto mt = m.find("tables");
+  if (mt == m.end() || !mt->is_array()) return f.missing("tables", "an array");
+  if (mt->size() != want.size()) {
+    return status::invalid_argument("load: '" + f.path + "' has " + std::to_string(mt->size()) +
+                                    " tables, the cache " + std::to_string(want.size()));
+  }
+  std::vector<std::string> names(mt->size());
+  for (std::size_t i = 0; i < mt->size(); ++i) {
+    const std::string at = "tables[" + std::to_string(i) + "].";
+    if (!(*mt)[i].is_object()) return f.missing(at.substr(0, at.size() - 1), "an object");
+    EMBCACHE_RETURN_IF_ERROR(f.str((*mt)[i], "name", at, &names[i]));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (names[j] == names[i]) {
+        return status::corruption("load: '" + f.path + "' lists table '" + names[i] + "' twice");
+      }
+    }
+  }
+  for (std::size_t t = 0; t < want.size(); ++t) {
+    const table_schema& w = want[t];
+    const std::string where = "load: table '" + w.name + "' of '" + dir + "'";
+    const std::size_t i =
+        static_cast<std::size_t>(std::find(names.begin(), names.end(), w.name) - names.begin());
+    if (i == names.size()) return status::not_found(where + " is missing");
+    const nlohmann::json& e = (*mt)[i];
+    const std::string at = "tables[" + std::to_string(i) + "].";
+    std::uint64_t dim = 0, state_width = 0, count = 0, version = 0;
+    std::string optimizer;
+    EMBCACHE_RETURN_IF_ERROR(f.u64(e, "dim", at, &dim));
+    EMBCACHE_RETURN_IF_ERROR(f.u64(e, "state_width", at, &state_width));
+    EMBCACHE_RETURN_IF_ERROR(f.str(e, "optimizer", at, &optimizer));
+    EMBCACHE_RETURN_IF_ERROR(f.u64(e, "count", at, &count));
+    EMBCACHE_RETURN_IF_ERROR(f.u64(e, "version", at, &version));
+    if (dim != w.dim || state_width != w.state_width || optimizer != w.optimizer) {
+      return status::invalid_argument(where + " has dim " + std::to_string(dim) + ", state width " +
+                                      std::to_string(state_width) + ", optimizer " + optimizer +
+                                      "; expected " + std::to_string(w.dim) + ", " +
+                                      std::to_string(w.state_width) + ", " + w.optimizer);
+    }
+    const auto files = e.find("files");
+    if (files == e.end() || !files->is_object()) return f.missing(at + "files", "an object");
+    loaded_table& L = (*out)[t];
+    L.folder = dir + "/" + w.name;
+    struct file_spec {
+      const char* name;
+      std::uint64_t per_row;  // items per row
+      std::uint64_t item_bytes;
+      const char* per_row_field;
+    };
+    for (const file_spec& x :
+         {file_spec{"key", 1, 8, nullptr}, file_spec{"emb_vector", dim, 4, "dim"},
+          file_spec{"version", 1, 8, nullptr},
+          file_spec{"opt_state", state_width, 4, "state_width"}}) {
+      const std::string fat = at + "files." + x.name;
+      const auto fe = files->find(x.name);
+      if (fe == files->end() || !fe->is_object()) return f.missing(fat, "an object");
+      std::uint64_t bytes = 0;
+      std::string digest_text;
+      EMBCACHE_RETURN_IF_ERROR(f.u64(*fe, "bytes", fat + ".", &bytes));
+      EMBCACHE_RETURN_IF_ERROR(f.str(*fe, "xxh64", fat + ".", &digest_text));
+      const std::string sizes = at + "count " + std::to_string(count) +
+                                (x.per_row_field ? std::string(" and ") + at + x.per_row_field +
+                                                       " " + std::to_string(x.per_row)
+                                                 : std::string()) +
+                                " (" + std::to_string(x.item_bytes) + "-byte items)";
+      std::uint64_t expect = 0;
+      if (!checked_mul(count, x.per_row, &expect) || !checked_mul(expect, x.item_bytes, &expect)) {
+        return status::corruption("load: '" + f.path + "': the size of '" + x.name + "' given by " +
+                                  sizes + " overflows 64 bits");
+      }
+      if (bytes != expect) {
+        return status::corruption("load: '" + f.path + "': " + fat + ".bytes is " +
+                                  std::to_string(bytes) + ", expected " + std::to_string(expect) +
+                                  " from " + sizes);
+      }
+      const std::string path = L.folder + "/" + x.name;
+      auto actual = regular_file_size(path);
+      if (!actual.ok()) return actual.get_status().with_context(where);
+      if (actual.value() != expect) {
+        return status::corruption("load: '" + path + "' is " + std::to_string(actual.value()) +
+                                  " bytes, expected " + std::to_string(expect) + " from " + sizes +
+                                  " of '" + f.path + "'" +
+                                  (actual.value() < expect ? " (truncated)" : ""));
+      }
+      std::uint64_t digest = 0;
+      status s;
+      if (std::strcmp(x.name, "key") == 0)
+        s = read_exact(path, expect, &L.keys, &digest);
+      else if (std::strcmp(x.name, "emb_vector") == 0)
+        s = read_exact(path, expect, &L.vectors, &digest);
+      else if (std::strcmp(x.name, "version") == 0)
+        s = read_exact(path, expect, &L.versions, &digest);
+      else
+        s = read_exact(path, expect, &L.states, &digest);
+      EMBCACHE_RETURN_IF_ERROR(s.with_context(where));
+      if (digest_text != hex(digest)) {
+        return status::corruption("load: '" + path + "' has checksum " + hex(digest) +
+                                  ", the manifest says \"" + digest_text + "\"");
+      }
+    }
+    L.has_states = true;
+    L.version = version;
+  }
+  return {};
+}
+
+// Reads a plain HugeCTR table folder (`key` int64, `emb_vector` float32[n][dim]); sizes are
+// checked before reading.
+status read_hugectr_table(const std::string& folder, std::size_t dim, loaded_table* L) {
+  L->folder = folder;
+  const std::string key_path = folder + "/key", vec_path = folder + "/emb_vector";
+  auto key_bytes = regular_file_size(key_path);
+  if (!key_bytes.ok()) return key_bytes.get_status();
+  if (key_bytes.value() % 8 != 0) {
+    return status::corruption("'" + key_path + "' has " + std::to_string(key_bytes.value()) +
+                              " bytes, not a multiple of 8 (int64 keys)");
+  }
+  const std::uint64_t n = key_bytes.value() / 8;
+  auto vec_bytes = regular_file_size(vec_path);
+  if (!vec_bytes.ok()) return vec_bytes.get_status();
+  std::uint64_t expect = 0;
+  if (!checked_mul(n, dim, &expect) || !checked_mul(expect, 4, &expect) ||
+      vec_bytes.value() != expect) {
+    return status::invalid_argument("'" + vec_path + "' has " + std::to_string(vec_bytes.value()) +
+                                    " bytes; " + std::to_string(n) + " keys of dim " +
+                                    std::to_string(dim) + " need " + std::to_string(n) + " * " +
+                                    std::to_string(dim) + " * 4");
+  }
+  EMBCACHE_RETURN_IF_ERROR(read_exact(key_path, key_bytes.value(), &L->keys, nullptr));
+  EMBCACHE_RETURN_IF_ERROR(read_exact(vec_path, expect, &L->vectors, nullptr));
+  L->versions.assign(L->keys.size(), 1);
+  L->has_states = false;
+  L->version = 1;
+  return {};
+}
+
+// Finds the first non-finite float of `values` (rows of `width`), naming the row's key.
+status check_finite(const std::vector<float>& values, std::size_t width,
+                    const std::vector<std::int64_t>& keys, const std::string& path) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return status::invalid_argument(
+          "'" + path + "' holds " + std::to_string(values[i]) + " for key " +
+          std::to_string(keys[i / width]) + " (float " + std::to_string(i % width) +
+          " of its row); expected finite floats (load_options::allow_non_finite accepts them)");
+    }
+  }
+  return {};
+}
+
+// Refuses repeated keys and non-finite floats unless `options` allows them.
+status check_loaded_rows(const loaded_table& L, std::size_t dim, std::size_t state_width,
+                         const load_options& options) {
+  if (!options.allow_duplicate_keys) {
+    std::vector<std::int64_t> sorted = L.keys;
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) {
+      return status::invalid_argument("'" + L.folder + "/key' repeats key " + std::to_string(*dup) +
+                                      "; expected each key once (load_options::"
+                                      "allow_duplicate_keys keeps the last occurrence)");
+    }
+  }
+  if (!options.allow_non_finite) {
+    EMBCACHE_RETURN_IF_ERROR(check_finite(L.vectors, dim, L.keys, L.folder + "/emb_vector"));
+    if (L.has_states && state_width > 0) {
+      EMBCACHE_RETURN_IF_ERROR(
+          check_finite(L.states, state_width, L.keys, L.folder + "/opt_state"));
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -1904,108 +2164,32 @@ status training_cache<Key, Space>::save(const std::string& dir_in) {
 }
 
 template <class Key, class Space>
-status training_cache<Key, Space>::load(const std::string& dir_in) {
+status training_cache<Key, Space>::load(const std::string& dir_in, const load_options& options) {
   auto& im = *impl_;
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (!fs::exists(dir + "/manifest.json") && fs::exists(dir + ".old/manifest.json")) {
     dir += ".old";  // a save was interrupted between its two renames
   }
-  struct loaded {
-    std::vector<std::int64_t> keys;
-    std::vector<float> vectors, states;
-    std::vector<std::uint64_t> versions;
-    bool has_states = false;
-    std::uint64_t version = 0;
-  };
-  std::vector<loaded> data(im.tables.size());
+  std::vector<loaded_table> data(im.tables.size());
   std::error_code ec;
-  if (!fs::exists(dir, ec)) return status::not_found("load: folder '" + dir + "' does not exist");
-  const bool has_manifest = fs::exists(dir + "/manifest.json");
-  if (has_manifest) {
-    auto text = read_whole(dir + "/manifest.json");
-    if (!text.ok()) return text.get_status();
-    nlohmann::json m;
-    try {
-      m = nlohmann::json::parse(text.value().begin(), text.value().end());
-    } catch (const std::exception& e) {
-      return status::corruption("load: '" + dir + "/manifest.json' does not parse: " + e.what());
+  if (!fs::is_directory(dir, ec)) {
+    return status::not_found("load: folder '" + dir + "' does not exist");
+  }
+  const std::string manifest_path = dir + "/manifest.json";
+  if (fs::exists(manifest_path, ec)) {
+    std::vector<table_schema> schemas;
+    for (const auto& tb : im.tables) {
+      schemas.push_back(
+          {tb.opt.name, tb.opt.dim, tb.state_width, to_string(tb.opt.optimizer.kind)});
     }
-    try {
-      if (m.at("format") != "embcache-model") {
-        return status::invalid_argument("load: '" + dir + "' is not a saved model");
-      }
-      if (m.at("format_version").get<int>() != model_format_version) {
-        return status::unsupported("load: '" + dir + "' has format version " +
-                                   m.at("format_version").dump() + ", expected " +
-                                   std::to_string(model_format_version));
-      }
-      if (m.at("key_type") != to_string(key_type_of<Key>())) {
-        return status::invalid_argument("load: '" + dir + "' holds " +
-                                        m.at("key_type").get<std::string>() + " keys, expected " +
-                                        to_string(key_type_of<Key>()));
-      }
-      const auto& mt = m.at("tables");
-      if (mt.size() != im.tables.size()) {
-        return status::invalid_argument("load: '" + dir + "' has " + std::to_string(mt.size()) +
-                                        " tables, the cache " + std::to_string(im.tables.size()));
-      }
-      for (std::size_t t = 0; t < im.tables.size(); ++t) {
-        auto& tb = im.tables[t];
-        const nlohmann::json* e = nullptr;
-        for (const auto& x : mt) {
-          if (x.at("name") == tb.opt.name) e = &x;
-        }
-        const std::string where = "load: table '" + tb.opt.name + "' of '" + dir + "'";
-        if (!e) return status::not_found(where + " is missing");
-        if (e->at("dim").get<std::size_t>() != tb.opt.dim ||
-            e->at("state_width").get<std::size_t>() != tb.state_width ||
-            e->at("optimizer") != to_string(tb.opt.optimizer.kind)) {
-          return status::invalid_argument(
-              where + " has dim " + e->at("dim").dump() + ", state width " +
-              e->at("state_width").dump() + ", optimizer " + e->at("optimizer").dump() +
-              "; expected " + std::to_string(tb.opt.dim) + ", " + std::to_string(tb.state_width) +
-              ", " + to_string(tb.opt.optimizer.kind));
-        }
-        auto& L = data[t];
-        const std::string folder = dir + "/" + tb.opt.name;
-        const auto& files = e->at("files");
-        struct f {
-          const char* name;
-          std::size_t per_item;
-        };
-        for (const f& x : {f{"key", 1}, f{"emb_vector", tb.opt.dim}, f{"version", 1},
-                           f{"opt_state", tb.state_width}}) {
-          const std::string path = folder + "/" + x.name;
-          std::uint64_t digest = 0;
-          status s;
-          const std::size_t per = std::max<std::size_t>(x.per_item, 1);
-          if (std::strcmp(x.name, "key") == 0)
-            s = read_array(path, per, &L.keys, &digest);
-          else if (std::strcmp(x.name, "emb_vector") == 0)
-            s = read_array(path, per, &L.vectors, &digest);
-          else if (std::strcmp(x.name, "version") == 0)
-            s = read_array(path, per, &L.versions, &digest);
-          else
-            s = read_array(path, per, &L.states, &digest);
-          EMBCACHE_RETURN_IF_ERROR(s.with_context(where));
-          if (files.at(x.name).at("xxh64") != hex(digest)) {
-            return status::corruption("load: '" + path + "' has checksum " + hex(digest) +
-                                      ", the manifest says " + files.at(x.name).at("xxh64").dump());
-          }
-        }
-        const std::size_t n = e->at("count").get<std::size_t>();
-        if (L.keys.size() != n || L.vectors.size() != n * tb.opt.dim || L.versions.size() != n ||
-            L.states.size() != n * tb.state_width) {
-          return status::corruption(where + ": file sizes disagree with the count " +
-                                    std::to_string(n));
-        }
-        L.has_states = true;
-        L.version = e->at("version").get<std::uint64_t>();
-      }
-    } catch (const nlohmann::json::exception& e) {
-      return status::corruption("load: '" + dir + "/manifest.json' lacks a field: " + e.what());
-    }
+    EMBCACHE_RETURN_IF_ERROR(read_saved_model(dir, to_string(key_type_of<Key>()), schemas, &data));
+  } else if (!options.allow_hugectr_folder) {
+    return status::not_found(
+        "load: '" + manifest_path +
+        "' is missing; a folder written by save() always has it (without it the optimizer state "
+        "and the checksums would be dropped). To load a plain HugeCTR folder, pass "
+        "load_options::allow_hugectr_folder");
   } else {
     // A plain HugeCTR sparse model folder per table.
     for (std::size_t t = 0; t < im.tables.size(); ++t) {
@@ -2014,27 +2198,20 @@ status training_cache<Key, Space>::load(const std::string& dir_in) {
       if (!fs::exists(folder + "/key") && im.tables.size() == 1 && fs::exists(dir + "/key")) {
         folder = dir;
       }
-      auto& L = data[t];
-      EMBCACHE_RETURN_IF_ERROR(read_array(folder + "/key", 1, &L.keys, nullptr)
+      EMBCACHE_RETURN_IF_ERROR(read_hugectr_table(folder, tb.opt.dim, &data[t])
                                    .with_context("load: table '" + tb.opt.name + "'"));
-      EMBCACHE_RETURN_IF_ERROR(read_array(folder + "/emb_vector", 1, &L.vectors, nullptr)
-                                   .with_context("load: table '" + tb.opt.name + "'"));
-      if (L.vectors.size() != L.keys.size() * tb.opt.dim) {
-        return status::invalid_argument("load: '" + folder + "/emb_vector' holds " +
-                                        std::to_string(L.vectors.size()) + " floats for " +
-                                        std::to_string(L.keys.size()) + " keys; expected dim " +
-                                        std::to_string(tb.opt.dim));
-      }
-      L.versions.assign(L.keys.size(), 1);
-      L.version = 1;
     }
   }
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    const auto& tb = im.tables[t];
+    EMBCACHE_RETURN_IF_ERROR(check_loaded_rows(data[t], tb.opt.dim, tb.state_width, options)
+                                 .with_context("load: table '" + tb.opt.name + "'"));
     if constexpr (!std::is_same_v<Key, std::int64_t>) {
       for (auto k : data[t].keys) {
         if (k < 0 || k > static_cast<std::int64_t>(std::numeric_limits<Key>::max())) {
-          return status::invalid_argument("load: key " + std::to_string(k) + " of table '" +
-                                          im.tables[t].opt.name + "' does not fit the key type");
+          return status::invalid_argument(
+              "load: key " + std::to_string(k) + " in '" + data[t].folder + "/key' of table '" +
+              tb.opt.name + "' does not fit the key type " + to_string(key_type_of<Key>()));
         }
       }
     }

@@ -1,0 +1,466 @@
+// Loading a model folder: the manifest of a save is required, a plain HugeCTR folder loads only
+// when asked for, every size field of the manifest is checked against the files (without
+// overflow), repeated keys and non-finite floats are refused by default, and a resumed save holds
+// the same rows as an uninterrupted one (docs/training_cache.md, "Save and load").
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "embcache/training_cache.hpp"
+#include "test_util.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::store_model;
+
+constexpr std::size_t dim = 4;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    std::string templ = (fs::temp_directory_path() / "embcache_load_XXXXXX").string();
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+table_options<std::int64_t> emb_table(std::size_t capacity = 64) {
+  table_options<std::int64_t> o;
+  o.name = "emb";
+  o.dim = dim;
+  o.optimizer.kind = optimizer_kind::adagrad;
+  o.optimizer.adagrad_initial_accumulator = 0.5f;
+  o.capacity = capacity;
+  o.init.seed = 5;
+  return o;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_bytes(const std::string& path, const void* data, std::size_t n) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
+void write_bytes(const std::string& path, const std::string& s) {
+  write_bytes(path, s.data(), s.size());
+}
+
+std::string xxh64_of(const std::string& path) {
+  const std::string b = read_bytes(path);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx",
+                static_cast<unsigned long long>(XXH64(b.data(), b.size(), 0)));
+  return buf;
+}
+
+// Overwrites rows of `keys` (resident) with values that depend on the key and `step`.
+void train(training_cache<std::int64_t>& tc, const std::vector<std::int64_t>& keys, int step) {
+  const std::size_t w = tc.row_width(0);
+  std::vector<float> rows(keys.size() * w);
+  ASSERT_TRUE(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr).ok());
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    for (std::size_t j = 0; j < w; ++j)
+      rows[i * w + j] = rows[i * w + j] * 0.5f + float(step + 1) * 0.125f + float(j) * 1e-3f;
+  ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+}
+
+std::vector<std::int64_t> keys_of_pass(int p) {
+  std::vector<std::int64_t> k;
+  for (int i = 0; i < 24; ++i) k.push_back(std::int64_t(p * 7 + i) * 3 - 20);
+  return k;
+}
+
+// A small trained save of table "emb" (24 rows, AdaGrad) at `dir`/save.
+std::string small_save(const std::string& dir) {
+  training_cache<std::int64_t> tc({}, {emb_table()});
+  const auto keys = keys_of_pass(0);
+  EXPECT_TRUE(tc.begin_pass({keys}).ok());
+  train(tc, keys, 0);
+  const std::string save = dir + "/save";
+  EXPECT_TRUE(tc.save(save).ok());
+  return save;
+}
+
+// A cache holding a few rows that a refused load must leave as they are.
+struct target {
+  training_cache<std::int64_t> tc{{}, {emb_table()}};
+  testing::model<std::int64_t> before;
+  target() {
+    EXPECT_TRUE(tc.begin_pass({{1000, 1001}}).ok());
+    EXPECT_TRUE(tc.end_training().ok());
+    before = store_model(tc, 0);
+  }
+  bool unchanged() { return store_model(tc, 0) == before; }
+};
+
+json read_json(const std::string& path) { return json::parse(read_bytes(path)); }
+void write_json(const std::string& path, const json& j) { write_bytes(path, j.dump(2)); }
+
+// --- the manifest is required ----------------------------------------------------------------
+
+TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
+  temp_dir dir;
+  const std::string save = small_save(dir.path);
+  training_cache<std::int64_t> source({}, {emb_table()});
+  ASSERT_TRUE(source.load(save).ok());
+  const auto saved = store_model(source, 0);
+  fs::remove(save + "/manifest.json");
+
+  target t;
+  const status s = t.tc.load(save);
+  EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
+  EXPECT_NE(s.message().find(save + "/manifest.json"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("allow_hugectr_folder"), std::string::npos) << s.message();
+  EXPECT_TRUE(t.unchanged());
+
+  // Asked for explicitly, the folder loads as a HugeCTR one: rows kept, optimizer state reset.
+  load_options o;
+  o.allow_hugectr_folder = true;
+  const status h = t.tc.load(save, o);
+  ASSERT_TRUE(h.ok()) << h.to_string();
+  const auto m = store_model(t.tc, 0);
+  ASSERT_EQ(m.size(), saved.size());
+  for (const auto& [k, row] : saved) {
+    ASSERT_EQ(m.count(k), 1u) << k;
+    EXPECT_TRUE(std::equal(row.begin(), row.begin() + dim, m.at(k).begin())) << k;
+    EXPECT_EQ(std::vector<float>(m.at(k).begin() + dim, m.at(k).end()),
+              std::vector<float>(dim, 0.5f))
+        << k;
+    EXPECT_NE(std::vector<float>(row.begin() + dim, row.end()), std::vector<float>(dim, 0.5f));
+  }
+}
+
+// --- plain HugeCTR folders ---------------------------------------------------------------------
+
+struct hugectr_folder {
+  std::string dir, table;
+  hugectr_folder(const std::string& root, std::vector<std::int64_t> keys, std::vector<float> vec)
+      : dir(root + "/hugectr"), table(root + "/hugectr/emb") {
+    fs::create_directories(table);
+    write_bytes(table + "/key", keys.data(), keys.size() * 8);
+    write_bytes(table + "/emb_vector", vec.data(), vec.size() * 4);
+  }
+};
+
+std::vector<float> iota_rows(std::size_t rows) {
+  std::vector<float> v(rows * dim);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i + 1);
+  return v;
+}
+
+TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
+  temp_dir dir;
+  hugectr_folder f(dir.path, {5, -3, 7}, iota_rows(3));
+  target t;
+  const status s = t.tc.load(f.dir);
+  EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
+  EXPECT_NE(s.message().find(f.dir + "/manifest.json"), std::string::npos) << s.message();
+  EXPECT_TRUE(t.unchanged());
+  load_options o;
+  o.allow_hugectr_folder = true;
+  ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+  const auto m = store_model(t.tc, 0);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m.at(7), (std::vector<float>{9, 10, 11, 12, 0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+TEST(load_validation, a_hugectr_folder_with_repeated_keys_is_refused_unless_allowed) {
+  temp_dir dir;
+  hugectr_folder f(dir.path, {5, -3, 5}, iota_rows(3));
+  target t;
+  load_options o;
+  o.allow_hugectr_folder = true;
+  const status s = t.tc.load(f.dir, o);
+  EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("'" + f.table + "/key' repeats key 5"), std::string::npos)
+      << s.message();
+  EXPECT_TRUE(t.unchanged());
+  o.allow_duplicate_keys = true;  // the last occurrence wins
+  ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+  const auto m = store_model(t.tc, 0);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m.at(5), (std::vector<float>{9, 10, 11, 12, 0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_allowed) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    temp_dir dir;
+    auto vec = iota_rows(3);
+    vec[1 * dim + 2] = bad;
+    hugectr_folder f(dir.path, {5, -3, 7}, vec);
+    target t;
+    load_options o;
+    o.allow_hugectr_folder = true;
+    const status s = t.tc.load(f.dir, o);
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find("'" + f.table + "/emb_vector' holds"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("for key -3 (float 2 of its row)"), std::string::npos)
+        << s.message();
+    EXPECT_TRUE(t.unchanged());
+    o.allow_non_finite = true;
+    ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+    const auto m = store_model(t.tc, 0);
+    EXPECT_EQ(std::isnan(m.at(-3)[2]), std::isnan(bad));
+    if (!std::isnan(bad)) EXPECT_EQ(m.at(-3)[2], bad);
+  }
+}
+
+TEST(load_validation, a_hugectr_folder_of_another_dim_or_a_torn_key_file_is_refused) {
+  temp_dir dir;
+  hugectr_folder f(dir.path, {5, -3, 7}, iota_rows(3));
+  load_options o;
+  o.allow_hugectr_folder = true;
+  {
+    auto opt = emb_table();
+    opt.dim = 3;
+    training_cache<std::int64_t> other({}, {opt});
+    const status s = other.load(f.dir, o);
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find(f.table + "/emb_vector"), std::string::npos) << s.message();
+  }
+  fs::resize_file(f.table + "/key", 20);
+  target t;
+  const status s = t.tc.load(f.dir, o);
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  EXPECT_NE(s.message().find(f.table + "/key' has 20 bytes"), std::string::npos) << s.message();
+  EXPECT_TRUE(t.unchanged());
+}
+
+// --- size fields of the manifest ---------------------------------------------------------------
+
+struct manifest_case {
+  const char* what;
+  std::function<void(json&)> edit;
+  status_code code;
+  const char* names;  // what the message must name besides the manifest
+};
+
+TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_files) {
+  temp_dir dir;
+  const std::string save = small_save(dir.path);
+  const std::string mpath = save + "/manifest.json";
+  const json good = read_json(mpath);
+  const std::uint64_t huge = std::uint64_t{1} << 62;
+  const std::vector<manifest_case> cases = {
+      {"count overflows", [&](json& m) { m["tables"][0]["count"] = huge + 24; },
+       status_code::corruption, "tables[0].count 4611686018427387928"},
+      {"count at the maximum",
+       [&](json& m) { m["tables"][0]["count"] = std::numeric_limits<std::uint64_t>::max(); },
+       status_code::corruption, "overflows 64 bits"},
+      {"count one short", [&](json& m) { m["tables"][0]["count"] = 23; }, status_code::corruption,
+       "tables[0].files.key.bytes is 192, expected 184"},
+      {"count negative", [&](json& m) { m["tables"][0]["count"] = -1; }, status_code::corruption,
+       "'tables[0].count' must be an unsigned integer"},
+      {"count a float", [&](json& m) { m["tables"][0]["count"] = 1e300; }, status_code::corruption,
+       "'tables[0].count' must be an unsigned integer"},
+      {"count a string", [&](json& m) { m["tables"][0]["count"] = "24"; }, status_code::corruption,
+       "'tables[0].count' must be an unsigned integer"},
+      {"file bytes disagree",
+       [&](json& m) { m["tables"][0]["files"]["emb_vector"]["bytes"] = huge; },
+       status_code::corruption, "tables[0].files.emb_vector.bytes is 4611686018427387904"},
+      {"file bytes missing", [&](json& m) { m["tables"][0]["files"]["opt_state"].erase("bytes"); },
+       status_code::corruption, "'tables[0].files.opt_state.bytes' must be an unsigned integer"},
+      {"file entry missing", [&](json& m) { m["tables"][0]["files"].erase("version"); },
+       status_code::corruption, "'tables[0].files.version' must be an object"},
+      {"dim overflows", [&](json& m) { m["tables"][0]["dim"] = huge; },
+       status_code::invalid_argument, "has dim 4611686018427387904"},
+      {"version a float", [&](json& m) { m["tables"][0]["version"] = 2.5; },
+       status_code::corruption, "'tables[0].version' must be an unsigned integer"},
+      {"tables not an array", [&](json& m) { m["tables"] = json::object(); },
+       status_code::corruption, "'tables' must be an array"},
+      {"table not an object", [&](json& m) { m["tables"][0] = 3; }, status_code::corruption,
+       "'tables[0]' must be an object"},
+      {"format_version a float", [&](json& m) { m["format_version"] = 1.0; },
+       status_code::corruption, "'format_version' must be an integer"},
+      {"not an object",
+       [&](json& m) {
+         m = json::array({1, 2});
+       },
+       status_code::corruption, "is not a JSON object"},
+  };
+  for (const auto& c : cases) {
+    json m = good;
+    c.edit(m);
+    write_json(mpath, m);
+    target t;
+    const status s = t.tc.load(save);
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s.to_string();
+    EXPECT_NE(s.message().find(c.names), std::string::npos) << c.what << ": " << s.message();
+    if (c.code == status_code::corruption)
+      EXPECT_NE(s.message().find(mpath), std::string::npos) << c.what << ": " << s.message();
+    EXPECT_TRUE(t.unchanged()) << c.what;
+  }
+  write_json(mpath, good);
+  target t;
+  ASSERT_TRUE(t.tc.load(save).ok());
+}
+
+TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_is_refused) {
+  temp_dir dir;
+  const std::string save = small_save(dir.path);
+  const std::string mpath = save + "/manifest.json";
+  json m = read_json(mpath);
+  auto& e = m["tables"][0];
+  e["count"] = 25;
+  e["files"]["key"]["bytes"] = 25 * 8;
+  e["files"]["version"]["bytes"] = 25 * 8;
+  e["files"]["emb_vector"]["bytes"] = 25 * dim * 4;
+  e["files"]["opt_state"]["bytes"] = 25 * dim * 4;
+  write_json(mpath, m);
+  target t;
+  const status s = t.tc.load(save);
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  EXPECT_NE(s.message().find("'" + save + "/emb/key' is 192 bytes, expected 200"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("(truncated)"), std::string::npos) << s.message();
+  EXPECT_TRUE(t.unchanged());
+}
+
+// A save whose files pass their checksums but repeat a key or hold a non-finite float.
+TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_unless_allowed) {
+  temp_dir dir;
+  const std::string save = small_save(dir.path);
+  const std::string mpath = save + "/manifest.json";
+  const json good = read_json(mpath);
+  const std::string keys_before = read_bytes(save + "/emb/key");
+  {
+    std::string k = keys_before;
+    std::memcpy(&k[8], &k[0], 8);  // key 1 := key 0
+    std::int64_t k0 = 0;
+    std::memcpy(&k0, k.data(), 8);
+    write_bytes(save + "/emb/key", k);
+    json m = good;
+    m["tables"][0]["files"]["key"]["xxh64"] = xxh64_of(save + "/emb/key");
+    write_json(mpath, m);
+    target t;
+    const status s = t.tc.load(save);
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find("'" + save + "/emb/key' repeats key " + std::to_string(k0)),
+              std::string::npos)
+        << s.message();
+    EXPECT_TRUE(t.unchanged());
+    load_options o;
+    o.allow_duplicate_keys = true;
+    ASSERT_TRUE(t.tc.load(save, o).ok());
+    EXPECT_EQ(store_model(t.tc, 0).size(), 23u);
+  }
+  write_bytes(save + "/emb/key", keys_before);
+  {
+    std::string st = read_bytes(save + "/emb/opt_state");
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(&st[4 * (3 * dim + 1)], &inf, 4);  // row 3, state float 1
+    write_bytes(save + "/emb/opt_state", st);
+    std::int64_t k3 = 0;
+    std::memcpy(&k3, keys_before.data() + 3 * 8, 8);
+    json m = good;
+    m["tables"][0]["files"]["opt_state"]["xxh64"] = xxh64_of(save + "/emb/opt_state");
+    write_json(mpath, m);
+    target t;
+    const status s = t.tc.load(save);
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find("'" + save + "/emb/opt_state' holds inf for key " +
+                               std::to_string(k3) + " (float 1 of its row)"),
+              std::string::npos)
+        << s.message();
+    EXPECT_TRUE(t.unchanged());
+    load_options o;
+    o.allow_non_finite = true;
+    ASSERT_TRUE(t.tc.load(save, o).ok());
+    EXPECT_EQ(store_model(t.tc, 0).at(k3)[dim + 1], inf);
+  }
+}
+
+// --- resuming ----------------------------------------------------------------------------------
+
+// docs/training_cache.md: a save resumed and trained on holds the same `key`, `emb_vector` and
+// `opt_state` bytes as a save of an uninterrupted run; the `version` files (and the manifest's
+// versions and checksums of them) may differ, but every row changed after the resume has a
+// version above the loaded save's `version`.
+TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
+  temp_dir dir;
+  constexpr int passes = 4, split = 2;
+  auto run = [&](training_cache<std::int64_t>& tc, int from, int to) {
+    for (int p = from; p < to; ++p) {
+      const auto keys = keys_of_pass(p);
+      ASSERT_TRUE(tc.begin_pass({keys}).ok());
+      train(tc, keys, p);
+    }
+  };
+  // A cache smaller than the key space, so rows are evicted and written back.
+  training_cache<std::int64_t> whole({}, {emb_table(30)});
+  run(whole, 0, passes);
+  ASSERT_TRUE(whole.save(dir.path + "/whole").ok());
+
+  training_cache<std::int64_t> first({}, {emb_table(30)});
+  run(first, 0, split);
+  ASSERT_TRUE(first.save(dir.path + "/half").ok());
+  training_cache<std::int64_t> rest({}, {emb_table(30)});
+  ASSERT_TRUE(rest.load(dir.path + "/half").ok());
+  run(rest, split, passes);
+  ASSERT_TRUE(rest.save(dir.path + "/rest").ok());
+
+  for (const char* file : {"key", "emb_vector", "opt_state"}) {
+    const std::string a = read_bytes(dir.path + "/whole/emb/" + file);
+    EXPECT_GT(a.size(), 0u) << file;
+    EXPECT_TRUE(a == read_bytes(dir.path + "/rest/emb/" + file)) << file;
+  }
+  const std::uint64_t loaded_version =
+      read_json(dir.path + "/half/manifest.json")["tables"][0]["version"].get<std::uint64_t>();
+  const std::string keys = read_bytes(dir.path + "/rest/emb/key");
+  const std::string vers = read_bytes(dir.path + "/rest/emb/version");
+  std::set<std::int64_t> changed;
+  for (int p = split; p < passes; ++p)
+    for (auto k : keys_of_pass(p)) changed.insert(k);
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < keys.size() / 8; ++i) {
+    std::int64_t k = 0;
+    std::uint64_t v = 0;
+    std::memcpy(&k, keys.data() + 8 * i, 8);
+    std::memcpy(&v, vers.data() + 8 * i, 8);
+    if (changed.count(k)) {
+      EXPECT_GT(v, loaded_version) << k;
+      ++checked;
+    } else {
+      EXPECT_LE(v, loaded_version) << k;
+    }
+  }
+  EXPECT_EQ(checked, changed.size());
+}
+
+}  // namespace
+}  // namespace embcache
