@@ -4,9 +4,11 @@
 /// One column family per table, named after the table; several tables can share one database
 /// (rocksdb_database). Keys are stored big-endian (int64 keys with the sign bit flipped) so that
 /// iteration runs in numeric key order; a value is the row's floats followed by its 8-byte
-/// version, both in the host's byte order. Each table also keeps a metadata entry (key type, row
-/// width, row count, highest version) in the default column family; a store refuses a table whose
-/// metadata disagrees with what the caller expects. docs/stores.md explains every tuning choice.
+/// version, both in the host's byte order. Each table also keeps a metadata entry in the default
+/// column family: its schema (key type, dim, optimizer and state width, row width, format
+/// version), written when the table is created, and its row count and highest version. A store
+/// refuses a table whose schema differs from the caller's, and a table that already holds rows
+/// unless `existing_rows` is reuse. docs/stores.md explains every tuning choice.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,12 @@
 
 namespace embcache {
 
+/// What opening a table that already holds rows does (rocksdb_store_options::existing_rows).
+enum class existing_rows_policy : std::uint8_t {
+  refuse,  ///< invalid_argument naming the table: a fresh run must not train from old rows
+  reuse,   ///< the rows are used (reopening a checkpoint or the live database, resuming)
+};
+
 /// Options of a RocksDB store and of the database behind it.
 struct rocksdb_store_options {
   /// Folder of the database; default "" (must be set).
@@ -29,6 +37,15 @@ struct rocksdb_store_options {
   std::string table_name;
   /// Floats per row; default 0 (must be set).
   std::size_t row_width = 0;
+  /// Embedding floats at the start of each row, part of the table's schema; default 0 = the
+  /// whole row (no optimizer state). The rest of the row (row_width - dim) is optimizer state.
+  std::size_t dim = 0;
+  /// Name of the optimizer whose state fills the rest of the row (e.g. "adam"), part of the
+  /// table's schema; default "" = none.
+  std::string optimizer;
+  /// Opening a table that already holds rows; default refuse (invalid_argument naming the
+  /// table), so that a new run on an old store_path does not silently train from its rows.
+  existing_rows_policy existing_rows = existing_rows_policy::refuse;
   /// Creates the database and the table's column family when absent; default true.
   bool create_if_missing = true;
   /// Block cache shared by every table of the database; default 1 GiB.
@@ -95,8 +112,12 @@ template <class Key>
 class rocksdb_store final : public param_store<Key> {
  public:
   /// Opens the table in its own database at `options.path`. A database or table that is absent
-  /// when `create_if_missing` is false gives not_found; a table written with another row width or
-  /// key type gives invalid_argument; a damaged database gives corruption.
+  /// when `create_if_missing` is false gives not_found; a table whose recorded schema (key type,
+  /// dim, optimizer, state width, row width) differs from the caller's gives invalid_argument
+  /// naming the table and both schemas; so does a table that already holds rows when
+  /// `existing_rows` is refuse; a table written by a build that recorded no schema gives
+  /// unsupported unless it is empty (then the caller's schema is recorded); a damaged database
+  /// gives corruption. A dim larger than row_width is invalid_argument.
   static result<std::unique_ptr<rocksdb_store>> open(const rocksdb_store_options& options);
   /// Opens the table `options.table_name` in a database that is already open (shared).
   static result<std::unique_ptr<rocksdb_store>> open(std::shared_ptr<rocksdb_database> db,

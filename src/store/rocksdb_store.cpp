@@ -31,7 +31,9 @@ namespace {
 
 constexpr const char* meta_prefix = "embcache.table.";
 constexpr const char* meta_format = "embcache.rocksdb_store";
-constexpr int meta_format_version = 1;
+// 2: the metadata entry records the table's schema (dim, optimizer, state width) besides the
+// key type and row width of version 1.
+constexpr int meta_format_version = 2;
 
 status from_rocksdb(const rocksdb::Status& s, const std::string& context) {
   if (s.ok()) return {};
@@ -85,6 +87,25 @@ template <class Key>
 std::string key_text(Key k) {
   return std::to_string(k);
 }
+
+// What a table's rows mean, as recorded in its metadata entry and as a caller expects it.
+struct table_schema {
+  std::string key_type;
+  std::size_t dim = 0, state_width = 0, row_width = 0;
+  std::string optimizer;
+  std::uint64_t format_version = 0;
+
+  bool same_layout(const table_schema& o) const {
+    return key_type == o.key_type && dim == o.dim && state_width == o.state_width &&
+           row_width == o.row_width && optimizer == o.optimizer;
+  }
+  std::string text() const {
+    return "{" + key_type + " keys, dim " + std::to_string(dim) + ", optimizer " + optimizer +
+           " (state width " + std::to_string(state_width) + "), rows of " +
+           std::to_string(row_width) + " floats, format version " + std::to_string(format_version) +
+           "}";
+  }
+};
 
 // Sends RocksDB's warnings and errors to stderr instead of a LOG file beside the data: a LOG on
 // a full disk fails, and this RocksDB build asserts on the next log line after such a failure.
@@ -255,6 +276,7 @@ struct rocksdb_store<Key>::state {
   // Whether the metadata entry says "dirty": rows were pushed after it was last written.
   bool meta_dirty = false;
   std::string who;
+  table_schema schema;  // the caller's, recorded in the metadata entry
 
   std::string meta_key() const { return meta_prefix + options.table_name; }
   std::size_t value_bytes() const { return options.row_width * sizeof(float) + 8; }
@@ -269,6 +291,9 @@ struct rocksdb_store<Key>::state {
                      {"format_version", meta_format_version},
                      {"table_name", options.table_name},
                      {"key_type", key_type_name<Key>()},
+                     {"dim", schema.dim},
+                     {"optimizer", schema.optimizer},
+                     {"state_width", schema.state_width},
                      {"row_width", options.row_width},
                      {"count", count},
                      {"count_exact", !count_stale.load()},
@@ -403,10 +428,19 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
   if (options.table_name.empty() || options.table_name == rocksdb::kDefaultColumnFamilyName)
     return status::invalid_argument(who + ": the table name must be set and not be 'default'");
   if (options.row_width == 0) return status::invalid_argument(who + ": row_width must be > 0");
+  if (options.dim > options.row_width)
+    return status::invalid_argument(who + ": dim " + std::to_string(options.dim) +
+                                    " exceeds row_width " + std::to_string(options.row_width));
   auto st = std::make_unique<state>();
   st->options = options;
   st->db = &d;
   st->who = "rocksdb_store of table '" + options.table_name + "' in '" + d.path + "'";
+  st->schema.key_type = key_type_name<Key>();
+  st->schema.dim = options.dim ? options.dim : options.row_width;
+  st->schema.state_width = options.row_width - st->schema.dim;
+  st->schema.row_width = options.row_width;
+  st->schema.optimizer = options.optimizer.empty() ? "none" : options.optimizer;
+  st->schema.format_version = meta_format_version;
   std::lock_guard<std::mutex> lock(d.mutex);
   if (d.open_tables.count(options.table_name))
     return status::invalid_argument(who + ": the table is already open in this process");
@@ -440,18 +474,66 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
     if (m.is_discarded() || !m.is_object()) return bad("is not valid JSON");
     for (const char* f : {"key_type", "format"})
       if (!m.contains(f) || !m[f].is_string()) return bad((std::string("lacks ") + f).c_str());
-    for (const char* f : {"row_width", "count", "max_version"})
+    for (const char* f : {"format_version", "row_width", "count", "max_version"})
       if (!m.contains(f) || !m[f].is_number_unsigned())
         return bad((std::string("lacks ") + f).c_str());
     if (m["format"] != meta_format) return bad("has an unknown format");
-    const std::string kt = m["key_type"].get<std::string>();
-    if (kt != key_type_name<Key>())
-      return status::invalid_argument(who + ": the table holds " + kt + " keys, expected " +
-                                      key_type_name<Key>());
-    const std::size_t w = m["row_width"].get<std::size_t>();
-    if (w != options.row_width)
-      return status::invalid_argument(who + ": the table holds rows of " + std::to_string(w) +
-                                      " floats, expected " + std::to_string(options.row_width));
+    table_schema have;
+    have.key_type = m["key_type"].get<std::string>();
+    have.row_width = m["row_width"].get<std::size_t>();
+    have.format_version = m["format_version"].get<std::uint64_t>();
+    if (have.format_version > std::uint64_t{meta_format_version})
+      return status::unsupported(who + ": metadata entry '" + st->meta_key() +
+                                 "' has format_version " + std::to_string(have.format_version) +
+                                 ", this build reads up to " + std::to_string(meta_format_version));
+    const bool has_schema = have.format_version >= 2;
+    if (has_schema) {
+      for (const char* f : {"dim", "state_width"})
+        if (!m.contains(f) || !m[f].is_number_unsigned())
+          return bad((std::string("lacks ") + f).c_str());
+      if (!m.contains("optimizer") || !m["optimizer"].is_string()) return bad("lacks optimizer");
+      have.dim = m["dim"].get<std::size_t>();
+      have.state_width = m["state_width"].get<std::size_t>();
+      have.optimizer = m["optimizer"].get<std::string>();
+      if (!have.same_layout(st->schema)) {
+        const table_schema& want = st->schema;
+        std::string diff = "same row width, another layout";
+        if (have.key_type != want.key_type)
+          diff = "it holds " + have.key_type + " keys, expected " + want.key_type;
+        else if (have.row_width != want.row_width)
+          diff = "it holds rows of " + std::to_string(have.row_width) + " floats, expected " +
+                 std::to_string(want.row_width);
+        return status::invalid_argument(who + ": " + diff + "; the table was created with schema " +
+                                        have.text() + ", the caller expects " + want.text());
+      }
+    } else if (have.key_type != st->schema.key_type || have.row_width != options.row_width) {
+      return status::invalid_argument(who + ": the table holds " + have.key_type +
+                                      " keys and rows of " + std::to_string(have.row_width) +
+                                      " floats, the caller expects " + st->schema.text());
+    }
+    rocksdb::ReadOptions probe;
+    probe.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> first(d.db->NewIterator(probe, st->cf));
+    first->SeekToFirst();
+    EMBCACHE_RETURN_IF_ERROR(from_rocksdb(first->status(), who + ": reading the first row"));
+    const bool empty = !first->Valid();
+    std::string first_key;
+    if (!empty && first->key().size() == sizeof(Key))
+      first_key = key_text(from_sortable<Key>(decode_key<Key>(first->key().data())));
+    first.reset();
+    if (!empty && !has_schema)
+      return status::unsupported(
+          who +
+          ": the table holds rows written by a build that recorded no schema (metadata "
+          "format_version 1: " +
+          have.key_type + " keys, rows of " + std::to_string(have.row_width) +
+          " floats); they cannot be checked against the caller's schema " + st->schema.text() +
+          "; copy them into a new table");
+    if (!empty && options.existing_rows == existing_rows_policy::refuse)
+      return status::invalid_argument(
+          who + ": the table already holds rows (the first is key " + first_key +
+          "), from an earlier run; set existing_rows = reuse to use them (the trainer: "
+          "resume_from, or tables[i].reuse_store), or open another path");
     st->count = m["count"].get<std::size_t>();
     st->max_version = m["max_version"].get<std::uint64_t>();
     st->count_stale = !m.value("count_exact", true);
@@ -461,6 +543,8 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
       EMBCACHE_RETURN_IF_ERROR(st->recount());
       st->count_stale = false;
       EMBCACHE_RETURN_IF_ERROR(st->write_meta(false));
+    } else if (!has_schema) {
+      EMBCACHE_RETURN_IF_ERROR(st->write_meta(false));  // an empty table takes the caller's schema
     }
   }
   d.open_tables.insert(options.table_name);

@@ -74,6 +74,7 @@ struct rocksdb_traits {
                                                           std::size_t width) {
     auto o = options(dir, table, width);
     o.create_if_missing = false;
+    o.existing_rows = existing_rows_policy::reuse;  // a checkpoint is opened for its rows
     auto r = rocksdb_store<Key>::open(o);
     if (!r.ok()) return r.get_status();
     return std::unique_ptr<param_store<Key>>(std::move(r).value());

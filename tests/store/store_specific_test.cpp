@@ -274,6 +274,12 @@ rocksdb_store_options small_options(const std::string& path, const std::string& 
   return o;
 }
 
+// Options that open a table holding rows (a checkpoint, the live database reopened).
+rocksdb_store_options reusing(rocksdb_store_options o) {
+  o.existing_rows = existing_rows_policy::reuse;
+  return o;
+}
+
 template <class Key>
 std::unique_ptr<rocksdb_store<Key>> must_open(const rocksdb_store_options& o) {
   auto r = rocksdb_store<Key>::open(o);
@@ -300,12 +306,107 @@ TEST(rocksdb_store, tables_share_one_database_and_one_checkpoint) {
   a.value().reset();
   b.value().reset();
 
-  auto cp_b = must_open<std::uint32_t>(small_options(dir.sub("cp"), "items", 8));
+  auto cp_b = must_open<std::uint32_t>(reusing(small_options(dir.sub("cp"), "items", 8)));
   EXPECT_EQ(cp_b->size(), 300u);
   std::vector<float> out(kb.size() * 8);
   std::unique_ptr<bool[]> found(new bool[kb.size()]);
   ASSERT_TRUE(cp_b->pull(kb.data(), kb.size(), out.data(), found.get()).ok());
   EXPECT_EQ(out, make_rows(kb, 8, 2));
+}
+
+// The schema recorded at creation (key type, dim, optimizer, state width, row width) is checked
+// at every open: a row width that happens to match does not let another layout through.
+TEST(rocksdb_store, a_table_refuses_a_caller_with_another_schema) {
+  scratch_dir dir;
+  auto o = small_options(dir.sub("db"), "emb", 12);
+  o.dim = 4;
+  o.optimizer = "adam";
+  auto keys = make_keys<std::int64_t>(50);
+  {
+    auto s = must_open<std::int64_t>(o);
+    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 12, 1).data()).ok());
+    ASSERT_TRUE(s->checkpoint(dir.sub("cp")).ok());
+  }
+  const std::string recorded =
+      "schema {int64 keys, dim 4, optimizer adam (state width 8), rows of 12 floats, format "
+      "version 2}";
+  struct other_case {
+    std::size_t dim;
+    const char* optimizer;
+    const char* expects;
+  };
+  for (const auto& c : {other_case{6, "adagrad", "dim 6, optimizer adagrad (state width 6)"},
+                        other_case{4, "ftrl", "dim 4, optimizer ftrl (state width 8)"},
+                        other_case{0, "", "dim 12, optimizer none (state width 0)"}}) {
+    for (const char* where : {"db", "cp"}) {
+      auto other = reusing(small_options(dir.sub(where), "emb", 12));
+      other.dim = c.dim;
+      other.optimizer = c.optimizer;
+      auto r = rocksdb_store<std::int64_t>::open(other);
+      ASSERT_EQ(r.get_status().code(), status_code::invalid_argument)
+          << where << " " << c.expects << ": " << r.get_status().to_string();
+      const std::string m = r.get_status().message();
+      EXPECT_NE(m.find("table 'emb' in '" + dir.sub(where) + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("same row width, another layout; the table was created with " + recorded),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find(std::string("the caller expects {int64 keys, ") + c.expects),
+                std::string::npos)
+          << m;
+    }
+  }
+  // An empty table keeps the schema it was created with, too.
+  {
+    auto e = small_options(dir.sub("db"), "empty", 12);
+    e.dim = 4;
+    e.optimizer = "adam";
+    must_open<std::int64_t>(e);
+    e.dim = 6;
+    auto r = rocksdb_store<std::int64_t>::open(e);
+    EXPECT_EQ(r.get_status().code(), status_code::invalid_argument) << r.get_status().to_string();
+  }
+  auto bad = o;
+  bad.dim = 13;
+  EXPECT_EQ(rocksdb_store<std::int64_t>::open(bad).get_status().code(),
+            status_code::invalid_argument);
+  // The caller of the recorded schema gets the rows.
+  auto same = must_open<std::int64_t>(reusing(o));
+  std::vector<float> out(keys.size() * 12);
+  std::unique_ptr<bool[]> found(new bool[keys.size()]);
+  ASSERT_TRUE(same->pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+  EXPECT_EQ(out, make_rows(keys, 12, 1));
+}
+
+// A new run on a path that holds an earlier run's rows must not train from them silently.
+TEST(rocksdb_store, a_table_holding_rows_opens_only_when_reuse_is_asked_for) {
+  scratch_dir dir;
+  auto o = small_options(dir.sub("db"), "t", 3);
+  auto keys = make_keys<std::int64_t>(100);
+  {
+    auto s = must_open<std::int64_t>(o);
+    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data()).ok());
+    ASSERT_TRUE(s->checkpoint(dir.sub("cp")).ok());
+  }
+  const std::int64_t first_key = *std::min_element(keys.begin(), keys.end());
+  for (const char* where : {"db", "cp"}) {
+    auto r = rocksdb_store<std::int64_t>::open(small_options(dir.sub(where), "t", 3));
+    ASSERT_EQ(r.get_status().code(), status_code::invalid_argument)
+        << where << ": " << r.get_status().to_string();
+    const std::string m = r.get_status().message();
+    EXPECT_NE(m.find("table 't' in '" + dir.sub(where) + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("already holds rows (the first is key " + std::to_string(first_key) + ")"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("existing_rows = reuse"), std::string::npos) << m;
+  }
+  {
+    auto s = must_open<std::int64_t>(reusing(o));  // the refusals changed nothing
+    EXPECT_EQ(s->size(), 100u);
+    ASSERT_TRUE(s->erase(keys.data(), keys.size()).ok());
+  }
+  // Empty again: a table that holds no rows opens without asking.
+  auto s = must_open<std::int64_t>(o);
+  EXPECT_EQ(s->size(), 0u);
 }
 
 TEST(rocksdb_store, iterates_in_numeric_key_order) {
@@ -338,7 +439,7 @@ TEST(rocksdb_store, reopening_the_live_database_restores_rows_size_and_versions)
     ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data(), v.data()).ok());
     ASSERT_TRUE(s->erase(keys.data(), 1000).ok());
   }  // closing flushes: with the WAL off nothing else would keep the rows
-  auto s = must_open<std::int64_t>(small_options(dir.sub("db"), "t", 3));
+  auto s = must_open<std::int64_t>(reusing(small_options(dir.sub("db"), "t", 3)));
   EXPECT_EQ(s->size(), 3000u);
   EXPECT_EQ(s->max_version(), 9u);
   std::vector<float> out(keys.size() * 3);
@@ -382,7 +483,7 @@ TEST(rocksdb_store, size_stays_exact_with_blind_and_counted_pushes) {
       ASSERT_TRUE(s->push(keys.data(), 2500, make_rows(keys, 2, 3).data()).ok());
       ASSERT_TRUE(s->erase(keys.data(), 10).ok());
     }
-    auto s = must_open<std::int64_t>(o);
+    auto s = must_open<std::int64_t>(reusing(o));
     EXPECT_EQ(s->size(), 2490u);
     ASSERT_TRUE(s->push(keys.data(), 5, make_rows(keys, 2, 4).data()).ok());
     EXPECT_EQ(s->size(), 2495u);
@@ -465,7 +566,7 @@ TEST(rocksdb_crash, killed_while_pushing_keeps_the_last_checkpoint) {
   {
     auto o = small_options(dir.sub("cp"), "t", crash_width);
     o.create_if_missing = false;
-    auto cp = must_open<std::int64_t>(o);
+    auto cp = must_open<std::int64_t>(reusing(o));
     EXPECT_EQ(cp->size(), crash_rows);
     EXPECT_EQ(cp->max_version(), 1u);
     std::vector<float> out(keys.size() * crash_width);
@@ -477,7 +578,7 @@ TEST(rocksdb_crash, killed_while_pushing_keeps_the_last_checkpoint) {
   // The live database opens too; its size agrees with what it holds.
   auto o = small_options(dir.sub("live"), "t", crash_width);
   o.create_if_missing = false;
-  auto live = must_open<std::int64_t>(o);
+  auto live = must_open<std::int64_t>(reusing(o));
   std::size_t held = 0;
   ASSERT_TRUE(live->for_each(1000,
                              [&](auto, auto, auto, std::size_t n) {
