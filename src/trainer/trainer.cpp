@@ -3,12 +3,17 @@
 #include "embcache/trainer/trainer.hpp"
 
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -26,6 +31,8 @@
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
 #endif
+
+extern char** environ;  // handed to gnuplot
 
 namespace embcache {
 namespace {
@@ -59,26 +66,97 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-status write_file_durable(const std::string& path, const void* data, std::size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return status::io_error(path + ": cannot create");
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+// A failed write: out_of_space for a full disk or quota, io_error otherwise; names the file and
+// the system's reason.
+status write_error(const std::string& path, const char* what, int e) {
+  const std::string m = path + ": " + what + ": " + errno_text(e);
+  return e == ENOSPC || e == EDQUOT ? status::out_of_space(m) : status::io_error(m);
+}
+
+// Writes `size` bytes to `path` (truncated, or appended to with `append`), checking every write
+// and the close; with `durable` also fsync.
+status write_file_checked(const std::string& path, const void* data, std::size_t size, bool append,
+                          bool durable) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd < 0) return write_error(path, "cannot open for writing", errno);
   const char* p = static_cast<const char*>(data);
   std::size_t left = size;
   while (left > 0) {
     const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      const bool full = errno == ENOSPC;
+      const int e = w < 0 ? errno : ENOSPC;  // a write of 0 bytes: no room
       ::close(fd);
-      return full ? status::out_of_space(path + ": disk full")
-                  : status::io_error(path + ": write failed");
+      return write_error(path, "write failed", e);
     }
     p += w;
     left -= std::size_t(w);
   }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced) return status::io_error(path + ": fsync failed");
+  if (durable && ::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return write_error(path, "fsync failed", e);
+  }
+  if (::close(fd) != 0) return write_error(path, "close failed", errno);
   return {};
+}
+
+status write_file_durable(const std::string& path, const void* data, std::size_t size) {
+  return write_file_checked(path, data, size, /*append=*/false, /*durable=*/true);
+}
+
+status write_text_file(const std::string& path, const std::string& text, bool append = false) {
+  return write_file_checked(path, text.data(), text.size(), append, /*durable=*/false);
+}
+
+status create_folder(const std::string& dir, const std::string& field) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return status::io_error(field + ": " + dir + ": cannot create (" + ec.message() + ")");
+  return {};
+}
+
+std::size_t count_non_finite(const float* p, std::size_t n) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(p[i]) ? 0 : 1;
+  return bad;
+}
+
+// Whether every float of a wide_deep_model blob is finite: the wide bias with its Adam state and
+// the MLP's parameters with theirs (layout in docs/model.md). The blob is the device-independent
+// picture of the dense state, so this works whichever device the network runs on. A blob that
+// does not parse counts as not finite.
+bool dense_blob_finite(const std::vector<std::uint8_t>& blob) {
+  auto u64 = [&](std::size_t at, std::uint64_t& v) {
+    if (at + 8 > blob.size()) return false;
+    std::memcpy(&v, blob.data() + at, 8);
+    return true;
+  };
+  auto floats = [&](std::size_t at, std::uint64_t n) {
+    if (n > (blob.size() - std::min(at, blob.size())) / 4) return false;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, blob.data() + at + 4 * i, 4);
+      if (!std::isfinite(f)) return false;
+    }
+    return true;
+  };
+  // Wide&Deep: magic 8, bias / m / v 12, MLP blob size 8, MLP blob, checksum 8.
+  std::uint64_t mlp_size = 0;
+  if (!floats(8, 3) || !u64(20, mlp_size) || mlp_size > blob.size() - 28) return false;
+  // MLP: magic 8, version 4, hidden count 4, input_dim 8, widths 8 H, Adam step 8, parameter
+  // count P 8, parameters / m / v 3 x 4 P, checksum 8.
+  const std::size_t mlp = 28;
+  std::uint32_t hidden = 0;
+  if (mlp_size < 24) return false;
+  std::memcpy(&hidden, blob.data() + mlp + 12, 4);
+  const std::size_t count_at = mlp + 24 + 8 * std::size_t(hidden) + 8;
+  std::uint64_t params = 0;
+  if (!u64(count_at, params) || params > mlp_size / 12) return false;
+  return floats(count_at + 8, 3 * params);
 }
 
 result<std::string> read_file(const std::string& path) {
@@ -131,15 +209,46 @@ struct trainer::impl {
   std::vector<std::vector<key_t>> prefetched_keysets;
   // Hits and misses since the last progress line and over the pass.
   std::uint64_t interval_hits = 0, interval_misses = 0;
+  // Set when the model was found non-finite: from then on no pass, save or export runs.
+  status diverged;
 
   bool cached() const { return config.mode != trainer_mode::host_hybrid; }
   const trainer_table_config& table_config(std::size_t t) const { return config.tables[t]; }
 
   status build();
+  status build_parts();
+  std::string building;  // what build_parts() is allocating, for an out-of-memory message
   status make_store(std::size_t t, std::size_t row_width);
   result<std::vector<std::vector<key_t>>> keysets_of(const std::string& shard);
   void fill_keys(const shard_batch& b);
-  status train_step(const shard_batch& b, double* loss);
+  status train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
+                    double* loss);
+  // Records a divergence (what went non-finite, where) and returns it.
+  status diverge(const std::string& where, const std::string& what) {
+    diverged = status::invalid_argument(
+        where + ": training diverged: " + what +
+        "; the run stops here, saving and exporting nothing (lower the learning rates, check the "
+        "data for non-finite features)");
+    return diverged;
+  }
+  // "pass 2 step 14 (step 2 of the pass)": the global step counts from 1, resumes included.
+  static std::string step_label(std::uint64_t pass, std::uint64_t global_step,
+                                std::uint64_t pass_step) {
+    return "pass " + std::to_string(pass) + " step " + std::to_string(global_step) + " (step " +
+           std::to_string(pass_step) + " of the pass)";
+  }
+  // After a sparse update: every row it changed must be finite (vector and optimizer state),
+  // so that no non-finite row reaches a store, an export or a save.
+  status check_rows(const float* rows, std::size_t width, const sparse_gradients<host_space>& g,
+                    const char* table, std::uint64_t pass, std::uint64_t pass_step) {
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < g.size; ++i)
+      bad += count_non_finite(rows + std::size_t(g.rows.data()[i]) * width, width) ? 1 : 0;
+    if (bad == 0) return {};
+    return diverge(step_label(pass, step, pass_step), std::to_string(bad) + " rows of table " +
+                                                          table + " are not finite after its " +
+                                                          "optimizer step");
+  }
   void take_last_counters();
   bool* found_buffer(std::size_t n) {
     if (found_size < n) {
@@ -165,6 +274,11 @@ status trainer::impl::make_store(std::size_t t, std::size_t row_width) {
   ro.path = tc.store_path;
   ro.table_name = tc.name;
   ro.row_width = row_width;
+  ro.dim = tc.dim;
+  ro.optimizer = to_string(tc.optimizer.kind);
+  // An earlier run's rows are used only when asked for; a resume replaces them anyway.
+  ro.existing_rows = tc.reuse_store || !config.resume_from.empty() ? existing_rows_policy::reuse
+                                                                   : existing_rows_policy::refuse;
   ro.space = space;
   auto& db = databases[tc.store_path];
   if (!db) {
@@ -185,7 +299,20 @@ status trainer::impl::make_store(std::size_t t, std::size_t row_width) {
 #endif
 }
 
+// The memory estimate first (a clear error instead of an allocation that cannot succeed), then
+// the parts; an allocation that fails anyway becomes a status naming what was being built.
 status trainer::impl::build() {
+  EMBCACHE_RETURN_IF_ERROR(check_memory(config, physical_memory_bytes()));
+  try {
+    return build_parts();
+  } catch (const std::bad_alloc&) {
+    return status::capacity_exceeded(building +
+                                     ": out of memory (std::bad_alloc) while allocating " +
+                                     "it; lower the capacity or the model size");
+  }
+}
+
+status trainer::impl::build_parts() {
   space.max_threads = config.threads;
   for (std::size_t t = 0; t < config.tables.size(); ++t) {
     if (config.tables[t].name == "wide") wide_t = t;
@@ -207,12 +334,17 @@ status trainer::impl::build() {
     o.init.kind = init_kind::uniform;
     o.init.scale = tc.init_scale;
     o.init.seed = config.seed;
+    building = "config.tables[" + std::to_string(t) + "] (table \"" + tc.name + "\"): its store";
     EMBCACHE_RETURN_IF_ERROR(make_store(t, tc.dim + state_width(tc.optimizer.kind, tc.dim)));
     o.store = stores[t];
     topts.push_back(std::move(o));
   }
   training_cache_options co;
   co.mode = config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  building = "config.tables: the training cache of";
+  for (std::size_t t = 0; t < topts.size(); ++t)
+    building += std::string(t ? " and" : "") + " table \"" + topts[t].name + "\" (config.tables[" +
+                std::to_string(t) + "].capacity " + std::to_string(topts[t].capacity) + ")";
   try {
     cache = std::make_unique<training_cache<key_t>>(co, topts);
   } catch (const error& e) {
@@ -238,6 +370,8 @@ status trainer::impl::build() {
         ref.initialize_row(k, dst);
         std::copy(dst, dst + dim, emb);
       };
+      building = "config.tables[" + std::to_string(t) + "] (table \"" + config.tables[t].name +
+                 "\"): its host-hybrid table";
       hybrid[t] = std::make_unique<host_hybrid_table<key_t>>(*stores[t], ho, std::move(init));
     }
   }
@@ -250,6 +384,7 @@ status trainer::impl::build() {
   if (const status ms = check_options(mlp_options(mo)); !ms.ok())
     return status(ms.code(), "config.model: " + ms.message());
   if (config.blas_threads > 0) set_host_blas_threads(config.blas_threads);
+  building = "config.model: the dense network";
   auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
   if (!m.ok()) return m.get_status();
   model = std::move(m).value();
@@ -295,7 +430,8 @@ void trainer::impl::take_last_counters() {
   interval_misses += last.misses;
 }
 
-status trainer::impl::train_step(const shard_batch& b, double* loss) {
+status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
+                                 double* loss) {
   const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
   const std::size_t dim = config.tables[deep_t].dim;
   fill_keys(b);
@@ -344,6 +480,14 @@ status trainer::impl::train_step(const shard_batch& b, double* loss) {
   }
   const wide_deep_batch batch{n, in_wide.data(), in_deep.data(), b.dense.data(), b.labels.data()};
   *loss = model->forward_backward(batch, step, d_wide.data(), d_deep.data());
+  // Stop before this step changes a row or a weight: the first non-finite value ends the run.
+  if (!std::isfinite(*loss))
+    return diverge(step_label(pass, step + 1, pass_step),
+                   std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
+  if (const std::size_t bad =
+          count_non_finite(d_wide.data(), n * ws) + count_non_finite(d_deep.data(), n * ds * dim))
+    return diverge(step_label(pass, step + 1, pass_step),
+                   std::to_string(bad) + " gradients of the embeddings are not finite");
   ++step;
   if (cached()) {
     auto& wc = cache->cache(wide_t);
@@ -351,10 +495,14 @@ status trainer::impl::train_step(const shard_batch& b, double* loss) {
     aggregate_gradients(space, wide_batch, combiner::sum, d_wide.data(), 1, wide_grads);
     apply_optimizer(space, config.tables[wide_t].optimizer, wc.rows(), wc.row_width(), wide_grads,
                     step);
+    EMBCACHE_RETURN_IF_ERROR(
+        check_rows(wc.rows(), wc.row_width(), wide_grads, "wide", pass, pass_step));
     EMBCACHE_RETURN_IF_ERROR(wc.mark_updated(wide_grads.rows.data(), wide_grads.size));
     aggregate_gradients(space, deep_batch, combiner::sum, d_deep.data(), dim, deep_grads);
     apply_optimizer(space, config.tables[deep_t].optimizer, dc.rows(), dc.row_width(), deep_grads,
                     step);
+    EMBCACHE_RETURN_IF_ERROR(
+        check_rows(dc.rows(), dc.row_width(), deep_grads, "deep", pass, pass_step));
     EMBCACHE_RETURN_IF_ERROR(dc.mark_updated(deep_grads.rows.data(), deep_grads.size));
   } else {
     EMBCACHE_RETURN_IF_ERROR(hybrid[wide_t]->backward(d_wide.data()));
@@ -393,10 +541,10 @@ status trainer::run() {
     impl_->log(impl_->dense_note);
     impl_->dense_note_logged = true;
   }
+  if (!impl_->diverged.ok()) return impl_->diverged;
   if (!impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
-    std::error_code ec;
-    fs::create_directories(impl_->config.output_dir, ec);
-    std::ofstream(impl_->config.output_dir + "/metrics.jsonl", std::ios::trunc);
+    EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
+    EMBCACHE_RETURN_IF_ERROR(write_text_file(impl_->config.output_dir + "/metrics.jsonl", ""));
   }
   for (std::size_t p = 0; p < passes.size(); ++p) {
     auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
@@ -414,6 +562,7 @@ status trainer::run() {
 result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
                                        const trainer_pass_config* next) {
   impl& s = *impl_;
+  if (!s.diverged.ok()) return s.diverged;
   const trainer_config& c = s.config;
   std::vector<std::string> paths;
   for (const auto& p : pass.shards) paths.push_back(resolve(c.data_dir, p));
@@ -444,6 +593,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
   for (;;) {
     EMBCACHE_RETURN_IF_ERROR(reader.value()->next(batch));
     if (batch.size == 0) break;
+    const std::size_t current_shard = batch.shard_index;
     if (c.mode == trainer_mode::keyset && batch.shard_index != current) {
       current = batch.shard_index;
       std::vector<std::vector<key_t>> keysets;
@@ -475,8 +625,16 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
         }
       }
     }
+    // A non-finite feature would turn the weights it meets into NaN, which a ReLU can hide from
+    // the loss: refuse the batch instead.
+    if (const std::size_t bad = count_non_finite(batch.dense.data(), batch.dense.size()) +
+                                count_non_finite(batch.labels.data(), batch.size))
+      return status::invalid_argument(
+          impl::step_label(m.pass, s.step + 1, m.steps + 1) + ": shard " + paths[current_shard] +
+          ": the batch holds " + std::to_string(bad) +
+          " non-finite dense features or labels; the run stops before training on it");
     double loss = 0;
-    EMBCACHE_RETURN_IF_ERROR(s.train_step(batch, &loss));
+    EMBCACHE_RETURN_IF_ERROR(s.train_step(batch, m.pass, m.steps + 1, &loss));
     loss_sum += loss;
     interval_loss += loss;
     ++m.steps;
@@ -525,6 +683,12 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
     m.swap_seconds = blocked_swap;
   m.hit_rate =
       pass_hits + pass_misses ? double(pass_hits) / double(pass_hits + pass_misses) : std::nan("");
+  // The last step's update is seen by no loss: check the dense state before anything reads,
+  // exports or saves it.
+  if (!dense_blob_finite(s.model->save()))
+    return s.diverge("pass " + std::to_string(m.pass) + " step " + std::to_string(s.step) +
+                         " (the pass's last step)",
+                     "the dense weights or their Adam state are not finite");
   ++s.passes_done;
   if (!c.eval_shard.empty()) {
     auto e = evaluate();
@@ -555,11 +719,9 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
                     : (std::to_string(m.rows_exported) + " rows to " + m.export_path).c_str());
   s.log(line);
   if (!c.output_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(c.output_dir, ec);
-    std::ofstream out(c.output_dir + "/metrics.jsonl", std::ios::app);
-    if (!out) return status::io_error(c.output_dir + "/metrics.jsonl: cannot append");
-    out << json(m).dump() << "\n";
+    EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
+    EMBCACHE_RETURN_IF_ERROR(
+        write_text_file(c.output_dir + "/metrics.jsonl", json(m).dump() + "\n", /*append=*/true));
   }
   return m;
 }
@@ -585,6 +747,14 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
     if (b.size == 0) break;
     std::size_t n = b.size;
     if (c.eval_max_samples > 0) n = std::min<std::size_t>(n, c.eval_max_samples - acc.size());
+    const std::string where = "pass " + std::to_string(s.passes_done) + " step " +
+                              std::to_string(s.step) + ", evaluation on " + path;
+    const std::string samples =
+        "samples " + std::to_string(acc.size()) + ".." + std::to_string(acc.size() + n - 1);
+    if (const std::size_t bad = count_non_finite(b.dense.data(), n * criteo_dense_count) +
+                                count_non_finite(b.labels.data(), n))
+      return status::invalid_argument(where + ": " + samples + " hold " + std::to_string(bad) +
+                                      " non-finite dense features or labels");
     s.fill_keys(b);
     s.in_wide.assign(n * ws, 0.0f);
     s.in_deep.assign(n * ds * dim, 0.0f);
@@ -610,6 +780,9 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
                     p.out + i * p.dim);
     }
     s.model->predict({n, s.in_wide.data(), s.in_deep.data(), b.dense.data(), nullptr}, s.logits);
+    if (const std::size_t bad = count_non_finite(s.logits.data(), n))
+      return s.diverge(where, std::to_string(bad) + " of the " + std::to_string(n) + " logits of " +
+                                  samples + " are not finite");
     acc.add(s.logits.data(), b.labels.data(), n);
     if (c.eval_max_samples > 0 && acc.size() >= c.eval_max_samples) break;
   }
@@ -617,6 +790,11 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
   e.samples = acc.size();
   e.auc = acc.auc();
   e.logloss = acc.log_loss();
+  // Finite logits give a finite log loss; AUC may be NaN only for a single class.
+  if (e.samples > 0 && !std::isfinite(e.logloss))
+    return s.diverge("pass " + std::to_string(s.passes_done) + " step " + std::to_string(s.step) +
+                         ", evaluation on " + path,
+                     "the log loss is not finite");
   return e;
 }
 
@@ -624,8 +802,8 @@ result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
   impl& s = *impl_;
   if (!s.cached())
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
-  std::error_code ec;
-  fs::create_directories(s.config.export_dir, ec);
+  if (!s.diverged.ok()) return s.diverged;
+  EMBCACHE_RETURN_IF_ERROR(create_folder(s.config.export_dir, "config.export_dir"));
   auto path = s.cache->export_incremental_to(s.config.export_dir, s.config.export_with_state);
   if (!path.ok()) return path.get_status();
   auto text = read_file(path.value() + "/manifest.json");
@@ -642,13 +820,17 @@ result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
 
 status trainer::save(const std::string& dir) {
   impl& s = *impl_;
+  if (!s.diverged.ok()) return s.diverged;
+  const std::vector<std::uint8_t> dense = s.model->save();
+  if (!dense_blob_finite(dense))
+    return s.diverge("save to " + dir + " after step " + std::to_string(s.step),
+                     "the dense weights or their Adam state are not finite");
   const std::string tmp = dir + ".tmp", old = dir + ".old";
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return status::io_error(tmp + ": cannot create (" + ec.message() + ")");
   EMBCACHE_RETURN_IF_ERROR(s.cache->save(tmp + "/sparse"));
-  const std::vector<std::uint8_t> dense = s.model->save();
   EMBCACHE_RETURN_IF_ERROR(write_file_durable(tmp + "/dense.bin", dense.data(), dense.size()));
   json history = json::array();
   for (const auto& m : s.history) history.push_back(m);
@@ -739,41 +921,145 @@ status trainer::load(const std::string& dir_in) {
   return {};
 }
 
-status plot_metrics(const std::string& dir, const std::vector<pass_metrics>& history,
+namespace {
+
+// A metric for metrics.tsv: "nan" (gnuplot's missing value) when not finite, whatever its sign.
+std::string tsv_number(double v) {
+  if (!std::isfinite(v)) return "nan";
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+// Runs `argv` (argv[0] looked up on the PATH by posix_spawnp, no shell) with stdin from
+// /dev/null and stdout and stderr into `output`; returns its wait status. not_found when the
+// program is not on the PATH.
+result<int> run_program(const std::vector<std::string>& args, std::string* output) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
+    return status::io_error("pipe for " + args[0] + ": " + errno_text(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+  pid_t pid = 0;
+  const int rc = ::posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+  if (rc != 0) {
+    ::close(pipe_fds[0]);
+    if (rc == ENOENT) return status::not_found(args[0] + " is not on the PATH");
+    return status::io_error("cannot start " + args[0] + ": " + errno_text(rc));
+  }
+  char buf[4096];
+  for (;;) {
+    const ssize_t r = ::read(pipe_fds[0], buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (output && output->size() < 65536) output->append(buf, std::size_t(r));
+  }
+  ::close(pipe_fds[0]);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0) {
+    if (errno != EINTR)
+      return status::io_error("waiting for " + args[0] + ": " + errno_text(errno));
+  }
+  return wstatus;
+}
+
+std::string describe_wait_status(int w) {
+  if (WIFEXITED(w)) return "exit status " + std::to_string(WEXITSTATUS(w));
+  if (WIFSIGNALED(w)) return "signal " + std::to_string(WTERMSIG(w));
+  return "wait status " + std::to_string(w);
+}
+
+}  // namespace
+
+status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& history,
                     std::string* note) {
+  EMBCACHE_RETURN_IF_ERROR(create_folder(dir_in, "output_dir"));
+  // gnuplot receives the folder as an argument (ARG1), never inside its script or a shell
+  // command; absolute, so that it cannot read as gnuplot's "<command" or "|command".
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  {
-    std::ofstream tsv(dir + "/metrics.tsv", std::ios::trunc);
-    if (!tsv) return status::io_error(dir + "/metrics.tsv: cannot write");
-    tsv << "# pass\ttrain_loss\teval_auc\teval_logloss\tsamples_per_s\n";
-    for (const auto& m : history)
-      tsv << m.pass << '\t' << m.train_loss << '\t' << m.eval_auc << '\t' << m.eval_logloss << '\t'
-          << m.samples_per_s << '\n';
+  const fs::path abs = fs::absolute(dir_in, ec);
+  if (ec)
+    return status::io_error(dir_in + ": cannot make the path absolute (" + ec.message() + ")");
+  const std::string dir = abs.lexically_normal().string();
+  std::string tsv = "# pass\ttrain_loss\teval_auc\teval_logloss\tsamples_per_s\n";
+  bool have_loss = false, have_auc = false;
+  for (const auto& m : history) {
+    have_loss = have_loss || std::isfinite(m.train_loss) || std::isfinite(m.eval_logloss);
+    have_auc = have_auc || std::isfinite(m.eval_auc);
+    tsv += std::to_string(m.pass) + '\t' + tsv_number(m.train_loss) + '\t' +
+           tsv_number(m.eval_auc) + '\t' + tsv_number(m.eval_logloss) + '\t' +
+           tsv_number(m.samples_per_s) + '\n';
   }
-  {
-    std::ofstream gp(dir + "/plot.gp", std::ios::trunc);
-    if (!gp) return status::io_error(dir + "/plot.gp: cannot write");
-    gp << "# Draws loss.png and auc.png from metrics.tsv (one line per pass).\n"
-          "set terminal png size 800,500\n"
-          "set datafile missing 'nan'\n"
-          "set xlabel 'pass'\nset grid\nset key bottom right\n"
-          "set output 'loss.png'\nset ylabel 'loss'\n"
-          "plot 'metrics.tsv' using 1:2 with linespoints title 'train loss', \\\n"
-          "     'metrics.tsv' using 1:4 with linespoints title 'eval log loss'\n"
-          "set output 'auc.png'\nset ylabel 'AUC'\n"
-          "plot 'metrics.tsv' using 1:3 with linespoints title 'eval AUC'\n";
+  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/metrics.tsv", tsv));
+  // A plot with no point would leave an empty PNG: such a plot is left out of the script.
+  std::vector<std::string> images;
+  std::string gp =
+      "# Draws the curves of metrics.tsv (one line per pass) into PNG files. Run it as\n"
+      "#   gnuplot -c plot.gp FOLDER    (or, inside the folder, gnuplot plot.gp)\n"
+      "d = (ARGC >= 1) ? ARG1 : '.'\n"
+      "set terminal png size 800,500\n"
+      "set datafile missing 'nan'\n"
+      "set xlabel 'pass'\nset grid\nset key bottom right\n";
+  if (have_loss) {
+    images.push_back("loss.png");
+    gp +=
+        "set output d.'/loss.png'\nset ylabel 'loss'\n"
+        "plot d.'/metrics.tsv' using 1:2 with linespoints title 'train loss', \\\n"
+        "     d.'/metrics.tsv' using 1:4 with linespoints title 'eval log loss'\n";
   }
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (have_auc) {
+    images.push_back("auc.png");
+    gp +=
+        "set output d.'/auc.png'\nset ylabel 'AUC'\n"
+        "plot d.'/metrics.tsv' using 1:3 with linespoints title 'eval AUC'\n";
+  }
+  gp += "unset output\n";
+  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/plot.gp", gp));
+  std::string skipped;
+  if (!have_loss) skipped += ", no loss.png (no finite loss)";
+  if (!have_auc) skipped += ", no auc.png (no eval AUC: no eval_shard, or a single class)";
+  // A PNG of an earlier run must not pass for this run's.
+  for (const char* png : {"loss.png", "auc.png"}) {
+    fs::remove(dir + "/" + png, ec);
+    if (ec)
+      return status::io_error(dir + "/" + png + ": cannot remove the old image (" + ec.message() +
+                              ")");
+  }
+  if (images.empty()) {
+    if (note) *note = "wrote " + dir + "/plot.gp and metrics.tsv" + skipped;
+    return {};
+  }
+  std::string output;
+  auto ran = run_program({"gnuplot", "-c", dir + "/plot.gp", dir}, &output);
+  if (!ran.ok() && ran.get_status().code() == status_code::not_found) {
     if (note) *note = "gnuplot not found: wrote " + dir + "/plot.gp and metrics.tsv, no PNG";
     return {};
   }
-  const std::string cmd = "cd '" + dir + "' && gnuplot plot.gp 2>/dev/null";
-  if (std::system(cmd.c_str()) != 0) {
-    if (note) *note = "gnuplot failed on " + dir + "/plot.gp";
-    return {};
+  if (!ran.ok()) return ran.get_status();
+  if (!WIFEXITED(ran.value()) || WEXITSTATUS(ran.value()) != 0) {
+    if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
+    return status::io_error(dir + "/plot.gp: gnuplot failed (" + describe_wait_status(ran.value()) +
+                            ")" + (output.empty() ? "" : ": " + output));
   }
-  if (note) *note = "drew " + dir + "/loss.png and " + dir + "/auc.png";
+  std::string drew;
+  for (const auto& png : images) {
+    const std::string path = dir + "/" + png;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      return status::io_error(path + ": gnuplot wrote no image: " + errno_text(errno));
+    if (st.st_size == 0)
+      return status::io_error(path + ": gnuplot wrote an empty image (0 bytes; disk full?)");
+    drew += (drew.empty() ? "" : " and ") + path;
+  }
+  if (note) *note = "drew " + drew + skipped;
   return {};
 }
 

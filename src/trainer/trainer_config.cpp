@@ -1,16 +1,102 @@
 // The trainer's configuration: defaults, validation and JSON.
+#include <unistd.h>
+
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "embcache/criteo.hpp"
+#include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
 
 namespace embcache {
 namespace {
 
 using json = nlohmann::json;
+
+// The numeric limits of the configuration (docs/trainer.md lists them).
+constexpr std::uint64_t max_rows = std::uint64_t{1} << 40;   // capacity, slots, max_resident
+constexpr std::uint64_t max_count = std::uint64_t{1} << 50;  // eval_max_samples, log_interval
+constexpr std::uint64_t max_batch = std::uint64_t{1} << 20;  // batch_size
+constexpr std::uint64_t max_dim = 4096;                      // tables[i].dim
+constexpr std::uint64_t max_width = std::uint64_t{1} << 16;  // model.hidden[i]
+constexpr std::size_t max_layers = 32;                       // model.hidden's length
+constexpr std::uint64_t max_threads = 4096;                  // threads, blas_threads
+constexpr std::uint64_t max_u64 = std::numeric_limits<std::uint64_t>::max();  // seeds
+
+// An inclusive integer range.
+struct int_range {
+  std::int64_t lo;
+  std::uint64_t hi;
+  std::string text() const {
+    return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
+  bool contains_unsigned(std::uint64_t v) const {
+    return (lo <= 0 || v >= std::uint64_t(lo)) && v <= hi;
+  }
+};
+
+// A range of finite numbers; an infinite bound means none on that side.
+struct real_range {
+  double lo, hi;
+  bool lo_open, hi_open;
+  bool contains(double v) const {
+    if (!std::isfinite(v) || v < -double(FLT_MAX) || v > double(FLT_MAX)) return false;
+    if (lo_open ? !(v > lo) : !(v >= lo)) return false;
+    return hi_open ? v < hi : v <= hi;
+  }
+  std::string text() const {
+    auto num = [](double v) {
+      std::ostringstream ss;
+      ss << v;
+      return ss.str();
+    };
+    if (std::isinf(hi)) return "a finite number " + std::string(lo_open ? "> " : ">= ") + num(lo);
+    if (std::isinf(lo)) return "a finite number " + std::string(hi_open ? "< " : "<= ") + num(hi);
+    return "a number in " + std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) +
+           (hi_open ? ")" : "]");
+  }
+};
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+const real_range positive{0, inf, true, false};        // learning rates, epsilons, ftrl_alpha
+const real_range non_negative{0, inf, false, false};   // accumulators, l1, l2, ftrl_beta
+const real_range non_positive{-inf, 0, false, false};  // ftrl_lr_power
+const real_range unit{0, 1, false, true};              // betas, dropout: [0, 1)
+const real_range scale_range{0, 1000, false, false};   // init_scale
+
+// "config.batch_size: expected an integer in [1, 1048576], got -1".
+status range_error(const std::string& where, const std::string& expected, const std::string& got) {
+  return status::invalid_argument(where + ": expected " + expected + ", got " + got);
+}
+
+// A value for a message: scalars as JSON, arrays and objects by their type (no recursion into
+// them, however deep they nest).
+std::string shown(const json& v) {
+  if (v.is_structured()) return std::string("an ") + v.type_name();
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+std::string shown(double v) {
+  std::ostringstream ss;
+  ss << v;
+  return ss.str();
+}
+
+status check_int(const std::string& where, std::uint64_t v, const int_range& r) {
+  return r.contains_unsigned(v) ? status{} : range_error(where, r.text(), std::to_string(v));
+}
+
+status check_real(const std::string& where, double v, const real_range& r) {
+  return r.contains(v) ? status{} : range_error(where, r.text(), shown(v));
+}
 
 // Reads the fields of one JSON object, refusing unknown ones and values of the wrong type; the
 // first error wins and names the field by its path ("config.tables[1].capacity").
@@ -31,6 +117,41 @@ class object_reader {
     } catch (const std::exception& e) {
       fail(path_ + "." + name, std::string("wrong type (") + j_.at(name).type_name() + ")");
     }
+  }
+  // An integer field: a JSON integer (not 12.5, not 1e3) within `range`.
+  template <class T>
+  void get_int(const char* name, T& out, const int_range& range) {
+    seen_.insert(name);
+    if (!error_->ok() || !j_.is_object() || !j_.contains(name)) return;
+    read_int(j_.at(name), path(name), out, range, error_);
+  }
+  // A real field: a JSON number within `range` (finite, and finite as a float).
+  template <class T>
+  void get_real(const char* name, T& out, const real_range& range) {
+    seen_.insert(name);
+    if (!error_->ok() || !j_.is_object() || !j_.contains(name)) return;
+    const json& v = j_.at(name);
+    if (!v.is_number() || !range.contains(v.get<double>())) {
+      *error_ = range_error(path(name), range.text(), shown(v));
+      return;
+    }
+    out = T(v.get<double>());
+  }
+  template <class T>
+  static void read_int(const json& v, const std::string& where, T& out, const int_range& range,
+                       status* error) {
+    bool ok = v.is_number_integer();
+    if (ok && v.is_number_unsigned()) {
+      ok = range.contains_unsigned(v.get<std::uint64_t>());
+    } else if (ok) {
+      const std::int64_t x = v.get<std::int64_t>();
+      ok = x >= range.lo && (x < 0 || range.contains_unsigned(std::uint64_t(x)));
+    }
+    if (!ok) {
+      *error = range_error(where, range.text(), shown(v));
+      return;
+    }
+    out = v.get<T>();
   }
   bool has(const char* name) const { return j_.is_object() && j_.contains(name); }
   const json& at(const char* name) {
@@ -82,17 +203,17 @@ void read_optimizer(const json& j, const std::string& path, optimizer_options& o
         o.kind = k.value();
     }
   }
-  r.get("learning_rate", o.learning_rate);
-  r.get("beta1", o.beta1);
-  r.get("beta2", o.beta2);
-  r.get("epsilon", o.epsilon);
-  r.get("adagrad_initial_accumulator", o.adagrad_initial_accumulator);
-  r.get("ftrl_alpha", o.ftrl_alpha);
-  r.get("ftrl_beta", o.ftrl_beta);
-  r.get("ftrl_l1", o.ftrl_l1);
-  r.get("ftrl_l2", o.ftrl_l2);
-  r.get("ftrl_lr_power", o.ftrl_lr_power);
-  r.get("ftrl_initial_accumulator", o.ftrl_initial_accumulator);
+  r.get_real("learning_rate", o.learning_rate, positive);
+  r.get_real("beta1", o.beta1, unit);
+  r.get_real("beta2", o.beta2, unit);
+  r.get_real("epsilon", o.epsilon, non_negative);
+  r.get_real("adagrad_initial_accumulator", o.adagrad_initial_accumulator, non_negative);
+  r.get_real("ftrl_alpha", o.ftrl_alpha, positive);
+  r.get_real("ftrl_beta", o.ftrl_beta, non_negative);
+  r.get_real("ftrl_l1", o.ftrl_l1, non_negative);
+  r.get_real("ftrl_l2", o.ftrl_l2, non_negative);
+  r.get_real("ftrl_lr_power", o.ftrl_lr_power, non_positive);
+  r.get_real("ftrl_initial_accumulator", o.ftrl_initial_accumulator, positive);
   r.finish();
 }
 
@@ -109,6 +230,39 @@ json optimizer_json(const optimizer_options& o) {
           {"ftrl_l2", o.ftrl_l2},
           {"ftrl_lr_power", o.ftrl_lr_power},
           {"ftrl_initial_accumulator", o.ftrl_initial_accumulator}};
+}
+
+// The ranges read_optimizer enforces, for optimizers built in code.
+status check_optimizer_ranges(const optimizer_options& o, const std::string& at) {
+  const struct {
+    const char* name;
+    float value;
+    const real_range& range;
+  } fields[] = {{"learning_rate", o.learning_rate, positive},
+                {"beta1", o.beta1, unit},
+                {"beta2", o.beta2, unit},
+                {"epsilon", o.epsilon, non_negative},
+                {"adagrad_initial_accumulator", o.adagrad_initial_accumulator, non_negative},
+                {"ftrl_alpha", o.ftrl_alpha, positive},
+                {"ftrl_beta", o.ftrl_beta, non_negative},
+                {"ftrl_l1", o.ftrl_l1, non_negative},
+                {"ftrl_l2", o.ftrl_l2, non_negative},
+                {"ftrl_lr_power", o.ftrl_lr_power, non_positive},
+                {"ftrl_initial_accumulator", o.ftrl_initial_accumulator, positive}};
+  for (const auto& f : fields)
+    EMBCACHE_RETURN_IF_ERROR(check_real(at + "." + f.name, f.value, f.range));
+  return {};
+}
+
+std::string hidden_text() {
+  return "an array of at most " + std::to_string(max_layers) + " widths, each " +
+         int_range{1, max_width}.text();
+}
+
+status check_signed(const std::string& where, long long v, const int_range& r) {
+  if (v < r.lo || (v >= 0 && !r.contains_unsigned(std::uint64_t(v))))
+    return range_error(where, r.text(), std::to_string(v));
+  return {};
 }
 
 }  // namespace
@@ -161,12 +315,14 @@ status validate(const trainer_config& c) {
     } else if (tc.name == "deep") {
       if (have_deep) return status::invalid_argument(at + ".name: \"deep\" appears twice");
       have_deep = true;
-      if (tc.dim < 1) return status::invalid_argument(at + ".dim: must be >= 1");
+      EMBCACHE_RETURN_IF_ERROR(check_int(at + ".dim", tc.dim, {1, max_dim}));
     } else {
       return status::invalid_argument(at + ".name: \"" + tc.name +
                                       "\" is not a table of the model (\"wide\" or \"deep\")");
     }
-    if (tc.capacity < 1) return status::invalid_argument(at + ".capacity: must be >= 1");
+    EMBCACHE_RETURN_IF_ERROR(check_int(at + ".capacity", tc.capacity, {1, max_rows}));
+    EMBCACHE_RETURN_IF_ERROR(check_int(at + ".slots", tc.slots, {0, max_rows}));
+    EMBCACHE_RETURN_IF_ERROR(check_int(at + ".max_resident", tc.max_resident, {0, max_rows}));
     if (tc.slots != 0 && tc.slots < tc.capacity)
       return status::invalid_argument(at + ".slots: must be 0 (default) or >= capacity");
     if (tc.max_resident != 0 && tc.max_resident < tc.capacity)
@@ -178,27 +334,154 @@ status validate(const trainer_config& c) {
                                       "\" is not a store (\"host\" or \"rocksdb\")");
     if (tc.store == "rocksdb" && tc.store_path.empty())
       return status::invalid_argument(at + ".store_path: required with store \"rocksdb\"");
-    if (!(tc.init_scale >= 0.0f) || !std::isfinite(tc.init_scale))
-      return status::invalid_argument(at + ".init_scale: must be a finite value >= 0");
+    EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
+    EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
   }
-  if (c.batch_size < 1) return status::invalid_argument("config.batch_size: must be >= 1");
-  if (!(c.model.dropout >= 0.0f && c.model.dropout < 1.0f))
-    return status::invalid_argument("config.model.dropout: must be in [0, 1)");
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int("config.eval_max_samples", c.eval_max_samples, {0, max_count}));
+  EMBCACHE_RETURN_IF_ERROR(check_int("config.batch_size", c.batch_size, {1, max_batch}));
+  EMBCACHE_RETURN_IF_ERROR(check_int("config.log_interval", c.log_interval, {0, max_count}));
+  EMBCACHE_RETURN_IF_ERROR(check_real("config.model.dropout", c.model.dropout, unit));
+  if (c.model.hidden.size() > max_layers)
+    return range_error("config.model.hidden", hidden_text(),
+                       std::to_string(c.model.hidden.size()) + " layers");
   for (std::size_t i = 0; i < c.model.hidden.size(); ++i)
-    if (c.model.hidden[i] < 1)
-      return status::invalid_argument("config.model.hidden[" + std::to_string(i) +
-                                      "]: must be >= 1");
-  if (!(c.model.adam.learning_rate > 0.0f))
-    return status::invalid_argument("config.model.learning_rate: must be > 0");
-  if (c.threads < 0) return status::invalid_argument("config.threads: must be >= 0");
-  if (c.blas_threads < 0) return status::invalid_argument("config.blas_threads: must be >= 0");
+    EMBCACHE_RETURN_IF_ERROR(check_int("config.model.hidden[" + std::to_string(i) + "]",
+                                       c.model.hidden[i], {1, max_width}));
+  EMBCACHE_RETURN_IF_ERROR(
+      check_real("config.model.learning_rate", c.model.adam.learning_rate, positive));
+  EMBCACHE_RETURN_IF_ERROR(check_real("config.model.beta1", c.model.adam.beta1, unit));
+  EMBCACHE_RETURN_IF_ERROR(check_real("config.model.beta2", c.model.adam.beta2, unit));
+  EMBCACHE_RETURN_IF_ERROR(check_real("config.model.epsilon", c.model.adam.epsilon, positive));
+  EMBCACHE_RETURN_IF_ERROR(check_signed("config.threads", c.threads, {0, max_threads}));
+  EMBCACHE_RETURN_IF_ERROR(check_signed("config.blas_threads", c.blas_threads, {0, max_threads}));
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
   if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
     return status::invalid_argument(
         "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");
+  return {};
+}
+
+namespace {
+
+// a * b, or false when it does not fit in 64 bits.
+bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_add_overflow(a, b, &out);
+}
+
+// One part of the run's memory: the field that sizes it and what it is.
+struct memory_part {
+  std::string field, what;
+  bool overflow = false;
+  std::uint64_t bytes = 0;
+};
+
+std::string bytes_text(const memory_part& p) {
+  return p.overflow ? "more than 2^64 bytes" : std::to_string(p.bytes) + " bytes";
+}
+
+// Per slot of a cache table: the row's floats plus the key, version, score, claim, state and
+// overflow words (embedding_cache.hpp).
+constexpr std::uint64_t slot_metadata_bytes = 40;
+
+}  // namespace
+
+std::uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  std::uint64_t bytes = 0;
+  if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
+    return std::numeric_limits<std::uint64_t>::max();
+  return bytes;
+}
+
+status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
+  std::vector<memory_part> parts;
+  std::uint64_t dim = 16;  // the deep table's
+  for (const auto& tc : c.tables)
+    if (tc.name == "deep") dim = tc.dim;
+  // The caches (host_hybrid keeps a one-row cache per table): slots * (row floats + metadata).
+  if (c.mode != trainer_mode::host_hybrid)
+    for (std::size_t t = 0; t < c.tables.size(); ++t) {
+      const trainer_table_config& tc = c.tables[t];
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "]." + (tc.slots ? "slots" : "capacity");
+      std::uint64_t slots = tc.slots, row = 0, per_slot = 0;
+      bool ok = true;
+      if (slots == 0) {  // the cache's default, capacity * 5 / 4
+        ok = checked_mul(tc.capacity, 5, slots);
+        slots /= 4;
+      }
+      ok = ok && checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
+           checked_mul(row, 4, per_slot) && checked_add(per_slot, slot_metadata_bytes, per_slot) &&
+           checked_mul(slots, per_slot, p.bytes);
+      p.overflow = !ok;
+      p.what = "the cache of table \"" + tc.name + "\" (" +
+               (ok ? std::to_string(slots) + " slots of " + std::to_string(per_slot) + " bytes"
+                   : std::to_string(tc.slots ? tc.slots : tc.capacity) +
+                         (tc.slots ? " slots" : " rows")) +
+               ")";
+      parts.push_back(p);
+    }
+  // The MLP: parameters, gradients and two Adam moments, 16 bytes per parameter.
+  {
+    memory_part p;
+    p.field = "config.model.hidden";
+    p.what = "the dense network's parameters, gradients and Adam state";
+    std::uint64_t in = 0, params = 0;
+    bool ok = checked_mul(criteo_slot_count, dim, in) && checked_add(in, criteo_dense_count, in);
+    std::vector<std::uint64_t> widths(c.model.hidden.begin(), c.model.hidden.end());
+    widths.push_back(1);
+    for (std::uint64_t w : widths) {
+      std::uint64_t layer = 0;
+      ok = ok && checked_mul(in, w, layer) && checked_add(layer, w, layer) &&
+           checked_add(params, layer, params);
+      in = w;
+    }
+    ok = ok && checked_mul(params, 16, p.bytes);
+    p.overflow = !ok;
+    parts.push_back(p);
+  }
+  // One batch: the pooled inputs and their gradients, and each hidden layer's activations and
+  // deltas, 4 bytes each.
+  {
+    memory_part p;
+    p.field = "config.batch_size";
+    p.what = "the buffers of one batch of " + std::to_string(c.batch_size) + " samples";
+    std::uint64_t per_sample = 0, deep = 0;
+    bool ok = checked_mul(criteo_slot_count, dim, deep) &&
+              checked_add(deep, criteo_slot_count + criteo_cross_count + criteo_dense_count,
+                          per_sample) &&
+              checked_mul(per_sample, 2, per_sample);
+    for (std::uint64_t w : c.model.hidden) {
+      std::uint64_t two = 0;
+      ok = ok && checked_mul(w, 2, two) && checked_add(per_sample, two, per_sample);
+    }
+    ok = ok && checked_mul(per_sample, 4, per_sample) &&
+         checked_mul(per_sample, c.batch_size, p.bytes);
+    p.overflow = !ok;
+    parts.push_back(p);
+  }
+  const std::string limit =
+      ", more than the " + std::to_string(available_bytes) + " bytes of physical memory";
+  memory_part total;
+  for (const memory_part& p : parts) {
+    if (p.overflow || p.bytes > available_bytes)
+      return status::capacity_exceeded(p.field + ": " + p.what + " needs " + bytes_text(p) + limit);
+    total.overflow = total.overflow || !checked_add(total.bytes, p.bytes, total.bytes);
+  }
+  if (total.overflow || total.bytes > available_bytes) {
+    std::string list;
+    for (const memory_part& p : parts)
+      list += (list.empty() ? "" : ", ") + p.field + " " + bytes_text(p);
+    return status::capacity_exceeded("config: the caches, the dense network and the batch need " +
+                                     bytes_text(total) + " together (" + list + ")" + limit);
+  }
   return {};
 }
 
@@ -245,7 +528,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     }
   }
   r.get("eval_shard", c.eval_shard);
-  r.get("eval_max_samples", c.eval_max_samples);
+  r.get_int("eval_max_samples", c.eval_max_samples, {0, max_count});
   if (r.has("tables") && err.ok()) {
     const json& ts = r.at("tables");
     if (!ts.is_array()) r.fail("config.tables", "expected an array of tables");
@@ -261,63 +544,81 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       for (const auto& d : defaults)
         if (d.name == name) tc = d;
       tc.name = name;
-      tr.get("dim", tc.dim);
+      tr.get_int("dim", tc.dim, {1, max_dim});
       if (tr.has("optimizer") && err.ok())
         read_optimizer(tr.at("optimizer"), at + ".optimizer", tc.optimizer, &err);
-      tr.get("capacity", tc.capacity);
-      tr.get("slots", tc.slots);
-      tr.get("max_resident", tc.max_resident);
+      tr.get_int("capacity", tc.capacity, {1, max_rows});
+      tr.get_int("slots", tc.slots, {0, max_rows});
+      tr.get_int("max_resident", tc.max_resident, {0, max_rows});
       tr.get("store", tc.store);
       tr.get("store_path", tc.store_path);
-      tr.get("init_scale", tc.init_scale);
+      tr.get("reuse_store", tc.reuse_store);
+      tr.get_real("init_scale", tc.init_scale, scale_range);
       tr.finish();
       c.tables.push_back(tc);
     }
   }
   if (r.has("model") && err.ok()) {
     object_reader mr(r.at("model"), "config.model", &err);
-    mr.get("hidden", c.model.hidden);
-    mr.get("dropout", c.model.dropout);
-    mr.get("seed", c.model.seed);
-    mr.get("learning_rate", c.model.adam.learning_rate);
-    mr.get("beta1", c.model.adam.beta1);
-    mr.get("beta2", c.model.adam.beta2);
-    mr.get("epsilon", c.model.adam.epsilon);
+    if (mr.has("hidden") && err.ok()) {
+      const json& h = mr.at("hidden");
+      if (!h.is_array() || h.size() > max_layers) {
+        err = range_error("config.model.hidden", hidden_text(), shown(h));
+      } else {
+        c.model.hidden.assign(h.size(), 0);
+        for (std::size_t i = 0; err.ok() && i < h.size(); ++i)
+          object_reader::read_int(h[i], "config.model.hidden[" + std::to_string(i) + "]",
+                                  c.model.hidden[i], {1, max_width}, &err);
+      }
+    }
+    mr.get_real("dropout", c.model.dropout, unit);
+    mr.get_int("seed", c.model.seed, {0, max_u64});
+    mr.get_real("learning_rate", c.model.adam.learning_rate, positive);
+    mr.get_real("beta1", c.model.adam.beta1, unit);
+    mr.get_real("beta2", c.model.adam.beta2, unit);
+    mr.get_real("epsilon", c.model.adam.epsilon, positive);
     mr.finish();
   }
   r.get("crossed", c.crossed);
-  r.get("batch_size", c.batch_size);
+  r.get_int("batch_size", c.batch_size, {1, max_batch});
   r.get("shuffle", c.shuffle);
-  r.get("seed", c.seed);
+  r.get_int("seed", c.seed, {0, max_u64});
   r.get("prefetch", c.prefetch);
-  r.get("log_interval", c.log_interval);
+  r.get_int("log_interval", c.log_interval, {0, max_count});
   r.get("output_dir", c.output_dir);
   r.get("export_dir", c.export_dir);
   r.get("export_with_state", c.export_with_state);
   r.get("save_dir", c.save_dir);
   r.get("save_every_pass", c.save_every_pass);
   r.get("resume_from", c.resume_from);
-  r.get("threads", c.threads);
+  r.get_int("threads", c.threads, {0, max_threads});
   r.get("dense_device", c.dense_device);
-  r.get("blas_threads", c.blas_threads);
+  r.get_int("blas_threads", c.blas_threads, {0, max_threads});
   r.finish();
   if (!err.ok()) return err;
   EMBCACHE_RETURN_IF_ERROR(validate(c));
   return c;
 }
 
-result<trainer_config> load_trainer_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return status::not_found(path + ": cannot open the configuration file");
+result<trainer_config> trainer_config_from_text(std::string_view text, const std::string& origin) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text.begin(), text.end());
   } catch (const std::exception& e) {
-    return status::invalid_argument(path + ": not valid JSON: " + e.what());
+    return status::invalid_argument(origin + ": not valid JSON: " + e.what());
   }
   auto c = trainer_config_from_json(j);
-  if (!c.ok()) return c.get_status().with_context(path);
+  if (!c.ok()) return c.get_status().with_context(origin);
   return c;
+}
+
+result<trainer_config> load_trainer_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return status::not_found(path + ": cannot open the configuration file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return status::io_error(path + ": cannot read the configuration file");
+  return trainer_config_from_text(ss.str(), path);
 }
 
 void to_json(json& j, const trainer_config& c) {
@@ -333,6 +634,7 @@ void to_json(json& j, const trainer_config& c) {
                       {"max_resident", t.max_resident},
                       {"store", t.store},
                       {"store_path", t.store_path},
+                      {"reuse_store", t.reuse_store},
                       {"init_scale", t.init_scale}});
   j = json{{"mode", to_string(c.mode)},
            {"data_dir", c.data_dir},

@@ -3,13 +3,20 @@
 #include "embcache/trainer/trainer.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -273,10 +280,11 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   EXPECT_EQ(err(base), "ok");
   json j = base;
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 0}}};
-  EXPECT_EQ(err(j), "config.tables[1].capacity: must be >= 1");
+  EXPECT_EQ(err(j), "config.tables[1].capacity: expected an integer in [1, 1099511627776], got 0");
   j = base;
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", "big"}}};
-  EXPECT_EQ(err(j), "config.tables[1].capacity: wrong type (string)");
+  EXPECT_EQ(err(j),
+            "config.tables[1].capacity: expected an integer in [1, 1099511627776], got \"big\"");
   j = base;
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 100}, {"max_resident", 99}}};
   EXPECT_EQ(err(j), "config.tables[1].max_resident: must be 0 (default) or >= capacity");
@@ -296,14 +304,14 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   j = base;
   j["tables"] = {{{"name", "wide"}, {"optimizer", {{"kind", "ftrl"}, {"ftrl_l1", -1}}}},
                  {{"name", "deep"}}};
-  EXPECT_EQ(err(j).rfind("config.tables[0].optimizer: ", 0), 0u) << err(j);
+  EXPECT_EQ(err(j), "config.tables[0].optimizer.ftrl_l1: expected a finite number >= 0, got -1");
   EXPECT_EQ(err(json::object()), "config.passes: must hold at least 1 pass");
   j = base;
   j["tables"] = {{{"name", "wide"}, {"store", "rocksdb"}}, {{"name", "deep"}}};
   EXPECT_EQ(err(j), "config.tables[0].store_path: required with store \"rocksdb\"");
   j = base;
   j["model"] = {{"dropout", 1.5}};
-  EXPECT_EQ(err(j), "config.model.dropout: must be in [0, 1)");
+  EXPECT_EQ(err(j), "config.model.dropout: expected a number in [0, 1), got 1.5");
   j = base;
   j["dense_device"] = "gpu";
   EXPECT_EQ(err(j), "config.dense_device: \"gpu\" is not a device (host, cuda, auto)");
@@ -320,7 +328,7 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   EXPECT_EQ(trainer_config{}.dense_device, "auto");
   j = base;
   j["blas_threads"] = -1;
-  EXPECT_EQ(err(j), "config.blas_threads: must be >= 0");
+  EXPECT_EQ(err(j), "config.blas_threads: expected an integer in [0, 4096], got -1");
 
   // Every field round-trips, and a table named "wide" starts from the wide defaults.
   j = base;
@@ -423,6 +431,486 @@ TEST(TrainerDenseDevice, AutoUsesTheRegisteredFactoryOnlyWithADevice) {
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.get_status().message(), "f: \"cuda\" but no CUDA device is present");
   }
+}
+
+// --- configuration ranges and memory ---------------------------------------------------------
+
+TEST(TrainerConfig, NumbersOutOfRangeNameTheFieldAndTheRange) {
+  auto err = [](const std::string& text) {
+    auto c = trainer_config_from_text(text);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  const std::string pass = R"("passes": [["a.bin"]])";
+  auto with = [&](const std::string& fields) { return "{" + pass + ", " + fields + "}"; };
+  auto tables = [&](const std::string& deep) {
+    return with(R"("tables": [{"name": "wide"}, {"name": "deep", )" + deep + "}]");
+  };
+  EXPECT_EQ(err(with(R"("batch_size": 64)")), "ok");
+  // Negative numbers used to wrap to huge unsigned values.
+  EXPECT_EQ(err(with(R"("model": {"hidden": [32, -1]})")),
+            "config text: config.model.hidden[1]: expected an integer in [1, 65536], got -1");
+  EXPECT_EQ(err(tables(R"("dim": -3)")),
+            "config text: config.tables[1].dim: expected an integer in [1, 4096], got -3");
+  EXPECT_EQ(err(tables(R"("capacity": -5)")),
+            "config text: config.tables[1].capacity: expected an integer in [1, 1099511627776], "
+            "got -5");
+  EXPECT_EQ(err(tables(R"("slots": -1)")),
+            "config text: config.tables[1].slots: expected an integer in [0, 1099511627776], got "
+            "-1");
+  EXPECT_EQ(err(with(R"("batch_size": -1)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got -1");
+  EXPECT_EQ(err(with(R"("eval_max_samples": -1)")),
+            "config text: config.eval_max_samples: expected an integer in [0, 1125899906842624], "
+            "got -1");
+  EXPECT_EQ(err(with(R"("seed": -1)")),
+            "config text: config.seed: expected an integer in [0, 18446744073709551615], got -1");
+  EXPECT_EQ(err(with(R"("threads": -2)")),
+            "config text: config.threads: expected an integer in [0, 4096], got -2");
+  // An integer field takes JSON integers only.
+  EXPECT_EQ(err(with(R"("batch_size": 12.5)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 12.5");
+  EXPECT_EQ(err(with(R"("batch_size": 1e3)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 1000.0");
+  EXPECT_EQ(err(with(R"("log_interval": true)")),
+            "config text: config.log_interval: expected an integer in [0, 1125899906842624], got "
+            "true");
+  // Upper bounds.
+  EXPECT_EQ(err(with(R"("batch_size": 1048577)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 1048577");
+  EXPECT_EQ(err(with(R"("threads": 100000)")),
+            "config text: config.threads: expected an integer in [0, 4096], got 100000");
+  EXPECT_EQ(err(tables(R"("dim": 5000)")),
+            "config text: config.tables[1].dim: expected an integer in [1, 4096], got 5000");
+  EXPECT_EQ(err(with(R"("model": {"hidden": "wide"})")),
+            "config text: config.model.hidden: expected an array of at most 32 widths, each an "
+            "integer in [1, 65536], got \"wide\"");
+  std::string layers = "[1";
+  for (int i = 0; i < 32; ++i) layers += ", 1";
+  EXPECT_EQ(err(with(R"("model": {"hidden": )" + layers + "]}")),
+            "config text: config.model.hidden: expected an array of at most 32 widths, each an "
+            "integer in [1, 65536], got an array");
+  // Reals: finite (also as a float), within their range.
+  EXPECT_EQ(err(with(R"("model": {"learning_rate": 0})")),
+            "config text: config.model.learning_rate: expected a finite number > 0, got 0");
+  EXPECT_EQ(err(with(R"("model": {"learning_rate": 1e39})")),
+            "config text: config.model.learning_rate: expected a finite number > 0, got 1e+39");
+  EXPECT_EQ(err(with(R"("model": {"dropout": 1.0})")),
+            "config text: config.model.dropout: expected a number in [0, 1), got 1.0");
+  EXPECT_EQ(err(with(R"("model": {"epsilon": -1e-8})")),
+            "config text: config.model.epsilon: expected a finite number > 0, got -1e-08");
+  EXPECT_EQ(err(tables(R"("init_scale": -0.5)")),
+            "config text: config.tables[1].init_scale: expected a number in [0, 1000], got -0.5");
+  EXPECT_EQ(err(tables(R"("optimizer": {"learning_rate": -0.1})")),
+            "config text: config.tables[1].optimizer.learning_rate: expected a finite number > 0, "
+            "got -0.1");
+  EXPECT_EQ(err(tables(R"("optimizer": {"kind": "ftrl", "ftrl_lr_power": 0.5})")),
+            "config text: config.tables[1].optimizer.ftrl_lr_power: expected a finite number <= "
+            "0, got 0.5");
+  // Text that is no JSON names its origin.
+  EXPECT_EQ(err("{\"passes\": [").rfind("config text: not valid JSON: ", 0), 0u);
+
+  // Configurations built in code get the same checks.
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.batch_size = std::size_t(-1);
+  EXPECT_EQ(validate(c).message(),
+            "config.batch_size: expected an integer in [1, 1048576], got 18446744073709551615");
+  c = trainer_config{};
+  c.passes = {{{"a.bin"}}};
+  c.model.hidden = {32, std::size_t(-1)};
+  EXPECT_EQ(validate(c).message(),
+            "config.model.hidden[1]: expected an integer in [1, 65536], got 18446744073709551615");
+  c.model.hidden = {32};
+  c.tables[0].optimizer.learning_rate = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(validate(c).message(),
+            "config.tables[0].optimizer.learning_rate: expected a finite number > 0, got inf");
+}
+
+TEST(TrainerMemory, TooLargeForMemoryNamesTheFieldAndTheBytes) {
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
+  EXPECT_TRUE(check_memory(c, std::uint64_t{1} << 30).ok());
+  status s = check_memory(c, 100'000'000);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
+            "needs 304087040 bytes, more than the 100000000 bytes of physical memory");
+  c.tables[1].slots = 2 << 20;
+  EXPECT_EQ(check_memory(c, 100'000'000).message(),
+            "config.tables[1].slots: the cache of table \"deep\" (2097152 slots of 232 bytes) "
+            "needs 486539264 bytes, more than the 100000000 bytes of physical memory");
+  // Sizes whose product does not fit in 64 bits say so instead of wrapping.
+  c.tables[1].slots = 0;
+  c.tables[1].capacity = std::size_t(-1);
+  EXPECT_EQ(check_memory(c, 100'000'000).message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (18446744073709551615 rows) "
+            "needs more than 2^64 bytes, more than the 100000000 bytes of physical memory");
+
+  // Through trainer::create, against this machine's memory: a clear error, not std::bad_alloc.
+  ASSERT_GT(physical_memory_bytes(), 0u);
+  c = trainer_config{};
+  c.passes = {{{"a.bin"}}};
+  c.tables[1].capacity = std::size_t{1} << 40;
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.tables[1].capacity: the cache of table \"deep\" (1374389534720 slots of "
+                "232 bytes) needs 318858372055040 bytes, more than the ",
+                0),
+            0u)
+      << t.get_status().to_string();
+  c.tables[1].capacity = 1000;
+  c.model.hidden.assign(32, 65536);
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.model.hidden: the dense network's parameters, gradients and Adam state "
+                "needs 2130788220944 bytes, more than the ",
+                0),
+            0u)
+      << t.get_status().to_string();
+  c.model.hidden = {1024, 1024};
+  c.tables[1].dim = 4096;
+  c.batch_size = 1 << 20;
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message().rfind("config.batch_size: the buffers of one batch of 1048576 "
+                                           "samples needs ",
+                                           0),
+            0u)
+      << t.get_status().to_string();
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMBCACHE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMBCACHE_TEST_ASAN 1
+#endif
+#endif
+
+// In a child process whose address space is capped 300 MB above what it uses: a cache that the
+// memory estimate lets through (this machine has the memory) but that cannot be allocated is a
+// status naming the tables, not an uncaught std::bad_alloc. Exit 0 when so.
+int create_under_an_address_space_limit() {
+  std::ifstream st("/proc/self/status");
+  std::string line;
+  std::uint64_t vm_kb = 0;
+  while (std::getline(st, line))
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  if (vm_kb == 0) return 2;
+  const rlim_t cap = rlim_t(vm_kb + 300 * 1024) * 1024;
+  const rlimit rl{cap, cap};
+  if (::setrlimit(RLIMIT_AS, &rl) != 0) return 3;
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.model.hidden = {16};
+  c.tables[1].capacity = 4 << 20;  // 5,242,880 slots of 232 bytes: 1.2 GB
+  auto t = trainer::create(c);
+  if (t.ok()) return 4;
+  std::fprintf(stderr, "%s\n", t.get_status().to_string().c_str());
+  return t.get_status().code() == status_code::capacity_exceeded ? 0 : 5;
+}
+
+TEST(TrainerMemory, AllocationFailureIsAStatusNamingTheTables) {
+#ifdef EMBCACHE_TEST_ASAN
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the cap leaves";
+#else
+  if (physical_memory_bytes() < (std::uint64_t{4} << 30)) GTEST_SKIP() << "less than 4 GiB";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(create_under_an_address_space_limit()), ::testing::ExitedWithCode(0),
+              "capacity_exceeded: config.tables: the training cache of table \"wide\" "
+              "\\(config.tables\\[0\\].capacity 1048576\\) and table \"deep\" "
+              "\\(config.tables\\[1\\].capacity 4194304\\): out of memory \\(std::bad_alloc\\)");
+#endif
+}
+
+// --- divergence ------------------------------------------------------------------------------
+
+// A copy of shard `i` and its keysets in a folder of its own, with a NaN dense feature in
+// sample `row`.
+std::string poisoned_shard(std::size_t i, std::uint64_t row, const std::string& name) {
+  const std::string dir = temp_dir(name);
+  const std::string src = dataset() + "/" + shard(i);
+  auto d = read_shard(src);
+  EXPECT_TRUE(d.ok()) << d.get_status().to_string();
+  const std::size_t crossed_count = d.value().header.num_crossed;
+  auto w = shard_writer::create(dir + "/poisoned.bin", crossed_count);
+  EXPECT_TRUE(w.ok());
+  std::vector<std::int64_t> crossed(crossed_count);
+  for (std::uint64_t r = 0; r < d.value().header.rows; ++r) {
+    criteo_sample sample;
+    d.value().get(r, sample, crossed.data());
+    if (r == row) sample.dense[3] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(w.value()->append(sample, crossed.data()).ok());
+  }
+  EXPECT_TRUE(w.value()->finish().ok());
+  const std::string base = src.substr(0, src.size() - 4);
+  fs::copy_file(base + ".keys", dir + "/poisoned.keys");
+  fs::copy_file(base + ".cross.keys", dir + "/poisoned.cross.keys");
+  return dir + "/poisoned.bin";
+}
+
+std::size_t entries(const std::string& dir) {
+  std::error_code ec;
+  std::size_t n = 0;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); ++it) ++n;
+  return n;
+}
+
+std::uint64_t saved_passes(const std::string& save) {
+  return json::parse(read_bytes(save + "/trainer.json")).at("passes_done").get<std::uint64_t>();
+}
+
+const std::string stops_without_saving =
+    "; the run stops here, saving and exporting nothing (lower the learning rates, check the data "
+    "for non-finite features)";
+
+TEST(TrainerData, NaNInTheDataStopsAtItsStepNamingPassStepAndShard) {
+  trainer_config c = small_config("nan_data");
+  const std::string root = fs::path(c.save_dir).parent_path().string();
+  const std::string poisoned = poisoned_shard(1, 200, "nan_data_shard");
+  c.passes = {{{shard(0)}}, {{poisoned}}, {{shard(2)}}};
+  c.export_dir = root + "/exports";
+  c.output_dir = root + "/out";
+  c.save_every_pass = true;
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  const status s = t.value()->run();
+  // Pass 1 has 12 steps (1,500 rows, batch 128); sample 200 is in the second batch of pass 2.
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_EQ(s.message(), "pass 2 step 14 (step 2 of the pass): shard " + poisoned +
+                             ": the batch holds 1 non-finite dense features or labels; the run "
+                             "stops before training on it");
+  EXPECT_EQ(t.value()->step(), 13u);
+  // Pass 1's export, save and metrics line are all there is.
+  EXPECT_EQ(t.value()->history().size(), 1u);
+  EXPECT_EQ(entries(c.export_dir), 1u);
+  EXPECT_EQ(saved_passes(c.save_dir), 1u);
+  std::ifstream jsonl(c.output_dir + "/metrics.jsonl");
+  std::string line;
+  std::size_t lines = 0;
+  while (std::getline(jsonl, line)) ++lines;
+  EXPECT_EQ(lines, 1u);
+
+  // The same in the eval shard: the pass neither exports nor saves.
+  trainer_config e = small_config("nan_eval");
+  const std::string eroot = fs::path(e.save_dir).parent_path().string();
+  e.passes = {{{shard(0)}}};
+  e.eval_shard = poisoned;
+  e.export_dir = eroot + "/exports";
+  t = trainer::create(e);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EXPECT_EQ(t.value()->run().message(),
+            "pass 1 step 12, evaluation on " + poisoned +
+                ": samples 128..255 hold 1 non-finite dense features or labels");
+  EXPECT_FALSE(fs::exists(e.save_dir));
+  EXPECT_EQ(entries(e.export_dir), 0u);
+}
+
+TEST(TrainerDivergence, HugeLearningRateEndsTheRunFastWithoutSaving) {
+  trainer_config c = small_config("huge_lr");
+  const std::string root = fs::path(c.save_dir).parent_path().string();
+  c.passes = {{{shard(0), shard(1)}}, {{shard(2)}}};
+  c.model.adam.learning_rate = 1e30f;
+  c.tables[1].optimizer.learning_rate = 1e30f;
+  c.export_dir = root + "/exports";
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  const auto t0 = std::chrono::steady_clock::now();
+  const status s = t.value()->run();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(seconds, 30.0);
+  EXPECT_EQ(s.message().rfind("pass 1 step ", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find(" of the pass): training diverged: "), std::string::npos)
+      << s.message();
+  EXPECT_LT(t.value()->step(), 24u);  // stopped inside pass 1
+  EXPECT_TRUE(t.value()->history().empty());
+  EXPECT_FALSE(fs::exists(c.save_dir));
+  EXPECT_EQ(entries(c.export_dir), 0u);
+}
+
+// Makes one float of a save's dense.bin NaN and fixes the blob's checksum: `offset` 8 is the
+// wide bias, 16 its Adam second moment (docs/model.md).
+void poison_dense_state(const std::string& save, std::size_t offset) {
+  std::string blob = read_bytes(save + "/dense.bin");
+  ASSERT_GT(blob.size(), 36u);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&blob[offset], &nan, 4);
+  const std::uint64_t h = XXH64(blob.data(), blob.size() - 8, 0);
+  std::memcpy(&blob[blob.size() - 8], &h, 8);
+  std::ofstream(save + "/dense.bin", std::ios::binary | std::ios::trunc) << blob;
+}
+
+TEST(TrainerDivergence, NonFiniteDenseStateAfterThePassIsNotSaved) {
+  // A save whose wide bias has a NaN Adam second moment: the next dense update makes the bias
+  // NaN. With one step in the pass no loss sees it; the end-of-pass check must.
+  trainer_config first = small_config("nan_dense_first");
+  first.passes = {{{shard(0)}}};
+  ASSERT_EQ(run(first).step, 12u);
+  poison_dense_state(first.save_dir, 16);
+  trainer_config next = small_config("nan_dense_next");
+  const std::string root = fs::path(next.save_dir).parent_path().string();
+  next.passes = {{{shard(1)}}};
+  next.batch_size = 2048;  // the whole shard in one step
+  next.resume_from = first.save_dir;
+  next.export_dir = root + "/exports";
+  auto t = trainer::create(next);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  const status s = t.value()->run();
+  EXPECT_EQ(s.message(),
+            "pass 2 step 13 (the pass's last step): training diverged: the dense weights or their "
+            "Adam state are not finite" +
+                stops_without_saving);
+  EXPECT_FALSE(fs::exists(next.save_dir));
+  EXPECT_EQ(entries(next.export_dir), 0u);
+}
+
+TEST(TrainerDivergence, NonFiniteLogitsMarkTheModelDivergedAndNothingIsSaved) {
+  // A NaN wide bias reaches every logit. Evaluation says so, and from then on the trainer
+  // neither saves, nor exports, nor trains.
+  trainer_config first = small_config("nan_bias_first");
+  first.passes = {{{shard(0)}}};
+  ASSERT_EQ(run(first).step, 12u);
+  poison_dense_state(first.save_dir, 8);
+  trainer_config next = small_config("nan_bias_next");
+  const std::string root = fs::path(next.save_dir).parent_path().string();
+  next.resume_from = first.save_dir;
+  next.export_dir = root + "/exports";
+  auto t = trainer::create(next);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  auto e = t.value()->evaluate();
+  ASSERT_FALSE(e.ok());
+  const std::string expected = "pass 1 step 12, evaluation on " + next.data_dir + "/" + shard(5) +
+                               ": training diverged: 128 of the 128 logits of samples 0..127 are "
+                               "not finite" +
+                               stops_without_saving;
+  EXPECT_EQ(e.get_status().message(), expected);
+  EXPECT_EQ(t.value()->save(root + "/later").message(), expected);
+  EXPECT_FALSE(fs::exists(root + "/later"));
+  EXPECT_EQ(t.value()->export_incremental().get_status().message(), expected);
+  EXPECT_EQ(entries(next.export_dir), 0u);
+  EXPECT_EQ(t.value()->run().message(), expected);
+  EXPECT_EQ(t.value()->step(), 12u);
+  EXPECT_FALSE(fs::exists(next.save_dir));
+}
+
+// --- metrics and plots -----------------------------------------------------------------------
+
+bool gnuplot_on_path() {
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "");
+  std::string d;
+  while (std::getline(ss, d, ':'))
+    if (!d.empty() && ::access((d + "/gnuplot").c_str(), X_OK) == 0) return true;
+  return false;
+}
+
+std::vector<pass_metrics> two_passes(bool with_eval) {
+  std::vector<pass_metrics> h(2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    h[i].pass = i + 1;
+    h[i].train_loss = 0.6 - 0.1 * double(i);
+    h[i].eval_auc = with_eval ? 0.7 + 0.05 * double(i) : std::nan("");
+    h[i].eval_logloss = with_eval ? 0.55 - 0.1 * double(i) : std::nan("");
+    h[i].samples_per_s = 1000;
+  }
+  return h;
+}
+
+std::uintmax_t file_size_or_zero(const std::string& p) {
+  std::error_code ec;
+  const auto n = fs::file_size(p, ec);
+  return ec ? 0 : n;
+}
+
+TEST(TrainerPlot, AnOutputDirWithShellCharactersPlotsWithoutAShell) {
+  if (!gnuplot_on_path()) GTEST_SKIP() << "gnuplot is not on the PATH";
+  const std::string root = temp_dir("plot_quote");
+  // Pasted into `cd '<dir>' && gnuplot ...` this name would run `touch <root>/pwned`.
+  const std::string dir = root + "/x'; touch " + root + "/pwned; '$(touch " + root +
+                          "/pwned2);`touch " + root + "/pwned3`";
+  std::string note;
+  const status s = plot_metrics(dir, two_passes(true), &note);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_FALSE(fs::exists(root + "/pwned"));
+  EXPECT_FALSE(fs::exists(root + "/pwned2"));
+  EXPECT_FALSE(fs::exists(root + "/pwned3"));
+  EXPECT_FALSE(fs::exists("pwned"));
+  EXPECT_GT(file_size_or_zero(dir + "/loss.png"), 0u);
+  EXPECT_GT(file_size_or_zero(dir + "/auc.png"), 0u);
+  EXPECT_EQ(note, "drew " + dir + "/loss.png and " + dir + "/auc.png");
+  // A folder that gnuplot would read as a command ("<cmd") is made absolute first.
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(root);
+  const status rel = plot_metrics("<touch pwned4", two_passes(true), &note);
+  fs::current_path(cwd);
+  EXPECT_TRUE(rel.ok()) << rel.to_string();
+  EXPECT_FALSE(fs::exists(root + "/pwned4"));
+  EXPECT_GT(file_size_or_zero(root + "/<touch pwned4/loss.png"), 0u);
+}
+
+TEST(TrainerPlot, NoEvalShardMeansNoAucPlot) {
+  const std::string dir = temp_dir("plot_no_eval");
+  std::ofstream(dir + "/auc.png") << "an image of an earlier run";
+  std::string note;
+  const status s = plot_metrics(dir, two_passes(false), &note);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_FALSE(fs::exists(dir + "/auc.png"));
+  const std::string gp = read_bytes(dir + "/plot.gp");
+  EXPECT_EQ(gp.find("auc.png"), std::string::npos) << gp;
+  const std::string skipped = ", no auc.png (no eval AUC: no eval_shard, or a single class)";
+  if (gnuplot_on_path()) {
+    EXPECT_GT(file_size_or_zero(dir + "/loss.png"), 0u);
+    EXPECT_EQ(note, "drew " + dir + "/loss.png" + skipped);
+  }
+  // No metric at all: no image, and no gnuplot run that would leave an empty one.
+  std::vector<pass_metrics> none(1);
+  none[0].pass = 1;
+  none[0].train_loss = none[0].eval_auc = none[0].eval_logloss = std::nan("");
+  ASSERT_TRUE(plot_metrics(dir, none, &note).ok());
+  EXPECT_FALSE(fs::exists(dir + "/loss.png"));
+  EXPECT_FALSE(fs::exists(dir + "/auc.png"));
+  EXPECT_EQ(note,
+            "wrote " + dir + "/plot.gp and metrics.tsv, no loss.png (no finite loss)" + skipped);
+}
+
+TEST(TrainerPlot, WriteErrorsNameTheFile) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  for (const char* file : {"metrics.tsv", "plot.gp"}) {
+    const std::string dir = temp_dir(std::string("plot_full_") + file);
+    fs::create_symlink("/dev/full", dir + "/" + file);
+    std::string note;
+    const status s = plot_metrics(dir, two_passes(true), &note);
+    EXPECT_EQ(s.code(), status_code::out_of_space) << s.to_string();
+    EXPECT_EQ(s.message(), dir + "/" + file + ": write failed: No space left on device");
+  }
+  // An output folder that cannot be created.
+  const std::string dir = temp_dir("plot_not_a_dir");
+  std::ofstream(dir + "/file") << "x";
+  std::string note;
+  const status s = plot_metrics(dir + "/file/out", two_passes(true), &note);
+  EXPECT_EQ(s.code(), status_code::io_error);
+  EXPECT_EQ(s.message().rfind("output_dir: " + dir + "/file/out: cannot create (", 0), 0u)
+      << s.message();
+}
+
+TEST(TrainerMetrics, AFullDiskFailsTheRunNamingMetricsJsonl) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  trainer_config c = small_config("metrics_full");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  c.output_dir = temp_dir("metrics_full_out");
+  fs::create_symlink("/dev/full", c.output_dir + "/metrics.jsonl");
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  const status s = t.value()->run();
+  EXPECT_EQ(s.code(), status_code::out_of_space) << s.to_string();
+  EXPECT_EQ(s.message(), c.output_dir + "/metrics.jsonl: write failed: No space left on device");
 }
 
 #ifndef EMBCACHE_CRITEO_SAMPLE_DIR

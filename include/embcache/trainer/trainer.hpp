@@ -19,6 +19,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "embcache/optimizers.hpp"
@@ -51,7 +52,10 @@ struct trainer_table_config {
   std::size_t slots = 0, max_resident = 0;
   std::string store = "host";  ///< "host" (default) or "rocksdb" (needs store_path)
   std::string store_path;      ///< RocksDB folder (default ""); tables may share one
-  float init_scale = 0.01f;    ///< new rows start uniform in [-scale, scale) (default 0.01)
+  /// Trains from the rows a RocksDB table at store_path already holds (default false: such a
+  /// table is refused unless resume_from is set, which replaces its rows).
+  bool reuse_store = false;
+  float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
 };
 
 /// The default tables: wide (dim 1, FTRL alpha 0.05, init 0) and deep (dim 16, Adam, init 0.01),
@@ -99,11 +103,27 @@ struct trainer_config {
   static wide_deep_options default_model() { return wide_deep_options{}; }
 };
 
-/// Checks a configuration; the message names the field, e.g.
-/// "config.tables[1].capacity: must be >= 1".
+/// Checks a configuration: every numeric field within its range (docs/trainer.md), names known,
+/// fields consistent. The message names the field and what was expected, e.g.
+/// "config.tables[1].dim: expected an integer in [1, 4096], got 0".
 [[nodiscard]] status validate(const trainer_config& config);
+/// Checks that the caches, the dense network and one batch fit in `available_bytes` (an estimate
+/// from below: slots * (row bytes + 40), 16 bytes per MLP parameter, the batch's buffers), with
+/// overflow-checked arithmetic. capacity_exceeded names the field that sizes the part that does
+/// not fit and the bytes it needs, e.g. "config.tables[1].capacity: the cache of table "deep"
+/// (...) needs N bytes, more than the M bytes of physical memory". trainer::create checks
+/// against physical_memory_bytes().
+[[nodiscard]] status check_memory(const trainer_config& config, std::uint64_t available_bytes);
+/// This machine's physical memory (sysconf), or UINT64_MAX when it cannot be read.
+std::uint64_t physical_memory_bytes() noexcept;
 /// Reads a configuration from JSON (unknown fields are refused, naming them) and validates it.
+/// Integer fields must be JSON integers within their range (12.5, -1 and 1e3 are refused), real
+/// fields finite numbers within theirs. Never throws.
 result<trainer_config> trainer_config_from_json(const nlohmann::json& j);
+/// Parses JSON text and reads it as a configuration; errors start with `origin` (a file name,
+/// or "config text"). Never throws, whatever the bytes.
+result<trainer_config> trainer_config_from_text(std::string_view text,
+                                                const std::string& origin = "config text");
 /// Reads and parses a JSON configuration file (errors name the file).
 result<trainer_config> load_trainer_config(const std::string& path);
 /// JSON of a configuration, every field included; trainer_config_from_json reads it back.
