@@ -1,0 +1,140 @@
+// The trainer on RocksDB stores: a new run refuses a store_path whose table holds an earlier run's
+// rows unless tables[i].reuse_store (or resume_from) says so, refuses a table of another layout
+// with the same row width, and a resume refuses a save whose sparse/ lost its manifest.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "embcache/rocksdb_store.hpp"
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    std::string templ = (fs::temp_directory_path() / "embcache_trainer_store_XXXXXX").string();
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Both tables on one RocksDB database; nothing is trained (create() opens the stores).
+trainer_config rocksdb_config(const std::string& db) {
+  trainer_config c;
+  c.passes = {{{"unused.bin"}}};
+  c.model.hidden = {8};
+  c.threads = 1;
+  c.log_interval = 0;
+  for (auto& t : c.tables) {
+    t.capacity = 256;
+    t.store = "rocksdb";
+    t.store_path = db;
+  }
+  return c;
+}
+
+std::size_t deep_index(const trainer_config& c) {
+  for (std::size_t t = 0; t < c.tables.size(); ++t)
+    if (c.tables[t].name == "deep") return t;
+  return 0;
+}
+
+// Rows an earlier run left in table "deep" (dim 16, Adam: 48 floats).
+void leave_rows(const std::string& db, std::size_t dim, const std::string& optimizer) {
+  rocksdb_store_options o;
+  o.path = db;
+  o.table_name = "deep";
+  o.row_width = 48;
+  o.dim = dim;
+  o.optimizer = optimizer;
+  auto s = rocksdb_store<std::int64_t>::open(o);
+  ASSERT_TRUE(s.ok()) << s.get_status().to_string();
+  std::vector<std::int64_t> keys = {3, 5, 9};
+  std::vector<float> rows(keys.size() * 48, 0.25f);
+  ASSERT_TRUE(s.value()->push(keys.data(), keys.size(), rows.data()).ok());
+}
+
+TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_store) {
+  temp_dir dir;
+  const std::string db = dir.path + "/db";
+  leave_rows(db, 16, "adam");
+  trainer_config c = rocksdb_config(db);
+  const std::size_t d = deep_index(c);
+  {
+    auto t = trainer::create(c);
+    ASSERT_FALSE(t.ok());
+    const status& s = t.get_status();
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+    EXPECT_NE(s.message().find("config.tables[" + std::to_string(d) + "].store_path"),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("table 'deep' in '" + db + "': the table already holds rows"),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("reuse_store"), std::string::npos) << s.message();
+  }
+  c.tables[d].reuse_store = true;
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EXPECT_EQ(t.value()->cache().store(d).size(), 3u);
+}
+
+TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused) {
+  temp_dir dir;
+  const std::string db = dir.path + "/db";
+  leave_rows(db, 24, "adagrad");  // 24 + 24 = 48 floats, like dim 16 with Adam
+  trainer_config c = rocksdb_config(db);
+  c.tables[deep_index(c)].reuse_store = true;
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  const status& s = t.get_status();
+  EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find("created with schema {int64 keys, dim 24, optimizer adagrad"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("the caller expects {int64 keys, dim 16, optimizer adam"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(trainer_store, a_resume_reuses_the_store_and_refuses_a_save_without_its_manifest) {
+  temp_dir dir;
+  const std::string db = dir.path + "/db", save = dir.path + "/save";
+  {
+    auto t = trainer::create(rocksdb_config(db));
+    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    ASSERT_TRUE(t.value()->cache().begin_pass({{1, 2}, {1, 2, 3}}).ok());  // new rows
+    ASSERT_TRUE(t.value()->save(save).ok());  // writes them to the stores too
+  }
+  trainer_config c = rocksdb_config(db);
+  EXPECT_EQ(trainer::create(c).get_status().code(), status_code::invalid_argument);
+  c.resume_from = save;
+  {
+    auto t = trainer::create(c);  // the stores hold the saved run's rows: a resume may use them
+    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    EXPECT_EQ(t.value()->cache().store(deep_index(c)).size(), 3u);
+  }
+  fs::remove(save + "/sparse/manifest.json");
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  const status& s = t.get_status();
+  EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
+  EXPECT_NE(s.message().find(save + "/sparse/manifest.json' is missing"), std::string::npos)
+      << s.message();
+}
+
+}  // namespace
+}  // namespace embcache
