@@ -144,17 +144,26 @@ struct dataset_writer_options {
   std::uint64_t rows_per_shard = std::uint64_t{1} << 20;  ///< default 1,048,576
   std::size_t num_crossed = 0;                            ///< crossed keys per row; default 0
   keyset_format keyset = keyset_format::embcache;         ///< default our format
-  bool overwrite = false;    ///< replace an existing dataset (removes its shards); default off
+  bool overwrite = false;    ///< replace an existing dataset (swapped at finish); default off
   bool unique_stats = true;  ///< count distinct keys per slot (memory ~16 B per key); default on
 };
 
 /// Splits a stream of samples into shards of rows_per_shard rows, writes the keysets of each
 /// shard as it completes and manifest.json at finish(). Memory: one shard's distinct keys, plus
 /// the dataset's distinct keys with unique_stats.
+///
+/// The files are written into a staging folder beside output_dir (".<name>.new.<pid>.<n>" in
+/// its parent); finish() moves the complete dataset into place in one step (an existing folder
+/// is swapped with it, keeping the files it held besides a dataset). Until then output_dir is
+/// untouched: a failed or abandoned writer leaves the previous dataset as it was. From create()
+/// to the end of finish() (or destruction) the writer holds an exclusive lock on
+/// dataset_lock_path(output_dir).
 class dataset_writer {
  public:
-  /// Prepares the folder; refuses (invalid_argument) a folder that already has a
-  /// manifest.json unless `overwrite`.
+  /// Takes the lock (a held one gives invalid_argument "output folder '...' is in use by
+  /// another process"), removes leftovers of a crashed earlier run (our temporaries in the
+  /// folder, our staging folders beside it) and creates the staging folder. Refuses
+  /// (invalid_argument) a folder that already has a manifest.json unless `overwrite`.
   static result<std::unique_ptr<dataset_writer>> create(const dataset_writer_options& opts);
   ~dataset_writer();
   dataset_writer(const dataset_writer&) = delete;
@@ -173,7 +182,14 @@ class dataset_writer {
   std::unique_ptr<impl> impl_;
 };
 
-/// Reads `dir`/manifest.json (paths in the result are full paths).
+/// The lock file of a dataset folder: ".<name>.lock" in its parent (it outlives the writer;
+/// holding an flock on it keeps writers out of the folder).
+std::string dataset_lock_path(const std::string& output_dir);
+
+/// Reads `dir`/manifest.json (paths in the result are full paths). Every field is checked for
+/// its type and range (corruption naming the file and the field): counts are non-negative
+/// integers, shard rows add up to `rows`, file names stay inside the folder, and the rows of a
+/// shard that exists must match its file size.
 result<dataset_summary> read_dataset_manifest(const std::string& dir);
 
 /// A batch of samples as a struct of arrays.

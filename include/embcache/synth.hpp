@@ -27,14 +27,17 @@ inline constexpr std::array<std::uint64_t, criteo_slot_count> criteo_kaggle_card
     1460, 583,   10131227, 2202608, 305,  24,   12517, 633,     3,  93145, 5683,   8351593, 3194,
     27,   14992, 5461306,  10,      5652, 2173, 4,     7046547, 18, 15,    286181, 105,     142572};
 
+/// The largest cardinality_scale (the largest slot then has about 10^13 values).
+inline constexpr double synth_max_cardinality_scale = 1e6;
+
 /// Options of the synthetic generator.
 struct synth_options {
   std::uint64_t seed = 1;          ///< everything derives from it; default 1
   std::uint64_t rows = 100000;     ///< rows to generate; default 100,000
-  double cardinality_scale = 1.0;  ///< multiplies the Criteo cardinalities (min 1); default 1
-  double zipf_exponent = 1.05;     ///< Zipf exponent of the categorical values; default 1.05
-  double signal = 1.0;             ///< scales the hidden weights (0: labels are noise)
-  double bias = -1.9;              ///< hidden model's bias; default -1.9 (label mean ~0.25)
+  double cardinality_scale = 1.0;  ///< multiplies the cardinalities (0, 1e6]; default 1
+  double zipf_exponent = 1.05;     ///< Zipf exponent of the values (> 0, finite); default 1.05
+  double signal = 1.0;             ///< scales the hidden weights (finite; 0: labels are noise)
+  double bias = -1.9;              ///< hidden model's bias (finite); default -1.9
   std::function<void(std::uint64_t rows_done)> on_progress;  ///< about once a second; default none
 };
 
@@ -50,7 +53,9 @@ struct synth_row {
 /// Generates rows; cheap to copy, thread-safe (const).
 class synth_generator {
  public:
-  /// Throws embcache::error (invalid_argument) for a non-positive scale or exponent.
+  /// Throws embcache::error (invalid_argument, naming the field and its range) for a scale
+  /// outside (0, synth_max_cardinality_scale], an exponent that is not positive, or a
+  /// non-finite value of any of them, signal or bias.
   explicit synth_generator(const synth_options& opts);
 
   /// Row `index` (any order, any thread).

@@ -1,5 +1,6 @@
 #include "embcache/criteo.hpp"
 
+#include <sys/stat.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "file_io.hpp"
 #include "flat_set.hpp"
 #include "line_reader.hpp"
 
@@ -211,8 +213,32 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   const auto t0 = clock_type::now();
   if (opts.inputs.empty()) return status::invalid_argument("prep: no input files");
   if (opts.output_dir.empty()) return status::invalid_argument("prep: no output folder");
+  // Every input must be a readable file before anything is written.
+  for (const std::string& path : opts.inputs) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      return detail::errno_status("prep: cannot open input", path, errno);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      return status::invalid_argument("prep: input '" + path +
+                                      "' is a folder, expected a TSV file (plain or gzip)");
+    }
+  }
   prep_summary summary;
   const int passes = opts.rare_threshold > 1 ? 2 : 1;
+
+  // The writer takes the output folder's lock for the whole run and stages the new dataset
+  // beside the folder, so a failure anywhere below leaves an existing dataset untouched.
+  dataset_writer_options wopts;
+  wopts.output_dir = opts.output_dir;
+  wopts.rows_per_shard = opts.rows_per_shard;
+  wopts.num_crossed = opts.cross ? criteo_cross_count : 0;
+  wopts.keyset = opts.keyset;
+  wopts.overwrite = opts.overwrite;
+  wopts.unique_stats = opts.unique_stats;
+  auto writer_or = dataset_writer::create(wopts);
+  if (!writer_or.ok()) return writer_or.get_status().with_context("prep");
+  auto writer = std::move(writer_or).value();
 
   // Counting pass of the rare-value filter: malformed lines are skipped silently here and
   // reported by the writing pass, which sees the same lines.
@@ -237,17 +263,6 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
     });
   }
 
-  dataset_writer_options wopts;
-  wopts.output_dir = opts.output_dir;
-  wopts.rows_per_shard = opts.rows_per_shard;
-  wopts.num_crossed = opts.cross ? criteo_cross_count : 0;
-  wopts.keyset = opts.keyset;
-  wopts.overwrite = opts.overwrite;
-  wopts.unique_stats = opts.unique_stats;
-  auto writer_or = dataset_writer::create(wopts);
-  if (!writer_or.ok()) return writer_or.get_status().with_context("prep");
-  auto writer = std::move(writer_or).value();
-
   std::int64_t crossed[criteo_cross_count];
   criteo_sample filtered;
   auto write_row = [&](const criteo_sample& s) {
@@ -265,15 +280,24 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
     if (opts.cross) criteo_cross_keys(row->keys.data(), crossed, opts.parse.hash_seed);
     return writer->append(*row, opts.cross ? crossed : nullptr);
   };
+  std::string first_malformed;
   auto report = [&](const std::string& file, std::uint64_t line, const std::string& why) {
     std::string where = file + ":" + std::to_string(line) + ": " + why;
     if (opts.strict) return status::corruption(std::move(where));
     ++summary.malformed;
+    if (first_malformed.empty()) first_malformed = where;
     if (summary.reports.size() < opts.max_reported) summary.reports.push_back(std::move(where));
     return status{};
   };
   EMBCACHE_RETURN_IF_ERROR(
       for_each_row(opts, passes, passes, summary.lines, summary.bytes, write_row, report));
+  if (writer->summary().rows == 0) {
+    if (summary.malformed > 0) {
+      return status::corruption("prep: no valid rows: all " + std::to_string(summary.malformed) +
+                                " lines are malformed (the first: " + first_malformed + ")");
+    }
+    return status::invalid_argument("prep: no valid rows: the inputs hold no lines");
+  }
 
   std::string pairs;
   for (const auto& [a, b] : criteo_cross_pairs) {

@@ -1,6 +1,7 @@
 #include "file_io.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,6 +126,31 @@ void atomic_file_writer::abort() noexcept {
   buf_.clear();
 }
 
+status file_lock::try_lock(const std::string& path, const std::string& holder) {
+  unlock();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_status("cannot open lock file", path, errno);
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return status::invalid_argument(holder + " is in use by another process (lock '" + path +
+                                      "' is held)");
+    }
+    return errno_status("cannot lock", path, err);
+  }
+  fd_ = fd;
+  return {};
+}
+
+void file_lock::unlock() noexcept {
+  if (fd_ >= 0) {
+    ::close(fd_);  // releases the flock
+    fd_ = -1;
+  }
+}
+
 result<std::vector<char>> read_file_bytes(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status("cannot open", path, errno);
@@ -133,6 +159,10 @@ result<std::vector<char>> read_file_bytes(const std::string& path) {
     status s = errno_status("cannot stat", path, errno);
     ::close(fd);
     return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return status::invalid_argument("'" + path + "' is not a regular file");
   }
   std::vector<char> bytes(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;

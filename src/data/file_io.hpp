@@ -44,6 +44,24 @@ class atomic_file_writer {
   std::vector<char> buf_;
 };
 
+/// An exclusive advisory lock (flock) on a lock file, held until unlock() or destruction.
+/// Another process (or another open of the file) cannot take it meanwhile.
+class file_lock {
+ public:
+  file_lock() = default;
+  file_lock(const file_lock&) = delete;
+  file_lock& operator=(const file_lock&) = delete;
+  ~file_lock() { unlock(); }
+
+  /// Creates `path` when missing and locks it without waiting; when another holder has it,
+  /// fails with invalid_argument "`holder` is in use by another process (lock 'path' is held)".
+  [[nodiscard]] status try_lock(const std::string& path, const std::string& holder);
+  void unlock() noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
 /// The whole content of `path` (not_found when it does not exist).
 result<std::vector<char>> read_file_bytes(const std::string& path);
 

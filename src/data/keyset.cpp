@@ -130,11 +130,18 @@ result<std::vector<Key>> read_keyset(const std::string& path, keyset_format fmt)
   std::memcpy(&count, bytes.data() + 16, 8);
   std::memcpy(&checksum, bytes.data() + 24, 8);
   const std::uint64_t payload = bytes.size() - keyset_header_size;
-  if (count > payload / sizeof(Key) || payload != count * sizeof(Key)) {
+  std::uint64_t expected = 0;
+  if (__builtin_mul_overflow(count, std::uint64_t{sizeof(Key)}, &expected)) {
+    return status::corruption(where + ": header field count = " + std::to_string(count) +
+                              " keys of " + std::to_string(sizeof(Key)) +
+                              " bytes overflows 64 bits, but " + std::to_string(payload) +
+                              " bytes follow the header (truncated)");
+  }
+  if (payload != expected) {
     return status::corruption(where + ": header says " + std::to_string(count) + " keys (" +
-                              std::to_string(count * sizeof(Key)) + " bytes) but " +
-                              std::to_string(payload) + " bytes follow the header" +
-                              (payload < count * sizeof(Key) ? " (truncated)" : ""));
+                              std::to_string(expected) + " bytes) but " + std::to_string(payload) +
+                              " bytes follow the header" +
+                              (payload < expected ? " (truncated)" : " (oversized)"));
   }
   const char* data = bytes.data() + keyset_header_size;
   if (XXH64(data, payload, 0) != checksum) {

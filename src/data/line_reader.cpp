@@ -1,5 +1,8 @@
 #include "line_reader.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -42,9 +45,20 @@ status line_reader::open(const std::string& path) {
   eof_ = broken_ = skipping_ = false;
   line_number_ = bytes_ = 0;
   message_.clear();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status("cannot open", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;
+    ::close(fd);
+    return errno_status("cannot read input", path, err);
+  }
   errno = 0;
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) return errno_status("cannot open", path, errno ? errno : EIO);
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    ::close(fd);
+    return errno_status("cannot open", path, errno ? errno : EIO);
+  }
   gzbuffer(f, 1 << 18);
   file_ = f;
   producer_ = std::thread(&line_reader::produce, this);

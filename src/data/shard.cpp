@@ -1,7 +1,12 @@
 #include "embcache/shard.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -81,8 +86,21 @@ status decode_header(const unsigned char* in, const std::string& path, shard_hea
   return {};
 }
 
+// 64 + rows * record_size, or false when that does not fit in 64 bits.
+bool shard_file_size(const shard_header& h, std::uint64_t& out) noexcept {
+  std::uint64_t payload = 0;
+  return !__builtin_mul_overflow(h.rows, static_cast<std::uint64_t>(h.record_size), &payload) &&
+         !__builtin_add_overflow(payload, std::uint64_t{shard_header_size}, &out);
+}
+
 status check_size(const shard_header& h, std::uint64_t file_size, const std::string& path) {
-  const std::uint64_t expected = shard_header_size + h.rows * h.record_size;
+  std::uint64_t expected = 0;
+  if (!shard_file_size(h, expected)) {
+    return status::corruption(
+        "shard '" + path + "': header field rows = " + std::to_string(h.rows) + " records of " +
+        std::to_string(h.record_size) + " bytes overflows 64 bits, but the file has " +
+        std::to_string(file_size) + " bytes");
+  }
   if (file_size != expected) {
     return status::corruption("shard '" + path + "': header says " + std::to_string(h.rows) +
                               " records (" + std::to_string(expected) +
@@ -105,20 +123,39 @@ void encode_record(const criteo_sample& s, const std::int64_t* crossed, std::siz
 // ---- reading whole shards -------------------------------------------------------------------
 
 result<shard_header> read_shard_header(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return detail::errno_status("cannot open shard", path, errno);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return detail::errno_status("cannot open shard", path, errno);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    status s = detail::errno_status("cannot stat shard", path, errno);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return status::invalid_argument("shard '" + path + "' is not a regular file");
+  }
   unsigned char buf[shard_header_size];
-  const std::size_t got = std::fread(buf, 1, sizeof(buf), f);
-  std::fseek(f, 0, SEEK_END);
-  const long size = std::ftell(f);
-  std::fclose(f);
+  std::size_t got = 0;
+  while (got < sizeof(buf)) {
+    const ssize_t r = ::pread(fd, buf + got, sizeof(buf) - got, static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      status s = detail::errno_status("cannot read shard", path, errno);
+      ::close(fd);
+      return s;
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
   if (got != sizeof(buf)) {
     return status::corruption("shard '" + path + "': " + std::to_string(got) +
                               " bytes, shorter than the 64-byte header (truncated)");
   }
   shard_header h;
   EMBCACHE_RETURN_IF_ERROR(decode_header(buf, path, h));
-  EMBCACHE_RETURN_IF_ERROR(check_size(h, static_cast<std::uint64_t>(size), path));
+  EMBCACHE_RETURN_IF_ERROR(check_size(h, static_cast<std::uint64_t>(st.st_size), path));
   return h;
 }
 
@@ -237,8 +274,94 @@ std::string shard_file_name(std::size_t index) { return numbered(index, ".bin");
 std::string keyset_file_name(std::size_t index) { return numbered(index, ".keys"); }
 std::string crossed_keyset_file_name(std::size_t index) { return numbered(index, ".cross.keys"); }
 
+namespace {
+
+// Temporaries of atomic_file_writer for our files: "<name>.tmp.<pid>.<counter>".
+bool is_our_temp_name(const std::string& name) {
+  static const std::regex tmp(
+      R"((shard-\d{5,}\.(bin|keys|cross\.keys)|manifest\.json)\.tmp\.\d+\.\d+)");
+  return std::regex_match(name, tmp);
+}
+
+bool is_our_name(const std::string& name) {
+  static const std::regex ours(R"(shard-\d{5,}\.(bin|keys|cross\.keys)|manifest\.json)");
+  return std::regex_match(name, ours);
+}
+
+bool all_digits(const std::string& s, std::size_t from, std::size_t to) {
+  if (from >= to) return false;
+  for (std::size_t i = from; i < to; ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+  }
+  return true;
+}
+
+// Staging folders of a dataset named `name`: ".<name>.new.<pid>.<n>" (and ".<name>.old.<pid>.<n>"
+// where the folder swap falls back to two renames).
+bool is_staging_name(const std::string& entry, const std::string& name) {
+  for (const char* kind : {".new.", ".old."}) {
+    const std::string prefix = "." + name + kind;
+    if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::size_t dot = entry.find('.', prefix.size());
+    if (dot != std::string::npos && all_digits(entry, prefix.size(), dot) &&
+        all_digits(entry, dot + 1, entry.size())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Removes the files named like ours (and their temporaries) from `dir`; the folder itself goes
+// only when nothing else is left in it, so nothing but our own files is ever deleted.
+void remove_our_files(const fs::path& dir, bool remove_dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (is_our_name(n) || is_our_temp_name(n)) fs::remove(entry.path(), ec);
+  }
+  if (remove_dir) fs::remove(dir, ec);  // fails, harmlessly, when something else is left
+}
+
+struct dataset_paths {
+  fs::path dir;     // the final folder, absolute
+  fs::path parent;  // its parent
+  std::string name;
+};
+
+result<dataset_paths> resolve_output(const std::string& output_dir) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(fs::path(output_dir), ec).lexically_normal();
+  if (ec) return status::io_error("output folder '" + output_dir + "': " + ec.message());
+  if (!abs.has_filename()) abs = abs.parent_path();
+  if (!abs.has_filename() || abs.filename() == "..") {
+    return status::invalid_argument("output folder '" + output_dir +
+                                    "': expected a folder with a name inside a parent folder");
+  }
+  return dataset_paths{abs, abs.parent_path(), abs.filename().string()};
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+std::string dataset_lock_path(const std::string& output_dir) {
+  auto p = resolve_output(output_dir);
+  if (!p.ok()) return output_dir + ".lock";
+  return (p.value().parent / ("." + p.value().name + ".lock")).string();
+}
+
 struct dataset_writer::impl {
   dataset_writer_options opts;
+  dataset_paths paths;
+  fs::path stage;  // where the files are written until finish() moves them into place
+  detail::file_lock lock;
+  bool published = false;
   dataset_summary summary;
   std::unique_ptr<shard_writer> shard;
   detail::flat_key_set shard_keys{1 << 16};
@@ -248,9 +371,16 @@ struct dataset_writer::impl {
   double label_sum = 0;
   bool finished = false;
 
-  std::string in_dir(const std::string& name) const {
-    return (fs::path(opts.output_dir) / name).string();
+  ~impl() {
+    shard.reset();  // removes its temporary
+    if (!published && !stage.empty()) {
+      std::error_code ec;
+      fs::remove_all(stage, ec);  // only our files are ever in it before publishing
+    }
   }
+
+  std::string in_stage(const std::string& name) const { return (stage / name).string(); }
+  std::string in_dir(const std::string& name) const { return (paths.dir / name).string(); }
 
   status close_shard() {
     if (!shard) return {};
@@ -264,17 +394,94 @@ struct dataset_writer::impl {
     keys.reserve(shard_keys.size());
     shard_keys.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
     files.keyset = in_dir(keyset_file_name(index));
-    EMBCACHE_RETURN_IF_ERROR(write_keyset(files.keyset, keys.data(), keys.size(), opts.keyset));
+    EMBCACHE_RETURN_IF_ERROR(
+        write_keyset(in_stage(keyset_file_name(index)), keys.data(), keys.size(), opts.keyset));
     shard_keys.clear();
     if (opts.num_crossed) {
       keys.clear();
       shard_crossed.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
       files.crossed_keyset = in_dir(crossed_keyset_file_name(index));
-      EMBCACHE_RETURN_IF_ERROR(
-          write_keyset(files.crossed_keyset, keys.data(), keys.size(), opts.keyset));
+      EMBCACHE_RETURN_IF_ERROR(write_keyset(in_stage(crossed_keyset_file_name(index)), keys.data(),
+                                            keys.size(), opts.keyset));
       shard_crossed.clear();
     }
     summary.shards.push_back(std::move(files));
+    return {};
+  }
+
+  // Moves the complete staged dataset into place. An existing folder is swapped with the
+  // staged one in one step (renameat2 RENAME_EXCHANGE); what it held besides a dataset is
+  // carried over (hard links, or a move for sub-folders) and the old dataset is removed last.
+  status publish() {
+    const fs::path& dir = paths.dir;
+    std::error_code ec;
+    fsync_dir(stage);
+    if (!fs::exists(dir, ec)) {
+      if (std::rename(stage.c_str(), dir.c_str()) != 0) {
+        return detail::errno_status("cannot rename the finished dataset to", dir.string(), errno);
+      }
+      published = true;
+      fsync_dir(paths.parent);
+      return {};
+    }
+    std::vector<fs::path> folders;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string n = entry.path().filename().string();
+      if (is_our_name(n) || is_our_temp_name(n)) continue;
+      std::error_code e;
+      if (entry.is_directory(e) && !entry.is_symlink(e)) {
+        folders.push_back(entry.path());
+        continue;
+      }
+      fs::create_hard_link(entry.path(), stage / n, e);
+      if (e && entry.is_symlink(e)) {
+        e.clear();
+        fs::copy_symlink(entry.path(), stage / n, e);
+      } else if (e) {
+        e.clear();
+        fs::copy_file(entry.path(), stage / n, e);
+      }
+      if (e) {
+        return status::io_error("cannot carry '" + entry.path().string() +
+                                "' over into the new dataset: " + e.message());
+      }
+    }
+    if (ec) {
+      return status::io_error("cannot list output folder '" + dir.string() + "': " + ec.message());
+    }
+    fs::path old = stage;  // after the exchange the staging name holds the old folder
+    if (::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+      if (errno != EINVAL && errno != ENOSYS) {
+        return detail::errno_status("cannot swap the finished dataset into", dir.string(), errno);
+      }
+      // No atomic exchange on this file system: two renames, the old folder kept until the
+      // new one is in place.
+      std::string tail = stage.filename().string();
+      tail.replace(tail.rfind(".new."), 5, ".old.");
+      old = paths.parent / tail;
+      if (std::rename(dir.c_str(), old.c_str()) != 0) {
+        return detail::errno_status("cannot move the old dataset aside from", dir.string(), errno);
+      }
+      if (std::rename(stage.c_str(), dir.c_str()) != 0) {
+        status s =
+            detail::errno_status("cannot rename the finished dataset to", dir.string(), errno);
+        (void)std::rename(old.c_str(), dir.c_str());
+        return s;
+      }
+    }
+    published = true;
+    fsync_dir(paths.parent);
+    bool moved_all = true;
+    for (const fs::path& f : folders) {
+      const fs::path from = old / f.filename();
+      if (std::rename(from.c_str(), (dir / f.filename()).c_str()) != 0) moved_all = false;
+    }
+    if (!moved_all) {
+      return status::io_error("dataset written to '" + dir.string() +
+                              "', but some folders of the old one stay in '" + old.string() + "'");
+    }
+    // Only our files and duplicates (links or copies) of the carried-over files are left.
+    fs::remove_all(old, ec);
     return {};
   }
 };
@@ -287,30 +494,55 @@ result<std::unique_ptr<dataset_writer>> dataset_writer::create(const dataset_wri
   if (opts.rows_per_shard == 0) {
     return status::invalid_argument("dataset_writer: rows_per_shard must be at least 1");
   }
+  auto paths_or = resolve_output(opts.output_dir);
+  if (!paths_or.ok()) return paths_or.get_status();
+  const dataset_paths& paths = paths_or.value();
   std::error_code ec;
-  fs::create_directories(opts.output_dir, ec);
+  fs::create_directories(paths.parent, ec);
   if (ec) {
-    return status::io_error("cannot create output folder '" + opts.output_dir +
+    return status::io_error("cannot create the parent of output folder '" + opts.output_dir +
                             "': " + ec.message());
   }
-  const fs::path manifest = fs::path(opts.output_dir) / manifest_name;
-  if (fs::exists(manifest, ec)) {
-    if (!opts.overwrite) {
-      return status::invalid_argument("output folder '" + opts.output_dir +
-                                      "' already holds a dataset (manifest.json); choose another "
-                                      "folder or allow overwriting");
-    }
-  }
-  if (opts.overwrite) {
-    // Only files named like ours go, so stale shards of a bigger earlier run cannot linger.
-    static const std::regex ours(R"(shard-\d{5,}\.(bin|keys|cross\.keys)|manifest\.json)");
-    for (const auto& entry : fs::directory_iterator(opts.output_dir, ec)) {
-      if (std::regex_match(entry.path().filename().string(), ours)) fs::remove(entry.path(), ec);
-    }
+  if (fs::exists(paths.dir, ec) && !fs::is_directory(paths.dir, ec)) {
+    return status::invalid_argument("output folder '" + opts.output_dir +
+                                    "' exists and is not a folder");
   }
   std::unique_ptr<dataset_writer> w(new dataset_writer());
   impl& m = *w->impl_;
   m.opts = opts;
+  m.paths = paths;
+  EMBCACHE_RETURN_IF_ERROR(m.lock.try_lock((paths.parent / ("." + paths.name + ".lock")).string(),
+                                           "output folder '" + opts.output_dir + "'"));
+  if (!opts.overwrite && fs::exists(paths.dir / manifest_name, ec)) {
+    return status::invalid_argument("output folder '" + opts.output_dir +
+                                    "' already holds a dataset (manifest.json); choose another "
+                                    "folder or allow overwriting");
+  }
+  // Holding the lock, nothing else writes here: temporaries and staging folders are leftovers
+  // of a run that crashed.
+  if (fs::is_directory(paths.dir, ec)) {
+    for (const auto& entry : fs::directory_iterator(paths.dir, ec)) {
+      if (is_our_temp_name(entry.path().filename().string())) {
+        std::error_code e;
+        fs::remove(entry.path(), e);
+      }
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(paths.parent, ec)) {
+    std::error_code e;
+    if (is_staging_name(entry.path().filename().string(), paths.name) && entry.is_directory(e) &&
+        !entry.is_symlink(e)) {
+      remove_our_files(entry.path(), true);
+    }
+  }
+  static std::atomic<std::uint64_t> counter{0};
+  m.stage = paths.parent / ("." + paths.name + ".new." + std::to_string(::getpid()) + "." +
+                            std::to_string(counter++));
+  fs::remove_all(m.stage, ec);
+  if (!fs::create_directory(m.stage, ec)) {
+    return status::io_error("cannot create staging folder '" + m.stage.string() +
+                            "': " + (ec ? ec.message() : "it exists"));
+  }
   m.summary.num_crossed = opts.num_crossed;
   m.summary.keyset = opts.keyset;
   m.summary.has_unique_stats = opts.unique_stats;
@@ -322,7 +554,7 @@ status dataset_writer::append(const criteo_sample& s, const std::int64_t* crosse
   impl& m = *impl_;
   if (m.finished) throw error(status_code::invalid_argument, "dataset_writer: append after finish");
   if (!m.shard) {
-    auto w = shard_writer::create(m.in_dir(shard_file_name(m.summary.shards.size())),
+    auto w = shard_writer::create(m.in_stage(shard_file_name(m.summary.shards.size())),
                                   m.opts.num_crossed);
     if (!w.ok()) return w.get_status();
     m.shard = std::move(w).value();
@@ -385,60 +617,206 @@ status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> p
   j["producer"] = std::move(prod);
   const std::string text = j.dump(2) + "\n";
   detail::atomic_file_writer out;
-  EMBCACHE_RETURN_IF_ERROR(out.open(m.in_dir(manifest_name)));
+  EMBCACHE_RETURN_IF_ERROR(out.open(m.in_stage(manifest_name)));
   EMBCACHE_RETURN_IF_ERROR(out.write(text.data(), text.size()));
-  return out.commit();
+  EMBCACHE_RETURN_IF_ERROR(out.commit());
+  status published = m.publish();
+  m.lock.unlock();
+  return published;
 }
 
 const dataset_summary& dataset_writer::summary() const noexcept { return impl_->summary; }
+
+namespace {
+
+// Typed access to manifest fields: each error names the file, the field and what was expected.
+class manifest_fields {
+ public:
+  explicit manifest_fields(std::string path) : path_(std::move(path)) {}
+
+  status fail(const std::string& field, const std::string& what) const {
+    return status::corruption("'" + path_ + "': field " + field + " " + what);
+  }
+  static std::string shown(const nlohmann::json& v) {
+    std::string t = v.dump();
+    if (t.size() > 40) t = t.substr(0, 40) + "...";
+    return t;
+  }
+  status member(const nlohmann::json& obj, const std::string& key, const std::string& field,
+                const nlohmann::json*& out) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) return fail(field, "is missing");
+    out = &*it;
+    return {};
+  }
+  status count(const nlohmann::json& obj, const std::string& key, const std::string& field,
+               std::uint64_t& out) const {
+    const nlohmann::json* v = nullptr;
+    EMBCACHE_RETURN_IF_ERROR(member(obj, key, field, v));
+    return count_value(*v, field, out);
+  }
+  status count_value(const nlohmann::json& v, const std::string& field, std::uint64_t& out) const {
+    // Negative integers parse as number_integer and fractions as number_float: both refused.
+    if (!v.is_number_unsigned()) {
+      return fail(field, "is " + shown(v) + ", expected a non-negative integer");
+    }
+    out = v.get<std::uint64_t>();
+    return {};
+  }
+  status text(const nlohmann::json& obj, const std::string& key, const std::string& field,
+              std::string& out) const {
+    const nlohmann::json* v = nullptr;
+    EMBCACHE_RETURN_IF_ERROR(member(obj, key, field, v));
+    if (!v->is_string()) return fail(field, "is " + shown(*v) + ", expected a string");
+    out = v->get<std::string>();
+    return {};
+  }
+  // A file of the dataset: a plain name inside the folder, never a path out of it.
+  status file_name(const nlohmann::json& obj, const std::string& key, const std::string& field,
+                   const std::string& dir, std::string& out) const {
+    std::string name;
+    EMBCACHE_RETURN_IF_ERROR(text(obj, key, field, name));
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos) {
+      return fail(field, "is " + shown(obj.at(key)) + ", expected a file name in the folder");
+    }
+    out = (fs::path(dir) / name).string();
+    return {};
+  }
+
+ private:
+  std::string path_;
+};
+
+status parse_manifest(const nlohmann::json& j, const std::string& dir, const std::string& path,
+                      dataset_summary& s) {
+  const manifest_fields f(path);
+  if (!j.is_object()) return status::corruption("'" + path + "': not a JSON object");
+  std::string format;
+  EMBCACHE_RETURN_IF_ERROR(f.text(j, "format", "format", format));
+  std::uint64_t version = 0;
+  EMBCACHE_RETURN_IF_ERROR(f.count(j, "version", "version", version));
+  if (format != "embcache-dataset" || version != 1) {
+    return status::unsupported("'" + path + "': format '" + format + "' version " +
+                               std::to_string(version) +
+                               ", expected an embcache-dataset manifest of version 1");
+  }
+  EMBCACHE_RETURN_IF_ERROR(f.count(j, "rows", "rows", s.rows));
+  const nlohmann::json* mean = nullptr;
+  EMBCACHE_RETURN_IF_ERROR(f.member(j, "label_mean", "label_mean", mean));
+  if (!mean->is_number() || !(mean->get<double>() >= 0.0 && mean->get<double>() <= 1.0)) {
+    return f.fail("label_mean", "is " + f.shown(*mean) + ", expected a number in [0, 1]");
+  }
+  s.label_mean = mean->get<double>();
+  std::uint64_t dense = 0, slots = 0, crossed = 0;
+  EMBCACHE_RETURN_IF_ERROR(f.count(j, "dense_count", "dense_count", dense));
+  EMBCACHE_RETURN_IF_ERROR(f.count(j, "slot_count", "slot_count", slots));
+  if (dense != criteo_dense_count || slots != criteo_slot_count) {
+    return status::unsupported("'" + path + "': fields dense_count = " + std::to_string(dense) +
+                               ", slot_count = " + std::to_string(slots) + ", expected " +
+                               std::to_string(criteo_dense_count) + " and " +
+                               std::to_string(criteo_slot_count));
+  }
+  EMBCACHE_RETURN_IF_ERROR(f.count(j, "crossed_per_row", "crossed_per_row", crossed));
+  if (crossed > 0xffff) {
+    return f.fail("crossed_per_row", "is " + std::to_string(crossed) + ", at most 65535");
+  }
+  s.num_crossed = static_cast<std::size_t>(crossed);
+  std::string text;
+  EMBCACHE_RETURN_IF_ERROR(f.text(j, "keyset_format", "keyset_format", text));
+  if (text == "embcache") {
+    s.keyset = keyset_format::embcache;
+  } else if (text == "hugectr_raw") {
+    s.keyset = keyset_format::hugectr_raw;
+  } else {
+    return f.fail("keyset_format", "is '" + text + "', expected 'embcache' or 'hugectr_raw'");
+  }
+  EMBCACHE_RETURN_IF_ERROR(f.text(j, "key_type", "key_type", text));
+  if (text != "int64") return f.fail("key_type", "is '" + text + "', expected 'int64'");
+  if (j.contains("unique_keys_per_slot")) {
+    const nlohmann::json& u = j.at("unique_keys_per_slot");
+    if (!u.is_array() || u.size() != criteo_slot_count) {
+      return f.fail("unique_keys_per_slot", "is " + f.shown(u) + ", expected an array of " +
+                                                std::to_string(criteo_slot_count) + " counts");
+    }
+    for (std::size_t i = 0; i < criteo_slot_count; ++i) {
+      EMBCACHE_RETURN_IF_ERROR(
+          f.count_value(u[i], "unique_keys_per_slot[" + std::to_string(i) + "]", s.unique_keys[i]));
+    }
+    EMBCACHE_RETURN_IF_ERROR(
+        f.count(j, "unique_crossed_keys", "unique_crossed_keys", s.unique_crossed_keys));
+    s.has_unique_stats = true;
+  }
+  const nlohmann::json* shards = nullptr;
+  EMBCACHE_RETURN_IF_ERROR(f.member(j, "shards", "shards", shards));
+  if (!shards->is_array()) {
+    return f.fail("shards", "is " + f.shown(*shards) + ", expected an array");
+  }
+  std::uint64_t total = 0;
+  const std::uint64_t record_size = shard_record_size(s.num_crossed);
+  for (std::size_t i = 0; i < shards->size(); ++i) {
+    const nlohmann::json& e = (*shards)[i];
+    const std::string at = "shards[" + std::to_string(i) + "]";
+    if (!e.is_object()) return f.fail(at, "is " + f.shown(e) + ", expected an object");
+    shard_files sf;
+    EMBCACHE_RETURN_IF_ERROR(f.file_name(e, "file", at + ".file", dir, sf.shard));
+    EMBCACHE_RETURN_IF_ERROR(f.file_name(e, "keyset", at + ".keyset", dir, sf.keyset));
+    if (s.num_crossed > 0) {
+      EMBCACHE_RETURN_IF_ERROR(
+          f.file_name(e, "crossed_keyset", at + ".crossed_keyset", dir, sf.crossed_keyset));
+    } else if (e.contains("crossed_keyset")) {
+      return f.fail(at + ".crossed_keyset", "is present, but crossed_per_row is 0");
+    }
+    EMBCACHE_RETURN_IF_ERROR(f.count(e, "rows", at + ".rows", sf.rows));
+    // The rows must fit the shard file when it is there (a missing one is the reader's error).
+    std::error_code ec;
+    const std::uint64_t size = fs::file_size(sf.shard, ec);
+    std::uint64_t payload = 0, expected = 0;
+    if (__builtin_mul_overflow(sf.rows, record_size, &payload) ||
+        __builtin_add_overflow(payload, std::uint64_t{shard_header_size}, &expected) ||
+        (!ec && size != expected)) {
+      return f.fail(at + ".rows",
+                    "is " + std::to_string(sf.rows) + ", but shard '" + sf.shard + "' has " +
+                        (ec ? "no size" : std::to_string(size)) + " bytes" +
+                        (ec ? "" : " (" + std::to_string(record_size) + "-byte records)"));
+    }
+    if (__builtin_add_overflow(total, sf.rows, &total)) {
+      return f.fail("shards", "rows add up to more than 2^64");
+    }
+    s.shards.push_back(std::move(sf));
+  }
+  if (total != s.rows) {
+    return f.fail("rows", "is " + std::to_string(s.rows) + ", but the shards hold " +
+                              std::to_string(total) + " rows");
+  }
+  if (j.contains("producer")) {
+    const nlohmann::json& p = j.at("producer");
+    if (!p.is_object()) return f.fail("producer", "is " + f.shown(p) + ", expected an object");
+    for (const auto& [k, v] : p.items()) {
+      if (!v.is_string()) {
+        return f.fail("producer." + k, "is " + f.shown(v) + ", expected a string");
+      }
+      s.producer.emplace_back(k, v.get<std::string>());
+    }
+  }
+  return {};
+}
+
+}  // namespace
 
 result<dataset_summary> read_dataset_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / manifest_name).string();
   auto bytes = detail::read_file_bytes(path);
   if (!bytes.ok()) return bytes.get_status();
   const std::vector<char>& b = bytes.value();
+  dataset_summary s;
   try {
     const auto j = nlohmann::json::parse(b.begin(), b.end());
-    if (j.at("format").get<std::string>() != "embcache-dataset" ||
-        j.at("version").get<int>() != 1) {
-      return status::unsupported("'" + path + "': not an embcache dataset manifest of version 1");
-    }
-    dataset_summary s;
-    s.rows = j.at("rows").get<std::uint64_t>();
-    s.label_mean = j.at("label_mean").get<double>();
-    s.num_crossed = j.at("crossed_per_row").get<std::size_t>();
-    const std::string fmt = j.at("keyset_format").get<std::string>();
-    if (fmt == "embcache") {
-      s.keyset = keyset_format::embcache;
-    } else if (fmt == "hugectr_raw") {
-      s.keyset = keyset_format::hugectr_raw;
-    } else {
-      return status::corruption("'" + path + "': unknown keyset_format '" + fmt + "'");
-    }
-    if (j.contains("unique_keys_per_slot")) {
-      s.has_unique_stats = true;
-      s.unique_keys = j.at("unique_keys_per_slot").get<decltype(s.unique_keys)>();
-      s.unique_crossed_keys = j.at("unique_crossed_keys").get<std::uint64_t>();
-    }
-    for (const auto& e : j.at("shards")) {
-      shard_files f;
-      f.shard = (fs::path(dir) / e.at("file").get<std::string>()).string();
-      f.keyset = (fs::path(dir) / e.at("keyset").get<std::string>()).string();
-      if (e.contains("crossed_keyset")) {
-        f.crossed_keyset = (fs::path(dir) / e.at("crossed_keyset").get<std::string>()).string();
-      }
-      f.rows = e.at("rows").get<std::uint64_t>();
-      s.shards.push_back(std::move(f));
-    }
-    if (j.contains("producer")) {
-      for (const auto& [k, v] : j.at("producer").items()) {
-        s.producer.emplace_back(k, v.get<std::string>());
-      }
-    }
-    return s;
+    EMBCACHE_RETURN_IF_ERROR(parse_manifest(j, dir, path, s));
   } catch (const nlohmann::json::exception& e) {
     return status::corruption("'" + path + "': " + e.what());
   }
+  return s;
 }
 
 // ---- shard_reader ---------------------------------------------------------------------------

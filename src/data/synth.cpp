@@ -48,10 +48,18 @@ double normal_of(std::uint64_t h) {
 }  // namespace
 
 synth_generator::synth_generator(const synth_options& opts) : opts_(opts) {
-  if (!(opts.cardinality_scale > 0) || !(opts.zipf_exponent > 0)) {
-    throw error(status_code::invalid_argument,
-                "synth_generator: cardinality_scale and zipf_exponent must be positive");
-  }
+  auto check = [](bool ok, const char* field, double v, const char* range) {
+    if (!ok) {
+      throw error(status_code::invalid_argument, std::string("synth_generator: ") + field + " is " +
+                                                     std::to_string(v) + ", expected " + range);
+    }
+  };
+  check(opts.cardinality_scale > 0 && opts.cardinality_scale <= synth_max_cardinality_scale,
+        "cardinality_scale", opts.cardinality_scale, "a number in (0, 1e6]");
+  check(opts.zipf_exponent > 0 && std::isfinite(opts.zipf_exponent), "zipf_exponent",
+        opts.zipf_exponent, "a finite number above 0");
+  check(std::isfinite(opts.signal), "signal", opts.signal, "a finite number");
+  check(std::isfinite(opts.bias), "bias", opts.bias, "a finite number");
   for (std::size_t j = 0; j < criteo_slot_count; ++j) {
     const double c =
         std::floor(static_cast<double>(criteo_kaggle_cardinalities[j]) * opts.cardinality_scale);

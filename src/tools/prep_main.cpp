@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "cli_checks.hpp"
 #include "embcache/criteo.hpp"
 
 namespace {
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", opts.output_dir, "Output folder (created)")->required();
   app.add_option("-n,--rows-per-shard", opts.rows_per_shard, "Rows per shard")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(embcache::tools::integer_at_least(1));
   app.add_option("--keyset-format", keyset,
                  "Keyset files: 'embcache' (header + checksum) or 'raw' (HugeCTR: bare keys)")
       ->capture_default_str()
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
                "Progress line on stderr (default: when stderr is a terminal)");
   app.add_flag("--no-unique-stats", no_unique_stats,
                "Skip the distinct-key counts (saves ~16 bytes per distinct key)");
-  CLI11_PARSE(app, argc, argv);
+  EMBCACHE_CLI_PARSE(app, argc, argv);
 
   opts.keyset =
       keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;

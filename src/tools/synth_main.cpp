@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cli_checks.hpp"
 #include "embcache/synth.hpp"
 
 int main(int argc, char** argv) {
@@ -31,15 +32,16 @@ int main(int argc, char** argv) {
   app.add_option("--cardinality-scale", opts.cardinality_scale,
                  "Multiplies Criteo's per-slot cardinalities")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(embcache::tools::finite_number(0, embcache::synth_max_cardinality_scale, true));
   app.add_option("--zipf", opts.zipf_exponent, "Zipf exponent of the categorical values")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(embcache::tools::finite_number(0, std::numeric_limits<double>::max(), true));
   app.add_option("--signal", opts.signal, "Scale of the hidden model's weights")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(embcache::tools::finite_number());
   app.add_option("-n,--rows-per-shard", out.rows_per_shard, "Rows per shard (shards)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(embcache::tools::integer_at_least(1));
   app.add_option("--keyset-format", keyset, "'embcache' or 'raw' (shards)")
       ->capture_default_str()
       ->check(CLI::IsMember({"embcache", "raw"}));
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
                "Skip the distinct-key counts (bounded memory for huge runs)");
   app.add_flag("--progress,!--no-progress", progress,
                "Progress line on stderr (default: when stderr is a terminal)");
-  CLI11_PARSE(app, argc, argv);
+  EMBCACHE_CLI_PARSE(app, argc, argv);
 
   if (progress) {
     const std::uint64_t total = opts.rows;

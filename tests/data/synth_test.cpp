@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "embcache/criteo.hpp"
@@ -195,6 +196,42 @@ TEST(Synth, DirectShardsEqualPrepOfTheTsv) {
   auto again = write_synth_dataset(o, w, true, p.parse);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(read_bytes(again.value().shards[2].shard), read_bytes(b.shards[2].shard));
+}
+
+TEST(Synth, NonFiniteAndOutOfRangeOptionsAreRefusedByName) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct bad_case {
+    double synth_options::*field;
+    double value;
+    const char* name;
+  };
+  for (const bad_case& c :
+       {bad_case{&synth_options::signal, nan, "signal"},
+        bad_case{&synth_options::signal, -inf, "signal"},
+        bad_case{&synth_options::bias, inf, "bias"},
+        bad_case{&synth_options::zipf_exponent, nan, "zipf_exponent"},
+        bad_case{&synth_options::zipf_exponent, inf, "zipf_exponent"},
+        bad_case{&synth_options::zipf_exponent, 0.0, "zipf_exponent"},
+        bad_case{&synth_options::cardinality_scale, inf, "cardinality_scale"},
+        bad_case{&synth_options::cardinality_scale, 2e6, "cardinality_scale"},
+        bad_case{&synth_options::cardinality_scale, nan, "cardinality_scale"}}) {
+    synth_options o;
+    o.*c.field = c.value;
+    try {
+      synth_generator g(o);
+      ADD_FAILURE() << c.name << " = " << c.value << " was accepted";
+    } catch (const error& e) {
+      EXPECT_EQ(e.code(), status_code::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(std::string("synth_generator: ") + c.name + " is "),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  synth_options edge;
+  edge.signal = -2;
+  edge.cardinality_scale = synth_max_cardinality_scale;
+  EXPECT_NO_THROW(synth_generator{edge});
 }
 
 }  // namespace

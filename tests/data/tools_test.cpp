@@ -1,0 +1,165 @@
+// embcache-prep and embcache-synth as a user runs them: exit codes and the messages of refused
+// options and inputs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "embcache/shard.hpp"
+#include "test_util.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using test::scratch_dir;
+using test::write_text;
+
+#if defined(EMBCACHE_PREP_EXE) && defined(EMBCACHE_SYNTH_EXE)
+#define EMBCACHE_NEED_TOOLS() (void)0
+const std::string prep_exe = EMBCACHE_PREP_EXE;
+const std::string synth_exe = EMBCACHE_SYNTH_EXE;
+#else
+#define EMBCACHE_NEED_TOOLS() GTEST_SKIP() << "the command-line tools are not built"
+const std::string prep_exe;
+const std::string synth_exe;
+#endif
+
+struct run_result {
+  int rc = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs `exe args` through the shell (arguments are quoted by the caller).
+run_result run(const std::string& exe, const std::string& args) {
+  run_result r;
+  const std::string cmd = "'" + exe + "' " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int st = ::pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string q(const std::string& s) { return "'" + s + "'"; }
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A small valid TSV from the generator.
+std::string make_input(const scratch_dir& dir) {
+  const std::string path = dir / "in.tsv";
+  const run_result r = run(synth_exe, "-f tsv -r 50 -o " + q(path));
+  EXPECT_EQ(r.rc, 0) << r.output;
+  return path;
+}
+
+TEST(Tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string in = make_input(dir);
+  const std::string out = dir / "out";
+  ASSERT_EQ(run(prep_exe, q(in) + " -o " + q(out) + " -n 20").rc, 0);
+  const run_result r =
+      run(prep_exe, q(in) + " " + q(dir / "missing.tsv") + " -o " + q(out) + " -n 10 --force");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "not_found")) << r.output;
+  EXPECT_TRUE(contains(r.output, dir / "missing.tsv")) << r.output;
+  auto m = read_dataset_manifest(out);
+  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EXPECT_EQ(m.value().rows, 50u);
+  ASSERT_EQ(m.value().shards.size(), 3u);
+  for (const auto& f : m.value().shards) EXPECT_TRUE(read_shard(f.shard).ok()) << f.shard;
+}
+
+TEST(Tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string in = make_input(dir);
+  const std::string out = dir / "out";
+  const int fd = ::open(dataset_lock_path(out).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const run_result r = run(prep_exe, q(in) + " -o " + q(out));
+  ::close(fd);
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "output folder '" + out + "' is in use by another process"))
+      << r.output;
+  EXPECT_FALSE(fs::exists(out));
+}
+
+TEST(Tools, PrepFolderInputIsAnError) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  fs::create_directory(dir / "in");
+  const run_result r = run(prep_exe, q(dir / "in") + " -o " + q(dir / "out"));
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "input '" + (dir / "in") + "' is a folder")) << r.output;
+}
+
+TEST(Tools, PrepInputWithOnlyMalformedLinesIsAnError) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  write_text(dir / "bad.tsv", "x\ny\n");
+  const run_result r = run(prep_exe, q(dir / "bad.tsv") + " -o " + q(dir / "out"));
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no valid rows: all 2 lines are malformed (the first: " +
+                                     (dir / "bad.tsv") + ":1: has 1 fields, expected 40)"))
+      << r.output;
+}
+
+TEST(Tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string in = make_input(dir);
+  for (const char* bad : {"0", "-3", "1.5", "x"}) {
+    const run_result r = run(prep_exe, q(in) + " -o " + q(dir / "out") + " -n " + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "--rows-per-shard")) << bad << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "an integer from 1 to 18446744073709551615"))
+        << bad << ": " << r.output;
+    EXPECT_FALSE(contains(r.output, "not in range")) << bad << ": " << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
+TEST(Tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string out = q(dir / "s.tsv");
+  struct bad_case {
+    const char* args;
+    const char* says;
+  };
+  for (const bad_case& c : {
+           bad_case{"--signal nan", "--signal: 'nan' is not a finite number"},
+           bad_case{"--signal inf", "--signal: 'inf' is not a finite number"},
+           bad_case{"--signal -inf", "--signal: '-inf' is not a finite number"},
+           bad_case{"--zipf nan", "--zipf: 'nan' is not a finite number"},
+           bad_case{"--zipf 0", "--zipf: '0' is out of range, expected a number above 0"},
+           bad_case{"--cardinality-scale inf", "--cardinality-scale: 'inf' is not a finite"},
+           bad_case{"--cardinality-scale 0",
+                    "--cardinality-scale: '0' is out of range, expected "
+                    "a number above 0 and at most 1000000"},
+           bad_case{"-n 0", "--rows-per-shard: '0' is out of range, expected an integer from 1"},
+       }) {
+    const run_result r = run(synth_exe, std::string("-f tsv -r 5 -o ") + out + " " + c.args);
+    EXPECT_EQ(r.rc, 2) << c.args << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, c.says)) << c.args << ": " << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "s.tsv"));
+  const run_result ok = run(synth_exe, "-f tsv -r 5 -o " + out + " --signal -0.5");
+  EXPECT_EQ(ok.rc, 0) << ok.output;
+}
+
+}  // namespace
+}  // namespace embcache
