@@ -79,7 +79,7 @@ status range_error(const std::string& where, const std::string& expected, const 
 // them, however deep they nest).
 std::string shown(const json& v) {
   if (v.is_structured()) return std::string("an ") + v.type_name();
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -912,6 +913,89 @@ TEST(TrainerMetrics, AFullDiskFailsTheRunNamingMetricsJsonl) {
   EXPECT_EQ(s.code(), status_code::out_of_space) << s.to_string();
   EXPECT_EQ(s.message(), c.output_dir + "/metrics.jsonl: write failed: No space left on device");
 }
+
+// --- the command line ------------------------------------------------------------------------
+
+#ifdef EMBCACHE_TRAIN_EXE
+struct cli_result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs embcache-train on `config` (written to <dir>/run.json); stdout and stderr together.
+cli_result train_cli(const std::string& dir, const json& config, const std::string& extra = "") {
+  {
+    std::ofstream f(dir + "/run.json");
+    f << config.dump(2);
+  }
+  const std::string log = dir + "/cli.log";
+  const std::string cmd = std::string("'") + EMBCACHE_TRAIN_EXE + "' --config '" + dir +
+                          "/run.json' " + extra + " > '" + log + "' 2>&1";
+  const int w = std::system(cmd.c_str());
+  cli_result r;
+  r.exit_code = WIFEXITED(w) ? WEXITSTATUS(w) : -1;
+  r.output = read_bytes(log);
+  return r;
+}
+
+json cli_config(const std::string& root) {
+  return {{"data_dir", dataset()},       {"passes", {{shard(0)}}},    {"model", {{"hidden", {16}}}},
+          {"batch_size", 128},           {"crossed", true},           {"log_interval", 0},
+          {"output_dir", root + "/out"}, {"save_dir", root + "/save"}};
+}
+
+TEST(TrainerCli, FailuresExitNonZeroAndSayWhy) {
+  // A full disk under metrics.jsonl.
+  std::string root = temp_dir("cli_full");
+  json c = cli_config(root);
+  fs::create_directories(root + "/out");
+  fs::create_symlink("/dev/full", root + "/out/metrics.jsonl");
+  cli_result r = train_cli(root, c);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("embcache-train: out_of_space: " + root +
+                          "/out/metrics.jsonl: write failed: No space left on device"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(root + "/save"));
+
+  // A diverged run.
+  root = temp_dir("cli_diverged");
+  c = cli_config(root);
+  c["model"]["learning_rate"] = 1e30;
+  c["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"optimizer", {{"learning_rate", 1e30}}}}};
+  r = train_cli(root, c);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("embcache-train: invalid_argument: pass 1 step "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root + "/save"));
+
+  // A number out of range.
+  root = temp_dir("cli_range");
+  c = cli_config(root);
+  c["batch_size"] = -1;
+  r = train_cli(root, c);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("config.batch_size: expected an integer in [1, 1048576], got -1"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(TrainerCli, NoEvalShardPlotsTheLossOnly) {
+  const std::string root = temp_dir("cli_plot");
+  const cli_result r = train_cli(root, cli_config(root));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(root + "/out/auc.png"));
+  const std::string skipped = ", no auc.png (no eval AUC: no eval_shard, or a single class)";
+  if (gnuplot_on_path()) {
+    EXPECT_GT(file_size_or_zero(root + "/out/loss.png"), 0u);
+    EXPECT_NE(r.output.find("plots: drew " + root + "/out/loss.png" + skipped), std::string::npos)
+        << r.output;
+  } else {
+    EXPECT_NE(r.output.find("plots: gnuplot not found"), std::string::npos) << r.output;
+  }
+}
+#endif
 
 #ifndef EMBCACHE_CRITEO_SAMPLE_DIR
 #define EMBCACHE_CRITEO_SAMPLE_DIR ""
