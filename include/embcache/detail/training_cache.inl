@@ -620,8 +620,8 @@ status read_saved_model(const std::string& dir, const std::string& key_type,
         s = read_exact(path, expect, &L.states, &digest);
       EMBCACHE_RETURN_IF_ERROR(s.with_context(where));
       if (digest_text != hex(digest)) {
-        return status::corruption("load: '" + path + "' has checksum " + hex(digest) +
-                                  ", the manifest says \"" + digest_text + "\"");
+        return status::corruption("load: '" + path + "' has checksum " + hex(digest) + ", '" +
+                                  f.path + "' says \"" + digest_text + "\" (" + fat + ".xxh64)");
       }
     }
     L.has_states = true;

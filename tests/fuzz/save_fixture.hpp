@@ -1,0 +1,89 @@
+// A small valid training-cache save shared by the save_manifest and save_files targets: one
+// AdaGrad table "emb" of dim 4 holding six trained rows. Deterministic (fixed keys, seed and
+// updates), so the seed corpora, written from it, carry checksums that match it.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/training_cache.hpp"
+
+namespace embcache::fuzz {
+
+inline table_options<std::int64_t> save_fixture_table() {
+  table_options<std::int64_t> o;
+  o.name = "emb";
+  o.dim = 4;
+  o.optimizer.kind = optimizer_kind::adagrad;
+  o.capacity = 64;
+  o.init.seed = 11;
+  return o;
+}
+
+/// A cache the save loads into.
+inline std::unique_ptr<training_cache<std::int64_t>> save_fixture_cache() {
+  return std::make_unique<training_cache<std::int64_t>>(training_cache_options{},
+                                                        std::vector{save_fixture_table()});
+}
+
+/// Writes the save to `dir` (the folder save() writes: manifest.json and emb/{key, emb_vector,
+/// version, opt_state}).
+inline status write_save_fixture(const std::string& dir) {
+  auto tc = save_fixture_cache();
+  const std::vector<std::int64_t> keys = {-7, 0, 3, 12, 1000, std::int64_t{1} << 40};
+  EMBCACHE_RETURN_IF_ERROR(tc->begin_pass({keys}));
+  const std::size_t w = tc->row_width(0);
+  std::vector<float> rows(keys.size() * w);
+  EMBCACHE_RETURN_IF_ERROR(tc->read(0, keys.data(), keys.size(), rows.data(), nullptr));
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = rows[i] * 0.5f + float(i) * 0.125f;
+  EMBCACHE_RETURN_IF_ERROR(tc->assign(0, keys.data(), keys.size(), rows.data()));
+  return tc->save(dir);
+}
+
+/// Every row of the cache's store, by key, as raw bytes (so that NaN rows compare equal).
+inline std::map<std::int64_t, std::string> save_fixture_rows(training_cache<std::int64_t>& tc) {
+  std::map<std::int64_t, std::string> m;
+  const std::size_t w = tc.row_width(0);
+  const status s = tc.store(0).for_each(
+      1024, [&](const std::int64_t* k, const float* r, const std::uint64_t*, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+          m[k[i]].assign(reinterpret_cast<const char*>(r + i * w), w * sizeof(float));
+        return status{};
+      });
+  if (!s.ok()) throw error(s.code(), s.message());
+  return m;
+}
+
+/// Replaces the content of `path` with `n` bytes, in place: a file truncated to zero and written
+/// again (O_TRUNC) makes ext4 with online discard wait for the device on every input, and that
+/// wait, not the load, would be the cost of an iteration. A file already holding the bytes is
+/// left alone.
+inline void overwrite_file(const std::string& path, const void* data, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw error(status_code::io_error, "cannot open '" + path + "'");
+  struct stat st {};
+  ::fstat(fd, &st);
+  bool same = static_cast<std::size_t>(st.st_size) == n;
+  if (same && n > 0) {
+    std::string old(n, '\0');
+    same = ::pread(fd, old.data(), n, 0) == static_cast<ssize_t>(n) &&
+           std::memcmp(old.data(), data, n) == 0;
+  }
+  bool ok = true;
+  if (!same) {
+    ok = n == 0 || ::pwrite(fd, data, n, 0) == static_cast<ssize_t>(n);
+    if (ok && static_cast<std::size_t>(st.st_size) > n) ok = ::ftruncate(fd, off_t(n)) == 0;
+  }
+  ::close(fd);
+  if (!ok) throw error(status_code::io_error, "cannot write '" + path + "'");
+}
+
+}  // namespace embcache::fuzz
