@@ -92,7 +92,8 @@ status parse_criteo_line(std::string_view line, const criteo_parse_options& opts
   const char* p = line.data();
   const char* end = p + line.size();
   while (true) {
-    const char* tab = static_cast<const char*>(std::memchr(p, '\t', end - p));
+    // (An empty view may have no data at all: memchr must not see a null pointer.)
+    const char* tab = p < end ? static_cast<const char*>(std::memchr(p, '\t', end - p)) : nullptr;
     const char* stop = tab ? tab : end;
     if (n < criteo_field_count) f[n] = std::string_view(p, stop - p);
     ++n;

@@ -535,13 +535,17 @@ result<std::unique_ptr<dataset_writer>> dataset_writer::create(const dataset_wri
       remove_our_files(entry.path(), true);
     }
   }
+  // A fresh name: a leftover that could not be cleaned (it holds something not ours) stays.
   static std::atomic<std::uint64_t> counter{0};
-  m.stage = paths.parent / ("." + paths.name + ".new." + std::to_string(::getpid()) + "." +
-                            std::to_string(counter++));
-  fs::remove_all(m.stage, ec);
-  if (!fs::create_directory(m.stage, ec)) {
-    return status::io_error("cannot create staging folder '" + m.stage.string() +
-                            "': " + (ec ? ec.message() : "it exists"));
+  for (int attempt = 0;; ++attempt) {
+    m.stage = paths.parent / ("." + paths.name + ".new." + std::to_string(::getpid()) + "." +
+                              std::to_string(counter++));
+    if (fs::create_directory(m.stage, ec)) break;
+    if (ec || attempt == 100) {
+      m.stage.clear();
+      return status::io_error("cannot create a staging folder beside output folder '" +
+                              opts.output_dir + "': " + (ec ? ec.message() : "names taken"));
+    }
   }
   m.summary.num_crossed = opts.num_crossed;
   m.summary.keyset = opts.keyset;
@@ -891,7 +895,10 @@ result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<std::string
           " crossed keys per row, '" + paths[0] + "' has " + std::to_string(m.num_crossed));
     }
     m.num_crossed = h.value().num_crossed;
-    m.total_rows += h.value().rows;
+    if (__builtin_add_overflow(m.total_rows, h.value().rows, &m.total_rows)) {
+      return status::corruption("shard '" + paths[i] + "': rows " + std::to_string(h.value().rows) +
+                                " bring the total of the shards past 2^64");
+    }
     m.headers.push_back(h.value());
   }
   m.paths = std::move(paths);
