@@ -627,8 +627,9 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
     }
     // A non-finite feature would turn the weights it meets into NaN, which a ReLU can hide from
     // the loss: refuse the batch instead.
-    if (const std::size_t bad = count_non_finite(batch.dense.data(), batch.dense.size()) +
-                                count_non_finite(batch.labels.data(), batch.size))
+    if (const std::size_t bad =
+            count_non_finite(batch.dense.data(), batch.size * criteo_dense_count) +
+            count_non_finite(batch.labels.data(), batch.size))
       return status::invalid_argument(
           impl::step_label(m.pass, s.step + 1, m.steps + 1) + ": shard " + paths[current_shard] +
           ": the batch holds " + std::to_string(bad) +
