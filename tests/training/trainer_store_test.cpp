@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,28 @@ TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_sto
   auto t = trainer::create(c);
   ASSERT_TRUE(t.ok()) << t.get_status().to_string();
   EXPECT_EQ(t.value()->cache().store(d).size(), 3u);
+}
+
+TEST(trainer_store, reuse_store_is_a_table_field_read_and_written_by_the_config) {
+  const nlohmann::json j = {
+      {"passes", {{"a.bin"}}},
+      {"tables",
+       {{{"name", "wide"}},
+        {{"name", "deep"}, {"store", "rocksdb"}, {"store_path", "/x"}, {"reuse_store", true}}}}};
+  auto c = trainer_config_from_json(j);
+  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  EXPECT_FALSE(c.value().tables[0].reuse_store);  // the default
+  EXPECT_TRUE(c.value().tables[1].reuse_store);
+  nlohmann::json back;
+  to_json(back, c.value());
+  EXPECT_EQ(back["tables"][1]["reuse_store"], true);
+  EXPECT_EQ(back["tables"][0]["reuse_store"], false);
+  nlohmann::json bad = j;
+  bad["tables"][1]["reuse_store"] = 1;
+  const auto e = trainer_config_from_json(bad);
+  EXPECT_EQ(e.get_status().code(), status_code::invalid_argument) << e.get_status().to_string();
+  EXPECT_NE(e.get_status().message().find("config.tables[1].reuse_store"), std::string::npos)
+      << e.get_status().message();
 }
 
 TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused) {
