@@ -7,15 +7,16 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/parallel_sort.h>
 #include <tbb/task_arena.h>
 #include <thrust/count.h>
 #include <thrust/scan.h>
-#include <thrust/sort.h>
 #include <thrust/system/tbb/execution_policy.h>
 
 #include <cstddef>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "embcache/space.hpp"
 
@@ -81,18 +82,49 @@ void for_each_index(const host_space& space, std::size_t n, const F& f) {
 }
 
 /// Stable sort of `values` by `keys` (both length n), in parallel.
+///
+/// oneTBB's parallel quicksort over (key, original position) pairs: ordering equal keys by their
+/// position makes the result exactly that of a stable sort, whatever the thread count. (Thrust's
+/// TBB system is not used here: the radix path of the Thrust that Debian ships binds a reference
+/// to a null policy pointer, undefined behaviour that UBSan reports.)
 template <class K, class V>
 void stable_sort_by_key(const host_space& space, K* keys, V* values, std::size_t n) {
   if (n < 2) return;
-  run_in_space(space,
-               [&] { thrust::stable_sort_by_key(thrust::tbb::par, keys, keys + n, values); });
+  struct keyed {
+    K key;
+    std::size_t position;
+  };
+  std::vector<keyed> order(n);
+  std::vector<V> moved(n);
+  run_in_space(space, [&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 16384),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        for (std::size_t i = r.begin(); i < r.end(); ++i) order[i] = {keys[i], i};
+                      });
+    tbb::parallel_sort(order.begin(), order.end(), [](const keyed& a, const keyed& b) {
+      return a.key < b.key || (!(b.key < a.key) && a.position < b.position);
+    });
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 16384),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                          moved[i] = std::move(values[order[i].position]);
+                        }
+                      });
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 16384),
+                      [&](const tbb::blocked_range<std::size_t>& r) {
+                        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+                          keys[i] = order[i].key;
+                          values[i] = std::move(moved[i]);
+                        }
+                      });
+  });
 }
 
-/// Sort of `keys` (length n), in parallel.
+/// Sort of `keys` (length n), in parallel (oneTBB's parallel quicksort; equal keys are alike).
 template <class K>
 void sort(const host_space& space, K* keys, std::size_t n) {
   if (n < 2) return;
-  run_in_space(space, [&] { thrust::sort(thrust::tbb::par, keys, keys + n); });
+  run_in_space(space, [&] { tbb::parallel_sort(keys, keys + n); });
 }
 
 /// out[i] = sum of in[0..i) (exclusive prefix sum), in parallel; `in` and `out` may alias.
