@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -295,6 +296,56 @@ TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again.value()[0].keys.size(), 0u);
   EXPECT_EQ(again.value()[0].erased.size(), 0u);
+}
+
+// A delta folder that cannot be written (a full disk) leaves no delta behind and loses no row:
+// the next export covers everything the failed one would have held.
+TEST(training_cache, a_failed_delta_write_loses_no_row) {
+  using Key = std::int64_t;
+  temp_dir dir;
+  const std::string disk = dir.path + "/small_disk";
+  fs::create_directories(disk);
+  if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=65536") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  }
+  struct unmount_at_exit {
+    std::string path;
+    ~unmount_at_exit() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{disk};
+  const auto passes = script<Key>(3000, 1200, 3);
+  training_cache<Key> tc({}, two_tables<Key>(2500, 2500));
+  ASSERT_TRUE(tc.begin_pass(passes[0]).ok());
+  ASSERT_TRUE(tc.end_training().ok());
+  model<Key> applied[2] = {store_model(tc, 0), store_model(tc, 1)};
+  ASSERT_TRUE(tc.export_incremental().ok());  // the base
+  for (int p = 1; p < 3; ++p) {
+    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    train_pass(tc, passes[p], p);
+    std::vector<Key> gone = {passes[p][0][0]};
+    ASSERT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+    // About 1,200 rows of 12 floats with state: far more than 64 KiB.
+    auto failed = tc.export_incremental_to(disk + "/deltas", true);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.get_status().code(), status_code::out_of_space)
+        << failed.get_status().to_string();
+    EXPECT_FALSE(fs::exists(disk + "/deltas/delta-000001"));
+  }
+  auto r = tc.export_incremental(true);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  for (int t = 0; t < 2; ++t) {
+    const auto& d = r.value()[t];
+    const std::size_t sw = d.state_width;
+    for (std::size_t i = 0; i < d.keys.size(); ++i) {
+      auto& row = applied[t][d.keys[i]];
+      row.assign(d.vectors.begin() + i * dim, d.vectors.begin() + (i + 1) * dim);
+      row.insert(row.end(), d.states.begin() + i * sw, d.states.begin() + (i + 1) * sw);
+    }
+    for (Key k : d.erased) applied[t].erase(k);
+  }
+  EXPECT_EQ(r.value()[0].erased.size(), 2u);
+  ASSERT_TRUE(tc.end_training().ok());
+  EXPECT_TRUE(applied[0] == store_model(tc, 0));
+  EXPECT_TRUE(applied[1] == store_model(tc, 1));
 }
 
 TYPED_TEST(training_typed, save_load_round_trip_and_refusals) {

@@ -1992,12 +1992,38 @@ status training_cache<Key, Space>::end_training() {
   return {};
 }
 
-template <class Key, class Space>
-result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
-    bool with_state) {
-  auto& im = *impl_;
+namespace detail {
+
+/// Where an export stands in one table's logs: the export point it reached and how many
+/// written-back and erased keys it consumed. Applied only once the export is delivered, so a
+/// failed delta write loses nothing: the next export covers the same rows again.
+struct export_mark {
+  std::uint64_t until_version = 0;
+  std::size_t written = 0;
+  std::size_t erased = 0;
+};
+
+template <class Impl>
+void commit_deltas(Impl& im, const std::vector<export_mark>& marks) {
+  for (std::size_t t = 0; t < im.tables.size() && t < marks.size(); ++t) {
+    auto& tb = im.tables[t];
+    std::lock_guard<std::mutex> install_lock(*tb.install_mutex);
+    auto& w = tb.written_since_export;
+    auto& e = tb.erased_since_export;
+    w.erase(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(std::min(marks[t].written, w.size())));
+    e.erase(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(std::min(marks[t].erased, e.size())));
+    tb.last_export_version = marks[t].until_version;
+  }
+}
+
+/// The rows changed since the last export, per table; changes nothing but records in `marks`
+/// what commit_deltas() consumes once the export is delivered.
+template <class Key, class Impl>
+result<std::vector<table_delta<Key>>> collect_deltas(Impl& im, bool with_state,
+                                                    std::vector<export_mark>* marks) {
   EMBCACHE_RETURN_IF_ERROR(im.settle());
   std::vector<table_delta<Key>> out;
+  marks->clear();
   for (auto& tb : im.tables) {
     std::lock_guard<std::mutex> install_lock(*tb.install_mutex);
     table_delta<Key> d;
@@ -2013,8 +2039,11 @@ result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_increme
     if (!res.ok()) return res.get_status();
     auto& ex = res.value();
     // Rows written back since the last export and not resident any more come from the store.
-    auto written = std::move(tb.written_since_export);
-    tb.written_since_export.clear();
+    std::vector<Key> written = tb.written_since_export;
+    export_mark mark;
+    mark.until_version = d.until_version;
+    mark.written = written.size();
+    mark.erased = tb.erased_since_export.size();
     std::sort(written.begin(), written.end());
     written.erase(std::unique(written.begin(), written.end()), written.end());
     std::vector<std::int64_t> slots(written.size());
@@ -2049,18 +2078,29 @@ result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_increme
         ++j;
       }
     }
-    auto erased = std::move(tb.erased_since_export);
-    tb.erased_since_export.clear();
+    std::vector<Key> erased = tb.erased_since_export;
     std::sort(erased.begin(), erased.end());
     erased.erase(std::unique(erased.begin(), erased.end()), erased.end());
     for (Key k : erased) {
       if (!std::binary_search(d.keys.begin(), d.keys.end(), k)) d.erased.push_back(k);
     }
-    tb.last_export_version = d.until_version;
+    marks->push_back(mark);
     out.push_back(std::move(d));
   }
   return out;
 }
+
+}  // namespace detail
+
+template <class Key, class Space>
+result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
+    bool with_state) {
+  std::vector<detail::export_mark> marks;
+  auto out = detail::collect_deltas<Key>(*impl_, with_state, &marks);
+  if (out.ok()) detail::commit_deltas(*impl_, marks);
+  return out;
+}
+
 
 template <class Key, class Space>
 result<std::string> training_cache<Key, Space>::export_incremental_to(const std::string& dir,
@@ -2075,7 +2115,8 @@ result<std::string> training_cache<Key, Space>::export_incremental_to(const std:
       next = std::max(next, std::atoi(name.c_str() + 6) + 1);
     }
   }
-  auto deltas = export_incremental(with_state);
+  std::vector<detail::export_mark> marks;
+  auto deltas = detail::collect_deltas<Key>(*impl_, with_state, &marks);
   if (!deltas.ok()) return deltas.get_status();
   char name[32];
   std::snprintf(name, sizeof name, "delta-%06d", next);
@@ -2109,6 +2150,7 @@ result<std::string> training_cache<Key, Space>::export_incremental_to(const std:
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return sys_error("cannot rename to", final_dir, errno);
   }
+  detail::commit_deltas(*impl_, marks);  // the delta is in place: its rows leave the logs
   EMBCACHE_RETURN_IF_ERROR(sync_folder(dir));
   return final_dir;
 }
