@@ -220,6 +220,10 @@ struct trainer::impl {
   std::string building;  // what build_parts() is allocating, for an out-of-memory message
   status make_store(std::size_t t, std::size_t row_width);
   result<std::vector<std::vector<key_t>>> keysets_of(const std::string& shard);
+  // The layout of a shard's keyset files, from its dataset folder's manifest.json (our layout
+  // when the folder has none); read once per folder.
+  result<keyset_format> keyset_format_of(const std::string& shard);
+  std::map<std::string, keyset_format> keyset_formats;
   void fill_keys(const shard_batch& b);
   status train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
                     double* loss);
@@ -391,13 +395,30 @@ status trainer::impl::build_parts() {
   return {};
 }
 
+result<keyset_format> trainer::impl::keyset_format_of(const std::string& shard) {
+  std::string dir = fs::path(shard).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (auto it = keyset_formats.find(dir); it != keyset_formats.end()) return it->second;
+  keyset_format f = keyset_format::embcache;
+  std::error_code ec;
+  if (fs::exists(dir + "/manifest.json", ec)) {
+    auto m = read_dataset_manifest(dir);
+    if (!m.ok()) return m.get_status().with_context("the dataset of " + shard);
+    f = m.value().keyset;
+  }
+  keyset_formats.emplace(dir, f);
+  return f;
+}
+
 result<std::vector<std::vector<key_t>>> trainer::impl::keysets_of(const std::string& shard) {
-  auto slot_keys = read_keyset<key_t>(beside(shard, ".keys"));
+  auto fmt = keyset_format_of(shard);
+  if (!fmt.ok()) return fmt.get_status();
+  auto slot_keys = read_keyset<key_t>(beside(shard, ".keys"), fmt.value());
   if (!slot_keys.ok()) return slot_keys.get_status().with_context("keyset of " + shard);
   std::vector<std::vector<key_t>> ks(config.tables.size());
   ks[deep_t] = slot_keys.value();
   if (config.crossed) {
-    auto crossed = read_keyset<key_t>(beside(shard, ".cross.keys"));
+    auto crossed = read_keyset<key_t>(beside(shard, ".cross.keys"), fmt.value());
     if (!crossed.ok()) return crossed.get_status().with_context("crossed keyset of " + shard);
     ks[wide_t].resize(ks[deep_t].size() + crossed.value().size());
     std::merge(ks[deep_t].begin(), ks[deep_t].end(), crossed.value().begin(), crossed.value().end(),
