@@ -10,6 +10,8 @@ embcache_packages=(
   # Debian's CCCL (Thrust, CUB, libcu++): the host space builds against it when NVIDIA's
   # toolkit is absent, and the sanitizer build uses it so that both are tested.
   libthrust-dev libcub-dev libcu++-dev
+  # The Redis serving store (embcache::redis, embcache-serve) and the server its tests start.
+  libhiredis-dev redis-server
 )
 
 embcache_missing=()

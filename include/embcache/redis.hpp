@@ -1,0 +1,97 @@
+/// @file redis.hpp
+/// @brief Redis as a serving store of the incremental model (library embcache::redis, built when
+/// hiredis is found): a base model folder and then each delta pushed in a documented layout, and
+/// the rows read back for lookup-only scoring. docs/serving.md#redis-layout is the layout:
+///
+///   `P:schema`        string, JSON {"format":"embcache-redis","format_version":1,
+///                     "key_type":..,"tables":[{"name":..,"dim":..},..]}
+///   `P:table:<name>`  hash per table: field = the key in decimal, value = dim little-endian
+///                     float32 (the row's emb_vector)
+///   `P:versions`      hash: table name -> the table version the store holds (decimal)
+///   `P:applied`       string: the last delta applied (decimal; 0 = the base only)
+///
+/// where P is the prefix. A delta lands in one MULTI/EXEC transaction (HDEL of its tombstones,
+/// HSET of its rows, its versions and `P:applied`), guarded by WATCH on `P:applied`, so a reader
+/// sees each delta wholly or not at all; a base lands through staging hashes renamed in one
+/// transaction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/serving.hpp"
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+namespace detail {
+struct redis_connection;
+}  // namespace detail
+
+/// Where the store is.
+struct redis_options {
+  std::string host = "127.0.0.1";   ///< server address (default 127.0.0.1)
+  int port = 6379;                  ///< TCP port (default 6379)
+  std::string prefix = "embcache";  ///< P of every key (default "embcache"); no spaces
+  double timeout_seconds = 10;      ///< connect and per-reply timeout (default 10 s)
+  std::size_t batch_rows = 1000;    ///< rows per HSET / HDEL / HMGET command (default 1000)
+};
+
+/// Reads "HOST:PORT" (PORT in 1..65535) into a copy of `base`; invalid_argument otherwise.
+result<redis_options> parse_redis_address(const std::string& host_port, redis_options base = {});
+
+/// What redis_push did.
+struct redis_push_report {
+  bool base_pushed = false;           ///< the base folder replaced the store's model
+  std::uint64_t from_delta = 0;       ///< `P:applied` before (after the base, when pushed)
+  std::uint64_t applied_delta = 0;    ///< `P:applied` after
+  std::vector<std::uint64_t> deltas;  ///< deltas taken, in order (contained ones included)
+  std::uint64_t rows_written = 0;     ///< HSET fields sent
+  std::uint64_t keys_deleted = 0;     ///< HDEL fields sent (tombstones)
+};
+
+/// Pushes a model into the store. When the store holds no model under the prefix (no
+/// `P:applied`), or `replace_base`, the model folder `base_dir` (a save's sparse folder, a
+/// trainer save, or an apply_deltas result) replaces whatever is there, with `P:applied` set to
+/// its applied_delta. Then every delta of `deltas_dir` (may be empty: none) that follows the
+/// store's position is pushed, in order, each in one transaction, with the rules of apply_deltas
+/// (plan_deltas, advance_position; deltas already contained in the base only move
+/// `P:applied`). A refused delta stops the push there: the store stays at the last delta pushed.
+/// io_error for a connection or server failure, naming the server and the command.
+result<redis_push_report> redis_push(const redis_options& options, const std::string& base_dir,
+                                     const std::string& deltas_dir, const apply_options& apply = {},
+                                     bool replace_base = false);
+
+/// The model a store holds: its tables and position.
+struct redis_model {
+  std::string key_type;                                   ///< "int64" or "uint32"
+  std::vector<std::pair<std::string, std::size_t>> dims;  ///< (table, dim) in schema order
+  model_position position;                                ///< `P:applied` and `P:versions`
+};
+
+/// Reads `P:schema`, `P:applied` and `P:versions`; not_found when the store holds no model.
+result<redis_model> redis_read_model(const redis_options& options);
+
+/// The store's rows for score_shard: one HMGET per table and batch of keys (each HMGET sees one
+/// delta wholly). A value of another size than dim floats is corruption naming the table and key.
+class redis_rows : public row_lookup {
+ public:
+  /// Connects and reads the model's schema (not_found when the store holds none).
+  static result<std::unique_ptr<redis_rows>> connect(const redis_options& options);
+  ~redis_rows() override;
+  /// row_lookup::lookup through HMGET `P:table:<table>`.
+  [[nodiscard]] status lookup(const std::string& table, std::size_t dim, const std::int64_t* keys,
+                              std::size_t n, float* rows, std::uint8_t* found) override;
+  /// The model as read at connect().
+  const redis_model& model() const noexcept { return model_; }
+
+ private:
+  redis_rows() = default;
+  std::unique_ptr<detail::redis_connection> conn_;
+  redis_options options_;
+  redis_model model_;
+};
+
+}  // namespace embcache

@@ -1,0 +1,168 @@
+/// @file serving.hpp
+/// @brief Serving the incremental model: model and delta folders read with every check
+/// training_cache::load() makes, numbered deltas applied to a base folder atomically, and a
+/// lookup-only scorer that runs a trainer save's dense network on rows looked up in a serving
+/// store. The Redis store is in redis.hpp. docs/serving.md describes the rules and guarantees.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "embcache/status.hpp"
+
+namespace embcache {
+
+/// One table of a model folder (training_cache::save) or a delta folder
+/// (training_cache::export_incremental_to), as read and checked.
+struct folder_table {
+  std::string name;                     ///< table name (its sub-folder)
+  std::size_t dim = 0;                  ///< embedding floats per row
+  std::size_t state_width = 0;          ///< optimizer floats per row (0: no opt_state in it)
+  std::string optimizer;                ///< optimizer name from the manifest ("adam", ...)
+  std::uint64_t version = 0;            ///< model: table version at save; delta: until_version
+  std::uint64_t since_version = 0;      ///< delta: rows newer than this are in it (model: 0)
+  std::vector<std::int64_t> keys;       ///< row keys, int64 whatever the key type
+  std::vector<float> vectors;           ///< keys.size() * dim floats
+  std::vector<float> states;            ///< keys.size() * state_width floats
+  std::vector<std::uint64_t> versions;  ///< keys.size() row versions
+  std::vector<std::int64_t> erased;     ///< delta: tombstones (keys deleted since); model: empty
+};
+
+/// A model folder or a delta folder in memory.
+struct model_folder {
+  bool is_delta = false;  ///< true for a `delta-NNNNNN` folder
+  std::string path;       ///< the folder read
+  std::string key_type;   ///< "int64" or "uint32"
+  /// Delta: its sequence number. Model: the last delta applied to it (`applied_delta` in its
+  /// manifest, written by apply_deltas), 0 when none is recorded.
+  std::uint64_t sequence = 0;
+  std::vector<folder_table> tables;  ///< in manifest order
+};
+
+/// Reads a folder written by training_cache::save (or by apply_deltas) and checks it as load()
+/// does: manifest fields and types (`corruption` naming the file and the field), format and
+/// version, key type, table names (each once, usable as a folder name), per file the size the
+/// count gives (overflow-checked) against the manifest's `bytes` and the real size before any
+/// read, xxHash64 checksums, then the rows: a repeated key, a non-finite float or a key outside
+/// the key type is `invalid_argument` naming the file and the key.
+result<model_folder> read_model_folder(const std::string& dir);
+
+/// The model folder of `dir`: `dir` itself when it has a manifest.json, else `dir/sparse` when
+/// that has one (a trainer save), else `dir`.
+std::string model_folder_of(const std::string& dir);
+
+/// Reads a `delta-NNNNNN` folder written by export_incremental_to with the same checks, plus its
+/// own: `sequence`, per table `since_version` <= `until_version`, `erased` count and file, an
+/// `opt_state` file exactly when `state_width` > 0, and no key both in `key` and `erased`.
+result<model_folder> read_delta_folder(const std::string& dir);
+
+/// One delta folder found in a folder of deltas.
+struct delta_entry {
+  std::uint64_t sequence = 0;  ///< NNNNNN of its name
+  std::string path;            ///< deltas_dir/delta-NNNNNN
+};
+
+/// The `delta-NNNNNN` folders of `deltas_dir` (six or more digits) in increasing order; hidden
+/// temporaries and other names are ignored. not_found when the folder does not exist.
+result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir);
+
+/// Where a model stands in a stream of deltas.
+struct model_position {
+  std::uint64_t applied_delta = 0;  ///< the last delta applied (0: none recorded)
+  /// Per table (name, version): every change up to this version is in the model.
+  std::vector<std::pair<std::string, std::uint64_t>> versions;
+};
+
+/// The position of a model folder: its applied_delta and its tables' versions.
+model_position position_of(const model_folder& model);
+
+/// The deltas to take after `position`, up to `until`: those numbered above applied_delta and at
+/// most `until`, which must be consecutive (and start at applied_delta + 1 when applied_delta is
+/// set). invalid_argument naming the missing number for a gap, and when `until` is below
+/// applied_delta (the model is already past it).
+result<std::vector<delta_entry>> plan_deltas(const model_position& position,
+                                             const std::vector<delta_entry>& deltas,
+                                             std::uint64_t until);
+
+/// Checks that `delta` follows `position` and moves the position past it. Per table: a part
+/// whose until_version is at most the position's version is already contained (skipped; the
+/// base was saved after that export); otherwise its since_version must be at most the position's
+/// version (else a gap: invalid_argument naming the delta, the table and both versions). The
+/// tables must be the model's, with the same dims (invalid_argument). `apply` (may be null) gets
+/// one flag per table of `delta`: true where its rows must be applied.
+[[nodiscard]] status advance_position(model_position& position, const model_folder& delta,
+                                      std::vector<bool>* apply);
+
+/// Options of apply_deltas.
+struct apply_options {
+  /// Apply deltas numbered at most this (default: every delta in the folder).
+  std::uint64_t until = std::numeric_limits<std::uint64_t>::max();
+};
+
+/// What apply_deltas did.
+struct apply_report {
+  std::string model_dir;              ///< the model folder changed (BASE or BASE/sparse)
+  std::uint64_t from_delta = 0;       ///< applied_delta before
+  std::uint64_t applied_delta = 0;    ///< applied_delta after (recorded in the manifest)
+  std::vector<std::uint64_t> deltas;  ///< deltas taken in order (contained ones included)
+  std::uint64_t rows_written = 0;     ///< rows inserted or overwritten
+  std::uint64_t rows_erased = 0;      ///< tombstones applied to keys the model held
+  bool state_dropped = false;         ///< a delta carried no optimizer state: the result has none
+  bool changed = false;               ///< false when there was nothing to apply (folder untouched)
+};
+
+/// Applies the deltas of `deltas_dir` that follow `base_dir` (plan_deltas, advance_position) in
+/// order: per delta, tombstones delete their keys, then its rows overwrite or insert (vector,
+/// version and, when the delta carries it, optimizer state). `base_dir` is a model folder, or a
+/// trainer save whose `sparse/` is one. Everything is read and checked before anything is
+/// written; the result is written beside the base as `<base>.tmp` (files and folders fsynced),
+/// swapped in with one atomic rename exchange (or, where the file system has none, save()'s two
+/// renames, which load() follows through `<base>.old`), and the parent fsynced, so the base
+/// folder always holds either the old or the new complete model. The manifest records
+/// `applied_delta`. Rows are sorted by key as save() writes them, so the result's `key` and
+/// `emb_vector` are byte-identical to a save taken when the last delta was exported. When a delta
+/// carries no `opt_state`, the result's tables have state_width 0 and an empty `opt_state`
+/// (a serving model: load() refuses it for a table with optimizer state). Concurrent applies to
+/// one base are refused through a lock file `<parent>/.<name>.apply.lock`.
+result<apply_report> apply_deltas(const std::string& base_dir, const std::string& deltas_dir,
+                                  const apply_options& options = {});
+
+/// A serving store seen by the scorer: the rows of a table for a list of keys.
+class row_lookup {
+ public:
+  virtual ~row_lookup() = default;
+  /// Fills `rows` (n * dim floats) with the embeddings of `keys` in table `table` and `found`
+  /// (n flags); a key the store does not hold leaves its row untouched and found 0.
+  [[nodiscard]] virtual status lookup(const std::string& table, std::size_t dim,
+                                      const std::int64_t* keys, std::size_t n, float* rows,
+                                      std::uint8_t* found) = 0;
+};
+
+/// Options of score_shard.
+struct score_options {
+  std::size_t batch_size = 0;  ///< samples per batch (default 0: the save's batch_size)
+  std::size_t max_samples =
+      0;  ///< score at most this many (default 0: the save's eval_max_samples)
+};
+
+/// AUC and log loss of a shard (eval_metrics in trainer.hpp, repeated here so that this header
+/// needs no trainer header).
+struct score_metrics {
+  std::uint64_t samples = 0;  ///< samples scored
+  double auc = 0;             ///< exact AUC (NaN for a single class)
+  double logloss = 0;         ///< mean binary cross-entropy
+};
+
+/// Scores `shard` with the model of the trainer save `save_dir` (its trainer.json gives the
+/// configuration, dense.bin the dense network) and the embeddings `rows` holds: lookup only, no
+/// training, dense network on the host. A key the store does not hold pools as a zero row, as
+/// trainer::evaluate treats a key never trained; so with the rows of the save's final model the
+/// result equals trainer::evaluate's to the bit (same batches, same arithmetic).
+result<score_metrics> score_shard(const std::string& save_dir, const std::string& shard,
+                                  row_lookup& rows, const score_options& options = {});
+
+}  // namespace embcache

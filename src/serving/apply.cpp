@@ -1,0 +1,283 @@
+// Applying deltas to a base model folder: which deltas follow the base, the rows merged in memory,
+// the result written beside the base and swapped in atomically.
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "embcache/serving.hpp"
+#include "embcache/training_cache.hpp"
+#include "file_io.hpp"
+#include "store_io.hpp"
+
+namespace embcache {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string seq_name(std::uint64_t s) { return "delta-" + std::to_string(s); }
+
+// Overwrites the base's rows with `d`'s and deletes its tombstones; rows stay sorted by key.
+void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_report* report) {
+  const std::size_t dim = b.dim, sw = keep_state ? b.state_width : 0;
+  std::vector<std::int64_t> erased = d.erased;
+  std::sort(erased.begin(), erased.end());
+  // Source of every output row: (key, from delta?, index); the delta's row wins a tie.
+  struct src {
+    std::int64_t key;
+    bool delta;
+    std::size_t i;
+  };
+  std::vector<src> all;
+  all.reserve(b.keys.size() + d.keys.size());
+  for (std::size_t i = 0; i < b.keys.size(); ++i) {
+    if (std::binary_search(erased.begin(), erased.end(), b.keys[i])) {
+      ++report->rows_erased;
+      continue;
+    }
+    all.push_back({b.keys[i], false, i});
+  }
+  for (std::size_t i = 0; i < d.keys.size(); ++i) all.push_back({d.keys[i], true, i});
+  std::stable_sort(all.begin(), all.end(), [](const src& x, const src& y) {
+    return x.key != y.key ? x.key < y.key : (!x.delta && y.delta);
+  });
+  folder_table out;
+  for (std::size_t j = 0; j < all.size(); ++j) {
+    if (j + 1 < all.size() && all[j + 1].key == all[j].key) continue;  // the delta's is next
+    const src& s = all[j];
+    const folder_table& from = s.delta ? d : b;
+    out.keys.push_back(s.key);
+    out.versions.push_back(from.versions[s.i]);
+    out.vectors.insert(out.vectors.end(), from.vectors.begin() + s.i * dim,
+                       from.vectors.begin() + (s.i + 1) * dim);
+    if (sw) {
+      out.states.insert(out.states.end(), from.states.begin() + s.i * sw,
+                        from.states.begin() + (s.i + 1) * sw);
+    }
+  }
+  report->rows_written += d.keys.size();
+  b.keys = std::move(out.keys);
+  b.vectors = std::move(out.vectors);
+  b.states = std::move(out.states);
+  b.versions = std::move(out.versions);
+  if (!keep_state) b.state_width = 0;
+}
+
+template <class T>
+status write_array(const std::string& path, const std::vector<T>& v, nlohmann::json* files,
+                   const char* name) {
+  detail::checked_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(path));
+  EMBCACHE_RETURN_IF_ERROR(w.append(v.data(), v.size() * sizeof(T)));
+  EMBCACHE_RETURN_IF_ERROR(w.finish());
+  (*files)[name] = {{"bytes", w.bytes()}, {"xxh64", detail::hex64(w.digest())}};
+  return {};
+}
+
+// Writes `m` as save() does (plus applied_delta) into the new folder `dir`, every file and
+// folder fsynced.
+status write_model(const std::string& dir, const model_folder& m) {
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (!fs::create_directory(dir, ec)) {
+    return status::io_error("cannot create '" + dir + "': " + ec.message());
+  }
+  nlohmann::json tables = nlohmann::json::array();
+  for (const folder_table& t : m.tables) {
+    const std::string folder = dir + "/" + t.name;
+    if (!fs::create_directory(folder, ec)) {
+      return status::io_error("cannot create '" + folder + "': " + ec.message());
+    }
+    nlohmann::json files = nlohmann::json::object();
+    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/key", t.keys, &files, "key"));
+    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/emb_vector", t.vectors, &files, "emb_vector"));
+    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/version", t.versions, &files, "version"));
+    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/opt_state", t.states, &files, "opt_state"));
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(folder));
+    tables.push_back({{"name", t.name},
+                      {"dim", t.dim},
+                      {"state_width", t.state_width},
+                      {"optimizer", t.optimizer},
+                      {"count", t.keys.size()},
+                      {"version", t.version},
+                      {"files", files}});
+  }
+  const nlohmann::json manifest = {{"format", "embcache-model"},
+                                   {"format_version", model_format_version},
+                                   {"key_type", m.key_type},
+                                   {"applied_delta", m.sequence},
+                                   {"tables", tables}};
+  const std::string text = manifest.dump(2);
+  detail::checked_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(dir + "/manifest.json"));
+  EMBCACHE_RETURN_IF_ERROR(w.append(text.data(), text.size()));
+  EMBCACHE_RETURN_IF_ERROR(w.finish());
+  return detail::sync_dir(dir);
+}
+
+// Puts `tmp` in the place of `dir`: one atomic exchange where the file system has it, else
+// save()'s two renames (load() reads `dir.old` between them). The old folder is removed.
+status swap_in(const std::string& tmp, const std::string& dir) {
+  const std::string parent = detail::parent_dir(dir);
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
+  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+    const std::string old = dir + ".old";
+    std::error_code ec;
+    fs::remove_all(old, ec);
+    if (::rename(dir.c_str(), old.c_str()) != 0)
+      return detail::errno_status(errno, "renaming to '" + old + "'", dir);
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
+    if (::rename(tmp.c_str(), dir.c_str()) != 0)
+      return detail::errno_status(errno, "renaming to '" + dir + "'", tmp);
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
+    fs::remove_all(old, ec);
+    return {};
+  } else {
+    return detail::errno_status(errno, "exchanging with '" + dir + "'", tmp);
+  }
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // now the old model
+  return {};
+}
+
+}  // namespace
+
+model_position position_of(const model_folder& model) {
+  model_position p;
+  p.applied_delta = model.sequence;
+  for (const auto& t : model.tables) p.versions.emplace_back(t.name, t.version);
+  return p;
+}
+
+result<std::vector<delta_entry>> plan_deltas(const model_position& position,
+                                             const std::vector<delta_entry>& deltas,
+                                             std::uint64_t until) {
+  if (until < position.applied_delta) {
+    return status::invalid_argument("the model is at delta " +
+                                    std::to_string(position.applied_delta) + ", past --until " +
+                                    std::to_string(until) + " (deltas cannot be taken back)");
+  }
+  std::vector<delta_entry> out;
+  for (const delta_entry& e : deltas) {
+    if (e.sequence <= position.applied_delta || e.sequence > until) continue;
+    const std::uint64_t want =
+        out.empty() ? (position.applied_delta ? position.applied_delta + 1 : e.sequence)
+                    : out.back().sequence + 1;
+    if (e.sequence != want) {
+      return status::invalid_argument("gap in the deltas: " + seq_name(want) +
+                                      " is missing before '" + e.path + "'");
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+status advance_position(model_position& position, const model_folder& delta,
+                        std::vector<bool>* apply) {
+  if (delta.tables.size() != position.versions.size()) {
+    return status::invalid_argument("'" + delta.path + "' has " +
+                                    std::to_string(delta.tables.size()) + " tables, the model " +
+                                    std::to_string(position.versions.size()));
+  }
+  std::vector<bool> flags(delta.tables.size());
+  std::vector<std::uint64_t> next(position.versions.size());
+  for (std::size_t i = 0; i < position.versions.size(); ++i) next[i] = position.versions[i].second;
+  for (std::size_t t = 0; t < delta.tables.size(); ++t) {
+    const folder_table& d = delta.tables[t];
+    const auto it = std::find_if(position.versions.begin(), position.versions.end(),
+                                 [&](const auto& v) { return v.first == d.name; });
+    if (it == position.versions.end()) {
+      return status::invalid_argument("'" + delta.path + "' has table '" + d.name +
+                                      "', which the model does not have");
+    }
+    const std::uint64_t at = it->second;
+    if (d.version <= at) continue;  // already contained: the model was saved after this export
+    if (d.since_version > at) {
+      return status::invalid_argument(
+          "gap before '" + delta.path + "': table '" + d.name + "' holds changes after version " +
+          std::to_string(d.since_version) + ", the model only up to version " + std::to_string(at) +
+          " (a delta is missing or the model is older than the deltas)");
+    }
+    flags[t] = true;
+    next[static_cast<std::size_t>(it - position.versions.begin())] = d.version;
+  }
+  for (std::size_t i = 0; i < next.size(); ++i) position.versions[i].second = next[i];
+  position.applied_delta = delta.sequence;
+  if (apply) *apply = std::move(flags);
+  return {};
+}
+
+result<apply_report> apply_deltas(const std::string& base_in, const std::string& deltas_dir,
+                                  const apply_options& options) {
+  apply_report report;
+  const std::string dir = model_folder_of(detail::strip_slashes(base_in));
+  report.model_dir = dir;
+  detail::file_lock lock;
+  const std::string lock_path =
+      detail::parent_dir(dir) + "/." + fs::path(dir).filename().string() + ".apply.lock";
+  EMBCACHE_RETURN_IF_ERROR(lock.try_lock(lock_path, "model folder '" + dir + "'"));
+  auto base = read_model_folder(dir);
+  if (!base.ok()) return base.get_status().with_context("apply: base");
+  model_folder& m = base.value();
+  report.from_delta = report.applied_delta = m.sequence;
+  auto listed = list_deltas(deltas_dir);
+  if (!listed.ok()) return listed.get_status().with_context("apply");
+  model_position pos = position_of(m);
+  auto plan = plan_deltas(pos, listed.value(), options.until);
+  if (!plan.ok()) return plan.get_status().with_context("apply: base '" + dir + "'");
+  // Read, check and merge everything in memory before anything is written.
+  for (const delta_entry& e : plan.value()) {
+    auto d = read_delta_folder(e.path);
+    if (!d.ok()) return d.get_status().with_context("apply");
+    if (d.value().sequence != e.sequence) {
+      return status::corruption("apply: '" + e.path + "/manifest.json' has sequence " +
+                                std::to_string(d.value().sequence) + ", its folder name " +
+                                std::to_string(e.sequence));
+    }
+    if (d.value().key_type != m.key_type) {
+      return status::invalid_argument("apply: '" + e.path + "' holds " + d.value().key_type +
+                                      " keys, the base " + m.key_type);
+    }
+    std::vector<bool> apply;
+    EMBCACHE_RETURN_IF_ERROR(advance_position(pos, d.value(), &apply).with_context("apply"));
+    for (std::size_t t = 0; t < apply.size(); ++t) {
+      const folder_table& dt = d.value().tables[t];
+      folder_table& bt = *std::find_if(m.tables.begin(), m.tables.end(),
+                                       [&](const folder_table& x) { return x.name == dt.name; });
+      if (dt.dim != bt.dim || dt.optimizer != bt.optimizer) {
+        return status::invalid_argument("apply: table '" + dt.name + "' of '" + e.path +
+                                        "' has dim " + std::to_string(dt.dim) + ", optimizer " +
+                                        dt.optimizer + "; the base " + std::to_string(bt.dim) +
+                                        ", " + bt.optimizer);
+      }
+      if (dt.state_width > 0 && bt.state_width > 0 && dt.state_width != bt.state_width) {
+        return status::invalid_argument("apply: table '" + dt.name + "' of '" + e.path +
+                                        "' has state width " + std::to_string(dt.state_width) +
+                                        ", the base " + std::to_string(bt.state_width));
+      }
+      if (!apply[t]) continue;
+      const bool keep_state = dt.state_width == bt.state_width;
+      report.state_dropped = report.state_dropped || (bt.state_width > 0 && !keep_state);
+      merge_table(bt, dt, keep_state, &report);
+      bt.version = dt.version;
+    }
+    m.sequence = e.sequence;
+    report.deltas.push_back(e.sequence);
+  }
+  report.applied_delta = m.sequence;
+  if (report.deltas.empty()) return report;
+  const std::string tmp = dir + ".tmp";
+  EMBCACHE_RETURN_IF_ERROR(write_model(tmp, m).with_context("apply: writing the result"));
+  EMBCACHE_RETURN_IF_ERROR(swap_in(tmp, dir).with_context("apply"));
+  report.changed = true;
+  return report;
+}
+
+}  // namespace embcache

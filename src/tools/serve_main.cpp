@@ -1,0 +1,67 @@
+// embcache-serve: lookup-only scoring of a shard with a trainer save's dense network and the
+// embeddings of a Redis serving store.
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_checks.hpp"
+#include "embcache/redis.hpp"
+#include "embcache/serving.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Scores SHARD.bin with the dense network of the trainer save SAVE_DIR (trainer.json, "
+      "dense.bin) and the embedding rows held by a Redis serving store (embcache-apply --redis): "
+      "lookup only, no training. Prints the samples, AUC and log loss."};
+  std::string redis, prefix = "embcache", model, shard, output;
+  embcache::score_options so;
+  app.add_option("--redis", redis, "Redis server HOST:PORT")->required();
+  app.add_option("--prefix", prefix, "Prefix of the Redis keys")->capture_default_str();
+  app.add_option("--model", model, "Trainer save folder (trainer.json, dense.bin)")->required();
+  app.add_option("--shard", shard, "Shard to score (shard-NNNNN.bin)")->required();
+  app.add_option("--batch-size", so.batch_size, "Samples per batch (default: the save's)")
+      ->check(embcache::tools::integer_at_least(1));
+  app.add_option("--max-samples", so.max_samples,
+                 "Score at most this many samples (default: the save's eval_max_samples)")
+      ->check(embcache::tools::integer_at_least(1));
+  app.add_option("-o,--output", output, "Also write the metrics as JSON to this file");
+  EMBCACHE_CLI_PARSE(app, argc, argv);
+  auto where = embcache::parse_redis_address(redis);
+  if (!where.ok()) {
+    std::cerr << "embcache-serve: --redis: " << where.get_status().message() << "\n";
+    return 2;
+  }
+  where.value().prefix = prefix;
+  auto rows = embcache::redis_rows::connect(where.value());
+  if (!rows.ok()) {
+    std::cerr << "embcache-serve: " << rows.get_status().to_string() << "\n";
+    return 1;
+  }
+  auto m = embcache::score_shard(model, shard, *rows.value(), so);
+  if (!m.ok()) {
+    std::cerr << "embcache-serve: " << m.get_status().to_string() << "\n";
+    return 1;
+  }
+  const auto& r = m.value();
+  const unsigned long long applied = rows.value()->model().position.applied_delta;
+  std::printf("applied       %llu\n", applied);
+  std::printf("samples       %llu\n", static_cast<unsigned long long>(r.samples));
+  std::printf("auc           %.17g\n", r.auc);
+  std::printf("logloss       %.17g\n", r.logloss);
+  if (!output.empty()) {
+    const nlohmann::json j = {{"applied_delta", applied},
+                              {"samples", r.samples},
+                              {"auc", std::isnan(r.auc) ? nlohmann::json() : nlohmann::json(r.auc)},
+                              {"logloss", r.logloss}};
+    std::FILE* f = std::fopen(output.c_str(), "w");
+    const std::string text = j.dump(2) + "\n";
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
+      std::cerr << "embcache-serve: cannot write '" << output << "'\n";
+      return 1;
+    }
+  }
+  return 0;
+}

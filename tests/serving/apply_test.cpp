@@ -1,0 +1,180 @@
+// apply_deltas and embcache-apply: base + deltas equals the save taken at the end, gaps and old
+// deltas are refused, a failing apply leaves the base untouched.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "embcache/serving.hpp"
+#include "test_util.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using test::file_bytes;
+using test::folder_bytes;
+using test::history;
+using test::scratch;
+
+test::scratch_cleanup cleanup_at_exit;
+
+// `dir` holds the same table files as the save `want` (`files` of each table).
+void expect_same_tables(const std::string& dir, const std::string& want,
+                        const std::vector<std::string>& files) {
+  for (const char* t : {"emb", "lin"})
+    for (const auto& f : files)
+      EXPECT_EQ(file_bytes(dir + "/" + t + "/" + f), file_bytes(want + "/" + t + "/" + f))
+          << t << "/" << f;
+}
+
+std::string copy_of(const std::string& dir, const std::string& to) {
+  fs::copy(dir, to, fs::copy_options::recursive);
+  return to;
+}
+
+TEST(ApplyDeltas, BaseAndDeltasEqualTheFinalSave) {
+  const std::string root = scratch("equal");
+  const history h = test::make_history(root, /*with_state=*/true);
+  auto r = apply_deltas(h.base, h.deltas);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_TRUE(r.value().changed);
+  EXPECT_EQ(r.value().deltas, (std::vector<std::uint64_t>{1, 2}));
+  EXPECT_EQ(r.value().applied_delta, 2u);
+  EXPECT_EQ(r.value().rows_erased, 1u);  // key 12 of table emb
+  EXPECT_FALSE(r.value().state_dropped);
+  expect_same_tables(h.base, h.final_save, {"key", "emb_vector", "opt_state", "version"});
+  const auto m = nlohmann::json::parse(file_bytes(h.base + "/manifest.json"));
+  EXPECT_EQ(m.at("applied_delta"), 2);
+  EXPECT_FALSE(fs::exists(h.base + ".tmp"));
+  EXPECT_FALSE(fs::exists(h.base + ".old"));
+  // The result is a save: load() takes it and holds the final rows.
+  auto tc = test::history_cache();
+  ASSERT_TRUE(tc->load(h.base).ok());
+  const std::int64_t k = 12;
+  float row[8];
+  bool found = true;
+  ASSERT_TRUE(tc->read(0, &k, 1, row, &found).ok());
+  EXPECT_FALSE(found);
+  // Applying again finds nothing to do and leaves the folder alone.
+  const auto before = folder_bytes(h.base);
+  auto again = apply_deltas(h.base, h.deltas);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again.value().changed);
+  EXPECT_EQ(again.value().applied_delta, 2u);
+  EXPECT_EQ(folder_bytes(h.base), before);
+}
+
+TEST(ApplyDeltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
+  const std::string root = scratch("until");
+  const history h = test::make_history(root, /*with_state=*/false);
+  apply_options one;
+  one.until = 1;
+  auto r1 = apply_deltas(h.base, h.deltas, one);
+  ASSERT_TRUE(r1.ok()) << r1.get_status().to_string();
+  EXPECT_EQ(r1.value().deltas, std::vector<std::uint64_t>{1});
+  EXPECT_TRUE(r1.value().state_dropped);
+  auto r2 = apply_deltas(h.base, h.deltas);
+  ASSERT_TRUE(r2.ok()) << r2.get_status().to_string();
+  EXPECT_EQ(r2.value().deltas, std::vector<std::uint64_t>{2});
+  expect_same_tables(h.base, h.final_save, {"key", "emb_vector", "version"});
+  EXPECT_EQ(fs::file_size(h.base + "/emb/opt_state"), 0u);
+  auto m = read_model_folder(h.base);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m.value().tables[0].state_width, 0u);
+  // load() refuses it for a table with optimizer state, naming the widths.
+  auto tc = test::history_cache();
+  const status s = tc->load(h.base);
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("state width 0"), std::string::npos) << s.message();
+  // The base is at delta 2: going back to 1 is refused.
+  const status back = apply_deltas(h.base, h.deltas, one).get_status();
+  EXPECT_EQ(back.code(), status_code::invalid_argument);
+  EXPECT_NE(back.message().find("at delta 2, past --until 1"), std::string::npos) << back.message();
+}
+
+TEST(ApplyDeltas, GapsAreRefused) {
+  const std::string root = scratch("gaps");
+  const history h = test::make_history(root, true);
+  const auto before = folder_bytes(h.base);
+  // Versions: without delta-000001, delta-000002 starts after changes the base lacks.
+  fs::rename(h.deltas + "/delta-000001", root + "/delta-000001");
+  const status s = apply_deltas(h.base, h.deltas).get_status();
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("gap before '" + h.deltas + "/delta-000002': table 'emb'"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(folder_bytes(h.base), before);
+  // Numbers: at delta 1, delta-000003 without delta-000002.
+  fs::rename(root + "/delta-000001", h.deltas + "/delta-000001");
+  apply_options one;
+  one.until = 1;
+  ASSERT_TRUE(apply_deltas(h.base, h.deltas, one).ok());
+  fs::rename(h.deltas + "/delta-000002", h.deltas + "/delta-000003");
+  const status n = apply_deltas(h.base, h.deltas).get_status();
+  EXPECT_EQ(n.code(), status_code::invalid_argument);
+  EXPECT_NE(n.message().find("delta-2 is missing"), std::string::npos) << n.message();
+}
+
+TEST(ApplyDeltas, ACorruptedDeltaLeavesTheBaseUntouched) {
+  const std::string root = scratch("corrupt");
+  const history h = test::make_history(root, true);
+  const auto before = folder_bytes(h.base);
+  const std::string victim = h.deltas + "/delta-000002/emb/emb_vector";
+  std::string bytes = file_bytes(victim);
+  bytes[5] ^= 0x40;
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const status s = apply_deltas(h.base, h.deltas).get_status();
+  EXPECT_EQ(s.code(), status_code::corruption);
+  EXPECT_NE(s.message().find("'" + victim + "' has checksum"), std::string::npos) << s.message();
+  EXPECT_EQ(folder_bytes(h.base), before);  // delta-000001 was fine, but nothing is written
+  EXPECT_FALSE(fs::exists(h.base + ".tmp"));
+}
+
+TEST(ApplyDeltas, ATrainerSaveIsAppliedThroughItsSparseFolder) {
+  const std::string root = scratch("trainer_save");
+  const history h = test::make_history(root, true);
+  fs::create_directories(root + "/save");
+  fs::rename(h.base, root + "/save/sparse");
+  auto r = apply_deltas(root + "/save/", h.deltas);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().model_dir, root + "/save/sparse");
+  expect_same_tables(root + "/save/sparse", h.final_save, {"key", "emb_vector"});
+}
+
+#ifdef EMBCACHE_APPLY_EXE
+std::pair<int, std::string> run_tool(const std::string& args) {
+  const std::string cmd = std::string(EMBCACHE_APPLY_EXE) + " " + args + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+TEST(ApplyTool, ExitCodesAndResult) {
+  const std::string root = scratch("tool");
+  const history h = test::make_history(root, true);
+  const std::string copy = copy_of(h.base, root + "/copy");
+  EXPECT_EQ(run_tool("").first, 2);
+  EXPECT_EQ(run_tool("'" + h.base + "' '" + h.deltas + "' --until x").first, 2);
+  EXPECT_EQ(run_tool("'" + h.base + "' '" + h.deltas + "' --redis nowhere").first, 2);
+  const auto ok = run_tool("'" + h.base + "' '" + h.deltas + "'");
+  EXPECT_EQ(ok.first, 0) << ok.second;
+  EXPECT_NE(ok.second.find("deltas        1 2\napplied       2 (was 0)"), std::string::npos)
+      << ok.second;
+  expect_same_tables(h.base, h.final_save, {"key", "emb_vector", "opt_state"});
+  std::ofstream(h.deltas + "/delta-000001/manifest.json", std::ios::trunc) << "{";
+  const auto bad = run_tool("'" + copy + "' '" + h.deltas + "'");
+  EXPECT_EQ(bad.first, 1) << bad.second;
+  EXPECT_NE(bad.second.find("corruption: apply: '" + h.deltas +
+                            "/delta-000001/manifest.json' is not a JSON object"),
+            std::string::npos)
+      << bad.second;
+}
+#endif
+
+}  // namespace
+}  // namespace embcache
