@@ -14,10 +14,17 @@
 
 namespace {
 
-std::string list(const std::vector<std::uint64_t>& v) {
-  std::string s;
-  for (auto x : v) s += (s.empty() ? "" : " ") + std::to_string(x);
-  return s.empty() ? "none" : s;
+// The lines both modes print: deltas taken, position before and after, rows.
+void print_summary(const std::vector<std::uint64_t>& deltas, std::uint64_t applied,
+                   std::uint64_t from, std::uint64_t rows, std::uint64_t erased,
+                   const char* erased_word) {
+  std::string list;
+  for (auto x : deltas) list += (list.empty() ? "" : " ") + std::to_string(x);
+  std::printf("deltas        %s\n", list.empty() ? "none" : list.c_str());
+  std::printf("applied       %llu (was %llu)\n", static_cast<unsigned long long>(applied),
+              static_cast<unsigned long long>(from));
+  std::printf("rows          %llu written, %llu %s\n", static_cast<unsigned long long>(rows),
+              static_cast<unsigned long long>(erased), erased_word);
 }
 
 }  // namespace
@@ -57,12 +64,8 @@ int main(int argc, char** argv) {
     }
     const auto& p = r.value();
     std::printf("base          %s\n", p.base_pushed ? "pushed" : "kept (the store had a model)");
-    std::printf("deltas        %s\n", list(p.deltas).c_str());
-    std::printf("applied       %llu (was %llu)\n", static_cast<unsigned long long>(p.applied_delta),
-                static_cast<unsigned long long>(p.from_delta));
-    std::printf("rows          %llu written, %llu deleted\n",
-                static_cast<unsigned long long>(p.rows_written),
-                static_cast<unsigned long long>(p.keys_deleted));
+    print_summary(p.deltas, p.applied_delta, p.from_delta, p.rows_written, p.keys_deleted,
+                  "deleted");
     return 0;
 #else
     std::cerr << "embcache-apply: --redis: this build has no Redis support (hiredis not found)\n";
@@ -76,12 +79,7 @@ int main(int argc, char** argv) {
   }
   const auto& a = r.value();
   std::printf("model         %s%s\n", a.model_dir.c_str(), a.changed ? "" : " (unchanged)");
-  std::printf("deltas        %s\n", list(a.deltas).c_str());
-  std::printf("applied       %llu (was %llu)\n", static_cast<unsigned long long>(a.applied_delta),
-              static_cast<unsigned long long>(a.from_delta));
-  std::printf("rows          %llu written, %llu erased\n",
-              static_cast<unsigned long long>(a.rows_written),
-              static_cast<unsigned long long>(a.rows_erased));
+  print_summary(a.deltas, a.applied_delta, a.from_delta, a.rows_written, a.rows_erased, "erased");
   if (a.state_dropped)
     std::printf(
         "note          a delta carried no optimizer state: the result has none "

@@ -23,13 +23,10 @@
 namespace {
 
 using embcache::status_code;
+using embcache::fuzz::hex64;
+using embcache::fuzz::read_bytes;
 
 constexpr const char* file_names[5] = {"key", "emb_vector", "version", "opt_state", "erased"};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 struct delta_fixture {
   std::string dir;                               // the delta, its files rewritten for each input
@@ -50,19 +47,11 @@ delta_fixture& fixture() {
   return f;
 }
 
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(delta_folder) {
   delta_fixture& f = fixture();
-  const std::uint8_t mode = size > 0 ? data[0] : 0;
-  const char* content = size > 0 ? reinterpret_cast<const char*>(data + 1) : "";
-  const std::size_t n = size > 0 ? size - 1 : 0;
+  const auto [mode, content, n] = embcache::fuzz::split_mode(data, size);
   const int which = mode & 7;
   for (int i = 0; i < 5; ++i) {
     const std::string path = f.dir + "/emb/" + file_names[i];

@@ -25,15 +25,12 @@
 
 namespace {
 
+using embcache::fuzz::hex64;
+using embcache::fuzz::read_bytes;
 namespace fs = std::filesystem;
 using embcache::status_code;
 
 constexpr const char* file_names[4] = {"key", "emb_vector", "version", "opt_state"};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 struct files_fixture {
   std::string dir;                // a save, its files rewritten for each input
@@ -71,19 +68,11 @@ files_fixture& fixture() {
   return f;
 }
 
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(save_files) {
   files_fixture& f = fixture();
-  const std::uint8_t mode = size > 0 ? data[0] : 0;
-  const char* content = size > 0 ? reinterpret_cast<const char*>(data + 1) : "";
-  const std::size_t n = size > 0 ? size - 1 : 0;
+  const auto [mode, content, n] = embcache::fuzz::split_mode(data, size);
   const int which = mode & 3;
   const bool hugectr = mode & 32;
   embcache::load_options options;

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +49,32 @@ inline status write_save_fixture(const std::string& dir) {
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = rows[i] * 0.5f + float(i) * 0.125f;
   EMBCACHE_RETURN_IF_ERROR(tc->assign(0, keys.data(), keys.size(), rows.data()));
   return tc->save(dir);
+}
+
+/// The whole content of `path` ("" when it cannot be read).
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// An xxHash64 digest as a manifest writes it: 16 lower-case hex digits.
+inline std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// An input whose first byte says what to do with the rest (the save_files and delta_folder
+/// targets): `mode` (0 for an empty input) and the content after it.
+struct mode_and_content {
+  std::uint8_t mode = 0;
+  const char* content = "";
+  std::size_t size = 0;
+};
+
+inline mode_and_content split_mode(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return {};
+  return {data[0], reinterpret_cast<const char*>(data + 1), size - 1};
 }
 
 /// Every row of the cache's store, by key, as raw bytes (so that NaN rows compare equal).

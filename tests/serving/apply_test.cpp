@@ -145,13 +145,7 @@ TEST(ApplyDeltas, ATrainerSaveIsAppliedThroughItsSparseFolder) {
 
 #ifdef EMBCACHE_APPLY_EXE
 std::pair<int, std::string> run_tool(const std::string& args) {
-  const std::string cmd = std::string(EMBCACHE_APPLY_EXE) + " " + args + " 2>&1";
-  std::FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return test::run_tool(std::string(EMBCACHE_APPLY_EXE) + " " + args);
 }
 
 TEST(ApplyTool, ExitCodesAndResult) {

@@ -239,15 +239,11 @@ const trained& trained_model() {
     c.data_dir = r.data;
     c.passes = {{{shard_file_name(0)}}};
     c.eval_shard = shard_file_name(3);
-    c.model.hidden = {32, 16};
-    c.model.dropout = 0.1f;
-    c.model.seed = 7;
-    c.batch_size = 128;
-    c.crossed = true;
-    c.seed = 3;
+    c.dense_device = "host";  // score_shard runs the dense network on the host
+    c.crossed = true;         // the wide table takes the crossed keys too
+    c.model.hidden = {24, 8};
+    c.batch_size = 200;
     c.log_interval = 0;
-    c.threads = 2;
-    c.dense_device = "host";
     for (auto& tb : c.tables) tb.capacity = std::size_t{1} << 17;
     c.export_dir = r.deltas;
     c.export_with_state = true;
@@ -310,14 +306,7 @@ TEST(ServingTrainer, ScoresFromRedisEqualTheTrainersEvaluation) {
 }
 
 #if defined(EMBCACHE_APPLY_EXE) && defined(EMBCACHE_SERVE_EXE)
-std::pair<int, std::string> run_tool(const std::string& cmd) {
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using test::run_tool;
 
 TEST(ServingTools, ApplyIntoRedisThenServeGiveTheTrainersMetrics) {
   EMBCACHE_NEED_REDIS();

@@ -2,9 +2,12 @@
 // a base save, two deltas (changed rows, a tombstone, new keys) and the save taken at the end.
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -55,6 +58,16 @@ inline std::vector<std::pair<std::string, std::string>> folder_bytes(const std::
       out.emplace_back(fs::relative(e.path(), dir).string(), file_bytes(e.path().string()));
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// Runs a shell command line; its exit status (-1 when it did not exit) and stdout + stderr.
+inline std::pair<int, std::string> run_tool(const std::string& command) {
+  std::FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
 /// Folders of one history: `base` (a save), `deltas` (delta-000001, delta-000002) and `final`
