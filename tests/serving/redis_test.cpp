@@ -7,6 +7,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +66,7 @@ class redis_server {
     static redis_server s;
     return s;
   }
+  bool installed() const { return installed_; }
   bool running() const { return pid_ > 0; }
   const std::string& why_not() const { return why_not_; }
   redis_options options(const std::string& prefix) const {
@@ -105,6 +107,7 @@ class redis_server {
       why_not_ = "redis-server is not installed (Debian: redis-server)";
       return;
     }
+    installed_ = true;
     dir_ = scratch("redis");
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) start(exe);
     if (pid_ <= 0) why_not_ = "redis-server did not answer PING on 127.0.0.1 (" + dir_ + ")";
@@ -124,6 +127,7 @@ class redis_server {
     const std::string port = std::to_string(port_);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a test process that crashed
       const std::string log = dir_ + "/redis.log";
       std::freopen(log.c_str(), "w", stdout);
       ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
@@ -141,13 +145,16 @@ class redis_server {
     ::waitpid(pid, nullptr, 0);
   }
 
+  bool installed_ = false;
   pid_t pid_ = -1;
   int port_ = 0;
   std::string dir_, why_not_;
 };
 
-#define EMBCACHE_NEED_REDIS() \
-  if (!redis_server::get().running()) GTEST_SKIP() << redis_server::get().why_not()
+// Skips only when redis-server is not installed; a server that does not start fails the test.
+#define EMBCACHE_NEED_REDIS()                                                          \
+  if (!redis_server::get().installed()) GTEST_SKIP() << redis_server::get().why_not(); \
+  ASSERT_TRUE(redis_server::get().running()) << redis_server::get().why_not()
 
 // The keys and emb_vector rows of a saved table.
 std::pair<std::vector<std::int64_t>, std::vector<float>> saved_rows(const std::string& model,
