@@ -7,14 +7,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "embcache/training_cache.hpp"
+#include "fuzz_target.hpp"
 
 namespace embcache::fuzz {
 
@@ -35,7 +40,7 @@ inline std::unique_ptr<training_cache<std::int64_t>> save_fixture_cache() {
 }
 
 /// Writes the save to `dir` (the folder save() writes: manifest.json and emb/{key, emb_vector,
-/// version, opt_state}).
+/// version, AdaGrad.accm}).
 inline status write_save_fixture(const std::string& dir) {
   auto tc = save_fixture_cache();
   const std::vector<std::int64_t> keys = {-7, 0, 3, 12, 1000, std::int64_t{1} << 40};
@@ -84,6 +89,74 @@ inline void overwrite_file(const std::string& path, const void* data, std::size_
   }
   ::close(fd);
   if (!ok) throw error(status_code::io_error, "cannot write '" + path + "'");
+}
+
+/// The whole content of `path` ("" when it cannot be read).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// xxHash64 as a manifest writes it: 16 lowercase hex digits.
+inline std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+/// The input of a file target: a mode byte, then the new content of the file it picks.
+struct file_input {
+  std::uint8_t mode = 0;
+  const char* content = "";
+  std::size_t n = 0;  // bytes of content
+  file_input(const std::uint8_t* data, std::size_t size) {
+    if (size == 0) return;
+    mode = data[0];
+    content = reinterpret_cast<const char*>(data + 1);
+    n = size - 1;
+  }
+  /// The load options of the mode: allow_hugectr_folder when `hugectr`, allow_duplicate_keys from
+  /// bit 6, allow_non_finite from bit 7.
+  load_options options(bool hugectr) const {
+    load_options o;
+    o.allow_hugectr_folder = hugectr;
+    o.allow_duplicate_keys = mode & 64;
+    o.allow_non_finite = mode & 128;
+    return o;
+  }
+};
+
+/// What a file target expects of a load whose options are `options`, given the rows before and
+/// after and the keys of the key file: a refusal (corruption, invalid_argument or `also`) with a
+/// message changes nothing; a success holds a row per key (fewer only when repeats are allowed)
+/// and finite floats unless they are allowed. Returns whether the load succeeded.
+inline bool check_load_outcome(const status& s, const load_options& options,
+                               const std::map<std::int64_t, std::string>& before,
+                               const std::map<std::int64_t, std::string>& after,
+                               std::size_t keys_in_file,
+                               status_code also = status_code::corruption) {
+  if (!s.ok()) {
+    const auto c = s.code();
+    EMBCACHE_FUZZ_CHECK(c == status_code::corruption || c == status_code::invalid_argument ||
+                        c == also);
+    EMBCACHE_FUZZ_CHECK(!s.message().empty());
+    EMBCACHE_FUZZ_CHECK(after == before);  // validated before anything changes
+    return false;
+  }
+  if (options.allow_duplicate_keys)
+    EMBCACHE_FUZZ_CHECK(after.size() <= keys_in_file);
+  else
+    EMBCACHE_FUZZ_CHECK(after.size() == keys_in_file);
+  if (!options.allow_non_finite) {
+    for (const auto& [k, r] : after) {
+      for (std::size_t i = 0; i + 4 <= r.size(); i += 4) {
+        float v;
+        std::memcpy(&v, r.data() + i, 4);
+        EMBCACHE_FUZZ_CHECK(std::isfinite(v));
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace embcache::fuzz
