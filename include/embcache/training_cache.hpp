@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -63,6 +64,11 @@ struct table_options {
   /// Store of the table; default nullptr = a new host_store. Pass a rocksdb_store (library
   /// embcache::rocksdb) for the SSD tier; its row width must be dim + state width.
   std::shared_ptr<param_store<Key>> store;
+  /// Slot id of a key, for the `slot_id` file of a save (HugeCTR's localized embeddings need
+  /// it); default empty: only the slot ids loaded from a folder or given to set_slot_ids() are
+  /// known. save() asks it for the keys with no loaded or set slot id. For keys made by
+  /// criteo_key() the slot is criteo_key_tag(key).
+  std::function<std::uint64_t(Key)> slot_of;
 };
 
 /// Options of a training cache.
@@ -142,7 +148,7 @@ struct load_options {
   /// Accepts a key that appears more than once in a table's `key` file (the last occurrence
   /// wins). Default false: invalid_argument naming the file and the key.
   bool allow_duplicate_keys = false;
-  /// Accepts NaN and infinite floats in `emb_vector` and `opt_state`. Default false:
+  /// Accepts NaN and infinite floats in `emb_vector` and the optimizer state files. Default false:
   /// invalid_argument naming the file, the key and the value.
   bool allow_non_finite = false;
 };
@@ -248,18 +254,33 @@ class training_cache {
   result<std::string> export_incremental_to(const std::string& dir, bool with_state = false);
 
   /// end_training(), then writes `dir`: per table a HugeCTR sparse model folder `dir/<table>/`
-  /// (`key`: int64, `emb_vector`: float32[n][dim]) with `opt_state` (float32[n][state width])
-  /// and `version` (uint64[n]), plus `dir/manifest.json`. The folder is built beside `dir` and
-  /// renamed into place; a crash at any point leaves the previous save loadable by load(dir).
+  /// (rows in key order: `key`: int64[n], `emb_vector`: float32[n][dim]), the optimizer state
+  /// as HugeCTR's files (float32[n][dim] each: `AdaGrad.accm`; `Adam.m`, `Adam.v`; `Ftrl.n`,
+  /// `Ftrl.z`; none for sgd), `version` (uint64[n]) and, when every row's slot id is known
+  /// (loaded, set_slot_ids() or table_options::slot_of), `slot_id` (uint64[n]); plus
+  /// `dir/manifest.json` with every file's size and xxHash64. The folder is built beside `dir`
+  /// and renamed into place; a crash at any point leaves the previous save loadable by load(dir).
   status save(const std::string& dir);
   /// Replaces every table's rows with those of `dir`, a folder written by save(). Its
   /// `manifest.json` is required (not_found naming it when missing) and checked: format version,
   /// key type, tables, dims, optimizer, counts, every file's size against the count (corruption)
-  /// and its checksum (corruption). A plain HugeCTR folder (no manifest) loads only with
-  /// `options.allow_hugectr_folder`. Repeated keys and non-finite floats are refused
-  /// (invalid_argument) unless `options` allows them. Everything is validated before anything
-  /// changes.
+  /// and its checksum (corruption). The optimizer state comes from the optimizer's HugeCTR files
+  /// or, in saves of earlier versions, from one `opt_state` file (float32[n][state width]). A
+  /// plain HugeCTR folder (no manifest) loads only with `options.allow_hugectr_folder`; its
+  /// optimizer files, when there, restore the state (otherwise it is initialized). Either way a
+  /// `slot_id` file, when there, replaces the table's known slot ids (else they are forgotten);
+  /// each state or `slot_id` file must hold n rows (corruption naming it). Repeated keys and
+  /// non-finite floats are refused (invalid_argument) unless `options` allows them. Everything
+  /// is validated before anything changes.
   status load(const std::string& dir, const load_options& options = {});
+
+  /// Records the slot id of each key of table `t` (`keys` and `slot_ids`: n each; a key given
+  /// twice keeps the later id), for the `slot_id` file of save(). They stay until load() replaces
+  /// them; about 40 bytes of host memory per key. invalid_argument when `t` is out of range.
+  status set_slot_ids(std::size_t t, const Key* keys, const std::uint64_t* slot_ids, std::size_t n);
+  /// The slot id save() writes for `key` in table `t`: a loaded or set one first, else
+  /// table(t).slot_of(key); not_found when neither knows it (or `t` is out of range).
+  result<std::uint64_t> slot_id(std::size_t t, Key key) const;
 
   /// Counters of the last pass and the totals.
   const cache_counters& counters() const noexcept;

@@ -338,6 +338,7 @@ status trainer::impl::build_parts() {
     o.init.kind = init_kind::uniform;
     o.init.scale = tc.init_scale;
     o.init.seed = config.seed;
+    o.slot_of = [](key_t k) -> std::uint64_t { return criteo_key_tag(k); };  // HugeCTR slot_id
     building = "config.tables[" + std::to_string(t) + "] (table \"" + tc.name + "\"): its store";
     EMBCACHE_RETURN_IF_ERROR(make_store(t, tc.dim + state_width(tc.optimizer.kind, tc.dim)));
     o.store = stores[t];

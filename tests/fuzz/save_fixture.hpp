@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "embcache/training_cache.hpp"
+#include "fuzz_target.hpp"
 
 namespace embcache::fuzz {
 
@@ -38,7 +40,7 @@ inline std::unique_ptr<training_cache<std::int64_t>> save_fixture_cache() {
 }
 
 /// Writes the save to `dir` (the folder save() writes: manifest.json and emb/{key, emb_vector,
-/// version, opt_state}).
+/// version, AdaGrad.accm}).
 inline status write_save_fixture(const std::string& dir) {
   auto tc = save_fixture_cache();
   const std::vector<std::int64_t> keys = {-7, 0, 3, 12, 1000, std::int64_t{1} << 40};
@@ -113,6 +115,53 @@ inline void overwrite_file(const std::string& path, const void* data, std::size_
   }
   ::close(fd);
   if (!ok) throw error(status_code::io_error, "cannot write '" + path + "'");
+}
+
+/// The input of a file target: a mode byte, then the new content of the file it picks.
+struct file_input : mode_and_content {
+  file_input(const std::uint8_t* data, std::size_t size) : mode_and_content(split_mode(data, size)) {}
+  /// The load options of the mode: allow_hugectr_folder when `hugectr`, allow_duplicate_keys from
+  /// bit 6, allow_non_finite from bit 7.
+  load_options options(bool hugectr) const {
+    load_options o;
+    o.allow_hugectr_folder = hugectr;
+    o.allow_duplicate_keys = mode & 64;
+    o.allow_non_finite = mode & 128;
+    return o;
+  }
+};
+
+/// What a file target expects of a load whose options are `options`, given the rows before and
+/// after and the keys of the key file: a refusal (corruption, invalid_argument or `also`) with a
+/// message changes nothing; a success holds a row per key (fewer only when repeats are allowed)
+/// and finite floats unless they are allowed. Returns whether the load succeeded.
+inline bool check_load_outcome(const status& s, const load_options& options,
+                               const std::map<std::int64_t, std::string>& before,
+                               const std::map<std::int64_t, std::string>& after,
+                               std::size_t keys_in_file,
+                               status_code also = status_code::corruption) {
+  if (!s.ok()) {
+    const auto c = s.code();
+    EMBCACHE_FUZZ_CHECK(c == status_code::corruption || c == status_code::invalid_argument ||
+                        c == also);
+    EMBCACHE_FUZZ_CHECK(!s.message().empty());
+    EMBCACHE_FUZZ_CHECK(after == before);  // validated before anything changes
+    return false;
+  }
+  if (options.allow_duplicate_keys)
+    EMBCACHE_FUZZ_CHECK(after.size() <= keys_in_file);
+  else
+    EMBCACHE_FUZZ_CHECK(after.size() == keys_in_file);
+  if (!options.allow_non_finite) {
+    for (const auto& [k, r] : after) {
+      for (std::size_t i = 0; i + 4 <= r.size(); i += 4) {
+        float v;
+        std::memcpy(&v, r.data() + i, 4);
+        EMBCACHE_FUZZ_CHECK(std::isfinite(v));
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace embcache::fuzz

@@ -94,17 +94,26 @@ std::string read_bytes(const std::string& path) {
   return ss.str();
 }
 
-// The model files of a save: rows and optimizer state of both tables, and the dense blob. The
-// `version` files hold the cache's update clock, which counts swap calls too, and trainer.json
-// holds timings: neither is part of the model.
+// The model files of a save: rows, slot ids and optimizer state (HugeCTR's per-optimizer files)
+// of both tables, and the dense blob. The `version` files hold the cache's update clock, which
+// counts swap calls too, and trainer.json holds timings: neither is part of the model.
 void expect_same_model(const std::string& a, const std::string& b) {
-  for (const char* table : {"wide", "deep"})
-    for (const char* file : {"key", "emb_vector", "opt_state"}) {
-      const std::string f = std::string("/sparse/") + table + "/" + file;
+  for (const char* table : {"wide", "deep"}) {
+    const std::string folder = std::string("/sparse/") + table;
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(a + folder)) {
+      if (e.path().filename() != "version") files.push_back(e.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    EXPECT_GE(files.size(), 3u) << folder;  // key, emb_vector, slot_id (+ the state files)
+    EXPECT_TRUE(std::find(files.begin(), files.end(), "slot_id") != files.end()) << folder;
+    for (const std::string& file : files) {
+      const std::string f = folder + "/" + file;
       const std::string x = read_bytes(a + f), y = read_bytes(b + f);
       EXPECT_GT(x.size(), 0u) << f;
       EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
     }
+  }
   EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
 }
 

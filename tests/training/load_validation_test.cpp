@@ -144,9 +144,14 @@ TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
   EXPECT_NE(s.message().find("allow_hugectr_folder"), std::string::npos) << s.message();
   EXPECT_TRUE(t.unchanged());
 
-  // Asked for explicitly, the folder loads as a HugeCTR one: rows kept, optimizer state reset.
+  // Asked for explicitly, the folder loads as a HugeCTR one: rows and AdaGrad state kept (its
+  // `AdaGrad.accm` is HugeCTR's file); without that file the state is initialized.
   load_options o;
   o.allow_hugectr_folder = true;
+  const status kept = t.tc.load(save, o);
+  ASSERT_TRUE(kept.ok()) << kept.to_string();
+  EXPECT_TRUE(store_model(t.tc, 0) == saved);
+  fs::remove(save + "/emb/AdaGrad.accm");
   const status h = t.tc.load(save, o);
   ASSERT_TRUE(h.ok()) << h.to_string();
   const auto m = store_model(t.tc, 0);
@@ -292,8 +297,11 @@ TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_fi
       {"file bytes disagree",
        [&](json& m) { m["tables"][0]["files"]["emb_vector"]["bytes"] = huge; },
        status_code::corruption, "tables[0].files.emb_vector.bytes is 4611686018427387904"},
-      {"file bytes missing", [&](json& m) { m["tables"][0]["files"]["opt_state"].erase("bytes"); },
-       status_code::corruption, "'tables[0].files.opt_state.bytes' must be an unsigned integer"},
+      {"file bytes missing",
+       [&](json& m) { m["tables"][0]["files"]["AdaGrad.accm"].erase("bytes"); },
+       status_code::corruption, "'tables[0].files.AdaGrad.accm.bytes' must be an unsigned integer"},
+      {"state file missing", [&](json& m) { m["tables"][0]["files"].erase("AdaGrad.accm"); },
+       status_code::corruption, "'tables[0].files.AdaGrad.accm' must be an object"},
       {"file entry missing", [&](json& m) { m["tables"][0]["files"].erase("version"); },
        status_code::corruption, "'tables[0].files.version' must be an object"},
       {"dim overflows", [&](json& m) { m["tables"][0]["dim"] = huge; },
@@ -339,7 +347,7 @@ TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_i
   e["files"]["key"]["bytes"] = 25 * 8;
   e["files"]["version"]["bytes"] = 25 * 8;
   e["files"]["emb_vector"]["bytes"] = 25 * dim * 4;
-  e["files"]["opt_state"]["bytes"] = 25 * dim * 4;
+  e["files"]["AdaGrad.accm"]["bytes"] = 25 * dim * 4;
   write_json(mpath, m);
   target t;
   const status s = t.tc.load(save);
@@ -381,19 +389,19 @@ TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_
   }
   write_bytes(save + "/emb/key", keys_before);
   {
-    std::string st = read_bytes(save + "/emb/opt_state");
+    std::string st = read_bytes(save + "/emb/AdaGrad.accm");
     const float inf = std::numeric_limits<float>::infinity();
     std::memcpy(&st[4 * (3 * dim + 1)], &inf, 4);  // row 3, state float 1
-    write_bytes(save + "/emb/opt_state", st);
+    write_bytes(save + "/emb/AdaGrad.accm", st);
     std::int64_t k3 = 0;
     std::memcpy(&k3, keys_before.data() + 3 * 8, 8);
     json m = good;
-    m["tables"][0]["files"]["opt_state"]["xxh64"] = xxh64_of(save + "/emb/opt_state");
+    m["tables"][0]["files"]["AdaGrad.accm"]["xxh64"] = xxh64_of(save + "/emb/AdaGrad.accm");
     write_json(mpath, m);
     target t;
     const status s = t.tc.load(save);
     EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
-    EXPECT_NE(s.message().find("'" + save + "/emb/opt_state' holds inf for key " +
+    EXPECT_NE(s.message().find("'" + save + "/emb/AdaGrad.accm' holds inf for key " +
                                std::to_string(k3) + " (float 1 of its row)"),
               std::string::npos)
         << s.message();
@@ -405,10 +413,275 @@ TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_
   }
 }
 
+// --- HugeCTR's optimizer files and slot ids ----------------------------------------------------
+
+table_options<std::int64_t> table_of(optimizer_kind kind) {
+  auto o = emb_table();
+  o.optimizer.kind = kind;
+  return o;
+}
+
+// Keys of the tests below, ascending (the order of a save's files).
+const std::vector<std::int64_t> slot_keys = {-9, 2, 40, std::int64_t{1} << 50};
+
+// Trained rows of `slot_keys` in a cache of table `o`: every float of the row distinct.
+void fill_rows(training_cache<std::int64_t>& tc) {
+  ASSERT_TRUE(tc.begin_pass({slot_keys}).ok());
+  const std::size_t w = tc.row_width(0);
+  std::vector<float> rows(slot_keys.size() * w);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f + float(i);
+  ASSERT_TRUE(tc.assign(0, slot_keys.data(), slot_keys.size(), rows.data()).ok());
+}
+
+template <class T>
+std::string bytes_of(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
+  struct expected {
+    optimizer_kind kind;
+    std::vector<const char*> files;  // in the order of the state in a row
+  };
+  for (const expected& x :
+       {expected{optimizer_kind::sgd, {}}, expected{optimizer_kind::adagrad, {"AdaGrad.accm"}},
+        expected{optimizer_kind::adam, {"Adam.m", "Adam.v"}},
+        expected{optimizer_kind::ftrl, {"Ftrl.n", "Ftrl.z"}}}) {
+    SCOPED_TRACE(to_string(x.kind));
+    temp_dir dir;
+    training_cache<std::int64_t> tc({}, {table_of(x.kind)});
+    fill_rows(tc);
+    ASSERT_TRUE(tc.save(dir.path + "/save").ok());
+    const std::string folder = dir.path + "/save/emb/";
+    const auto rows = store_model(tc, 0);
+    const json files = read_json(dir.path + "/save/manifest.json")["tables"][0]["files"];
+    EXPECT_FALSE(fs::exists(folder + "opt_state"));
+    EXPECT_FALSE(files.contains("opt_state"));
+    EXPECT_FALSE(fs::exists(folder + "slot_id"));  // no slot id known
+    EXPECT_EQ(files.size(), 3 + x.files.size()) << files.dump();
+    for (std::size_t p = 0; p < x.files.size(); ++p) {
+      std::vector<float> want;
+      for (const auto& [k, row] : rows) {
+        want.insert(want.end(), row.begin() + dim * (p + 1), row.begin() + dim * (p + 2));
+      }
+      const std::string path = folder + x.files[p];
+      EXPECT_TRUE(read_bytes(path) == bytes_of(want)) << path;
+      EXPECT_EQ(files[x.files[p]]["bytes"], want.size() * 4);
+      EXPECT_EQ(files[x.files[p]]["xxh64"], xxh64_of(path));
+    }
+    training_cache<std::int64_t> back({}, {table_of(x.kind)});
+    ASSERT_TRUE(back.load(dir.path + "/save").ok());
+    EXPECT_TRUE(store_model(back, 0) == rows);
+  }
+}
+
+TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_loads) {
+  temp_dir dir;
+  const std::string save = dir.path + "/save";
+  training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
+  fill_rows(tc);
+  ASSERT_TRUE(tc.save(save).ok());
+  const auto rows = store_model(tc, 0);
+  // The earlier layout: the whole state of each row in one file, float32[n][2 * dim].
+  std::vector<float> state;
+  for (const auto& [k, row] : rows) state.insert(state.end(), row.begin() + dim, row.end());
+  write_bytes(save + "/emb/opt_state", bytes_of(state));
+  fs::remove(save + "/emb/Adam.m");
+  fs::remove(save + "/emb/Adam.v");
+  json m = read_json(save + "/manifest.json");
+  auto& files = m["tables"][0]["files"];
+  files.erase("Adam.m");
+  files.erase("Adam.v");
+  files["opt_state"] = {{"bytes", state.size() * 4}, {"xxh64", xxh64_of(save + "/emb/opt_state")}};
+  write_json(save + "/manifest.json", m);
+  target t;
+  training_cache<std::int64_t> back({}, {table_of(optimizer_kind::adam)});
+  const status s = back.load(save);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(store_model(back, 0) == rows);
+  // Its size is checked like every file's.
+  fs::resize_file(save + "/emb/opt_state", state.size() * 4 - 4);
+  const status torn = back.load(save);
+  EXPECT_EQ(torn.code(), status_code::corruption) << torn.to_string();
+  EXPECT_NE(torn.message().find("'" + save + "/emb/opt_state' is " +
+                                std::to_string(state.size() * 4 - 4) + " bytes"),
+            std::string::npos)
+      << torn.message();
+}
+
+TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
+  temp_dir dir;
+  const std::vector<std::uint64_t> ids = {3, 0, 25, 7};  // of slot_keys
+  training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
+  fill_rows(tc);
+  // Given in another order than the keys': the file is in key order.
+  const std::vector<std::int64_t> rev(slot_keys.rbegin(), slot_keys.rend());
+  const std::vector<std::uint64_t> rev_ids(ids.rbegin(), ids.rend());
+  ASSERT_TRUE(tc.set_slot_ids(0, rev.data(), rev_ids.data(), rev.size()).ok());
+  EXPECT_EQ(tc.set_slot_ids(1, rev.data(), rev_ids.data(), 1).code(),
+            status_code::invalid_argument);
+  ASSERT_TRUE(tc.save(dir.path + "/a").ok());
+  const std::string a = read_bytes(dir.path + "/a/emb/slot_id");
+  EXPECT_TRUE(a == bytes_of(ids));
+  const json ma = read_json(dir.path + "/a/manifest.json");
+  EXPECT_EQ(ma["tables"][0]["files"]["slot_id"]["xxh64"], xxh64_of(dir.path + "/a/emb/slot_id"));
+
+  training_cache<std::int64_t> back({}, {table_of(optimizer_kind::adam)});
+  EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
+  ASSERT_TRUE(back.load(dir.path + "/a").ok());
+  EXPECT_EQ(back.slot_id(0, 40).value(), 25u);
+  ASSERT_TRUE(back.save(dir.path + "/b").ok());
+  for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
+    EXPECT_TRUE(read_bytes(dir.path + "/a/emb/" + file) == read_bytes(dir.path + "/b/emb/" + file))
+        << file;
+  }
+  // A folder without `slot_id` loaded over them forgets them.
+  ASSERT_TRUE(tc.save(dir.path + "/c").ok());
+  fs::remove(dir.path + "/c/emb/slot_id");
+  json mc = read_json(dir.path + "/c/manifest.json");
+  mc["tables"][0]["files"].erase("slot_id");
+  write_json(dir.path + "/c/manifest.json", mc);
+  ASSERT_TRUE(back.load(dir.path + "/c").ok());
+  EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
+  ASSERT_TRUE(back.save(dir.path + "/d").ok());
+  EXPECT_FALSE(fs::exists(dir.path + "/d/emb/slot_id"));
+}
+
+TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
+  temp_dir dir;
+  training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::sgd)});
+  fill_rows(tc);
+  const std::int64_t some[2] = {2, 40};
+  const std::uint64_t some_ids[2] = {11, 12};
+  ASSERT_TRUE(tc.set_slot_ids(0, some, some_ids, 2).ok());
+  ASSERT_TRUE(tc.save(dir.path + "/partial").ok());
+  EXPECT_FALSE(fs::exists(dir.path + "/partial/emb/slot_id"));
+  const json m = read_json(dir.path + "/partial/manifest.json")["tables"][0];
+  EXPECT_FALSE(m["files"].contains("slot_id"));
+  EXPECT_EQ(m["rows_without_slot_id"], 2);
+
+  // table_options::slot_of supplies the rest; set (or loaded) ids come first.
+  auto o = table_of(optimizer_kind::sgd);
+  o.slot_of = [](std::int64_t k) { return static_cast<std::uint64_t>(k & 0xff) + 100; };
+  training_cache<std::int64_t> derived({}, {o});
+  fill_rows(derived);
+  ASSERT_TRUE(derived.set_slot_ids(0, some, some_ids, 2).ok());
+  EXPECT_EQ(derived.slot_id(0, -9).value(), std::uint64_t(0xf7 + 100));
+  ASSERT_TRUE(derived.save(dir.path + "/full").ok());
+  const std::vector<std::uint64_t> want = {0xf7 + 100, 11, 12, 100};
+  EXPECT_TRUE(read_bytes(dir.path + "/full/emb/slot_id") == bytes_of(want));
+  EXPECT_FALSE(
+      read_json(dir.path + "/full/manifest.json")["tables"][0].contains("rows_without_slot_id"));
+}
+
+// A plain HugeCTR folder of an Adam table with slot ids: `slot_keys`, rows 0.5 + i.
+struct hugectr_adam_folder {
+  std::string dir, table;
+  std::vector<float> vec, m, v;
+  std::vector<std::uint64_t> slots = {1, 4, 1, 9};
+  explicit hugectr_adam_folder(const std::string& root)
+      : dir(root + "/hugectr"), table(root + "/hugectr/emb") {
+    fs::create_directories(table);
+    for (std::size_t i = 0; i < slot_keys.size() * dim; ++i) {
+      vec.push_back(0.5f + float(i));
+      m.push_back(-0.5f - float(i));
+      v.push_back(0.125f * float(i));
+    }
+    write_bytes(table + "/key", bytes_of(slot_keys));
+    write_bytes(table + "/emb_vector", bytes_of(vec));
+    write_bytes(table + "/slot_id", bytes_of(slots));
+    write_bytes(table + "/Adam.m", bytes_of(m));
+    write_bytes(table + "/Adam.v", bytes_of(v));
+  }
+};
+
+TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resaves_them) {
+  temp_dir dir;
+  hugectr_adam_folder f(dir.path);
+  training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
+  load_options o;
+  o.allow_hugectr_folder = true;
+  ASSERT_TRUE(tc.load(f.dir, o).ok());
+  const auto rows = store_model(tc, 0);
+  ASSERT_EQ(rows.size(), slot_keys.size());
+  for (std::size_t i = 0; i < slot_keys.size(); ++i) {
+    std::vector<float> want(f.vec.begin() + i * dim, f.vec.begin() + (i + 1) * dim);
+    want.insert(want.end(), f.m.begin() + i * dim, f.m.begin() + (i + 1) * dim);
+    want.insert(want.end(), f.v.begin() + i * dim, f.v.begin() + (i + 1) * dim);
+    EXPECT_EQ(rows.at(slot_keys[i]), want) << slot_keys[i];
+    EXPECT_EQ(tc.slot_id(0, slot_keys[i]).value(), f.slots[i]);
+  }
+  ASSERT_TRUE(tc.save(dir.path + "/save").ok());
+  for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
+    EXPECT_TRUE(read_bytes(f.table + "/" + file) == read_bytes(dir.path + "/save/emb/" + file))
+        << file;
+  }
+  // An AdaGrad table ignores Adam's files: its state is initialized.
+  training_cache<std::int64_t> ada({}, {table_of(optimizer_kind::adagrad)});
+  ASSERT_TRUE(ada.load(f.dir, o).ok());
+  EXPECT_EQ(store_model(ada, 0).at(2),
+            (std::vector<float>{4.5f, 5.5f, 6.5f, 7.5f, 0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
+  temp_dir dir;
+  load_options o;
+  o.allow_hugectr_folder = true;
+  struct torn_case {
+    const char* file;
+    std::uint64_t size;  // bytes left; 0 = removed
+    const char* message;
+  };
+  for (const torn_case& c : {torn_case{"slot_id", 31, "/slot_id' has 31 bytes; 4 keys need"},
+                             torn_case{"slot_id", 40, "/slot_id' has 40 bytes; 4 keys need"},
+                             torn_case{"Adam.m", 60, "/Adam.m' has 60 bytes; 4 keys need"},
+                             torn_case{"Adam.v", 0, "/Adam.v' is missing while 'Adam.m'"},
+                             torn_case{"Adam.m", 0, "/Adam.m' is missing while 'Adam.v'"}}) {
+    SCOPED_TRACE(std::string(c.file) + " " + std::to_string(c.size));
+    hugectr_adam_folder fresh(dir.path);
+    const std::string path = fresh.table + "/" + c.file;
+    if (c.size == 0)
+      fs::remove(path);
+    else if (c.size < fs::file_size(path))
+      fs::resize_file(path, c.size);
+    else
+      write_bytes(path, std::string(c.size, '\0'));
+    training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
+    ASSERT_TRUE(tc.begin_pass({{1000, 1001}}).ok());
+    ASSERT_TRUE(tc.end_training().ok());
+    const auto before = store_model(tc, 0);
+    const status s = tc.load(fresh.dir, o);
+    EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+    EXPECT_NE(s.message().find(fresh.table + c.message), std::string::npos) << s.message();
+    EXPECT_TRUE(store_model(tc, 0) == before);
+  }
+  // In a save, against the manifest.
+  const hugectr_adam_folder whole_folder(dir.path);
+  training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
+  ASSERT_TRUE(tc.load(whole_folder.dir, o).ok());
+  const std::string save = dir.path + "/save";
+  ASSERT_TRUE(tc.save(save).ok());
+  for (const char* file : {"slot_id", "Adam.v"}) {
+    SCOPED_TRACE(file);
+    const std::string path = save + "/emb/" + file;
+    const std::string whole = read_bytes(path);
+    fs::resize_file(path, whole.size() - 8);
+    training_cache<std::int64_t> other({}, {table_of(optimizer_kind::adam)});
+    const status s = other.load(save);
+    EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+    EXPECT_NE(s.message().find("'" + path + "' is " + std::to_string(whole.size() - 8) +
+                               " bytes, expected " + std::to_string(whole.size())),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("(truncated)"), std::string::npos) << s.message();
+    write_bytes(path, whole);
+  }
+}
+
 // --- resuming ----------------------------------------------------------------------------------
 
 // docs/training_cache.md: a save resumed and trained on holds the same `key`, `emb_vector` and
-// `opt_state` bytes as a save of an uninterrupted run; the `version` files (and the manifest's
+// `AdaGrad.accm` bytes as a save of an uninterrupted run; the `version` files (and the manifest's
 // versions and checksums of them) may differ, but every row changed after the resume has a
 // version above the loaded save's `version`.
 TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
@@ -434,7 +707,7 @@ TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
   run(rest, split, passes);
   ASSERT_TRUE(rest.save(dir.path + "/rest").ok());
 
-  for (const char* file : {"key", "emb_vector", "opt_state"}) {
+  for (const char* file : {"key", "emb_vector", "AdaGrad.accm"}) {
     const std::string a = read_bytes(dir.path + "/whole/emb/" + file);
     EXPECT_GT(a.size(), 0u) << file;
     EXPECT_TRUE(a == read_bytes(dir.path + "/rest/emb/" + file)) << file;

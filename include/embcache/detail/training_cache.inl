@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "embcache/buffer.hpp"
@@ -371,35 +372,69 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-// Writes one table's arrays into `folder` and returns the manifest entry of its files.
+// HugeCTR's optimizer state files of `kind`, in the order of the state in a row (optimizers.hpp):
+// each holds one dim-wide part of the state, float32[n][dim].
+std::vector<const char*> hugectr_state_files(optimizer_kind kind) {
+  switch (kind) {
+    case optimizer_kind::adagrad:
+      return {"AdaGrad.accm"};
+    case optimizer_kind::adam:
+      return {"Adam.m", "Adam.v"};
+    case optimizer_kind::ftrl:
+      return {"Ftrl.n", "Ftrl.z"};
+    case optimizer_kind::sgd:
+      break;
+  }
+  return {};
+}
+
+// How a table folder holds the optimizer state: one file per part of `part_width` floats of the
+// row's state, in row order (`{"opt_state"}` with the whole state width, or HugeCTR's files with
+// dim each); no names: not written.
+struct state_files {
+  std::vector<const char*> names;
+  std::size_t part_width = 0;
+};
+
+// Writes one table's arrays into `folder` (`slot_ids` as `slot_id` unless null) and returns the
+// manifest entry of its files.
 template <class Key>
 status write_table_folder(const std::string& folder, const std::vector<Key>& keys,
                           const std::vector<float>& vectors, const std::vector<float>& states,
-                          const std::vector<std::uint64_t>& versions, bool write_states,
+                          const std::vector<std::uint64_t>& versions, const state_files& sf,
+                          const std::vector<std::uint64_t>* slot_ids,
                           const std::vector<Key>* erased, nlohmann::json* files) {
   std::error_code ec;
   fs::create_directories(folder, ec);
   if (ec) return status::io_error("cannot create '" + folder + "': " + ec.message());
-  // HugeCTR's `key` file is int64 whatever the key type of the table.
-  std::vector<std::int64_t> k64(keys.begin(), keys.end());
-  struct item {
-    const char* name;
-    const void* data;
-    std::size_t bytes;
-  };
-  std::vector<item> items = {{"key", k64.data(), k64.size() * 8},
-                             {"emb_vector", vectors.data(), vectors.size() * 4},
-                             {"version", versions.data(), versions.size() * 8}};
-  if (write_states) items.push_back({"opt_state", states.data(), states.size() * 4});
-  std::vector<std::int64_t> e64;
-  if (erased) {
-    e64.assign(erased->begin(), erased->end());
-    items.push_back({"erased", e64.data(), e64.size() * 8});
-  }
-  for (const auto& it : items) {
+  const auto put = [&](const char* name, const void* data, std::size_t bytes) -> status {
     std::uint64_t d = 0;
-    EMBCACHE_RETURN_IF_ERROR(write_file(folder + "/" + it.name, it.data, it.bytes, &d));
-    (*files)[it.name] = {{"bytes", it.bytes}, {"xxh64", hex(d)}};
+    EMBCACHE_RETURN_IF_ERROR(write_file(folder + "/" + name, data, bytes, &d));
+    (*files)[name] = {{"bytes", bytes}, {"xxh64", hex(d)}};
+    return {};
+  };
+  // HugeCTR's `key` file is int64 whatever the key type of the table.
+  const std::vector<std::int64_t> k64(keys.begin(), keys.end());
+  EMBCACHE_RETURN_IF_ERROR(put("key", k64.data(), k64.size() * 8));
+  EMBCACHE_RETURN_IF_ERROR(put("emb_vector", vectors.data(), vectors.size() * 4));
+  EMBCACHE_RETURN_IF_ERROR(put("version", versions.data(), versions.size() * 8));
+  const std::size_t n = keys.size(), parts = sf.names.size(), pw = sf.part_width;
+  std::vector<float> part;
+  for (std::size_t p = 0; p < parts; ++p) {
+    const float* data = states.data();
+    if (parts > 1) {  // one part of each row's state, rows in order
+      part.resize(n * pw);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::memcpy(part.data() + i * pw, states.data() + (i * parts + p) * pw, pw * 4);
+      }
+      data = part.data();
+    }
+    EMBCACHE_RETURN_IF_ERROR(put(sf.names[p], data, n * pw * 4));
+  }
+  if (slot_ids) EMBCACHE_RETURN_IF_ERROR(put("slot_id", slot_ids->data(), slot_ids->size() * 8));
+  if (erased) {
+    const std::vector<std::int64_t> e64(erased->begin(), erased->end());
+    EMBCACHE_RETURN_IF_ERROR(put("erased", e64.data(), e64.size() * 8));
   }
   return sync_folder(folder);
 }
@@ -413,11 +448,18 @@ status write_manifest(const std::string& dir, const nlohmann::json& manifest) {
 
 // The rows of one table as read from a folder, before anything is changed.
 struct loaded_table {
+  // One file of optimizer state: `width` floats per row, at `offset` in the row's state.
+  struct state_part {
+    std::string file;
+    std::size_t offset = 0, width = 0;
+    std::vector<float> values;
+  };
   std::string folder;
   std::vector<std::int64_t> keys;
-  std::vector<float> vectors, states;
-  std::vector<std::uint64_t> versions;
-  bool has_states = false;
+  std::vector<float> vectors;
+  std::vector<state_part> states;  // empty: the state is initialized
+  std::vector<std::uint64_t> versions, slot_ids;
+  bool has_slot_ids = false;
   std::uint64_t version = 0;
 };
 
@@ -425,7 +467,7 @@ struct loaded_table {
 struct table_schema {
   std::string name;
   std::size_t dim = 0, state_width = 0;
-  std::string optimizer;
+  optimizer_kind optimizer = optimizer_kind::sgd;
 };
 
 // Bytes of the files in a save: every size is a product of manifest fields, checked for overflow
@@ -557,26 +599,48 @@ status read_saved_model(const std::string& dir, const std::string& key_type,
     EMBCACHE_RETURN_IF_ERROR(f.str(e, "optimizer", at, &optimizer));
     EMBCACHE_RETURN_IF_ERROR(f.u64(e, "count", at, &count));
     EMBCACHE_RETURN_IF_ERROR(f.u64(e, "version", at, &version));
-    if (dim != w.dim || state_width != w.state_width || optimizer != w.optimizer) {
+    if (dim != w.dim || state_width != w.state_width || optimizer != to_string(w.optimizer)) {
       return status::invalid_argument(where + " has dim " + std::to_string(dim) + ", state width " +
                                       std::to_string(state_width) + ", optimizer " + optimizer +
                                       "; expected " + std::to_string(w.dim) + ", " +
-                                      std::to_string(w.state_width) + ", " + w.optimizer);
+                                      std::to_string(w.state_width) + ", " +
+                                      to_string(w.optimizer));
     }
     const auto files = e.find("files");
     if (files == e.end() || !files->is_object()) return f.missing(at + "files", "an object");
     loaded_table& L = (*out)[t];
     L.folder = dir + "/" + w.name;
+    // The files of the table: the state as HugeCTR's optimizer files or, in saves of earlier
+    // versions, as one `opt_state`; `slot_id` when the save has it.
     struct file_spec {
-      const char* name;
+      std::string name;
       std::uint64_t per_row;  // items per row
       std::uint64_t item_bytes;
       const char* per_row_field;
+      std::vector<std::int64_t>* i64 = nullptr;  // where it is read to: one of these
+      std::vector<std::uint64_t>* u64 = nullptr;
+      std::vector<float>* f32 = nullptr;
     };
-    for (const file_spec& x :
-         {file_spec{"key", 1, 8, nullptr}, file_spec{"emb_vector", dim, 4, "dim"},
-          file_spec{"version", 1, 8, nullptr},
-          file_spec{"opt_state", state_width, 4, "state_width"}}) {
+    std::vector<file_spec> specs = {{"key", 1, 8, nullptr, &L.keys},
+                                    {"emb_vector", dim, 4, "dim", nullptr, nullptr, &L.vectors},
+                                    {"version", 1, 8, nullptr, nullptr, &L.versions}};
+    L.states.clear();
+    if (files->contains("opt_state")) {
+      L.states.push_back({"opt_state", 0, w.state_width, {}});
+    } else {
+      const auto names = hugectr_state_files(w.optimizer);
+      for (std::size_t p = 0; p < names.size(); ++p) {
+        L.states.push_back({names[p], p * w.dim, w.dim, {}});
+      }
+    }
+    for (auto& part : L.states) {
+      const bool whole = part.file == "opt_state";
+      specs.push_back({part.file, whole ? state_width : dim, 4, whole ? "state_width" : "dim",
+                       nullptr, nullptr, &part.values});
+    }
+    L.has_slot_ids = files->contains("slot_id");
+    if (L.has_slot_ids) specs.push_back({"slot_id", 1, 8, nullptr, nullptr, &L.slot_ids});
+    for (const file_spec& x : specs) {
       const std::string fat = at + "files." + x.name;
       const auto fe = files->find(x.name);
       if (fe == files->end() || !fe->is_object()) return f.missing(fat, "an object");
@@ -609,30 +673,49 @@ status read_saved_model(const std::string& dir, const std::string& key_type,
                                   (actual.value() < expect ? " (truncated)" : ""));
       }
       std::uint64_t digest = 0;
-      status s;
-      if (std::strcmp(x.name, "key") == 0)
-        s = read_exact(path, expect, &L.keys, &digest);
-      else if (std::strcmp(x.name, "emb_vector") == 0)
-        s = read_exact(path, expect, &L.vectors, &digest);
-      else if (std::strcmp(x.name, "version") == 0)
-        s = read_exact(path, expect, &L.versions, &digest);
-      else
-        s = read_exact(path, expect, &L.states, &digest);
+      const status s = x.i64   ? read_exact(path, expect, x.i64, &digest)
+                       : x.u64 ? read_exact(path, expect, x.u64, &digest)
+                               : read_exact(path, expect, x.f32, &digest);
       EMBCACHE_RETURN_IF_ERROR(s.with_context(where));
       if (digest_text != hex(digest)) {
         return status::corruption("load: '" + path + "' has checksum " + hex(digest) + ", '" +
                                   f.path + "' says \"" + digest_text + "\" (" + fat + ".xxh64)");
       }
     }
-    L.has_states = true;
     L.version = version;
   }
   return {};
 }
 
-// Reads a plain HugeCTR table folder (`key` int64, `emb_vector` float32[n][dim]); sizes are
-// checked before reading.
-status read_hugectr_table(const std::string& folder, std::size_t dim, loaded_table* L) {
+// Reads an optional file of a plain HugeCTR table folder holding `per_row` items of T for each
+// of `n` rows; false in `*found` when it is absent. Sizes are checked before reading.
+template <class T>
+status read_hugectr_rows(const std::string& path, std::uint64_t n, std::uint64_t per_row,
+                         std::vector<T>* out, bool* found) {
+  std::error_code ec;
+  *found = fs::exists(path, ec);
+  if (!*found) return {};
+  auto bytes = regular_file_size(path);
+  if (!bytes.ok()) return bytes.get_status();
+  std::uint64_t expect = 0;
+  if (!checked_mul(n, per_row, &expect) || !checked_mul(expect, sizeof(T), &expect)) {
+    return status::corruption("the size of '" + path + "' for " + std::to_string(n) + " keys of " +
+                              std::to_string(per_row) + " items overflows 64 bits");
+  }
+  if (bytes.value() != expect) {
+    return status::corruption("'" + path + "' has " + std::to_string(bytes.value()) + " bytes; " +
+                              std::to_string(n) + " keys need " + std::to_string(n) + " * " +
+                              std::to_string(per_row) + " * " + std::to_string(sizeof(T)) +
+                              (bytes.value() < expect ? " (truncated)" : ""));
+  }
+  return read_exact(path, expect, out, nullptr);
+}
+
+// Reads a plain HugeCTR table folder (`key` int64, `emb_vector` float32[n][dim], optional
+// `slot_id` uint64[n] and the optimizer files of `optimizer`, float32[n][dim] each: all of them
+// or none); sizes are checked before reading.
+status read_hugectr_table(const std::string& folder, std::size_t dim, optimizer_kind optimizer,
+                          loaded_table* L) {
   L->folder = folder;
   const std::string key_path = folder + "/key", vec_path = folder + "/emb_vector";
   auto key_bytes = regular_file_size(key_path);
@@ -654,8 +737,25 @@ status read_hugectr_table(const std::string& folder, std::size_t dim, loaded_tab
   }
   EMBCACHE_RETURN_IF_ERROR(read_exact(key_path, key_bytes.value(), &L->keys, nullptr));
   EMBCACHE_RETURN_IF_ERROR(read_exact(vec_path, expect, &L->vectors, nullptr));
+  EMBCACHE_RETURN_IF_ERROR(
+      read_hugectr_rows(folder + "/slot_id", n, 1, &L->slot_ids, &L->has_slot_ids));
+  const auto names = hugectr_state_files(optimizer);
+  L->states.clear();
+  std::string present, absent;
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    loaded_table::state_part part{names[p], p * dim, dim, {}};
+    bool found = false;
+    EMBCACHE_RETURN_IF_ERROR(
+        read_hugectr_rows(folder + "/" + names[p], n, dim, &part.values, &found));
+    (found ? present : absent) = names[p];
+    if (found) L->states.push_back(std::move(part));
+  }
+  if (!present.empty() && !absent.empty()) {
+    return status::corruption("'" + folder + "/" + absent + "' is missing while '" + present +
+                              "' is there; the " + to_string(optimizer) +
+                              " state needs all its files (or none: state initialized)");
+  }
   L->versions.assign(L->keys.size(), 1);
-  L->has_states = false;
   L->version = 1;
   return {};
 }
@@ -675,8 +775,7 @@ status check_finite(const std::vector<float>& values, std::size_t width,
 }
 
 // Refuses repeated keys and non-finite floats unless `options` allows them.
-status check_loaded_rows(const loaded_table& L, std::size_t dim, std::size_t state_width,
-                         const load_options& options) {
+status check_loaded_rows(const loaded_table& L, std::size_t dim, const load_options& options) {
   if (!options.allow_duplicate_keys) {
     std::vector<std::int64_t> sorted = L.keys;
     std::sort(sorted.begin(), sorted.end());
@@ -689,9 +788,10 @@ status check_loaded_rows(const loaded_table& L, std::size_t dim, std::size_t sta
   }
   if (!options.allow_non_finite) {
     EMBCACHE_RETURN_IF_ERROR(check_finite(L.vectors, dim, L.keys, L.folder + "/emb_vector"));
-    if (L.has_states && state_width > 0) {
+    for (const auto& part : L.states) {
+      if (part.width == 0) continue;
       EMBCACHE_RETURN_IF_ERROR(
-          check_finite(L.states, state_width, L.keys, L.folder + "/opt_state"));
+          check_finite(part.values, part.width, L.keys, L.folder + "/" + part.file));
     }
   }
   return {};
@@ -777,6 +877,8 @@ struct training_cache<Key, Space>::impl {
     std::vector<std::uint32_t> next_mark;
     // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
     std::uint64_t residency = 0;
+    // Slot ids loaded from a folder's `slot_id` file or given to set_slot_ids(), for save().
+    std::unordered_map<Key, std::uint64_t> slot_ids;
   };
 
   training_cache_options options;
@@ -2132,8 +2234,11 @@ result<std::string> training_cache<Key, Space>::export_incremental_to(const std:
     const auto& d = deltas.value()[t];
     const auto& tb = impl_->tables[t];
     nlohmann::json files = nlohmann::json::object();
+    const state_files sf{
+        with_state ? std::vector<const char*>{"opt_state"} : std::vector<const char*>{},
+        tb.state_width};
     EMBCACHE_RETURN_IF_ERROR(write_table_folder(tmp + "/" + d.table, d.keys, d.vectors, d.states,
-                                                d.versions, with_state, &d.erased, &files));
+                                                d.versions, sf, nullptr, &d.erased, &files));
     tables.push_back({{"name", d.table},
                       {"dim", d.dim},
                       {"state_width", with_state ? tb.state_width : 0},
@@ -2173,9 +2278,27 @@ status training_cache<Key, Space>::save(const std::string& dir_in) {
     std::vector<float> vectors, states;
     std::vector<std::uint64_t> versions;
     EMBCACHE_RETURN_IF_ERROR(impl_->dump_store(tb, &keys, &vectors, &states, &versions));
+    // `slot_id` only when every row has one: HugeCTR reads it as one slot per key.
+    std::vector<std::uint64_t> slot_ids;
+    std::size_t no_slot_id = 0;
+    if (!tb.slot_ids.empty() || tb.opt.slot_of) {
+      slot_ids.resize(keys.size());
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const auto it = tb.slot_ids.find(keys[i]);
+        if (it != tb.slot_ids.end())
+          slot_ids[i] = it->second;
+        else if (tb.opt.slot_of)
+          slot_ids[i] = tb.opt.slot_of(keys[i]);
+        else
+          ++no_slot_id;
+      }
+    }
+    const bool with_slot_ids = (!tb.slot_ids.empty() || tb.opt.slot_of) && no_slot_id == 0;
     nlohmann::json files = nlohmann::json::object();
     EMBCACHE_RETURN_IF_ERROR(
-        write_table_folder(tmp + "/" + tb.opt.name, keys, vectors, states, versions, true,
+        write_table_folder(tmp + "/" + tb.opt.name, keys, vectors, states, versions,
+                           state_files{hugectr_state_files(tb.opt.optimizer.kind), tb.opt.dim},
+                           with_slot_ids ? &slot_ids : nullptr,
                            static_cast<const std::vector<Key>*>(nullptr), &files));
     tables.push_back({{"name", tb.opt.name},
                       {"dim", tb.opt.dim},
@@ -2184,6 +2307,7 @@ status training_cache<Key, Space>::save(const std::string& dir_in) {
                       {"count", keys.size()},
                       {"version", tb.cache->version()},
                       {"files", files}});
+    if (no_slot_id) tables.back()["rows_without_slot_id"] = no_slot_id;
   }
   nlohmann::json manifest = {{"format", "embcache-model"},
                              {"format_version", model_format_version},
@@ -2222,8 +2346,7 @@ status training_cache<Key, Space>::load(const std::string& dir_in, const load_op
   if (fs::exists(manifest_path, ec)) {
     std::vector<table_schema> schemas;
     for (const auto& tb : im.tables) {
-      schemas.push_back(
-          {tb.opt.name, tb.opt.dim, tb.state_width, to_string(tb.opt.optimizer.kind)});
+      schemas.push_back({tb.opt.name, tb.opt.dim, tb.state_width, tb.opt.optimizer.kind});
     }
     EMBCACHE_RETURN_IF_ERROR(read_saved_model(dir, to_string(key_type_of<Key>()), schemas, &data));
   } else if (!options.allow_hugectr_folder) {
@@ -2240,13 +2363,14 @@ status training_cache<Key, Space>::load(const std::string& dir_in, const load_op
       if (!fs::exists(folder + "/key") && im.tables.size() == 1 && fs::exists(dir + "/key")) {
         folder = dir;
       }
-      EMBCACHE_RETURN_IF_ERROR(read_hugectr_table(folder, tb.opt.dim, &data[t])
-                                   .with_context("load: table '" + tb.opt.name + "'"));
+      EMBCACHE_RETURN_IF_ERROR(
+          read_hugectr_table(folder, tb.opt.dim, tb.opt.optimizer.kind, &data[t])
+              .with_context("load: table '" + tb.opt.name + "'"));
     }
   }
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     const auto& tb = im.tables[t];
-    EMBCACHE_RETURN_IF_ERROR(check_loaded_rows(data[t], tb.opt.dim, tb.state_width, options)
+    EMBCACHE_RETURN_IF_ERROR(check_loaded_rows(data[t], tb.opt.dim, options)
                                  .with_context("load: table '" + tb.opt.name + "'"));
     if constexpr (!std::is_same_v<Key, std::int64_t>) {
       for (auto k : data[t].keys) {
@@ -2282,17 +2406,17 @@ status training_cache<Key, Space>::load(const std::string& dir_in, const load_op
     std::vector<float> rows(n * w);
     std::uint64_t maxv = L.version;
     for (std::size_t i = 0; i < n; ++i) {
-      std::memcpy(rows.data() + i * w, L.vectors.data() + i * dim, dim * sizeof(float));
-      if (tb.state_width) {
-        if (L.has_states) {
-          std::memcpy(rows.data() + i * w + dim, L.states.data() + i * tb.state_width,
-                      tb.state_width * sizeof(float));
-        } else {
-          initialize_state(tb.opt.optimizer, dim, rows.data() + i * w + dim);
-        }
+      float* row = rows.data() + i * w;
+      std::memcpy(row, L.vectors.data() + i * dim, dim * sizeof(float));
+      if (tb.state_width && L.states.empty()) initialize_state(tb.opt.optimizer, dim, row + dim);
+      for (const auto& part : L.states) {
+        std::memcpy(row + dim + part.offset, part.values.data() + i * part.width,
+                    part.width * sizeof(float));
       }
       maxv = std::max(maxv, L.versions[i]);
     }
+    tb.slot_ids.clear();
+    for (std::size_t i = 0; L.has_slot_ids && i < n; ++i) tb.slot_ids[keys[i]] = L.slot_ids[i];
     EMBCACHE_RETURN_IF_ERROR(im.push(tb, keys.data(), n, rows.data(), L.versions.data()));
     {
       std::lock_guard<std::mutex> lock(*tb.store_mutex);
@@ -2304,6 +2428,32 @@ status training_cache<Key, Space>::load(const std::string& dir_in, const load_op
     tb.erased_since_export.clear();
   }
   return {};
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::set_slot_ids(std::size_t t, const Key* keys,
+                                                const std::uint64_t* slot_ids, std::size_t n) {
+  if (t >= impl_->tables.size()) {
+    return status::invalid_argument("set_slot_ids: table " + std::to_string(t) + " of " +
+                                    std::to_string(impl_->tables.size()));
+  }
+  auto& ids = impl_->tables[t].slot_ids;
+  for (std::size_t i = 0; i < n; ++i) ids[keys[i]] = slot_ids[i];
+  return {};
+}
+
+template <class Key, class Space>
+result<std::uint64_t> training_cache<Key, Space>::slot_id(std::size_t t, Key key) const {
+  if (t >= impl_->tables.size()) {
+    return status::not_found("slot_id: table " + std::to_string(t) + " of " +
+                             std::to_string(impl_->tables.size()));
+  }
+  const auto& tb = impl_->tables[t];
+  const auto it = tb.slot_ids.find(key);
+  if (it != tb.slot_ids.end()) return it->second;
+  if (tb.opt.slot_of) return tb.opt.slot_of(key);
+  return status::not_found("slot_id: key " + std::to_string(key) + " of table '" + tb.opt.name +
+                           "' has no slot id");
 }
 
 }  // namespace embcache
