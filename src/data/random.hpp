@@ -4,34 +4,17 @@
 
 #include <cstdint>
 
+#include "embcache/detail/hash.hpp"
+
 namespace embcache::detail {
-
-/// SplitMix64's finalizer: a bijective mix of 64 bits.
-constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/// Hash of a few words (order matters).
-constexpr std::uint64_t mix64(std::uint64_t a, std::uint64_t b) noexcept {
-  return mix64(mix64(a) ^ (b * 0xd6e8feb86659fd93ULL));
-}
-constexpr std::uint64_t mix64(std::uint64_t a, std::uint64_t b, std::uint64_t c) noexcept {
-  return mix64(mix64(a, b), c);
-}
 
 /// SplitMix64 stream.
 class splitmix64 {
  public:
   explicit constexpr splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
   constexpr std::uint64_t next() noexcept {
-    state_ += 0x9e3779b97f4a7c15ULL;
-    std::uint64_t z = state_;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    state_ += splitmix64_gamma;
+    return stafford_mix13(state_);
   }
   /// Uniform in [0, 1) with 53 bits.
   double uniform() noexcept { return static_cast<double>(next() >> 11) * 0x1.0p-53; }

@@ -864,7 +864,7 @@ struct shard_reader::impl {
       order.resize(data.header.rows);
       for (std::uint64_t i = 0; i < order.size(); ++i) order[i] = i;
       // Own Fisher-Yates so the order is the same with every standard library.
-      detail::splitmix64 rng(detail::mix64(opts.seed, index));
+      detail::splitmix64 rng(detail::hash_words(opts.seed, index));
       for (std::uint64_t i = order.size(); i > 1; --i) {
         std::swap(order[i - 1], order[rng.below(i)]);
       }

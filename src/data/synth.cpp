@@ -65,15 +65,16 @@ synth_generator::synth_generator(const synth_options& opts) : opts_(opts) {
         std::floor(static_cast<double>(criteo_kaggle_cardinalities[j]) * opts.cardinality_scale);
     cardinality_[j] = c < 1 ? 1 : static_cast<std::uint64_t>(c);
     // Slots differ in how much they tell about the label, as real ones do.
-    slot_scale_[j] = opts.signal * 0.8 * uniform_of(detail::mix64(opts.seed, salt_slot, j));
+    slot_scale_[j] = opts.signal * 0.8 * uniform_of(detail::hash_words(opts.seed, salt_slot, j));
   }
   for (std::size_t j = 0; j < criteo_dense_count; ++j) {
-    dense_weight_[j] = opts.signal * 0.3 * normal_of(detail::mix64(opts.seed, salt_slot, 100 + j));
+    dense_weight_[j] =
+        opts.signal * 0.3 * normal_of(detail::hash_words(opts.seed, salt_slot, 100 + j));
   }
 }
 
 void synth_generator::row(std::uint64_t index, synth_row& out) const {
-  detail::splitmix64 rng(detail::mix64(opts_.seed, salt_row, index));
+  detail::splitmix64 rng(detail::hash_words(opts_.seed, salt_row, index));
   double logit = opts_.bias;
   for (std::size_t j = 0; j < criteo_dense_count; ++j) {
     const bool present = rng.uniform() >= dense_missing[j];
@@ -108,8 +109,8 @@ void synth_generator::row(std::uint64_t index, synth_row& out) const {
     }
     out.values[j] = v;
     if (slot_scale_[j] != 0) {
-      logit += slot_scale_[j] * normal_of(detail::mix64(opts_.seed ^ salt_weight, j,
-                                                        static_cast<std::uint64_t>(v + 1)));
+      logit += slot_scale_[j] * normal_of(detail::hash_words(opts_.seed ^ salt_weight, j,
+                                                             static_cast<std::uint64_t>(v + 1)));
     }
   }
   out.logit = logit;
@@ -119,7 +120,7 @@ void synth_generator::row(std::uint64_t index, synth_row& out) const {
 std::string synth_generator::category(std::size_t slot, std::int64_t value) const {
   if (value < 0) return {};
   const auto h = static_cast<std::uint32_t>(
-      detail::mix64(opts_.seed ^ salt_category, slot, static_cast<std::uint64_t>(value)));
+      detail::hash_words(opts_.seed ^ salt_category, slot, static_cast<std::uint64_t>(value)));
   char buf[9];
   std::snprintf(buf, sizeof(buf), "%08x", h);
   return std::string(buf, 8);

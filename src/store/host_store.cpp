@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "embcache/buffer.hpp"
+#include "embcache/detail/hash.hpp"
 #include "embcache/detail/host_algorithms.hpp"
 #include "store_io.hpp"
 
@@ -49,18 +50,9 @@ struct row_chunk {
   std::uint32_t used;
 };
 
-inline std::uint64_t mix_key(std::uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 template <class Key>
 inline std::uint64_t hash_key(Key k) noexcept {
-  return mix_key(static_cast<std::uint64_t>(k));
+  return stafford_mix13(static_cast<std::uint64_t>(k));
 }
 
 template <class Key>

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "embcache/criteo.hpp"
+#include "embcache/detail/hash.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/trainer/detail/dense_kernels.hpp"
 #include "embcache/trainer/metrics.hpp"
@@ -34,8 +35,10 @@ class plain_table {
       rows_.resize(rows_.size() + width_);
       float* r = rows_.data() + (rows_.size() - width_);
       for (std::size_t d = 0; d < dim_; ++d) {
-        const std::uint64_t h =
-            detail::mix64(detail::mix64(detail::mix64(seed_ ^ table_id_) ^ std::uint64_t(key)) ^ d);
+        const std::uint64_t h = detail::splitmix64_finalize(
+            detail::splitmix64_finalize(detail::splitmix64_finalize(seed_ ^ table_id_) ^
+                                        std::uint64_t(key)) ^
+            d);
         const double u = double(h >> 11) * (1.0 / 9007199254740992.0);
         r[d] = float((2.0 * u - 1.0) * range_);
       }

@@ -23,6 +23,7 @@
 
 #include "embcache/criteo.hpp"
 #include "embcache/detail/cache_ref.hpp"
+#include "embcache/detail/hash.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/shard.hpp"
@@ -57,13 +58,6 @@ std::string beside(const std::string& shard, const std::string& suffix) {
   if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
     return shard.substr(0, shard.size() - ext.size()) + suffix;
   return shard + suffix;
-}
-
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
@@ -593,7 +587,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
   shard_reader_options ro;
   ro.batch_size = c.batch_size;
   ro.shuffle = c.shuffle;
-  ro.seed = mix(c.seed ^ m.pass);
+  ro.seed = detail::splitmix64_finalize(c.seed ^ m.pass);
   auto reader = shard_reader::open(paths, ro);
   if (!reader.ok()) return reader.get_status().with_context("pass " + std::to_string(m.pass));
   if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)

@@ -14,6 +14,7 @@
 #endif
 
 #include "embcache/detail/config.hpp"
+#include "embcache/detail/hash.hpp"
 #include "embcache/embedding_cache.hpp"
 
 namespace embcache::detail {
@@ -55,16 +56,6 @@ EMBCACHE_HD void atomic_max(T* p, T v) {
   }
 }
 
-/// murmur3's 64-bit finalizer: a bijective mix of all input bits.
-EMBCACHE_HD inline std::uint64_t mix64(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
 /// High 64 bits of a 64x64-bit product (the same value on host and device).
 EMBCACHE_HD inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) {
 #if EMBCACHE_ON_DEVICE
@@ -93,8 +84,9 @@ EMBCACHE_HD inline std::uint64_t match_bytes(std::uint64_t word, std::uint8_t by
 /// Element `column` of the initial row of `key` (embedding part only).
 EMBCACHE_HD inline float initial_value(const initializer_options& init, float normal_factor,
                                        std::uint64_t key_bits, std::size_t column) {
-  const std::uint64_t base = mix64(init.seed ^ mix64(key_bits + 0x632be59bd9b4e019ULL));
-  const std::uint64_t r = mix64(base + (column + 1) * 0x9e3779b97f4a7c15ULL);
+  const std::uint64_t base =
+      murmur3_fmix64(init.seed ^ murmur3_fmix64(key_bits + 0x632be59bd9b4e019ULL));
+  const std::uint64_t r = murmur3_fmix64(base + (column + 1) * 0x9e3779b97f4a7c15ULL);
   switch (init.kind) {
     case init_kind::uniform: {
       // Every step is exact in float but the last multiply, so all spaces agree bit for bit.
@@ -103,7 +95,7 @@ EMBCACHE_HD inline float initial_value(const initializer_options& init, float no
     }
     case init_kind::normal: {
       // Irwin-Hall with 4 terms of 22 bits: the sum is exact in float, one rounding at the end.
-      const std::uint64_t r2 = mix64(r ^ 0xd6e8feb86659fd93ULL);
+      const std::uint64_t r2 = murmur3_fmix64(r ^ 0xd6e8feb86659fd93ULL);
       const float k = 1.0f / 4194304.0f;
       const float s =
           static_cast<float>(r & 0x3fffff) * k + static_cast<float>((r >> 22) & 0x3fffff) * k +
@@ -143,7 +135,7 @@ struct cache_ref {
     return static_cast<std::uint64_t>(static_cast<std::int64_t>(k));
   }
   EMBCACHE_HD hashed hash(Key k) const {
-    const std::uint64_t h = mix64(key_bits(k) ^ 0x9e3779b97f4a7c15ULL);
+    const std::uint64_t h = murmur3_fmix64(key_bits(k) ^ 0x9e3779b97f4a7c15ULL);
     std::uint8_t d = static_cast<std::uint8_t>(h);
     if (d < 2) d += 2;
     return {static_cast<std::size_t>(mulhi64(h, num_buckets)), d};

@@ -9,22 +9,17 @@
 #include <memory>
 
 #include "embcache/detail/config.hpp"
+#include "embcache/detail/hash.hpp"
 #include "embcache/space.hpp"
 
 namespace embcache::detail {
 
-/// SplitMix64's finalizer: a bijective 64-bit mix, the basis of every counter-based hash here.
-EMBCACHE_HD inline std::uint64_t mix64(std::uint64_t z) noexcept {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /// The per-(seed, step, layer) base of the dropout hash.
 inline std::uint64_t dropout_base(std::uint64_t seed, std::uint64_t step,
                                   std::size_t layer) noexcept {
-  return mix64(mix64(mix64(seed ^ 0x64726f706f7574ull) ^ step) ^ std::uint64_t(layer));
+  return splitmix64_finalize(
+      splitmix64_finalize(splitmix64_finalize(seed ^ 0x64726f706f7574ull) ^ step) ^
+      std::uint64_t(layer));
 }
 
 /// The keep threshold of a drop rate: an element is kept when its 24-bit hash is >= it.
@@ -35,7 +30,8 @@ inline std::uint32_t dropout_threshold(float rate) noexcept {
 /// Whether element `index` is kept under `base` and `threshold`.
 EMBCACHE_HD inline bool dropout_keep_hashed(std::uint64_t base, std::uint64_t index,
                                             std::uint32_t threshold) noexcept {
-  return std::uint32_t(mix64(base ^ (index * 0xd6e8feb86659fd93ull)) >> 40) >= threshold;
+  return std::uint32_t(splitmix64_finalize(base ^ (index * 0xd6e8feb86659fd93ull)) >> 40) >=
+         threshold;
 }
 
 /// z := keep(i) && z > 0 ? z * scale : 0 (ReLU then inverted dropout); without dropout

@@ -16,7 +16,8 @@ namespace detail {
 /// Xavier/Glorot uniform weight `index` of layer `layer`: U(-a, a), a = sqrt(6 / (in + out)).
 inline float xavier_weight(std::uint64_t seed, std::size_t layer, std::uint64_t index,
                            std::size_t fan_in, std::size_t fan_out) noexcept {
-  const std::uint64_t h = mix64(mix64(mix64(seed ^ 0x786176696572ull) ^ layer) ^ index);
+  const std::uint64_t h = splitmix64_finalize(
+      splitmix64_finalize(splitmix64_finalize(seed ^ 0x786176696572ull) ^ layer) ^ index);
   const double u = double(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1)
   const double a = std::sqrt(6.0 / double(fan_in + fan_out));
   return float((2.0 * u - 1.0) * a);
