@@ -67,16 +67,12 @@ progress_figures progress_of(std::uint64_t done, std::uint64_t total, double sec
   return f;
 }
 
-namespace {
-
-// "45.0%": rounded down to a tenth, so that 100.0% means done.
 std::string format_percent(double fraction) {
+  if (!std::isfinite(fraction)) return "?%";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f%%", std::floor(fraction * 1000.0) / 10.0);
   return buf;
 }
-
-}  // namespace
 
 std::string format_count_progress(std::uint64_t done, std::uint64_t total, double seconds,
                                   const std::string& unit) {

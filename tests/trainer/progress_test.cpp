@@ -44,6 +44,14 @@ TEST(Progress, BytesHaveThreeSignificantDigits) {
   EXPECT_EQ(format_bytes(nan), "?");
 }
 
+TEST(Progress, PercentagesAreRoundedDown) {
+  EXPECT_EQ(format_percent(0), "0.0%");
+  EXPECT_EQ(format_percent(0.4567), "45.6%");
+  EXPECT_EQ(format_percent(0.9999), "99.9%");
+  EXPECT_EQ(format_percent(1), "100.0%");
+  EXPECT_EQ(format_percent(nan), "?%");
+}
+
 TEST(Progress, FiguresOfAKnownAndAnUnknownTotal) {
   progress_figures f = progress_of(2880, 6400, 2.0);
   EXPECT_DOUBLE_EQ(f.fraction, 0.45);

@@ -17,6 +17,10 @@ std::string format_duration(double seconds);
 /// "123 GB" (up to TB); "?" for a negative or non-finite count.
 std::string format_bytes(double bytes);
 
+/// A fraction as a percentage with one decimal, rounded down so that "100.0%" means done:
+/// 0.4567 is "45.6%"; "?%" when not finite.
+std::string format_percent(double fraction);
+
 /// Where a job stands after `done` of `total` units in `seconds`.
 struct progress_figures {
   double fraction = 0;  ///< done / total, at most 1; NaN when total is 0 (size unknown)
