@@ -7,6 +7,8 @@ embcache_packages=(
   cmake g++ make pkg-config
   libtbb-dev librocksdb-dev nlohmann-json3-dev libcli11-dev libxxhash-dev zlib1g-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
+  # The tools' log lines (timestamp, level); brings libfmt-dev.
+  libspdlog-dev
   # Debian's CCCL (Thrust, CUB, libcu++): the host space builds against it when NVIDIA's
   # toolkit is absent, and the sanitizer build uses it so that both are tested.
   libthrust-dev libcub-dev libcu++-dev

@@ -89,6 +89,11 @@ struct prep_progress {
   std::uint64_t bytes = 0;     ///< uncompressed bytes read in this pass
   std::size_t file_index = 0;  ///< input file being read
   double seconds = 0;          ///< since the pass began
+  /// Bytes of the input files consumed in this pass: for gzip the compressed bytes, so that
+  /// input_bytes / input_total is the pass's fraction done.
+  std::uint64_t input_bytes = 0;
+  /// Sizes of all input files together; 0 when one is not a regular file (a pipe: unknown).
+  std::uint64_t input_total = 0;
 };
 
 /// Options of prepare_criteo (and of the `embcache-prep` command).

@@ -152,6 +152,17 @@ double since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+// Sizes of the input files together; 0 (unknown) when one is not a regular file.
+std::uint64_t input_sizes(const std::vector<std::string>& inputs) {
+  std::uint64_t total = 0;
+  for (const auto& path : inputs) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    total += static_cast<std::uint64_t>(st.st_size);
+  }
+  return total;
+}
+
 /// One pass over every input; `on_row` gets each parsed sample. Malformed lines are handed to
 /// `on_malformed` (which returns non-ok to stop).
 template <class OnRow, class OnMalformed>
@@ -161,7 +172,8 @@ status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_
   criteo_sample sample;
   const auto t0 = clock_type::now();
   auto last_report = t0;
-  std::uint64_t bytes_done = 0;
+  std::uint64_t bytes_done = 0, consumed_done = 0;
+  const std::uint64_t input_total = input_sizes(opts.inputs);
   for (std::size_t fi = 0; fi < opts.inputs.size(); ++fi) {
     const std::string& path = opts.inputs[fi];
     EMBCACHE_RETURN_IF_ERROR(reader.open(path).with_context("prep"));
@@ -189,17 +201,19 @@ status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_
         const auto now = clock_type::now();
         if (now - last_report >= std::chrono::seconds(1)) {
           last_report = now;
-          opts.on_progress(
-              prep_progress{pass, passes, lines, bytes_done + reader.bytes(), fi, since(t0)});
+          opts.on_progress(prep_progress{pass, passes, lines, bytes_done + reader.bytes(), fi,
+                                         since(t0), consumed_done + reader.consumed(),
+                                         input_total});
         }
       }
     }
     bytes_done += reader.bytes();
+    consumed_done += reader.consumed();
   }
   bytes = bytes_done;
   if (opts.on_progress) {
-    opts.on_progress(
-        prep_progress{pass, passes, lines, bytes_done, opts.inputs.size() - 1, since(t0)});
+    opts.on_progress(prep_progress{pass, passes, lines, bytes_done, opts.inputs.size() - 1,
+                                   since(t0), consumed_done, input_total});
   }
   return {};
 }

@@ -43,7 +43,7 @@ status line_reader::open(const std::string& path) {
   close();
   begin_ = end_ = 0;
   eof_ = broken_ = skipping_ = false;
-  line_number_ = bytes_ = 0;
+  line_number_ = bytes_ = consumed_ = file_size_ = 0;
   message_.clear();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status("cannot open", path, errno);
@@ -53,6 +53,7 @@ status line_reader::open(const std::string& path) {
     ::close(fd);
     return errno_status("cannot read input", path, err);
   }
+  if (S_ISREG(st.st_mode)) file_size_ = static_cast<std::uint64_t>(st.st_size);
   errno = 0;
   gzFile f = gzdopen(fd, "rb");
   if (!f) {
@@ -81,6 +82,8 @@ void line_reader::produce() {
     c.data.resize(chunk_bytes);
     const int n = gzread(f, c.data.data(), static_cast<unsigned>(c.data.size()));
     c.data.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    const z_off_t at = gzoffset(f);
+    c.offset = at > 0 ? static_cast<std::uint64_t>(at) : 0;
     bool last = false;
     if (n <= 0) {
       // Data that arrived before a break was delivered by earlier reads; the break shows here.
@@ -121,6 +124,8 @@ bool line_reader::fill() {
   std::memcpy(buf_.data() + end_, c.data.data(), c.data.size());
   end_ += c.data.size();
   bytes_ += c.data.size();
+  consumed_ = std::max(consumed_, c.offset);
+  if (file_size_ > 0) consumed_ = std::min(consumed_, file_size_);
   const bool got = !c.data.empty();
   if (c.broken) {
     broken_ = true;

@@ -38,12 +38,18 @@ class line_reader {
   std::uint64_t line_number() const noexcept { return line_number_; }
   /// Uncompressed bytes read so far.
   std::uint64_t bytes() const noexcept { return bytes_; }
+  /// Bytes of the file consumed so far: for gzip the compressed bytes behind the data handed
+  /// out, else the same as bytes(); at most the file's size.
+  std::uint64_t consumed() const noexcept { return consumed_; }
+  /// The size of the file when open() found a regular file, else 0 (unknown: a pipe).
+  std::uint64_t file_size() const noexcept { return file_size_; }
   const std::string& message() const noexcept { return message_; }
 
  private:
   struct chunk {
     std::vector<char> data;
-    bool broken = false;  // the stream broke after `data`
+    bool broken = false;       // the stream broke after `data`
+    std::uint64_t offset = 0;  // file bytes consumed once `data` was read (gzoffset)
     std::string message;
   };
   bool fill();  // false at end of data or on error (then broken_ is set)
@@ -61,6 +67,8 @@ class line_reader {
   std::string_view line_;
   std::uint64_t line_number_ = 0;
   std::uint64_t bytes_ = 0;
+  std::uint64_t consumed_ = 0;
+  std::uint64_t file_size_ = 0;
   std::string message_;
 
   std::thread producer_;

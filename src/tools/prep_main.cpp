@@ -5,20 +5,36 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include "cli_checks.hpp"
 #include "embcache/criteo.hpp"
+#include "embcache/detail/progress.hpp"
+#include "tool_log.hpp"
 
 namespace {
 
-void print_progress(const embcache::prep_progress& p) {
-  const double mb = static_cast<double>(p.bytes) / 1e6;
-  const double s = p.seconds > 0 ? p.seconds : 1e-9;
-  std::fprintf(stderr, "\rpass %d/%d  file %zu  %llu lines  %.1f MB  %.0f lines/s  %.1f MB/s   ",
-               p.pass, p.passes, p.file_index + 1, static_cast<unsigned long long>(p.lines), mb,
-               static_cast<double>(p.lines) / s, mb / s);
-  std::fflush(stderr);
-}
+// Progress by input bytes consumed (compressed bytes for gzip), one meter per pass: a line every
+// 10% (at most one per 2 s) or after 30 s without one.
+class prep_reporter {
+ public:
+  explicit prep_reporter(std::size_t files) : files_(files) {}
+  void operator()(const embcache::prep_progress& p) {
+    if (!meter_ || p.pass != pass_) {
+      meter_.emplace(p.input_total);
+      pass_ = p.pass;
+    }
+    if (!meter_->due(p.input_bytes)) return;
+    spdlog::info("prep pass {}/{}{}: {} (file {} of {}, {} lines)", p.pass, p.passes,
+                 p.passes > 1 ? (p.pass == 1 ? " (counting)" : " (writing)") : "",
+                 meter_->byte_text(p.input_bytes), p.file_index + 1, files_, p.lines);
+  }
+
+ private:
+  std::size_t files_;
+  int pass_ = 0;
+  std::optional<embcache::detail::progress_meter> meter_;
+};
 
 }  // namespace
 
@@ -59,25 +75,25 @@ int main(int argc, char** argv) {
   app.add_flag("--no-unique-stats", no_unique_stats,
                "Skip the distinct-key counts (saves ~16 bytes per distinct key)");
   EMBCACHE_CLI_PARSE(app, argc, argv);
+  embcache::tools::init_tool_log("embcache-prep");
 
   opts.keyset =
       keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
   opts.parse.transform = transform == "identity" ? embcache::dense_transform::identity
                                                  : embcache::dense_transform::log1p;
   opts.unique_stats = !no_unique_stats;
-  if (progress) opts.on_progress = print_progress;
+  if (progress) opts.on_progress = prep_reporter(opts.inputs.size());
 
   auto r = embcache::prepare_criteo(opts);
-  if (progress) std::fprintf(stderr, "\n");
   if (!r.ok()) {
-    std::cerr << "embcache-prep: " << r.get_status().to_string() << "\n";
+    spdlog::error("embcache-prep: {}", r.get_status().to_string());
     return 1;
   }
   const embcache::prep_summary& s = r.value();
   const embcache::dataset_summary& d = s.dataset;
-  for (const auto& line : s.reports) std::cerr << "malformed: " << line << "\n";
+  for (const auto& line : s.reports) spdlog::warn("malformed: {}", line);
   if (s.malformed > s.reports.size()) {
-    std::cerr << "malformed: ... and " << (s.malformed - s.reports.size()) << " more\n";
+    spdlog::warn("malformed: ... and {} more", s.malformed - s.reports.size());
   }
   std::printf("rows          %llu\n", static_cast<unsigned long long>(d.rows));
   std::printf("malformed     %llu of %llu lines\n", static_cast<unsigned long long>(s.malformed),

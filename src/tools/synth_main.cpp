@@ -6,7 +6,9 @@
 #include <iostream>
 
 #include "cli_checks.hpp"
+#include "embcache/detail/progress.hpp"
 #include "embcache/synth.hpp"
+#include "tool_log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -54,20 +56,19 @@ int main(int argc, char** argv) {
   app.add_flag("--progress,!--no-progress", progress,
                "Progress line on stderr (default: when stderr is a terminal)");
   EMBCACHE_CLI_PARSE(app, argc, argv);
+  embcache::tools::init_tool_log("embcache-synth");
 
+  // A line every 10% (at most one per 2 s) or after 30 s without one.
+  embcache::detail::progress_meter meter(opts.rows);
   if (progress) {
-    const std::uint64_t total = opts.rows;
-    opts.on_progress = [total](std::uint64_t done) {
-      std::fprintf(stderr, "\r%llu / %llu rows   ", static_cast<unsigned long long>(done),
-                   static_cast<unsigned long long>(total));
-      std::fflush(stderr);
+    opts.on_progress = [&meter](std::uint64_t done) {
+      if (meter.due(done)) spdlog::info("synth: {}", meter.count_text(done, "rows"));
     };
   }
   if (format == "tsv") {
     embcache::status s = embcache::write_synth_tsv(output, opts);
-    if (progress) std::fprintf(stderr, "\n");
     if (!s.ok()) {
-      std::cerr << "embcache-synth: " << s.to_string() << "\n";
+      spdlog::error("embcache-synth: {}", s.to_string());
       return 1;
     }
     std::printf("rows          %llu\nfile          %s\n",
@@ -79,9 +80,8 @@ int main(int argc, char** argv) {
       keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
   out.unique_stats = !no_unique_stats;
   auto r = embcache::write_synth_dataset(opts, out, cross, parse);
-  if (progress) std::fprintf(stderr, "\n");
   if (!r.ok()) {
-    std::cerr << "embcache-synth: " << r.get_status().to_string() << "\n";
+    spdlog::error("embcache-synth: {}", r.get_status().to_string());
     return 1;
   }
   const embcache::dataset_summary& d = r.value();

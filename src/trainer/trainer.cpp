@@ -2,12 +2,6 @@
 // or on the stores directly (host-hybrid), evaluation, metrics, export, save and resume.
 #include "embcache/trainer/trainer.hpp"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -24,6 +18,7 @@
 #include "embcache/criteo.hpp"
 #include "embcache/detail/cache_ref.hpp"
 #include "embcache/detail/hash.hpp"
+#include "embcache/detail/progress.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/shard.hpp"
@@ -32,8 +27,8 @@
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
 #endif
-
-extern char** environ;  // handed to gnuplot
+#include "reporting.hpp"
+#include "trainer_files.hpp"
 
 namespace embcache {
 namespace {
@@ -42,6 +37,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using key_t = std::int64_t;
 using clock_type = std::chrono::steady_clock;
+using detail::create_folder;
+using detail::write_file_durable;
+using detail::write_text_file;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -52,65 +50,26 @@ std::string resolve(const std::string& base, const std::string& p) {
   return base + "/" + p;
 }
 
+// Samples of every shard of `passes`, from their headers; 0 (unknown) when one cannot be read
+// (the pass that reads it reports why).
+std::uint64_t samples_of_passes(const std::string& data_dir,
+                                const std::vector<trainer_pass_config>& passes) {
+  std::uint64_t total = 0;
+  for (const auto& pass : passes)
+    for (const auto& shard : pass.shards) {
+      auto h = read_shard_header(resolve(data_dir, shard));
+      if (!h.ok()) return 0;
+      total += h.value().rows;
+    }
+  return total;
+}
+
 // `X.bin` -> `X<suffix>`; other names get the suffix appended.
 std::string beside(const std::string& shard, const std::string& suffix) {
   const std::string ext = ".bin";
   if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
     return shard.substr(0, shard.size() - ext.size()) + suffix;
   return shard + suffix;
-}
-
-std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
-
-// A failed write: out_of_space for a full disk or quota, io_error otherwise; names the file and
-// the system's reason.
-status write_error(const std::string& path, const char* what, int e) {
-  const std::string m = path + ": " + what + ": " + errno_text(e);
-  return e == ENOSPC || e == EDQUOT ? status::out_of_space(m) : status::io_error(m);
-}
-
-// Writes `size` bytes to `path` (truncated, or appended to with `append`), checking every write
-// and the close; with `durable` also fsync.
-status write_file_checked(const std::string& path, const void* data, std::size_t size, bool append,
-                          bool durable) {
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
-  if (fd < 0) return write_error(path, "cannot open for writing", errno);
-  const char* p = static_cast<const char*>(data);
-  std::size_t left = size;
-  while (left > 0) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int e = w < 0 ? errno : ENOSPC;  // a write of 0 bytes: no room
-      ::close(fd);
-      return write_error(path, "write failed", e);
-    }
-    p += w;
-    left -= std::size_t(w);
-  }
-  if (durable && ::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    return write_error(path, "fsync failed", e);
-  }
-  if (::close(fd) != 0) return write_error(path, "close failed", errno);
-  return {};
-}
-
-status write_file_durable(const std::string& path, const void* data, std::size_t size) {
-  return write_file_checked(path, data, size, /*append=*/false, /*durable=*/true);
-}
-
-status write_text_file(const std::string& path, const std::string& text, bool append = false) {
-  return write_file_checked(path, text.data(), text.size(), append, /*durable=*/false);
-}
-
-status create_folder(const std::string& dir, const std::string& field) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return status::io_error(field + ": " + dir + ": cannot create (" + ec.message() + ")");
-  return {};
 }
 
 std::size_t count_non_finite(const float* p, std::size_t n) {
@@ -189,6 +148,11 @@ struct trainer::impl {
   std::function<void(const std::string&)> log = [](const std::string& s) {
     std::cout << s << std::endl;
   };
+  // The run() in progress, for the run part of the progress lines: its last pass number, the
+  // samples of all its passes (shard headers; 0 when unknown or outside run()), those done, and
+  // when it began.
+  std::uint64_t run_last_pass = 0, run_total = 0, run_done = 0;
+  clock_type::time_point run_t0;
 
   // Per-step scratch.
   std::vector<key_t> wide_keys;
@@ -561,18 +525,24 @@ status trainer::run() {
   if (!impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
     EMBCACHE_RETURN_IF_ERROR(write_text_file(impl_->config.output_dir + "/metrics.jsonl", ""));
+    EMBCACHE_RETURN_IF_ERROR(detail::start_step_metrics(impl_->config.output_dir));
   }
-  for (std::size_t p = 0; p < passes.size(); ++p) {
+  impl_->run_last_pass = impl_->passes_done + passes.size();
+  impl_->run_total = samples_of_passes(impl_->config.data_dir, passes);
+  impl_->run_done = 0;
+  impl_->run_t0 = clock_type::now();
+  status s;
+  for (std::size_t p = 0; p < passes.size() && s.ok(); ++p) {
     auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
-    if (!m.ok()) return m.get_status();
-    if (impl_->config.save_every_pass && !impl_->config.save_dir.empty() && p + 1 < passes.size())
-      EMBCACHE_RETURN_IF_ERROR(save(impl_->config.save_dir));
+    if (!m.ok())
+      s = m.get_status();
+    else if (impl_->config.save_every_pass && !impl_->config.save_dir.empty() &&
+             p + 1 < passes.size())
+      s = save(impl_->config.save_dir);
   }
-  if (!impl_->config.save_dir.empty()) {
-    EMBCACHE_RETURN_IF_ERROR(save(impl_->config.save_dir));
-    impl_->log("saved to " + impl_->config.save_dir);
-  }
-  return {};
+  if (s.ok() && !impl_->config.save_dir.empty()) s = save(impl_->config.save_dir);
+  impl_->run_last_pass = impl_->run_total = 0;  // a run_pass() of its own has no run part
+  return s;
 }
 
 result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
@@ -603,6 +573,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
   shard_batch batch;
   double loss_sum = 0, interval_loss = 0;
   std::uint64_t interval_steps = 0, interval_samples = 0;
+  const std::uint64_t pass_total = reader.value()->total_rows();
   const auto t0 = clock_type::now();
   auto ti = t0;
   std::string rate = "n/a";
@@ -669,13 +640,32 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
       } else if (!s.cached()) {
         rate = "n/a (no cache)";
       }
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "pass %llu step %llu | %.0f samples/s | loss %.5f | hit rate %s",
-                    (unsigned long long)m.pass, (unsigned long long)s.step,
-                    secs > 0 ? double(interval_samples) / secs : 0.0,
-                    interval_loss / double(interval_steps), rate.c_str());
-      s.log(line);
+      detail::training_progress p;
+      p.pass = m.pass;
+      p.passes = s.run_last_pass;
+      p.step = s.step;
+      p.pass_done = m.samples;
+      p.pass_total = pass_total;
+      p.pass_seconds = seconds_since(t0);
+      p.run_done = s.run_done + m.samples;
+      p.run_total = s.run_total;
+      p.run_seconds = seconds_since(s.run_t0);
+      p.loss = interval_loss / double(interval_steps);
+      p.hit_rate = rate;
+      s.log(detail::training_progress_line(p));
+      if (!c.output_dir.empty()) {
+        detail::step_metrics sm;
+        sm.step = s.step;
+        sm.pass = m.pass;
+        sm.pass_position =
+            double(m.pass - 1) + (pass_total ? double(m.samples) / double(pass_total) : 1.0);
+        sm.samples = s.samples + m.samples;
+        sm.train_loss = p.loss;
+        sm.samples_per_s = secs > 0 ? double(interval_samples) / secs : 0.0;
+        sm.hit_rate = lookups ? double(s.interval_hits) / double(lookups) : std::nan("");
+        EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
+        EMBCACHE_RETURN_IF_ERROR(detail::append_step_metrics(c.output_dir, sm));
+      }
       pass_hits += s.interval_hits;
       pass_misses += s.interval_misses;
       s.interval_hits = s.interval_misses = 0;
@@ -685,6 +675,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
     }
   }
   m.seconds = seconds_since(t0);
+  s.run_done += m.samples;
   pass_hits += s.interval_hits;
   pass_misses += s.interval_misses;
   s.samples += m.samples;
@@ -722,19 +713,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
     m.rows_exported = ex.value().second;
   }
   s.history.push_back(m);
-  char line[512];
-  std::snprintf(line, sizeof line,
-                "pass %llu done: %llu samples in %.2f s (%.0f samples/s), train loss %.5f, eval "
-                "AUC %.5f, eval logloss %.5f, swap %.3f s, rows in %llu, rows out %llu, hit rate "
-                "%.4f%s%s",
-                (unsigned long long)m.pass, (unsigned long long)m.samples, m.seconds,
-                m.samples_per_s, m.train_loss, m.eval_auc, m.eval_logloss, m.swap_seconds,
-                (unsigned long long)m.rows_in, (unsigned long long)m.rows_out, m.hit_rate,
-                m.export_path.empty() ? "" : ", exported ",
-                m.export_path.empty()
-                    ? ""
-                    : (std::to_string(m.rows_exported) + " rows to " + m.export_path).c_str());
-  s.log(line);
+  s.log(detail::pass_summary_line(m));
   if (!c.output_dir.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
     EMBCACHE_RETURN_IF_ERROR(
@@ -759,7 +738,12 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
   const std::size_t dim = c.tables[s.deep_t].dim;
   metric_accumulator acc;
   shard_batch b;
+  std::uint64_t total = reader.value()->total_rows();
+  if (c.eval_max_samples > 0) total = std::min<std::uint64_t>(total, c.eval_max_samples);
+  detail::progress_meter meter(total);
   for (;;) {
+    if (meter.due(acc.size()))
+      s.log("evaluation on " + path + ": " + meter.count_text(acc.size(), "samples"));
     EMBCACHE_RETURN_IF_ERROR(reader.value()->next(b));
     if (b.size == 0) break;
     std::size_t n = b.size;
@@ -838,6 +822,7 @@ result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
 status trainer::save(const std::string& dir) {
   impl& s = *impl_;
   if (!s.diverged.ok()) return s.diverged;
+  const auto t0 = clock_type::now();
   const std::vector<std::uint8_t> dense = s.model->save();
   if (!dense_blob_finite(dense))
     return s.diverge("save to " + dir + " after step " + std::to_string(s.step),
@@ -874,6 +859,7 @@ status trainer::save(const std::string& dir) {
   fs::rename(tmp, dir, ec);
   if (ec) return status::io_error(tmp + ": cannot rename to " + dir + " (" + ec.message() + ")");
   fs::remove_all(old, ec);
+  s.log(detail::save_summary_line(dir, seconds_since(t0)));
   return {};
 }
 
@@ -935,148 +921,6 @@ status trainer::load(const std::string& dir_in) {
   s.history = std::move(history);
   for (auto& h : s.hybrid)
     if (h) h->set_step(step);
-  return {};
-}
-
-namespace {
-
-// A metric for metrics.tsv: "nan" (gnuplot's missing value) when not finite, whatever its sign.
-std::string tsv_number(double v) {
-  if (!std::isfinite(v)) return "nan";
-  std::ostringstream ss;
-  ss << v;
-  return ss.str();
-}
-
-// Runs `argv` (argv[0] looked up on the PATH by posix_spawnp, no shell) with stdin from
-// /dev/null and stdout and stderr into `output`; returns its wait status. not_found when the
-// program is not on the PATH.
-result<int> run_program(const std::vector<std::string>& args, std::string* output) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
-    return status::io_error("pipe for " + args[0] + ": " + errno_text(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
-  pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (rc != 0) {
-    ::close(pipe_fds[0]);
-    if (rc == ENOENT) return status::not_found(args[0] + " is not on the PATH");
-    return status::io_error("cannot start " + args[0] + ": " + errno_text(rc));
-  }
-  char buf[4096];
-  for (;;) {
-    const ssize_t r = ::read(pipe_fds[0], buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    if (output && output->size() < 65536) output->append(buf, std::size_t(r));
-  }
-  ::close(pipe_fds[0]);
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0) {
-    if (errno != EINTR)
-      return status::io_error("waiting for " + args[0] + ": " + errno_text(errno));
-  }
-  return wstatus;
-}
-
-std::string describe_wait_status(int w) {
-  if (WIFEXITED(w)) return "exit status " + std::to_string(WEXITSTATUS(w));
-  if (WIFSIGNALED(w)) return "signal " + std::to_string(WTERMSIG(w));
-  return "wait status " + std::to_string(w);
-}
-
-}  // namespace
-
-status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& history,
-                    std::string* note) {
-  EMBCACHE_RETURN_IF_ERROR(create_folder(dir_in, "output_dir"));
-  // gnuplot receives the folder as an argument (ARG1), never inside its script or a shell
-  // command; absolute, so that it cannot read as gnuplot's "<command" or "|command".
-  std::error_code ec;
-  const fs::path abs = fs::absolute(dir_in, ec);
-  if (ec)
-    return status::io_error(dir_in + ": cannot make the path absolute (" + ec.message() + ")");
-  const std::string dir = abs.lexically_normal().string();
-  std::string tsv = "# pass\ttrain_loss\teval_auc\teval_logloss\tsamples_per_s\n";
-  bool have_loss = false, have_auc = false;
-  for (const auto& m : history) {
-    have_loss = have_loss || std::isfinite(m.train_loss) || std::isfinite(m.eval_logloss);
-    have_auc = have_auc || std::isfinite(m.eval_auc);
-    tsv += std::to_string(m.pass) + '\t' + tsv_number(m.train_loss) + '\t' +
-           tsv_number(m.eval_auc) + '\t' + tsv_number(m.eval_logloss) + '\t' +
-           tsv_number(m.samples_per_s) + '\n';
-  }
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/metrics.tsv", tsv));
-  // A plot with no point would leave an empty PNG: such a plot is left out of the script.
-  std::vector<std::string> images;
-  std::string gp =
-      "# Draws the curves of metrics.tsv (one line per pass) into PNG files. Run it as\n"
-      "#   gnuplot -c plot.gp FOLDER    (or, inside the folder, gnuplot plot.gp)\n"
-      "d = (ARGC >= 1) ? ARG1 : '.'\n"
-      "set terminal png size 800,500\n"
-      "set datafile missing 'nan'\n"
-      "set xlabel 'pass'\nset grid\nset key bottom right\n";
-  if (have_loss) {
-    images.push_back("loss.png");
-    gp +=
-        "set output d.'/loss.png'\nset ylabel 'loss'\n"
-        "plot d.'/metrics.tsv' using 1:2 with linespoints title 'train loss', \\\n"
-        "     d.'/metrics.tsv' using 1:4 with linespoints title 'eval log loss'\n";
-  }
-  if (have_auc) {
-    images.push_back("auc.png");
-    gp +=
-        "set output d.'/auc.png'\nset ylabel 'AUC'\n"
-        "plot d.'/metrics.tsv' using 1:3 with linespoints title 'eval AUC'\n";
-  }
-  gp += "unset output\n";
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/plot.gp", gp));
-  std::string skipped;
-  if (!have_loss) skipped += ", no loss.png (no finite loss)";
-  if (!have_auc) skipped += ", no auc.png (no eval AUC: no eval_shard, or a single class)";
-  // A PNG of an earlier run must not pass for this run's.
-  for (const char* png : {"loss.png", "auc.png"}) {
-    fs::remove(dir + "/" + png, ec);
-    if (ec)
-      return status::io_error(dir + "/" + png + ": cannot remove the old image (" + ec.message() +
-                              ")");
-  }
-  if (images.empty()) {
-    if (note) *note = "wrote " + dir + "/plot.gp and metrics.tsv" + skipped;
-    return {};
-  }
-  std::string output;
-  auto ran = run_program({"gnuplot", "-c", dir + "/plot.gp", dir}, &output);
-  if (!ran.ok() && ran.get_status().code() == status_code::not_found) {
-    if (note) *note = "gnuplot not found: wrote " + dir + "/plot.gp and metrics.tsv, no PNG";
-    return {};
-  }
-  if (!ran.ok()) return ran.get_status();
-  if (!WIFEXITED(ran.value()) || WEXITSTATUS(ran.value()) != 0) {
-    if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
-    return status::io_error(dir + "/plot.gp: gnuplot failed (" + describe_wait_status(ran.value()) +
-                            ")" + (output.empty() ? "" : ": " + output));
-  }
-  std::string drew;
-  for (const auto& png : images) {
-    const std::string path = dir + "/" + png;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0)
-      return status::io_error(path + ": gnuplot wrote no image: " + errno_text(errno));
-    if (st.st_size == 0)
-      return status::io_error(path + ": gnuplot wrote an empty image (0 bytes; disk full?)");
-    drew += (drew.empty() ? "" : " and ") + path;
-  }
-  if (note) *note = "drew " + drew + skipped;
   return {};
 }
 

@@ -256,6 +256,32 @@ TEST(Prep, GzipInputGivesTheSameShardsAsPlainText) {
   }
 }
 
+TEST(Prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
+  scratch_dir dir;
+  const std::string text = make_tsv(0, 400);
+  write_text(dir / "in.tsv", text);
+  write_gz(dir / "in.tsv.gz", text);
+  const std::uint64_t plain_size = read_bytes(dir / "in.tsv").size();
+  const std::uint64_t gz_size = read_bytes(dir / "in.tsv.gz").size();
+  ASSERT_LT(gz_size, plain_size);  // compressed: the two counts differ
+  auto o = options(dir, {dir / "in.tsv", dir / "in.tsv.gz"});
+  o.rare_threshold = 2;  // two passes, each reported to its end
+  std::vector<prep_progress> seen;
+  o.on_progress = [&](const prep_progress& p) { seen.push_back(p); };
+  ASSERT_TRUE(prepare_criteo(o).ok());
+  ASSERT_EQ(seen.size(), 2u);  // a run this short reports only the end of each pass
+  for (int pass = 1; pass <= 2; ++pass) {
+    const prep_progress& p = seen[std::size_t(pass - 1)];
+    EXPECT_EQ(p.pass, pass);
+    EXPECT_EQ(p.passes, 2);
+    EXPECT_EQ(p.lines, 800u);
+    EXPECT_EQ(p.bytes, 2 * plain_size);  // uncompressed
+    EXPECT_EQ(p.input_total, plain_size + gz_size);
+    EXPECT_EQ(p.input_bytes, plain_size + gz_size);
+    EXPECT_EQ(p.file_index, 1u);
+  }
+}
+
 TEST(Prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   scratch_dir dir;
   std::string text;

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <string>
 
 #include "embcache/shard.hpp"
@@ -79,6 +80,17 @@ TEST(Tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
   EXPECT_EQ(m.value().rows, 50u);
   ASSERT_EQ(m.value().shards.size(), 3u);
   for (const auto& f : m.value().shards) EXPECT_TRUE(read_shard(f.shard).ok()) << f.shard;
+}
+
+TEST(Tools, ErrorLinesCarryATimestampAndALevel) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const run_result r = run(prep_exe, q(dir / "missing.tsv") + " -o " + q(dir / "out"));
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("^\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+                           "\\.[0-9]{3}\\] \\[error\\] embcache-prep: not_found: ")))
+      << r.output;
 }
 
 TEST(Tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {

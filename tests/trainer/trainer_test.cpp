@@ -19,6 +19,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "embcache/criteo.hpp"
@@ -953,6 +954,119 @@ TEST(TrainerMetrics, AFullDiskFailsTheRunNamingMetricsJsonl) {
   EXPECT_EQ(s.message(), c.output_dir + "/metrics.jsonl: write failed: No space left on device");
 }
 
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> lines;
+  std::stringstream ss(read_bytes(path));
+  for (std::string l; std::getline(ss, l);) lines.push_back(l);
+  return lines;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// Two passes of one 1,500-row shard, batches of 128: 12 steps a pass (the last of 92 samples), a
+// progress line every 5 steps.
+trainer_config step_config(const std::string& name) {
+  trainer_config c = small_config(name);
+  c.passes = {{{shard(0)}}, {{shard(1)}}};
+  c.log_interval = 5;
+  c.output_dir = temp_dir(name + "_out");
+  return c;
+}
+
+TEST(TrainerMetrics, StepMetricsHoldALinePerLogIntervalAndTheCallbackGetsEveryLine) {
+  const trainer_config c = step_config("steps");
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  std::vector<std::string> log;  // as an embedder sees it: no timestamp, no level
+  t.value()->set_log([&](const std::string& l) { log.push_back(l); });
+  ASSERT_TRUE(t.value()->run().ok());
+
+  // metrics_steps.jsonl: steps 5 and 10 of pass 1, 17 and 22 (5 and 10 of pass 2).
+  const std::vector<std::string> jsonl = lines_of(c.output_dir + "/metrics_steps.jsonl");
+  ASSERT_EQ(jsonl.size(), 4u);
+  const std::uint64_t steps[] = {5, 10, 17, 22}, passes[] = {1, 1, 2, 2};
+  const std::uint64_t samples[] = {640, 1280, 1500 + 640, 1500 + 1280};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const json j = json::parse(jsonl[i]);
+    EXPECT_EQ(j.at("step").get<std::uint64_t>(), steps[i]) << jsonl[i];
+    EXPECT_EQ(j.at("pass").get<std::uint64_t>(), passes[i]) << jsonl[i];
+    EXPECT_EQ(j.at("samples").get<std::uint64_t>(), samples[i]) << jsonl[i];
+    EXPECT_DOUBLE_EQ(j.at("pass_position").get<double>(),
+                     double(passes[i] - 1) + double(i % 2 == 0 ? 640 : 1280) / 1500.0);
+    EXPECT_TRUE(std::isfinite(j.at("train_loss").get<double>())) << jsonl[i];
+    EXPECT_GT(j.at("samples_per_s").get<double>(), 0) << jsonl[i];
+  }
+  // Its TSV twin, gnuplot's input: a header, then the same steps.
+  const std::vector<std::string> tsv = lines_of(c.output_dir + "/metrics_steps.tsv");
+  ASSERT_EQ(tsv.size(), 5u);
+  EXPECT_EQ(tsv[0], "# step\tpass\tpass_position\tsamples\ttrain_loss\tsamples_per_s\thit_rate");
+  EXPECT_TRUE(starts_with(tsv[3], "17\t2\t1.42667\t2140\t")) << tsv[3];
+
+  // The callback got the dense note, a progress line per interval with the pass's and the run's
+  // percentage and ETA, a summary per pass and the save's line.
+  ASSERT_EQ(log.size(), 1u + 4 + 2 + 1) << ::testing::PrintToString(log);
+  EXPECT_EQ(log[0], "dense network on host (auto: this program has no cuda space)");
+  const std::regex progress(
+      "pass ([12])/2 step ([0-9]+) \\| ([0-9.]+)% of 1500 samples, [0-9]+ samples/s, ETA "
+      "[0-9?]+:?[0-9]*:?[0-9]* \\| run ([0-9.]+)%, ETA [0-9?:]+ \\| loss [0-9.]+ \\| hit rate "
+      "[0-9.]+");
+  const char* const expected[][4] = {{"1", "5", "42.6", "21.3"},
+                                     {"1", "10", "85.3", "42.6"},
+                                     {"2", "17", "42.6", "71.3"},
+                                     {"2", "22", "85.3", "92.6"}};
+  const std::size_t at[] = {1, 2, 4, 5};
+  for (std::size_t i = 0; i < 4; ++i) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(log[at[i]], m, progress)) << log[at[i]];
+    for (std::size_t k = 0; k < 4; ++k) EXPECT_EQ(m[k + 1].str(), expected[i][k]) << log[at[i]];
+  }
+  EXPECT_TRUE(starts_with(log[3], "pass 1 done: 1500 samples in ")) << log[3];
+  EXPECT_TRUE(starts_with(log[6], "pass 2 done: 1500 samples in ")) << log[6];
+  EXPECT_TRUE(std::regex_match(
+      log[7], std::regex("saved to " + c.save_dir + ": [0-9.]+ [kMG]?B in [0-9.]+ s \\(.*/s\\)")))
+      << log[7];
+}
+
+TEST(TrainerPlot, TheScriptHasIntegerPassTicksALegendOffTheCurvesAndTheStepCurve) {
+  trainer_config c = step_config("plot_steps");
+  c.passes.resize(1);
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  t.value()->set_log([](const std::string&) {});
+  ASSERT_TRUE(t.value()->run().ok());
+  std::string note;
+  const status s = plot_metrics(c.output_dir, t.value()->history(), &note);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const std::string gp = read_bytes(c.output_dir + "/plot.gp");
+  for (const char* want :
+       {"\nset xrange [0:1]\nset xtics 1\nset format x '%.0f'\n",
+        "\nset key outside center bottom horizontal\n",
+        "plot d.'/metrics_steps.tsv' using 3:5 with lines",
+        "d.'/metrics.tsv' using 1:2 with linespoints",
+        "d.'/metrics.tsv' using 1:4 with linespoints", "set output d.'/auc.png'"})
+    EXPECT_NE(gp.find(want), std::string::npos) << want << " is not in\n" << gp;
+  if (gnuplot_on_path()) {
+    EXPECT_GT(file_size_or_zero(c.output_dir + "/loss.png"), 0u);
+    EXPECT_GT(file_size_or_zero(c.output_dir + "/auc.png"), 0u);
+  }
+  // Twelve passes: a tick every second pass, still integers; without a step file no step curve.
+  std::vector<pass_metrics> many(12);
+  for (std::size_t i = 0; i < many.size(); ++i) {
+    many[i].pass = i + 1;
+    many[i].train_loss = 0.6;
+    many[i].eval_auc = many[i].eval_logloss = std::nan("");
+  }
+  const std::string dir = temp_dir("plot_many");
+  ASSERT_TRUE(plot_metrics(dir, many, &note).ok());
+  const std::string gp12 = read_bytes(dir + "/plot.gp");
+  EXPECT_NE(gp12.find("\nset xrange [0:12]\nset xtics 2\nset format x '%.0f'\n"), std::string::npos)
+      << gp12;
+  EXPECT_EQ(gp12.find("metrics_steps.tsv' using"), std::string::npos) << gp12;
+  EXPECT_EQ(gp12.find("eval log loss"), std::string::npos) << gp12;  // no eval: no such curve
+}
+
 // --- the command line ------------------------------------------------------------------------
 
 #ifdef EMBCACHE_TRAIN_EXE
@@ -1018,6 +1132,31 @@ TEST(TrainerCli, FailuresExitNonZeroAndSayWhy) {
   EXPECT_NE(r.output.find("config.batch_size: expected an integer in [1, 1048576], got -1"),
             std::string::npos)
       << r.output;
+}
+
+TEST(TrainerCli, LinesCarryATimestampAndALevel) {
+  const std::string root = temp_dir("cli_log");
+  json c = cli_config(root);
+  c["log_interval"] = 5;
+  const cli_result r = train_cli(root, c, "--no-plot");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string stamp =
+      "\\[[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}\\] ";
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex("(^|\n)" + stamp + "\\[info\\] pass 1/1 step 5 \\| 42\\.6% of 1500 samples")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("(^|\n)" + stamp + "\\[info\\] pass 1 done: 1500 samples")))
+      << r.output;
+  EXPECT_EQ(lines_of(root + "/out/metrics_steps.jsonl").size(), 2u);
+  // A failure is an error line.
+  c["data_dir"] = root + "/nowhere";
+  const cli_result bad = train_cli(root, c, "--no-plot");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_TRUE(std::regex_search(
+      bad.output, std::regex("(^|\n)" + stamp + "\\[error\\] embcache-train: not_found: ")))
+      << bad.output;
 }
 
 TEST(TrainerCli, NoEvalShardPlotsTheLossOnly) {

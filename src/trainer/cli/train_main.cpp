@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "embcache/trainer/trainer.hpp"
+#include "tool_log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Trains the reference Wide&Deep model on Criteo-format shards (docs/trainer.md)"};
@@ -17,13 +18,14 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the full configuration and exit");
   app.add_flag("--no-plot", no_plot, "do not draw the loss and AUC curves");
   CLI11_PARSE(app, argc, argv);
+  embcache::tools::init_tool_log("embcache-train");
 #ifdef EMBCACHE_TRAINER_WITH_CUDA
   embcache::register_cuda_dense_backend();  // lets dense_device pick "cuda"
 #endif
 
   auto config = embcache::load_trainer_config(config_path);
   if (!config.ok()) {
-    std::cerr << "embcache-train: " << config.get_status().to_string() << "\n";
+    spdlog::error("embcache-train: {}", config.get_status().to_string());
     return 2;
   }
   embcache::trainer_config c = config.value();
@@ -36,30 +38,34 @@ int main(int argc, char** argv) {
   }
   auto t = embcache::trainer::create(c);
   if (!t.ok()) {
-    std::cerr << "embcache-train: " << t.get_status().to_string() << "\n";
+    spdlog::error("embcache-train: {}", t.get_status().to_string());
     return 1;
   }
-  // run() logs where the dense network runs before the first pass.
-  std::printf("embcache-train: mode %s, %zu passes, batch %zu%s\n", embcache::to_string(c.mode),
-              c.passes.size(), c.batch_size,
-              c.resume_from.empty()
-                  ? ""
-                  : (", resuming after pass " + std::to_string(t.value()->passes_done())).c_str());
+  // The trainer's progress and summary lines, as log lines with a timestamp and level. run()
+  // logs where the dense network runs before the first pass.
+  t.value()->set_log([](const std::string& line) { spdlog::info("{}", line); });
+  spdlog::info("embcache-train: mode {}, {} passes, batch {}{}", embcache::to_string(c.mode),
+               c.passes.size(), c.batch_size,
+               c.resume_from.empty()
+                   ? std::string()
+                   : ", resuming after pass " + std::to_string(t.value()->passes_done()));
   const embcache::status s = t.value()->run();
   if (!s.ok()) {
-    std::cerr << "embcache-train: " << s.to_string() << "\n";
+    spdlog::error("embcache-train: {}", s.to_string());
     return 1;
   }
   if (!c.output_dir.empty()) {
-    std::printf("metrics: %s/metrics.jsonl\n", c.output_dir.c_str());
+    spdlog::info(
+        "metrics: {0}/metrics.jsonl (per pass), {0}/metrics_steps.jsonl (per log_interval)",
+        c.output_dir);
     if (!no_plot) {
       std::string note;
       const embcache::status ps = embcache::plot_metrics(c.output_dir, t.value()->history(), &note);
       if (!ps.ok()) {
-        std::cerr << "embcache-train: " << ps.to_string() << "\n";
+        spdlog::error("embcache-train: {}", ps.to_string());
         return 1;
       }
-      std::printf("plots: %s\n", note.c_str());
+      spdlog::info("plots: {}", note);
     }
   }
   return 0;
