@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   bool progress = ::isatty(STDERR_FILENO) != 0;
   bool no_unique_stats = false;
   embcache::criteo_parse_options parse;
+  embcache::tools::standard_options(app, "embcache-synth");
   app.add_option("-o,--output", output,
                  "TSV file (.gz: compressed) for --format tsv, folder for --format shards")
       ->required();
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     if (progress) std::fprintf(stderr, "\n");
     if (!s.ok()) {
       std::cerr << "embcache-synth: " << s.to_string() << "\n";
-      return 1;
+      return embcache::tools::run_time_failure;
     }
     std::printf("rows          %llu\nfile          %s\n",
                 static_cast<unsigned long long>(opts.rows), output.c_str());
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   if (progress) std::fprintf(stderr, "\n");
   if (!r.ok()) {
     std::cerr << "embcache-synth: " << r.get_status().to_string() << "\n";
-    return 1;
+    return embcache::tools::run_time_failure;
   }
   const embcache::dataset_summary& d = r.value();
   std::printf("rows          %llu\nlabel mean    %.4f\nshards        %zu in %s\n",
