@@ -8,9 +8,9 @@ add_test(NAME install_tree
 set_tests_properties(install_tree PROPERTIES FIXTURES_SETUP embcache_installed LABELS integration)
 
 # embcache_add_outside_project_test(<name> SOURCE_DIR <dir> EXECUTABLE <target> LABEL <label>
-#                                   PASS_REGEX <regex>)
+#                                   PASS_REGEX <regex> [CONFIGURE_ARGS <arg>...])
 function(embcache_add_outside_project_test name)
-  cmake_parse_arguments(arg "" "SOURCE_DIR;EXECUTABLE;LABEL;PASS_REGEX" "" ${ARGN})
+  cmake_parse_arguments(arg "" "SOURCE_DIR;EXECUTABLE;LABEL;PASS_REGEX" "CONFIGURE_ARGS" ${ARGN})
   set(build ${CMAKE_BINARY_DIR}/install-test/${name})
   add_test(NAME ${name}_configure
            COMMAND ${CMAKE_COMMAND} -S ${arg_SOURCE_DIR} -B ${build}
@@ -18,7 +18,7 @@ function(embcache_add_outside_project_test name)
                    -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
                    # the same instrumentation as this build (the sanitizer preset needs it)
                    "-DCMAKE_CXX_FLAGS=${CMAKE_CXX_FLAGS}"
-                   "-DCMAKE_EXE_LINKER_FLAGS=${CMAKE_EXE_LINKER_FLAGS}")
+                   "-DCMAKE_EXE_LINKER_FLAGS=${CMAKE_EXE_LINKER_FLAGS}" ${arg_CONFIGURE_ARGS})
   add_test(NAME ${name}_build COMMAND ${CMAKE_COMMAND} --build ${build})
   add_test(NAME ${name}_run COMMAND ${build}/${arg_EXECUTABLE})
   set_tests_properties(${name}_configure PROPERTIES FIXTURES_REQUIRED embcache_installed

@@ -98,8 +98,10 @@ struct prep_progress {
 
 /// Options of prepare_criteo (and of the `embcache-prep` command).
 struct prep_options {
-  std::vector<std::string> inputs;  ///< TSV files, plain or gzip (detected); no default
-  std::string output_dir;           ///< created when missing; no default
+  /// TSV files, plain or gzip (detected by its magic bytes); "-" is standard input (once, and
+  /// not with rare_threshold > 1, which reads the inputs twice); no default.
+  std::vector<std::string> inputs;
+  std::string output_dir;                                 ///< created when missing; no default
   std::uint64_t rows_per_shard = std::uint64_t{1} << 20;  ///< default 1,048,576
   keyset_format keyset = keyset_format::embcache;         ///< default our format
   std::uint32_t rare_threshold = 0;    ///< values seen fewer times map to the OOV key; 0 = off

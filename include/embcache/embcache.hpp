@@ -10,3 +10,4 @@
 #include "embcache/space.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"
+#include "embcache/version.hpp"

@@ -116,6 +116,11 @@ struct shard_files {
   std::string keyset;          ///< keyset of its slot keys
   std::string crossed_keyset;  ///< keyset of its crossed keys; empty without crossing
   std::uint64_t rows = 0;      ///< records in the shard
+  /// Whether the manifest records the keyset sizes below (datasets written before they were
+  /// recorded have none).
+  bool has_key_counts = false;
+  std::uint64_t keys = 0;          ///< keys in the slot-key keyset (manifest field "keys")
+  std::uint64_t crossed_keys = 0;  ///< keys in the crossed-key keyset ("crossed_keys")
 };
 
 /// What a dataset folder holds (written to and read from manifest.json).
@@ -188,8 +193,9 @@ std::string dataset_lock_path(const std::string& output_dir);
 
 /// Reads `dir`/manifest.json (paths in the result are full paths). Every field is checked for
 /// its type and range (corruption naming the file and the field): counts are non-negative
-/// integers, shard rows add up to `rows`, file names stay inside the folder, and the rows of a
-/// shard that exists must match its file size.
+/// integers, shard rows add up to `rows`, file names stay inside the folder, the rows of a
+/// shard that exists must match its file size, and a shard's keyset sizes (optional: "keys",
+/// with "crossed_keys" when crossing is on) are at most its rows times the keys per row.
 result<dataset_summary> read_dataset_manifest(const std::string& dir);
 
 /// A batch of samples as a struct of arrays.

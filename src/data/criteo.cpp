@@ -4,6 +4,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -229,7 +230,18 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   if (opts.inputs.empty()) return status::invalid_argument("prep: no input files");
   if (opts.output_dir.empty()) return status::invalid_argument("prep: no output folder");
   // Every input must be a readable file before anything is written.
+  const int stdin_inputs = int(std::count(opts.inputs.begin(), opts.inputs.end(), "-"));
+  if (stdin_inputs > 1) {
+    return status::invalid_argument("prep: input '-' (standard input) is named " +
+                                    std::to_string(stdin_inputs) + " times; it can be read once");
+  }
+  if (stdin_inputs == 1 && opts.rare_threshold > 1) {
+    return status::invalid_argument(
+        "prep: input '-' (standard input) can be read only once, but rare_threshold " +
+        std::to_string(opts.rare_threshold) + " reads the inputs twice (give a file)");
+  }
   for (const std::string& path : opts.inputs) {
+    if (path == "-") continue;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {
       return detail::errno_status("prep: cannot open input", path, errno);

@@ -45,8 +45,10 @@ status line_reader::open(const std::string& path) {
   eof_ = broken_ = skipping_ = false;
   line_number_ = bytes_ = consumed_ = file_size_ = 0;
   message_.clear();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status("cannot open", path, errno);
+  // "-" is standard input (a duplicate of it: closing the reader leaves stdin open).
+  const int fd = path == "-" ? ::fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 0)
+                             : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status("cannot open", path == "-" ? "standard input" : path, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
     const int err = S_ISDIR(st.st_mode) ? EISDIR : errno;

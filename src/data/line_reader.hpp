@@ -31,6 +31,7 @@ class line_reader {
   line_reader(const line_reader&) = delete;
   line_reader& operator=(const line_reader&) = delete;
 
+  /// Opens `path` ("-": standard input), plain or gzip (detected by its magic bytes).
   [[nodiscard]] status open(const std::string& path);
   event next();
   std::string_view line() const noexcept { return line_; }

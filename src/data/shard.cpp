@@ -394,6 +394,8 @@ struct dataset_writer::impl {
     keys.reserve(shard_keys.size());
     shard_keys.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
     files.keyset = in_dir(keyset_file_name(index));
+    files.has_key_counts = true;
+    files.keys = keys.size();
     EMBCACHE_RETURN_IF_ERROR(
         write_keyset(in_stage(keyset_file_name(index)), keys.data(), keys.size(), opts.keyset));
     shard_keys.clear();
@@ -401,6 +403,7 @@ struct dataset_writer::impl {
       keys.clear();
       shard_crossed.for_each([&](std::int64_t k, std::uint32_t) { keys.push_back(k); });
       files.crossed_keyset = in_dir(crossed_keyset_file_name(index));
+      files.crossed_keys = keys.size();
       EMBCACHE_RETURN_IF_ERROR(write_keyset(in_stage(crossed_keyset_file_name(index)), keys.data(),
                                             keys.size(), opts.keyset));
       shard_crossed.clear();
@@ -613,6 +616,8 @@ status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> p
     if (!f.crossed_keyset.empty()) {
       e["crossed_keyset"] = fs::path(f.crossed_keyset).filename().string();
     }
+    e["keys"] = f.keys;
+    if (!f.crossed_keyset.empty()) e["crossed_keys"] = f.crossed_keys;
     shards.push_back(std::move(e));
   }
   j["shards"] = std::move(shards);
@@ -691,6 +696,39 @@ class manifest_fields {
  private:
   std::string path_;
 };
+
+// A shard's keyset sizes, when recorded: "keys" (at most rows * 26 distinct keys) and, with
+// crossing, "crossed_keys" (at most rows * crossed_per_row).
+status key_counts(const manifest_fields& f, const nlohmann::json& e, const std::string& at,
+                  std::size_t num_crossed, shard_files& sf) {
+  if (!e.contains("keys")) {
+    if (e.contains("crossed_keys"))
+      return f.fail(at + ".keys", "is missing, but crossed_keys is not");
+    return {};
+  }
+  if (num_crossed == 0 && e.contains("crossed_keys")) {
+    return f.fail(at + ".crossed_keys", "is present, but crossed_per_row is 0");
+  }
+  EMBCACHE_RETURN_IF_ERROR(f.count(e, "keys", at + ".keys", sf.keys));
+  if (num_crossed > 0) {
+    EMBCACHE_RETURN_IF_ERROR(f.count(e, "crossed_keys", at + ".crossed_keys", sf.crossed_keys));
+  }
+  const struct {
+    const char* name;
+    std::uint64_t value, per_row;
+  } counts[] = {{"keys", sf.keys, criteo_slot_count},
+                {"crossed_keys", sf.crossed_keys, num_crossed}};
+  for (const auto& c : counts) {
+    std::uint64_t most = 0;
+    if (!__builtin_mul_overflow(sf.rows, c.per_row, &most) && c.value > most) {
+      return f.fail(at + "." + c.name, "is " + std::to_string(c.value) + ", more than the " +
+                                           std::to_string(most) + " keys its " +
+                                           std::to_string(sf.rows) + " rows hold");
+    }
+  }
+  sf.has_key_counts = true;
+  return {};
+}
 
 status parse_manifest(const nlohmann::json& j, const std::string& dir, const std::string& path,
                       dataset_summary& s) {
@@ -784,6 +822,7 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
                         (ec ? "no size" : std::to_string(size)) + " bytes" +
                         (ec ? "" : " (" + std::to_string(record_size) + "-byte records)"));
     }
+    EMBCACHE_RETURN_IF_ERROR(key_counts(f, e, at, s.num_crossed, sf));
     if (__builtin_add_overflow(total, sf.rows, &total)) {
       return f.fail("shards", "rows add up to more than 2^64");
     }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli_checks.hpp"
+#include "tool_log.hpp"
 #include "embcache/serving.hpp"
 #ifdef EMBCACHE_APPLY_WITH_REDIS
 #include "embcache/redis.hpp"
@@ -46,21 +47,23 @@ int main(int argc, char** argv) {
   app.add_option("--prefix", prefix, "Prefix of the Redis keys")->capture_default_str();
   app.add_flag("--replace-base", replace,
                "With --redis: push BASE even when the store already holds a model");
+  embcache::tools::standard_options(app, "embcache-apply");
   EMBCACHE_CLI_PARSE(app, argc, argv);
+  embcache::tools::init_tool_log("embcache-apply");
   embcache::apply_options ao;
   ao.until = until;
   if (!redis.empty()) {
 #ifdef EMBCACHE_APPLY_WITH_REDIS
     auto where = embcache::parse_redis_address(redis);
     if (!where.ok()) {
-      std::cerr << "embcache-apply: --redis: " << where.get_status().message() << "\n";
-      return 2;
+      spdlog::error("embcache-apply: --redis: {}", where.get_status().message());
+      return embcache::tools::usage_error;
     }
     where.value().prefix = prefix;
     auto r = embcache::redis_push(where.value(), base, deltas, ao, replace);
     if (!r.ok()) {
-      std::cerr << "embcache-apply: " << r.get_status().to_string() << "\n";
-      return 1;
+      spdlog::error("embcache-apply: {}", r.get_status().to_string());
+      return embcache::tools::run_time_failure;
     }
     const auto& p = r.value();
     std::printf("base          %s\n", p.base_pushed ? "pushed" : "kept (the store had a model)");
@@ -68,14 +71,14 @@ int main(int argc, char** argv) {
                   "deleted");
     return 0;
 #else
-    std::cerr << "embcache-apply: --redis: this build has no Redis support (hiredis not found)\n";
-    return 2;
+    spdlog::error("embcache-apply: --redis: this build has no Redis support (hiredis not found)");
+    return embcache::tools::usage_error;
 #endif
   }
   auto r = embcache::apply_deltas(base, deltas, ao);
   if (!r.ok()) {
-    std::cerr << "embcache-apply: " << r.get_status().to_string() << "\n";
-    return 1;
+    spdlog::error("embcache-apply: {}", r.get_status().to_string());
+    return embcache::tools::run_time_failure;
   }
   const auto& a = r.value();
   std::printf("model         %s%s\n", a.model_dir.c_str(), a.changed ? "" : " (unchanged)");

@@ -1,5 +1,10 @@
-// Checks of numeric command-line values whose messages name the option and the allowed range
-// (CLI11's own ranges print both bounds as 300-digit doubles).
+// What every command-line tool shares: `--version`, exit codes (0 done, 1 run-time failure,
+// 2 usage error) and checks of numeric values whose messages name the option and the allowed
+// range (CLI11's own ranges print both bounds as 300-digit doubles).
+//
+// A new tool: `embcache::tools::standard_options(app, "embcache-x")`, then
+// `EMBCACHE_CLI_PARSE(app, argc, argv)`, and `return embcache::tools::run_time_failure` (1) or
+// `usage_error` (2) on failures.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,7 +16,24 @@
 #include <limits>
 #include <string>
 
+#include "embcache/version.hpp"
+
 namespace embcache::tools {
+
+/// Exit code of a run-time failure (I/O, corrupt data, a failed run).
+inline constexpr int run_time_failure = 1;
+/// Exit code of a usage error (unknown option, missing argument, bad value).
+inline constexpr int usage_error = 2;
+
+/// What `--version` prints: "NAME VERSION (cuda yes|no, rocksdb yes|no)".
+inline std::string version_text(const std::string& tool) {
+  return tool + " " + version_string + " (" + build_spaces + ")";
+}
+
+/// Adds the options every tool has: `--version` (prints version_text and exits 0).
+inline void standard_options(CLI::App& app, const std::string& tool) {
+  app.set_version_flag("--version", version_text(tool), "Print the version and the build's spaces");
+}
 
 /// An unsigned integer of at least `min` (no sign, no fraction).
 inline CLI::Validator integer_at_least(std::uint64_t min) {
@@ -60,12 +82,12 @@ inline CLI::Validator finite_number(double low = -std::numeric_limits<double>::m
 }
 
 /// Parses like CLI11_PARSE, but a usage error exits with 2 (--help and --version with 0).
-#define EMBCACHE_CLI_PARSE(app, argc, argv) \
-  try {                                     \
-    (app).parse((argc), (argv));            \
-  } catch (const CLI::ParseError& e) {      \
-    const int rc = (app).exit(e);           \
-    return rc == 0 ? 0 : 2;                 \
+#define EMBCACHE_CLI_PARSE(app, argc, argv)              \
+  try {                                                  \
+    (app).parse((argc), (argv));                         \
+  } catch (const CLI::ParseError& e) {                   \
+    const int rc = (app).exit(e);                        \
+    return rc == 0 ? 0 : ::embcache::tools::usage_error; \
   }
 
 }  // namespace embcache::tools

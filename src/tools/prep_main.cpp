@@ -47,7 +47,9 @@ int main(int argc, char** argv) {
   std::string transform = "log1p";
   bool progress = ::isatty(STDERR_FILENO) != 0;
   bool no_unique_stats = false;
-  app.add_option("inputs", opts.inputs, "TSV files, plain or .gz")->required();
+  embcache::tools::standard_options(app, "embcache-prep");
+  app.add_option("inputs", opts.inputs, "TSV files, plain or gzip ('-': standard input)")
+      ->required();
   app.add_option("-o,--output", opts.output_dir, "Output folder (created)")->required();
   app.add_option("-n,--rows-per-shard", opts.rows_per_shard, "Rows per shard")
       ->capture_default_str()
@@ -87,7 +89,7 @@ int main(int argc, char** argv) {
   auto r = embcache::prepare_criteo(opts);
   if (!r.ok()) {
     spdlog::error("embcache-prep: {}", r.get_status().to_string());
-    return 1;
+    return embcache::tools::run_time_failure;
   }
   const embcache::prep_summary& s = r.value();
   const embcache::dataset_summary& d = s.dataset;

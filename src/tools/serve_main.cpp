@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli_checks.hpp"
+#include "tool_log.hpp"
 #include "embcache/redis.hpp"
 #include "embcache/serving.hpp"
 
@@ -28,22 +29,24 @@ int main(int argc, char** argv) {
                  "Score at most this many samples (default: the save's eval_max_samples)")
       ->check(embcache::tools::integer_at_least(1));
   app.add_option("-o,--output", output, "Also write the metrics as JSON to this file");
+  embcache::tools::standard_options(app, "embcache-serve");
   EMBCACHE_CLI_PARSE(app, argc, argv);
+  embcache::tools::init_tool_log("embcache-serve");
   auto where = embcache::parse_redis_address(redis);
   if (!where.ok()) {
-    std::cerr << "embcache-serve: --redis: " << where.get_status().message() << "\n";
-    return 2;
+    spdlog::error("embcache-serve: --redis: {}", where.get_status().message());
+    return embcache::tools::usage_error;
   }
   where.value().prefix = prefix;
   auto rows = embcache::redis_rows::connect(where.value());
   if (!rows.ok()) {
-    std::cerr << "embcache-serve: " << rows.get_status().to_string() << "\n";
-    return 1;
+    spdlog::error("embcache-serve: {}", rows.get_status().to_string());
+    return embcache::tools::run_time_failure;
   }
   auto m = embcache::score_shard(model, shard, *rows.value(), so);
   if (!m.ok()) {
-    std::cerr << "embcache-serve: " << m.get_status().to_string() << "\n";
-    return 1;
+    spdlog::error("embcache-serve: {}", m.get_status().to_string());
+    return embcache::tools::run_time_failure;
   }
   const auto& r = m.value();
   const unsigned long long applied = rows.value()->model().position.applied_delta;
@@ -59,8 +62,8 @@ int main(int argc, char** argv) {
     std::FILE* f = std::fopen(output.c_str(), "w");
     const std::string text = j.dump(2) + "\n";
     if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
-      std::cerr << "embcache-serve: cannot write '" << output << "'\n";
-      return 1;
+      spdlog::error("embcache-serve: cannot write '{}'", output);
+      return embcache::tools::run_time_failure;
     }
   }
   return 0;

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   bool progress = ::isatty(STDERR_FILENO) != 0;
   bool no_unique_stats = false;
   embcache::criteo_parse_options parse;
+  embcache::tools::standard_options(app, "embcache-synth");
   app.add_option("-o,--output", output,
                  "TSV file (.gz: compressed) for --format tsv, folder for --format shards")
       ->required();
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
     embcache::status s = embcache::write_synth_tsv(output, opts);
     if (!s.ok()) {
       spdlog::error("embcache-synth: {}", s.to_string());
-      return 1;
+      return embcache::tools::run_time_failure;
     }
     std::printf("rows          %llu\nfile          %s\n",
                 static_cast<unsigned long long>(opts.rows), output.c_str());
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
   auto r = embcache::write_synth_dataset(opts, out, cross, parse);
   if (!r.ok()) {
     spdlog::error("embcache-synth: {}", r.get_status().to_string());
-    return 1;
+    return embcache::tools::run_time_failure;
   }
   const embcache::dataset_summary& d = r.value();
   std::printf("rows          %llu\nlabel mean    %.4f\nshards        %zu in %s\n",

@@ -45,11 +45,6 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-std::string resolve(const std::string& base, const std::string& p) {
-  if (base.empty() || p.empty() || p[0] == '/') return p;
-  return base + "/" + p;
-}
-
 // Samples of every shard of `passes`, from their headers; 0 (unknown) when one cannot be read
 // (the pass that reads it reports why).
 std::uint64_t samples_of_passes(const std::string& data_dir,
@@ -57,7 +52,7 @@ std::uint64_t samples_of_passes(const std::string& data_dir,
   std::uint64_t total = 0;
   for (const auto& pass : passes)
     for (const auto& shard : pass.shards) {
-      auto h = read_shard_header(resolve(data_dir, shard));
+      auto h = read_shard_header(resolve_data_path(data_dir, shard));
       if (!h.ok()) return 0;
       total += h.value().rows;
     }
@@ -495,8 +490,11 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
 trainer::trainer(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 trainer::~trainer() = default;
 
-result<std::unique_ptr<trainer>> trainer::create(const trainer_config& config) {
-  EMBCACHE_RETURN_IF_ERROR(validate(config));
+result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given) {
+  EMBCACHE_RETURN_IF_ERROR(validate(given));
+  auto resolved = resolve_trainer_config(given);  // dataset passes, capacity "auto"
+  if (!resolved.ok()) return resolved.get_status();
+  const trainer_config& config = resolved.value();
   auto p = std::make_unique<impl>();
   p->config = config;
   EMBCACHE_RETURN_IF_ERROR(p->build());
@@ -545,13 +543,18 @@ status trainer::run() {
   return s;
 }
 
-result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
+result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
                                        const trainer_pass_config* next) {
   impl& s = *impl_;
   if (!s.diverged.ok()) return s.diverged;
   const trainer_config& c = s.config;
+  trainer_config one = c;  // a pass naming a dataset folder gets its shards
+  one.passes = {given};
+  auto expanded = resolve_trainer_config(one);
+  if (!expanded.ok()) return expanded.get_status();
+  const trainer_pass_config& pass = expanded.value().passes[0];
   std::vector<std::string> paths;
-  for (const auto& p : pass.shards) paths.push_back(resolve(c.data_dir, p));
+  for (const auto& p : pass.shards) paths.push_back(resolve_data_path(c.data_dir, p));
   pass_metrics m;
   m.pass = s.passes_done + 1;
   shard_reader_options ro;
@@ -602,7 +605,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
         if (current + 1 < paths.size())
           upcoming = paths[current + 1];
         else if (next != nullptr && !next->shards.empty())
-          upcoming = resolve(c.data_dir, next->shards[0]);
+          upcoming = resolve_data_path(c.data_dir, next->shards[0]);
         if (!upcoming.empty()) {
           auto nks = s.keysets_of(upcoming);
           if (!nks.ok()) return nks.get_status();
@@ -725,7 +728,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& pass,
 result<eval_metrics> trainer::evaluate(const std::string& shard) {
   impl& s = *impl_;
   const trainer_config& c = s.config;
-  const std::string path = resolve(c.data_dir, shard.empty() ? c.eval_shard : shard);
+  const std::string path = resolve_data_path(c.data_dir, shard.empty() ? c.eval_shard : shard);
   if (path.empty()) return status::invalid_argument("config.eval_shard: no shard to evaluate on");
   shard_reader_options ro;
   ro.batch_size = c.batch_size;

@@ -294,6 +294,11 @@ status validate(const trainer_config& c) {
   if (c.passes.empty()) return status::invalid_argument("config.passes: must hold at least 1 pass");
   for (std::size_t p = 0; p < c.passes.size(); ++p) {
     const std::string at = "config.passes[" + std::to_string(p) + "]";
+    if (!c.passes[p].dataset.empty()) {
+      if (!c.passes[p].shards.empty())
+        return status::invalid_argument(at + ": names both shards and a dataset; give one of them");
+      continue;
+    }
     if (c.passes[p].shards.empty())
       return status::invalid_argument(at + ".shards: must hold at least 1 shard");
     for (std::size_t s = 0; s < c.passes[p].shards.size(); ++s)
@@ -323,9 +328,10 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_int(at + ".capacity", tc.capacity, {1, max_rows}));
     EMBCACHE_RETURN_IF_ERROR(check_int(at + ".slots", tc.slots, {0, max_rows}));
     EMBCACHE_RETURN_IF_ERROR(check_int(at + ".max_resident", tc.max_resident, {0, max_rows}));
-    if (tc.slots != 0 && tc.slots < tc.capacity)
+    // With capacity "auto" the capacity is known once the datasets are read (resolve).
+    if (tc.slots != 0 && !tc.capacity_auto && tc.slots < tc.capacity)
       return status::invalid_argument(at + ".slots: must be 0 (default) or >= capacity");
-    if (tc.max_resident != 0 && tc.max_resident < tc.capacity)
+    if (tc.max_resident != 0 && !tc.capacity_auto && tc.max_resident < tc.capacity)
       return status::invalid_argument(at + ".max_resident: must be 0 (default) or >= capacity");
     if (tc.max_resident != 0 && tc.slots != 0 && tc.max_resident > tc.slots)
       return status::invalid_argument(at + ".max_resident: must be <= slots");
@@ -507,17 +513,33 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     for (std::size_t p = 0; err.ok() && p < ps.size(); ++p) {
       const std::string at = "config.passes[" + std::to_string(p) + "]";
       trainer_pass_config pass;
-      // A pass is {"shards": [...]} or, for short, the array of shards itself.
+      // A pass is {"shards": [...]} or {"dataset": "folder"} or, for short, the array of shards
+      // or the folder itself.
+      static const json no_shards = json::array();
       const json* shards = &ps[p];
       std::unique_ptr<object_reader> pr;
       if (ps[p].is_object()) {
         pr = std::make_unique<object_reader>(ps[p], at, &err);
-        if (!ps[p].contains("shards")) r.fail(at + ".shards", "required");
-        if (err.ok()) shards = &pr->at("shards");
+        if (ps[p].contains("shards") && ps[p].contains("dataset"))
+          r.fail(at, "names both shards and a dataset; give one of them");
+        else if (!ps[p].contains("shards") && !ps[p].contains("dataset"))
+          r.fail(at + ".shards", "required (or dataset, a dataset folder)");
+        if (err.ok() && ps[p].contains("shards")) shards = &pr->at("shards");
+        if (err.ok() && ps[p].contains("dataset")) {
+          pr->get("dataset", pass.dataset);
+          shards = &no_shards;
+        }
         pr->finish();
+      } else if (ps[p].is_string()) {
+        pass.dataset = ps[p].get<std::string>();
+        shards = &no_shards;
       }
+      if (err.ok() && shards == &no_shards && pass.dataset.empty())
+        r.fail(at + ".dataset", "empty path");
       if (err.ok() && !shards->is_array())
-        r.fail(at, "expected an array of shard paths or {\"shards\": [...]}");
+        r.fail(at,
+               "expected an array of shard paths, a dataset folder, {\"shards\": [...]} or "
+               "{\"dataset\": \"...\"}");
       for (std::size_t s = 0; err.ok() && s < shards->size(); ++s) {
         if (!(*shards)[s].is_string())
           r.fail(at + ".shards[" + std::to_string(s) + "]", "expected a path string");
@@ -547,7 +569,16 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       tr.get_int("dim", tc.dim, {1, max_dim});
       if (tr.has("optimizer") && err.ok())
         read_optimizer(tr.at("optimizer"), at + ".optimizer", tc.optimizer, &err);
-      tr.get_int("capacity", tc.capacity, {1, max_rows});
+      if (tr.has("capacity") && tr.at("capacity").is_string()) {
+        std::string capacity;
+        tr.get("capacity", capacity);
+        if (capacity != "auto")
+          tr.fail(tr.path("capacity"), "expected " + int_range{1, max_rows}.text() +
+                                           " or \"auto\", got " + shown(json(capacity)));
+        tc.capacity_auto = true;
+      } else {
+        tr.get_int("capacity", tc.capacity, {1, max_rows});
+      }
       tr.get_int("slots", tc.slots, {0, max_rows});
       tr.get_int("max_resident", tc.max_resident, {0, max_rows});
       tr.get("store", tc.store);
@@ -623,13 +654,14 @@ result<trainer_config> load_trainer_config(const std::string& path) {
 
 void to_json(json& j, const trainer_config& c) {
   json passes = json::array();
-  for (const auto& p : c.passes) passes.push_back({{"shards", p.shards}});
+  for (const auto& p : c.passes)
+    passes.push_back(p.dataset.empty() ? json{{"shards", p.shards}} : json{{"dataset", p.dataset}});
   json tables = json::array();
   for (const auto& t : c.tables)
     tables.push_back({{"name", t.name},
                       {"dim", t.dim},
                       {"optimizer", optimizer_json(t.optimizer)},
-                      {"capacity", t.capacity},
+                      {"capacity", t.capacity_auto ? json("auto") : json(t.capacity)},
                       {"slots", t.slots},
                       {"max_resident", t.max_resident},
                       {"store", t.store},

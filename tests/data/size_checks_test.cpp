@@ -228,6 +228,29 @@ TEST_F(ManifestChecks, HugeCountsAreRefused) {
   expect_refused("\"rows\": 3", "\"rows\": 4", "field rows is 4, but the shards hold 3 rows");
 }
 
+TEST_F(ManifestChecks, KeysetSizesAreRecordedAndChecked) {
+  auto m = read_dataset_manifest(dir_ / "ds");
+  ASSERT_TRUE(m.ok());
+  const shard_files& f = m.value().shards[0];
+  EXPECT_TRUE(f.has_key_counts);
+  auto k = read_keyset<std::int64_t>(f.keyset);
+  ASSERT_TRUE(k.ok());
+  EXPECT_EQ(f.keys, k.value().size());
+  EXPECT_GT(f.keys, 0u);
+  const std::string keys = "\"keys\": " + std::to_string(f.keys);
+  expect_refused(keys, "\"keys\": 53",
+                 "field shards[0].keys is 53, more than the 52 keys its 2 rows hold");
+  expect_refused(keys, "\"keys\": -1", "field shards[0].keys is -1, expected a non-negative");
+  expect_refused(keys, keys + ", \"crossed_keys\": 0",
+                 "field shards[0].crossed_keys is present, but crossed_per_row is 0");
+  // A manifest written before the sizes were recorded still reads, without them.
+  ASSERT_TRUE(with(",\n      " + keys, "").ok());
+  auto old = read_dataset_manifest(dir_ / "ds");
+  ASSERT_TRUE(old.ok());
+  EXPECT_FALSE(old.value().shards[0].has_key_counts);
+  EXPECT_TRUE(old.value().shards[1].has_key_counts);
+}
+
 TEST_F(ManifestChecks, ShardRowsMustMatchTheShardFile) {
   // Both shards claim one row and the total says 2: consistent, but the first file holds two.
   std::string t = text_;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "embcache/shard.hpp"
+#include "embcache/version.hpp"
 #include "test_util.hpp"
 
 namespace embcache {
@@ -171,6 +172,95 @@ TEST(Tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
   EXPECT_FALSE(fs::exists(dir / "s.tsv"));
   const run_result ok = run(synth_exe, "-f tsv -r 5 -o " + out + " --signal -0.5");
   EXPECT_EQ(ok.rc, 0) << ok.output;
+}
+
+TEST(Tools, VersionPrintsNameVersionAndSpaces) {
+  EMBCACHE_NEED_TOOLS();
+  const std::string spaces = std::string(" ") + version_string + " (" + build_spaces + ")\n";
+  // --version wins over the required options.
+  const run_result p = run(prep_exe, "--version");
+  EXPECT_EQ(p.rc, 0) << p.output;
+  EXPECT_EQ(p.output, "embcache-prep" + spaces);
+  const run_result s = run(synth_exe, "--version");
+  EXPECT_EQ(s.rc, 0) << s.output;
+  EXPECT_EQ(s.output, "embcache-synth" + spaces);
+  EXPECT_NE(std::string(build_spaces).find("rocksdb "), std::string::npos);
+}
+
+TEST(Tools, UsageErrorsExitTwoAndRunTimeFailuresOne) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string in = make_input(dir);
+  const std::string out = " -o " + q(dir / "out");
+  struct usage {
+    const std::string* exe;
+    std::string args;
+  };
+  for (const usage& u : {
+           usage{&prep_exe, q(in) + out + " --bogus"},            // unknown option
+           usage{&prep_exe, q(in)},                               // missing -o
+           usage{&prep_exe, out},                                 // missing input
+           usage{&prep_exe, q(in) + out + " -n"},                 // option without its value
+           usage{&prep_exe, q(in) + out + " --keyset-format x"},  // bad value
+           usage{&synth_exe, "-f tsv -r 5 -o " + q(dir / "s.tsv") + " --bogus"},
+           usage{&synth_exe, "-f tsv -r 5"},                    // missing -o
+           usage{&synth_exe, "-f csv -o " + q(dir / "s.tsv")},  // bad value
+           usage{&synth_exe, "-r x -o " + q(dir / "s.tsv")},    // not a number
+       }) {
+    const run_result r = run(*u.exe, u.args);
+    EXPECT_EQ(r.rc, 2) << *u.exe << " " << u.args << ": " << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  EXPECT_FALSE(fs::exists(dir / "s.tsv"));
+  // Run-time failures: a missing input, an output that cannot be written.
+  EXPECT_EQ(run(prep_exe, q(dir / "missing.tsv") + out).rc, 1);
+  EXPECT_EQ(run(synth_exe, "-f tsv -r 5 -o " + q(dir / "no/such/folder/s.tsv")).rc, 1);
+}
+
+// The bytes of a dataset's shards and keysets, in manifest order.
+std::string dataset_bytes(const std::string& folder) {
+  auto m = read_dataset_manifest(folder);
+  EXPECT_TRUE(m.ok()) << m.get_status().to_string();
+  std::string all;
+  if (!m.ok()) return all;
+  for (const auto& f : m.value().shards)
+    for (const std::string& file : {f.shard, f.keyset}) {
+      const std::vector<char> b = test::read_bytes(file);
+      all.append(b.begin(), b.end());
+    }
+  return all;
+}
+
+TEST(Tools, PrepReadsStandardInputPlainOrGzip) {
+  EMBCACHE_NEED_TOOLS();
+  scratch_dir dir;
+  const std::string in = make_input(dir);
+  ASSERT_EQ(run(prep_exe, q(in) + " -o " + q(dir / "from_file") + " -n 20").rc, 0);
+  // run() gives "'cat' ARGS 2>&1": the pipe feeds prep's standard input.
+  const run_result plain =
+      run("cat", q(in) + " | " + q(prep_exe) + " - -o " + q(dir / "plain") + " -n 20");
+  ASSERT_EQ(plain.rc, 0) << plain.output;
+  EXPECT_NE(plain.output.find("rows          50\n"), std::string::npos) << plain.output;
+  const run_result gz =
+      run("gzip", "-c " + q(in) + " | " + q(prep_exe) + " - -o " + q(dir / "gz") + " -n 20");
+  ASSERT_EQ(gz.rc, 0) << gz.output;
+  const std::string expected = dataset_bytes(dir / "from_file");
+  EXPECT_GT(expected.size(), 1000u);
+  EXPECT_TRUE(dataset_bytes(dir / "plain") == expected);
+  EXPECT_TRUE(dataset_bytes(dir / "gz") == expected);
+  // Standard input can be read once: not twice, not with the two passes of --rare-threshold.
+  const run_result twice = run("cat", q(in) + " | " + q(prep_exe) + " - - -o " + q(dir / "t"));
+  EXPECT_EQ(twice.rc, 1) << twice.output;
+  EXPECT_NE(twice.output.find("input '-' (standard input) is named 2 times"), std::string::npos)
+      << twice.output;
+  const run_result rare =
+      run("cat", q(in) + " | " + q(prep_exe) + " - -o " + q(dir / "r") + " --rare-threshold 3");
+  EXPECT_EQ(rare.rc, 1) << rare.output;
+  EXPECT_NE(rare.output.find("can be read only once, but rare_threshold 3 reads the inputs twice"),
+            std::string::npos)
+      << rare.output;
+  EXPECT_FALSE(fs::exists(dir / "t"));
+  EXPECT_FALSE(fs::exists(dir / "r"));
 }
 
 }  // namespace

@@ -33,6 +33,13 @@ EMBCACHE_FUZZ_TARGET(dataset_manifest) {
     EMBCACHE_FUZZ_CHECK(f.crossed_keyset.empty() == (s.num_crossed == 0));
     // No shard file is there, so none can hold rows: only the sum is checked.
     EMBCACHE_FUZZ_CHECK(f.rows <= s.rows);
+    // Keyset sizes, when recorded, fit the rows (26 slot keys, crossed_per_row crossed keys).
+    if (f.has_key_counts) {
+      EMBCACHE_FUZZ_CHECK(f.keys / 26 <= f.rows);
+      EMBCACHE_FUZZ_CHECK(s.num_crossed > 0 || f.crossed_keys == 0);
+    } else {
+      EMBCACHE_FUZZ_CHECK(f.keys == 0 && f.crossed_keys == 0);
+    }
   }
   EMBCACHE_FUZZ_CHECK(total == s.rows);
 }

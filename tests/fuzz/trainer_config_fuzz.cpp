@@ -21,7 +21,8 @@ EMBCACHE_FUZZ_TARGET(trainer_config) {
   const embcache::trainer_config& c = r.value();
   EMBCACHE_FUZZ_CHECK(embcache::validate(c).ok());
   EMBCACHE_FUZZ_CHECK(!c.passes.empty());
-  for (const auto& p : c.passes) EMBCACHE_FUZZ_CHECK(!p.shards.empty());
+  // Each pass names either shards or a dataset folder.
+  for (const auto& p : c.passes) EMBCACHE_FUZZ_CHECK(p.shards.empty() != p.dataset.empty());
   EMBCACHE_FUZZ_CHECK(c.tables.size() == 2);
   EMBCACHE_FUZZ_CHECK(c.tables[0].name != c.tables[1].name);
   for (const auto& t : c.tables) {
@@ -29,9 +30,10 @@ EMBCACHE_FUZZ_TARGET(trainer_config) {
     EMBCACHE_FUZZ_CHECK(t.dim >= 1 && t.dim <= 4096);
     EMBCACHE_FUZZ_CHECK(t.name != "wide" || t.dim == 1);
     EMBCACHE_FUZZ_CHECK(t.capacity >= 1 && t.capacity <= (std::size_t{1} << 40));
-    EMBCACHE_FUZZ_CHECK(t.slots == 0 ||
-                        (t.slots >= t.capacity && t.slots <= (std::size_t{1} << 40)));
-    EMBCACHE_FUZZ_CHECK(t.max_resident == 0 || t.max_resident >= t.capacity);
+    // With capacity "auto" the capacity is known once the datasets are read.
+    EMBCACHE_FUZZ_CHECK(t.slots == 0 || (t.slots <= (std::size_t{1} << 40) &&
+                                         (t.capacity_auto || t.slots >= t.capacity)));
+    EMBCACHE_FUZZ_CHECK(t.max_resident == 0 || t.capacity_auto || t.max_resident >= t.capacity);
     EMBCACHE_FUZZ_CHECK(std::isfinite(t.init_scale) && t.init_scale >= 0);
     EMBCACHE_FUZZ_CHECK(std::isfinite(t.optimizer.learning_rate) && t.optimizer.learning_rate > 0);
     EMBCACHE_FUZZ_CHECK(t.store != "rocksdb" || !t.store_path.empty());

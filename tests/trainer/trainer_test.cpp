@@ -325,7 +325,8 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   j = base;
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", "big"}}};
   EXPECT_EQ(err(j),
-            "config.tables[1].capacity: expected an integer in [1, 1099511627776], got \"big\"");
+            "config.tables[1].capacity: expected an integer in [1, 1099511627776] or "
+            "\"auto\", got \"big\"");
   j = base;
   j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 100}, {"max_resident", 99}}};
   EXPECT_EQ(err(j), "config.tables[1].max_resident: must be 0 (default) or >= capacity");

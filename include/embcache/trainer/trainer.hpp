@@ -47,6 +47,10 @@ struct trainer_table_config {
   std::size_t dim = 16;                                    ///< embedding floats (default 16)
   optimizer_options optimizer = default_deep_optimizer();  ///< default lazy Adam, lr 0.001
   std::size_t capacity = std::size_t{1} << 20;  ///< cache rows (default 1 Mi); unused host_hybrid
+  /// `"capacity": "auto"` (default false): resolve_trainer_config sets capacity to the largest
+  /// keyset of this table among the passes' shards, from their datasets' manifest.json (wide:
+  /// slot keys plus crossed keys when `crossed`; deep: slot keys).
+  bool capacity_auto = false;
   /// Device table slots and the rows it may hold between passes (table_options::slots and
   /// max_resident); default 0 = the cache's defaults (capacity * 5 / 4 and capacity * 9 / 8).
   std::size_t slots = 0, max_resident = 0;
@@ -63,11 +67,14 @@ struct trainer_table_config {
 std::vector<trainer_table_config> default_trainer_tables();
 
 /// One pass: shards trained in order (one keyset swap per shard in keyset mode), then evaluation,
-/// a metrics line, the export and the save.
+/// a metrics line, the export and the save. A pass names either its shards or a dataset folder.
 struct trainer_pass_config {
   /// Shard files (relative paths are relative to trainer_config::data_dir). Each shard's keyset
   /// is beside it: `X.bin` has `X.keys` (and `X.cross.keys` when crossing is on).
   std::vector<std::string> shards;
+  /// A dataset folder (relative to data_dir, or absolute) instead of shards: the pass trains
+  /// all its shards in the order of its manifest.json (resolve_trainer_config expands it).
+  std::string dataset;
 };
 
 /// Everything a training run needs; every field has a default except the passes.
@@ -126,6 +133,16 @@ result<trainer_config> trainer_config_from_text(std::string_view text,
                                                 const std::string& origin = "config text");
 /// Reads and parses a JSON configuration file (errors name the file).
 result<trainer_config> load_trainer_config(const std::string& path);
+/// A path of the configuration as the trainer opens it: relative to `data_dir` unless it is
+/// absolute or data_dir is empty.
+std::string resolve_data_path(const std::string& data_dir, const std::string& path);
+/// The configuration a run uses: every pass that names a dataset folder gets that folder's
+/// shards (manifest order, paths relative to data_dir when the folder is), and every table with
+/// capacity_auto gets the largest keyset its passes need (then capacity_auto is false). Reads
+/// the datasets' manifest.json; errors name the field ("config.passes[1].dataset: ...",
+/// "config.tables[0].capacity: ..."), e.g. a manifest written before keyset sizes were recorded
+/// (no shards[i].keys). trainer::create calls it.
+result<trainer_config> resolve_trainer_config(const trainer_config& config);
 /// JSON of a configuration, every field included; trainer_config_from_json reads it back.
 void to_json(nlohmann::json& j, const trainer_config& config);
 
@@ -165,7 +182,8 @@ struct eval_metrics {
 /// a save of one mode resumes in another.
 class trainer {
  public:
-  /// Builds the stores, the cache and the model, and loads `config.resume_from` when set.
+  /// Resolves the configuration (resolve_trainer_config), builds the stores, the cache and the
+  /// model, and loads `config.resume_from` when set.
   static result<std::unique_ptr<trainer>> create(const trainer_config& config);
   ~trainer();
   trainer(const trainer&) = delete;
@@ -174,7 +192,8 @@ class trainer {
   /// Runs every pass of the configuration, then saves to save_dir when set.
   [[nodiscard]] status run();
   /// Trains one pass, evaluates, appends to metrics.jsonl, exports; `next` (may be null) is the
-  /// pass after it, whose first shard is prefetched while this pass's last shard trains.
+  /// pass after it, whose first shard is prefetched while this pass's last shard trains. A pass
+  /// that names a dataset folder is expanded first.
   result<pass_metrics> run_pass(const trainer_pass_config& pass,
                                 const trainer_pass_config* next = nullptr);
   /// Evaluates on the eval shard (or `shard` when not empty) without changing the model. Keys

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "tool_log.hpp"
 
@@ -11,35 +12,46 @@ int main(int argc, char** argv) {
   CLI::App app{"Trains the reference Wide&Deep model on Criteo-format shards (docs/trainer.md)"};
   std::string config_path, resume, save_dir, output_dir;
   bool print_config = false, no_plot = false;
+  embcache::tools::standard_options(app, "embcache-train");
   app.add_option("--config", config_path, "JSON configuration file")->required();
   app.add_option("--resume", resume, "resume from this save (overrides resume_from)");
   app.add_option("--save", save_dir, "save here at the end (overrides save_dir)");
   app.add_option("--output", output_dir, "metrics and plots folder (overrides output_dir)");
-  app.add_flag("--print-config", print_config, "print the full configuration and exit");
+  app.add_flag("--print-config", print_config,
+               "print the full configuration (dataset passes expanded, capacities \"auto\" "
+               "computed) and exit");
   app.add_flag("--no-plot", no_plot, "do not draw the loss and AUC curves");
-  CLI11_PARSE(app, argc, argv);
+  EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-train");
 #ifdef EMBCACHE_TRAINER_WITH_CUDA
   embcache::register_cuda_dense_backend();  // lets dense_device pick "cuda"
 #endif
 
+  // A configuration that is refused is a usage error; one that cannot be read a run-time failure.
   auto config = embcache::load_trainer_config(config_path);
   if (!config.ok()) {
     spdlog::error("embcache-train: {}", config.get_status().to_string());
-    return 2;
+    return config.get_status().code() == embcache::status_code::invalid_argument
+               ? embcache::tools::usage_error
+               : embcache::tools::run_time_failure;
   }
   embcache::trainer_config c = config.value();
   if (!resume.empty()) c.resume_from = resume;
   if (!save_dir.empty()) c.save_dir = save_dir;
   if (!output_dir.empty()) c.output_dir = output_dir;
   if (print_config) {
-    std::cout << nlohmann::json(c).dump(2) << "\n";
+    auto resolved = embcache::resolve_trainer_config(c);
+    if (!resolved.ok()) {
+      std::cerr << "embcache-train: " << resolved.get_status().to_string() << "\n";
+      return embcache::tools::run_time_failure;
+    }
+    std::cout << nlohmann::json(resolved.value()).dump(2) << "\n";
     return 0;
   }
   auto t = embcache::trainer::create(c);
   if (!t.ok()) {
     spdlog::error("embcache-train: {}", t.get_status().to_string());
-    return 1;
+    return embcache::tools::run_time_failure;
   }
   // The trainer's progress and summary lines, as log lines with a timestamp and level. run()
   // logs where the dense network runs before the first pass.
@@ -52,7 +64,7 @@ int main(int argc, char** argv) {
   const embcache::status s = t.value()->run();
   if (!s.ok()) {
     spdlog::error("embcache-train: {}", s.to_string());
-    return 1;
+    return embcache::tools::run_time_failure;
   }
   if (!c.output_dir.empty()) {
     spdlog::info(
@@ -63,7 +75,7 @@ int main(int argc, char** argv) {
       const embcache::status ps = embcache::plot_metrics(c.output_dir, t.value()->history(), &note);
       if (!ps.ok()) {
         spdlog::error("embcache-train: {}", ps.to_string());
-        return 1;
+        return embcache::tools::run_time_failure;
       }
       spdlog::info("plots: {}", note);
     }

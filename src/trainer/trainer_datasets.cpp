@@ -1,0 +1,109 @@
+// The configuration a run uses: dataset passes expanded into their shards and capacities "auto"
+// computed from the datasets' manifest.json.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "embcache/shard.hpp"
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The manifests read so far, by folder (each is read once per resolution).
+class manifests {
+ public:
+  const result<dataset_summary>& of(const std::string& folder) {
+    auto it = cache_.find(folder);
+    if (it == cache_.end()) it = cache_.emplace(folder, read_dataset_manifest(folder)).first;
+    return it->second;
+  }
+
+ private:
+  std::map<std::string, result<dataset_summary>> cache_;
+};
+
+std::string table_at(std::size_t t) { return "config.tables[" + std::to_string(t) + "].capacity"; }
+
+// The keyset size of `table` for one shard: slot keys (deep), plus crossed keys for the wide
+// table when `crossed` (trainer.cpp forms the wide keyset by merging the two).
+result<std::uint64_t> keyset_size(const trainer_config& c, std::size_t t, const std::string& shard,
+                                  manifests& known) {
+  const std::string at = table_at(t);
+  const fs::path path(resolve_data_path(c.data_dir, shard));
+  const std::string folder = path.parent_path().empty() ? "." : path.parent_path().string();
+  const result<dataset_summary>& m = known.of(folder);
+  if (!m.ok()) {
+    return m.get_status().with_context(at + ": \"auto\" reads the keyset sizes of shard '" +
+                                       path.string() + "' from its folder's manifest.json");
+  }
+  const std::string manifest = (fs::path(folder) / "manifest.json").string();
+  const auto& shards = m.value().shards;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    if (fs::path(shards[i].shard).filename() != path.filename()) continue;
+    if (!shards[i].has_key_counts) {
+      return status::invalid_argument(
+          at + ": \"auto\" needs field shards[" + std::to_string(i) + "].keys of '" + manifest +
+          "', which has no keyset sizes (a dataset written before they were recorded: prepare it "
+          "again, or give the capacity as a number)");
+    }
+    std::uint64_t n = shards[i].keys;
+    if (c.tables[t].name == "wide" && c.crossed &&
+        __builtin_add_overflow(n, shards[i].crossed_keys, &n)) {
+      return status::invalid_argument(at + ": the keyset sizes of shard '" + path.string() +
+                                      "' add up to more than 2^64");
+    }
+    return n;
+  }
+  return status::invalid_argument(at + ": \"auto\" needs the keyset size of shard '" +
+                                  path.string() + "', which '" + manifest + "' does not list");
+}
+
+}  // namespace
+
+std::string resolve_data_path(const std::string& data_dir, const std::string& path) {
+  if (data_dir.empty() || path.empty() || path[0] == '/') return path;
+  return data_dir + "/" + path;
+}
+
+result<trainer_config> resolve_trainer_config(const trainer_config& given) {
+  EMBCACHE_RETURN_IF_ERROR(validate(given));
+  trainer_config c = given;
+  manifests known;
+  for (std::size_t p = 0; p < c.passes.size(); ++p) {
+    trainer_pass_config& pass = c.passes[p];
+    if (pass.dataset.empty()) continue;
+    const std::string at = "config.passes[" + std::to_string(p) + "].dataset";
+    const std::string folder = resolve_data_path(c.data_dir, pass.dataset);
+    const result<dataset_summary>& m = known.of(folder);
+    if (!m.ok()) return m.get_status().with_context(at);
+    if (m.value().shards.empty()) {
+      return status::invalid_argument(at + ": dataset '" + folder + "' holds no shards");
+    }
+    // Paths as the dataset was named: relative to data_dir when it is.
+    for (const shard_files& f : m.value().shards)
+      pass.shards.push_back((fs::path(pass.dataset) / fs::path(f.shard).filename()).string());
+    pass.dataset.clear();
+  }
+  for (std::size_t t = 0; t < c.tables.size(); ++t) {
+    trainer_table_config& tc = c.tables[t];
+    if (!tc.capacity_auto) continue;
+    std::uint64_t largest = 1;
+    for (const trainer_pass_config& pass : c.passes) {
+      for (const std::string& shard : pass.shards) {
+        auto n = keyset_size(c, t, shard, known);
+        if (!n.ok()) return n.get_status();
+        largest = std::max(largest, n.value());
+      }
+    }
+    tc.capacity = largest;
+    tc.capacity_auto = false;
+  }
+  EMBCACHE_RETURN_IF_ERROR(validate(c));
+  return c;
+}
+
+}  // namespace embcache

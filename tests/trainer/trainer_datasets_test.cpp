@@ -1,0 +1,334 @@
+// Passes that name a dataset folder, capacity "auto" from the manifest's keyset sizes, and the
+// command line's --version and exit codes.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "embcache/keyset.hpp"
+#include "embcache/shard.hpp"
+#include "embcache/synth.hpp"
+#include "embcache/trainer/trainer.hpp"
+#include "embcache/version.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() /
+                     ("embcache_datasets_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+// <root>/day (4 shards of 500 rows, crossed keys) and <root>/eval, made once per binary.
+const std::string& data_root() {
+  static const std::string root = [] {
+    const std::string r = fresh_dir("data");
+    for (const char* name : {"day", "eval"}) {
+      synth_options so;
+      so.rows = std::string(name) == "day" ? 2000 : 500;
+      so.seed = std::string(name) == "day" ? 1 : 2;
+      so.cardinality_scale = 0.01;
+      dataset_writer_options wo;
+      wo.output_dir = r + "/" + name;
+      wo.rows_per_shard = 500;
+      auto s = write_synth_dataset(so, wo, /*cross=*/true);
+      if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    }
+    return r;
+  }();
+  return root;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The model files of a save, concatenated (rows, optimizer state, dense network).
+std::string model_bytes(const std::string& save) {
+  std::string all;
+  for (const char* f : {"/sparse/wide/key", "/sparse/wide/emb_vector", "/sparse/deep/key",
+                        "/sparse/deep/emb_vector", "/sparse/deep/opt_state", "/dense.bin"})
+    all += read_bytes(save + f);
+  return all;
+}
+
+trainer_config base_config() {
+  trainer_config c;
+  c.data_dir = data_root();
+  c.model.hidden = {8};
+  c.batch_size = 128;
+  c.crossed = true;
+  c.log_interval = 0;
+  c.threads = 2;
+  return c;
+}
+
+std::uint64_t keyset_size(const std::string& path) {
+  auto k = read_keyset<std::int64_t>(path);
+  EXPECT_TRUE(k.ok()) << path;
+  return k.ok() ? k.value().size() : 0;
+}
+
+TEST(TrainerConfig, APassMayNameADatasetFolder) {
+  auto c = trainer_config_from_text(
+      R"({"passes": ["day", {"dataset": "/abs/day"}, ["a.bin"], {"shards": ["b.bin"]}]})");
+  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  ASSERT_EQ(c.value().passes.size(), 4u);
+  EXPECT_EQ(c.value().passes[0].dataset, "day");
+  EXPECT_TRUE(c.value().passes[0].shards.empty());
+  EXPECT_EQ(c.value().passes[1].dataset, "/abs/day");
+  EXPECT_EQ(c.value().passes[2].shards, std::vector<std::string>{"a.bin"});
+  // It reads back from its JSON.
+  const json j = c.value();
+  EXPECT_EQ(j["passes"][0], json({{"dataset", "day"}}));
+  auto again = trainer_config_from_json(j);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(json(again.value()), j);
+
+  const struct {
+    const char* text;
+    const char* error;
+  } bad[] = {
+      {R"({"passes": [{"dataset": "day", "shards": ["a.bin"]}]})",
+       "config text: config.passes[0]: names both shards and a dataset; give one of them"},
+      {R"({"passes": [""]})", "config text: config.passes[0].dataset: empty path"},
+      {R"({"passes": [{"dataset": 3}]})",
+       "config text: config.passes[0].dataset: wrong type (number)"},
+      {R"({"passes": [{}]})",
+       "config text: config.passes[0].shards: required (or dataset, a dataset folder)"},
+  };
+  for (const auto& b : bad) {
+    auto r = trainer_config_from_text(b.text);
+    ASSERT_FALSE(r.ok()) << b.text;
+    EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
+    EXPECT_EQ(r.get_status().message(), b.error) << b.text;
+  }
+}
+
+TEST(TrainerConfig, CapacityAutoReadsAndWritesAsAuto) {
+  auto c = trainer_config_from_text(
+      R"({"passes": [["a.bin"]], "tables": [{"name": "wide", "capacity": "auto", "slots": 8},
+                                            {"name": "deep", "capacity": 100}]})");
+  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  EXPECT_TRUE(c.value().tables[0].capacity_auto);
+  EXPECT_FALSE(c.value().tables[1].capacity_auto);
+  EXPECT_EQ(c.value().tables[1].capacity, 100u);
+  const json j = c.value();
+  EXPECT_EQ(j["tables"][0]["capacity"], "auto");
+  EXPECT_EQ(j["tables"][1]["capacity"], 100);
+  auto bad = trainer_config_from_text(
+      R"({"passes": [["a.bin"]], "tables": [{"name": "wide", "capacity": "big"},
+                                            {"name": "deep"}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.get_status().message(),
+            "config text: config.tables[0].capacity: expected an integer in [1, 1099511627776] "
+            "or \"auto\", got \"big\"");
+}
+
+TEST(TrainerDatasets, AFolderPassExpandsToItsShardsInManifestOrder) {
+  trainer_config c = base_config();
+  c.passes = {{{}, "day"}, {{}, data_root() + "/eval"}};
+  auto r = resolve_trainer_config(c);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  const auto& p = r.value().passes;
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].shards, (std::vector<std::string>{"day/shard-00000.bin", "day/shard-00001.bin",
+                                                   "day/shard-00002.bin", "day/shard-00003.bin"}));
+  EXPECT_EQ(p[1].shards, std::vector<std::string>{data_root() + "/eval/shard-00000.bin"});
+  EXPECT_TRUE(p[0].dataset.empty());
+
+  c.passes = {{{}, "missing"}};
+  auto m = resolve_trainer_config(c);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.get_status().code(), status_code::not_found) << m.get_status().to_string();
+  EXPECT_EQ(m.get_status().message().rfind("config.passes[0].dataset: ", 0), 0u)
+      << m.get_status().message();
+  EXPECT_NE(m.get_status().message().find(data_root() + "/missing/manifest.json"),
+            std::string::npos)
+      << m.get_status().message();
+}
+
+TEST(TrainerDatasets, AFolderPassTrainsToTheSameBitsAsItsShardList) {
+  const std::string saves = fresh_dir("same_bits");
+  std::string model[2];
+  for (int i = 0; i < 2; ++i) {
+    trainer_config c = base_config();
+    if (i == 0) {
+      c.passes = {{{}, "day"}};
+    } else {
+      c.passes = {{{"day/shard-00000.bin", "day/shard-00001.bin", "day/shard-00002.bin",
+                    "day/shard-00003.bin"}}};
+    }
+    c.save_dir = saves + "/" + std::to_string(i);
+    auto t = trainer::create(c);
+    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    t.value()->set_log([](const std::string&) {});
+    ASSERT_TRUE(t.value()->run().ok());
+    EXPECT_EQ(t.value()->history().at(0).samples, 2000u);
+    model[i] = model_bytes(c.save_dir);
+  }
+  EXPECT_GT(model[0].size(), 1000u);
+  EXPECT_TRUE(model[0] == model[1]) << "a folder pass and its shard list trained different models";
+  // A shard list in another order trains a different model: the comparison can fail.
+  trainer_config c = base_config();
+  c.passes = {{{"day/shard-00001.bin", "day/shard-00000.bin", "day/shard-00002.bin",
+                "day/shard-00003.bin"}}};
+  c.save_dir = saves + "/other";
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok());
+  t.value()->set_log([](const std::string&) {});
+  ASSERT_TRUE(t.value()->run().ok());
+  EXPECT_FALSE(model_bytes(c.save_dir) == model[0]);
+}
+
+TEST(TrainerDatasets, ManifestRecordsEachShardsKeysetSizes) {
+  auto m = read_dataset_manifest(data_root() + "/day");
+  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  ASSERT_EQ(m.value().shards.size(), 4u);
+  for (const shard_files& f : m.value().shards) {
+    EXPECT_TRUE(f.has_key_counts);
+    EXPECT_EQ(f.keys, keyset_size(f.keyset)) << f.keyset;
+    EXPECT_EQ(f.crossed_keys, keyset_size(f.crossed_keyset)) << f.crossed_keyset;
+    EXPECT_GT(f.keys, 0u);
+  }
+}
+
+TEST(TrainerDatasets, CapacityAutoIsTheLargestKeysetThePassesNeed) {
+  trainer_config c = base_config();
+  // Shards 1 and 2 of the day, and the eval dataset (which does not count: not a pass).
+  c.passes = {{{"day/shard-00001.bin"}}, {{"day/shard-00002.bin"}}};
+  c.eval_shard = "eval/shard-00000.bin";
+  for (auto& t : c.tables) t.capacity_auto = true;
+  std::uint64_t deep = 0, wide = 0, wide_uncrossed = 0;
+  for (const char* s : {"day/shard-00001", "day/shard-00002"}) {
+    const std::string base = data_root() + "/" + s;
+    const std::uint64_t k = keyset_size(base + ".keys"), x = keyset_size(base + ".cross.keys");
+    deep = std::max(deep, k);
+    wide = std::max(wide, k + x);
+    wide_uncrossed = std::max(wide_uncrossed, k);
+  }
+  ASSERT_NE(wide, wide_uncrossed);
+  auto r = resolve_trainer_config(c);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().tables[0].name, "wide");
+  EXPECT_EQ(r.value().tables[0].capacity, wide);
+  EXPECT_EQ(r.value().tables[1].capacity, deep);
+  EXPECT_FALSE(r.value().tables[0].capacity_auto);
+  // Without crossing the wide table takes the slot keys only.
+  c.crossed = false;
+  r = resolve_trainer_config(c);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().tables[0].capacity, wide_uncrossed);
+  // A folder pass counts all its shards; a run with the computed capacities trains.
+  c.crossed = true;
+  c.passes = {{{}, "day"}};
+  std::uint64_t all_deep = 0;
+  for (int i = 0; i < 4; ++i)
+    all_deep = std::max(all_deep, keyset_size(data_root() + "/day/" + keyset_file_name(i)));
+  r = resolve_trainer_config(c);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().tables[1].capacity, all_deep);
+  auto t = trainer::create(c);
+  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  t.value()->set_log([](const std::string&) {});
+  EXPECT_TRUE(t.value()->run().ok());
+}
+
+TEST(TrainerDatasets, CapacityAutoWithAnOlderManifestNamesTheField) {
+  // A copy of the day whose manifest has no keyset sizes (as written before they were recorded).
+  const std::string old = fresh_dir("old") + "/day";
+  fs::copy(data_root() + "/day", old);
+  json m = json::parse(read_bytes(old + "/manifest.json"));
+  for (auto& s : m["shards"]) {
+    s.erase("keys");
+    s.erase("crossed_keys");
+  }
+  std::ofstream(old + "/manifest.json") << m.dump(2);
+  trainer_config c = base_config();
+  c.passes = {{{}, old}};
+  auto plain = resolve_trainer_config(c);  // without "auto" the older manifest is fine
+  ASSERT_TRUE(plain.ok()) << plain.get_status().to_string();
+  EXPECT_FALSE(plain.value().tables[1].capacity_auto);
+  c.tables[1].capacity_auto = true;
+  auto r = resolve_trainer_config(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(r.get_status().message(),
+            "config.tables[1].capacity: \"auto\" needs field shards[0].keys of '" + old +
+                "/manifest.json', which has no keyset sizes (a dataset written before they were "
+                "recorded: prepare it again, or give the capacity as a number)");
+  // A shard its folder's manifest does not list.
+  c.passes = {{{"day/shard-00009.bin"}}};
+  r = resolve_trainer_config(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.get_status().message(),
+            "config.tables[1].capacity: \"auto\" needs the keyset size "
+            "of shard '" +
+                data_root() + "/day/shard-00009.bin', which '" + data_root() +
+                "/day/manifest.json' does not list");
+}
+
+#ifdef EMBCACHE_TRAIN_EXE
+// Runs embcache-train with `args`; stdout and stderr together.
+std::pair<int, std::string> train_cli(const std::string& args) {
+  const std::string log = fresh_dir("cli") + "/out.log";
+  const std::string cmd =
+      std::string("'") + EMBCACHE_TRAIN_EXE + "' " + args + " > '" + log + "' 2>&1";
+  const int w = std::system(cmd.c_str());
+  return {WIFEXITED(w) ? WEXITSTATUS(w) : -1, read_bytes(log)};
+}
+
+TEST(TrainerCli, VersionPrintsNameVersionAndSpaces) {
+  const auto [rc, out] = train_cli("--version");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, std::string("embcache-train ") + version_string + " (" + build_spaces + ")\n");
+}
+
+TEST(TrainerCli, UsageErrorsExitTwoAndRunTimeFailuresOne) {
+  for (const char* args : {"", "--config", "--bogus --config x.json", "--config a.json extra"}) {
+    const auto [rc, out] = train_cli(args);
+    EXPECT_EQ(rc, 2) << args << ": " << out;
+  }
+  const auto [missing, out] = train_cli("--config /nonexistent/run.json");
+  EXPECT_EQ(missing, 1) << out;
+  EXPECT_NE(out.find("not_found: /nonexistent/run.json"), std::string::npos) << out;
+  // A configuration whose dataset folder is missing: a run-time failure naming the pass.
+  const std::string dir = fresh_dir("cli_missing");
+  std::ofstream(dir + "/run.json") << R"({"passes": ["nowhere"], "data_dir": ")" << dir << "\"}";
+  const auto [rc, text] = train_cli("--config '" + dir + "/run.json' --print-config");
+  EXPECT_EQ(rc, 1) << text;
+  EXPECT_NE(text.find("config.passes[0].dataset: "), std::string::npos) << text;
+}
+
+TEST(TrainerCli, PrintConfigShowsTheResolvedConfiguration) {
+  const std::string dir = fresh_dir("cli_print");
+  std::ofstream(dir + "/run.json") << R"({"passes": ["day"], "crossed": true, "data_dir": ")"
+                                   << data_root() << R"(", "tables": [{"name": "wide"},
+                                       {"name": "deep", "capacity": "auto"}]})";
+  const auto [rc, out] = train_cli("--config '" + dir + "/run.json' --print-config");
+  ASSERT_EQ(rc, 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["passes"][0]["shards"].size(), 4u);
+  std::uint64_t deep = 0;
+  for (int i = 0; i < 4; ++i)
+    deep = std::max(deep, keyset_size(data_root() + "/day/" + keyset_file_name(i)));
+  EXPECT_EQ(j["tables"][1]["capacity"], deep);
+}
+#endif
+
+}  // namespace
+}  // namespace embcache
