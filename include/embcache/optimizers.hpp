@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "embcache/space.hpp"
 #include "embcache/sparse_ops.hpp"
@@ -32,6 +34,14 @@ enum class optimizer_kind : std::uint8_t {
 
 /// Name of an optimizer ("sgd", "adagrad", "adam", "ftrl").
 const char* to_string(optimizer_kind kind) noexcept;
+
+/// The optimizer named `name` (as to_string() writes it) into `*out`; false for another name.
+bool optimizer_kind_from_string(const std::string& name, optimizer_kind* out) noexcept;
+
+/// HugeCTR's optimizer state files of `kind`, in the order the state lies in a row (see the
+/// layout above), each one dim-wide part of it, float32[n][dim]: `AdaGrad.accm`; `Adam.m`,
+/// `Adam.v`; `Ftrl.n`, `Ftrl.z`; none for sgd.
+std::vector<const char*> hugectr_state_files(optimizer_kind kind);
 
 /// Hyperparameters of the sparse optimizer of one table. Defaults are those of MindSpore's Adam /
 /// LazyAdam, Adagrad and FTRL, which equal TensorFlow 1's (tf.compat.v1.train) wherever TensorFlow

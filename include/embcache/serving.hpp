@@ -30,6 +30,11 @@ struct folder_table {
   std::vector<float> states;            ///< keys.size() * state_width floats
   std::vector<std::uint64_t> versions;  ///< keys.size() row versions
   std::vector<std::int64_t> erased;     ///< delta: tombstones (keys deleted since); model: empty
+  /// Model: the `slot_id` file (keys.size() slot ids), empty when the folder has none.
+  std::vector<std::uint64_t> slot_ids;
+  /// Model written by apply_deltas: rows whose slot id is unknown (new keys of a delta, which
+  /// carries no slot ids); `slot_id` is then left out, as save() does.
+  std::uint64_t rows_without_slot_id = 0;
 };
 
 /// A model folder or a delta folder in memory.

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "embcache/serving.hpp"
+#include "embcache/optimizers.hpp"
 #include "embcache/training_cache.hpp"
 #include "file_io.hpp"
 #include "store_io.hpp"
@@ -48,10 +49,27 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
     return x.key != y.key ? x.key < y.key : (!x.delta && y.delta);
   });
   folder_table out;
+  // A key's slot never changes: a row the delta overwrites keeps the base's slot id; a key new in
+  // the delta has none (deltas carry no slot ids).
+  const bool base_slots = !b.slot_ids.empty() && b.slot_ids.size() == b.keys.size();
+  std::uint64_t no_slot = 0;
+  const std::uint64_t* overwritten_slot = nullptr;
   for (std::size_t j = 0; j < all.size(); ++j) {
-    if (j + 1 < all.size() && all[j + 1].key == all[j].key) continue;  // the delta's is next
+    if (j + 1 < all.size() && all[j + 1].key == all[j].key) {  // the delta's is next
+      overwritten_slot = base_slots ? &b.slot_ids[all[j].i] : nullptr;
+      continue;
+    }
     const src& s = all[j];
     const folder_table& from = s.delta ? d : b;
+    if (base_slots) {
+      const std::uint64_t* slot = s.delta ? overwritten_slot : &b.slot_ids[s.i];
+      if (slot) {
+        out.slot_ids.push_back(*slot);
+      } else {
+        ++no_slot;
+      }
+    }
+    overwritten_slot = nullptr;
     out.keys.push_back(s.key);
     out.versions.push_back(from.versions[s.i]);
     out.vectors.insert(out.vectors.end(), from.vectors.begin() + s.i * dim,
@@ -66,6 +84,9 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
   b.vectors = std::move(out.vectors);
   b.states = std::move(out.states);
   b.versions = std::move(out.versions);
+  b.rows_without_slot_id += no_slot;
+  b.slot_ids = no_slot == 0 && b.rows_without_slot_id == 0 ? std::move(out.slot_ids)
+                                                            : std::vector<std::uint64_t>{};
   if (!keep_state) b.state_width = 0;
 }
 
@@ -77,6 +98,29 @@ status write_array(const std::string& path, const std::vector<T>& v, nlohmann::j
   EMBCACHE_RETURN_IF_ERROR(w.append(v.data(), v.size() * sizeof(T)));
   EMBCACHE_RETURN_IF_ERROR(w.finish());
   (*files)[name] = {{"bytes", w.bytes()}, {"xxh64", detail::hex64(w.digest())}};
+  return {};
+}
+
+// The optimizer state of `t` as save() writes it: HugeCTR's files of its optimizer, each one
+// dim-wide part of the row's state; nothing for a state width of 0 (sgd, or a serving-only model).
+status write_state(const std::string& folder, const folder_table& t, nlohmann::json* files) {
+  if (t.state_width == 0) return {};
+  optimizer_kind kind{};
+  const auto names = optimizer_kind_from_string(t.optimizer, &kind) ? hugectr_state_files(kind)
+                                                                    : std::vector<const char*>{};
+  if (names.size() * t.dim != t.state_width) {
+    return status::invalid_argument("table '" + t.name + "': state width " +
+                                    std::to_string(t.state_width) + " does not match optimizer " +
+                                    t.optimizer + " and dim " + std::to_string(t.dim));
+  }
+  std::vector<float> part(t.keys.size() * t.dim);
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    for (std::size_t i = 0; i < t.keys.size(); ++i) {
+      const auto row = t.states.begin() + i * t.state_width + p * t.dim;
+      std::copy(row, row + t.dim, part.begin() + i * t.dim);
+    }
+    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/" + names[p], part, files, names[p]));
+  }
   return {};
 }
 
@@ -98,7 +142,10 @@ status write_model(const std::string& dir, const model_folder& m) {
     EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/key", t.keys, &files, "key"));
     EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/emb_vector", t.vectors, &files, "emb_vector"));
     EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/version", t.versions, &files, "version"));
-    EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/opt_state", t.states, &files, "opt_state"));
+    EMBCACHE_RETURN_IF_ERROR(write_state(folder, t, &files));
+    if (!t.slot_ids.empty()) {
+      EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/slot_id", t.slot_ids, &files, "slot_id"));
+    }
     EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(folder));
     tables.push_back({{"name", t.name},
                       {"dim", t.dim},
@@ -107,6 +154,7 @@ status write_model(const std::string& dir, const model_folder& m) {
                       {"count", t.keys.size()},
                       {"version", t.version},
                       {"files", files}});
+    if (t.rows_without_slot_id > 0) tables.back()["rows_without_slot_id"] = t.rows_without_slot_id;
   }
   const nlohmann::json manifest = {{"format", "embcache-model"},
                                    {"format_version", model_format_version},

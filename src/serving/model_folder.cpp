@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "embcache/serving.hpp"
+
+#include "embcache/optimizers.hpp"
 #include "embcache/training_cache.hpp"
 #include "store_io.hpp"
 
@@ -161,6 +163,35 @@ status check_keys(const std::vector<std::int64_t>& keys, const std::string& key_
   return {};
 }
 
+// The state of a save's table from HugeCTR's optimizer files (hugectr_state_files), each
+// float32[count][dim], interleaved into rows of state_width floats.
+status read_state_files(const fields& f, const nlohmann::json& files, const std::string& at,
+                        const std::string& folder, std::uint64_t count, folder_table* t) {
+  optimizer_kind kind{};
+  if (!optimizer_kind_from_string(t->optimizer, &kind)) {
+    return f.bad(at + "optimizer", "sgd, adagrad, adam or ftrl");
+  }
+  const auto names = hugectr_state_files(kind);
+  if (names.size() * t->dim != t->state_width) {
+    return status::corruption("'" + f.path + "': " + at + "state_width " +
+                              std::to_string(t->state_width) + " does not match optimizer " +
+                              t->optimizer + " and dim " + std::to_string(t->dim) + " (" +
+                              std::to_string(names.size()) + " state files of dim floats)");
+  }
+  // count * dim * 4 bytes were checked against a file already (emb_vector); state_width <= 2 dim.
+  t->states.assign(static_cast<std::size_t>(count) * t->state_width, 0.0f);
+  std::vector<float> part;
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    EMBCACHE_RETURN_IF_ERROR(
+        read_table_file(f, files, at, folder, names[p], count, t->dim, "dim", &part));
+    for (std::size_t i = 0; i < count; ++i) {
+      std::copy(part.begin() + i * t->dim, part.begin() + (i + 1) * t->dim,
+                t->states.begin() + i * t->state_width + p * t->dim);
+    }
+  }
+  return {};
+}
+
 status read_table(const fields& f, const nlohmann::json& e, const std::string& at,
                   const std::string& dir, bool is_delta, const std::string& key_type,
                   folder_table* t) {
@@ -194,10 +225,17 @@ status read_table(const fields& f, const nlohmann::json& e, const std::string& a
       read_table_file(f, *files, at, folder, "emb_vector", count, dim, "dim", &t->vectors));
   EMBCACHE_RETURN_IF_ERROR(
       read_table_file(f, *files, at, folder, "version", count, 1, nullptr, &t->versions));
-  // save() always writes opt_state (empty for state width 0); a delta only with its state.
-  if (!is_delta || state_width > 0 || files->contains("opt_state")) {
+  // A delta holds its state as one opt_state, when exported with it; so did saves of earlier
+  // versions (always, empty for state width 0). A save now holds HugeCTR's optimizer files.
+  if (files->contains("opt_state") || (is_delta && state_width > 0)) {
     EMBCACHE_RETURN_IF_ERROR(read_table_file(f, *files, at, folder, "opt_state", count, state_width,
                                              "state_width", &t->states));
+  } else if (!is_delta && state_width > 0) {
+    EMBCACHE_RETURN_IF_ERROR(read_state_files(f, *files, at, folder, count, t));
+  }
+  if (!is_delta && files->contains("slot_id")) {
+    EMBCACHE_RETURN_IF_ERROR(
+        read_table_file(f, *files, at, folder, "slot_id", count, 1, nullptr, &t->slot_ids));
   }
   std::vector<std::int64_t> sorted, sorted_erased;
   EMBCACHE_RETURN_IF_ERROR(check_keys(t->keys, key_type, folder + "/key", &sorted));

@@ -62,6 +62,31 @@ const char* to_string(optimizer_kind kind) noexcept {
   return "unknown";
 }
 
+bool optimizer_kind_from_string(const std::string& name, optimizer_kind* out) noexcept {
+  for (optimizer_kind k : {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam,
+                           optimizer_kind::ftrl}) {
+    if (name == to_string(k)) {
+      *out = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<const char*> hugectr_state_files(optimizer_kind kind) {
+  switch (kind) {
+    case optimizer_kind::adagrad:
+      return {"AdaGrad.accm"};
+    case optimizer_kind::adam:
+      return {"Adam.m", "Adam.v"};
+    case optimizer_kind::ftrl:
+      return {"Ftrl.n", "Ftrl.z"};
+    case optimizer_kind::sgd:
+      break;
+  }
+  return {};
+}
+
 std::size_t state_width(optimizer_kind kind, std::size_t dim) noexcept {
   switch (kind) {
     case optimizer_kind::sgd:

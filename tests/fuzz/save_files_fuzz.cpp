@@ -46,8 +46,8 @@ struct files_fixture {
     const std::string base = root + "base";
     embcache::fuzz::write_save_fixture(base).throw_if_error();
     for (int i = 0; i < 4; ++i)
-      file_bytes[i] = embcache::fuzz::read_file(base + "/emb/" + file_names[i]);
-    manifest = nlohmann::json::parse(embcache::fuzz::read_file(base + "/manifest.json"));
+      file_bytes[i] = embcache::fuzz::read_bytes(base + "/emb/" + file_names[i]);
+    manifest = nlohmann::json::parse(embcache::fuzz::read_bytes(base + "/manifest.json"));
     const auto& t = manifest["tables"][0];
     const std::size_t dim = t["dim"].get<std::size_t>(), sw = t["state_width"].get<std::size_t>();
     row_bytes[0] = 8;

@@ -372,22 +372,6 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-// HugeCTR's optimizer state files of `kind`, in the order of the state in a row (optimizers.hpp):
-// each holds one dim-wide part of the state, float32[n][dim].
-std::vector<const char*> hugectr_state_files(optimizer_kind kind) {
-  switch (kind) {
-    case optimizer_kind::adagrad:
-      return {"AdaGrad.accm"};
-    case optimizer_kind::adam:
-      return {"Adam.m", "Adam.v"};
-    case optimizer_kind::ftrl:
-      return {"Ftrl.n", "Ftrl.z"};
-    case optimizer_kind::sgd:
-      break;
-  }
-  return {};
-}
-
 // How a table folder holds the optimizer state: one file per part of `part_width` floats of the
 // row's state, in row order (`{"opt_state"}` with the whole state width, or HugeCTR's files with
 // dim each); no names: not written.
