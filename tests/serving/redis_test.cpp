@@ -291,7 +291,14 @@ TEST(ServingTrainer, TheTrainersDeltasApplyToItsFinalSave) {
       ++compared;
     }
     EXPECT_GE(compared, 3u) << table;  // key, emb_vector and the optimizer's files
+    // The base had a slot id for every row (the trainer's slot_of); the deltas bring keys the
+    // base did not hold, without slot ids: slot_id is left out and the rows without one counted.
+    EXPECT_TRUE(fs::exists(t.base + "/sparse/" + table + "/slot_id")) << table;
+    EXPECT_FALSE(fs::exists(copy + "/sparse/" + table + "/slot_id")) << table;
   }
+  const auto manifest = nlohmann::json::parse(file_bytes(copy + "/sparse/manifest.json"));
+  for (const auto& e : manifest.at("tables"))
+    EXPECT_GT(e.value("rows_without_slot_id", 0), 0) << e.at("name");
 }
 
 TEST(ServingTrainer, ScoresFromRedisEqualTheTrainersEvaluation) {
