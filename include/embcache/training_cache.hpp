@@ -134,6 +134,9 @@ struct table_delta {
   std::vector<Key> erased;              ///< keys erased since (tombstones), ascending
 };
 
+/// Progress of training_cache::save(): rows written so far, rows of every table.
+using save_progress = std::function<void(std::uint64_t rows_done, std::uint64_t rows_total)>;
+
 /// Format version of the folders written by save() and export_incremental_to().
 inline constexpr int model_format_version = 1;
 
@@ -260,7 +263,9 @@ class training_cache {
   /// (loaded, set_slot_ids() or table_options::slot_of), `slot_id` (uint64[n]); plus
   /// `dir/manifest.json` with every file's size and xxHash64. The folder is built beside `dir`
   /// and renamed into place; a crash at any point leaves the previous save loadable by load(dir).
-  status save(const std::string& dir);
+  /// `on_progress`, when set, is called with (0, total rows) before the first table and with the
+  /// rows written so far after each table, so a caller can show a percentage, rate and ETA.
+  status save(const std::string& dir, const save_progress& on_progress = {});
   /// Replaces every table's rows with those of `dir`, a folder written by save(). Its
   /// `manifest.json` is required (not_found naming it when missing) and checked: format version,
   /// key type, tables, dims, optimizer, counts, every file's size against the count (corruption)

@@ -91,7 +91,7 @@ int prepare(const args& a) {
            : a.mode == "host_hybrid" ? embcache::trainer_mode::host_hybrid
                                      : embcache::trainer_mode::keyset;
   c.data_dir = fs::absolute(data).string();
-  for (std::size_t f : {0, 1, 3, 4}) c.passes.push_back({file_shards(a, f)});
+  for (std::size_t f : {0, 1, 3, 4}) c.passes.push_back({file_shards(a, f), {}});
   c.eval_shard = embcache::shard_file_name(num_files * a.shards_per_file);
   c.model.hidden = {256, 128};
   c.model.dropout = 0.1f;
@@ -105,7 +105,7 @@ int prepare(const args& a) {
   fs::create_directories(work);
   std::ofstream(work + "/first.json") << json(c).dump(2) << "\n";
   embcache::trainer_config r = c;
-  r.passes = {{file_shards(a, 2)}};
+  r.passes = {{file_shards(a, 2), {}}};
   r.resume_from = c.save_dir;
   std::ofstream(work + "/resume.json") << json(r).dump(2) << "\n";
   std::printf("wrote %s/first.json (files 0, 1, 3, 4) and %s/resume.json (file 2)\n", work.c_str(),

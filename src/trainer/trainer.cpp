@@ -13,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "embcache/criteo.hpp"
@@ -835,7 +836,14 @@ status trainer::save(const std::string& dir) {
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return status::io_error(tmp + ": cannot create (" + ec.message() + ")");
-  EMBCACHE_RETURN_IF_ERROR(s.cache->save(tmp + "/sparse"));
+  // A line by the progress rules (every 10%, at least 2 s apart) as the tables are written.
+  std::optional<detail::progress_meter> meter;
+  const auto on_progress = [&](std::uint64_t done, std::uint64_t total) {
+    if (!meter) meter.emplace(total);
+    if (done > 0 && meter->due(done))
+      s.log("save to " + dir + ": " + meter->count_text(done, "rows"));
+  };
+  EMBCACHE_RETURN_IF_ERROR(s.cache->save(tmp + "/sparse", on_progress));
   EMBCACHE_RETURN_IF_ERROR(write_file_durable(tmp + "/dense.bin", dense.data(), dense.size()));
   json history = json::array();
   for (const auto& m : s.history) history.push_back(m);

@@ -348,6 +348,27 @@ TEST(training_cache, a_failed_delta_write_loses_no_row) {
   EXPECT_TRUE(applied[1] == store_model(tc, 1));
 }
 
+// save() reports the rows written: (0, total) first, then after each table, ending at the total.
+TEST(training_cache, save_reports_its_progress_by_rows) {
+  using Key = std::int64_t;
+  temp_dir dir;
+  const auto passes = script<Key>(1500, 150, 2);
+  training_cache<Key> tc({}, two_tables<Key>(200, 160));
+  for (const auto& p : passes) {
+    ASSERT_TRUE(tc.begin_pass(p).ok());
+    train_pass(tc, p, 0);
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
+  ASSERT_TRUE(tc.save(dir.path + "/save", [&](std::uint64_t done, std::uint64_t total) {
+                  calls.emplace_back(done, total);
+                }).ok());
+  const std::uint64_t a = tc.store(0).size(), b = tc.store(1).size();
+  ASSERT_GT(a, 0u);
+  ASSERT_GT(b, 0u);
+  using call = std::pair<std::uint64_t, std::uint64_t>;
+  EXPECT_EQ(calls, (std::vector<call>{{0, a + b}, {a, a + b}, {a + b, a + b}}));
+}
+
 TYPED_TEST(training_typed, save_load_round_trip_and_refusals) {
   using Key = typename TypeParam::key;
   temp_dir dir;

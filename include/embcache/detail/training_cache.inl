@@ -2245,9 +2245,13 @@ result<std::string> training_cache<Key, Space>::export_incremental_to(const std:
 }
 
 template <class Key, class Space>
-status training_cache<Key, Space>::save(const std::string& dir_in) {
+status training_cache<Key, Space>::save(const std::string& dir_in,
+                                        const save_progress& on_progress) {
   impl_->wait_worker();  // the store must not change between the write-back and the dump
   EMBCACHE_RETURN_IF_ERROR(end_training());
+  std::uint64_t rows_total = 0, rows_done = 0;
+  for (auto& tb : impl_->tables) rows_total += tb.store->size();
+  if (on_progress) on_progress(0, rows_total);
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string tmp = dir + ".tmp";
@@ -2292,6 +2296,8 @@ status training_cache<Key, Space>::save(const std::string& dir_in) {
                       {"version", tb.cache->version()},
                       {"files", files}});
     if (no_slot_id) tables.back()["rows_without_slot_id"] = no_slot_id;
+    rows_done += keys.size();
+    if (on_progress) on_progress(rows_done, rows_total);
   }
   nlohmann::json manifest = {{"format", "embcache-model"},
                              {"format_version", model_format_version},
