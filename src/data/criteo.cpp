@@ -12,7 +12,7 @@
 #include <cstring>
 #include <memory>
 
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 #include "flat_set.hpp"
 #include "line_reader.hpp"
 

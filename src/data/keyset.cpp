@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "keyset and shard files are little-endian; big-endian hosts need byte swaps");
@@ -58,7 +58,7 @@ status write_keyset(const std::string& path, const Key* keys, std::size_t n, key
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
   const std::size_t bytes = sorted.size() * sizeof(Key);
 
-  detail::atomic_file_writer out;
+  detail::durable_file_writer out;
   EMBCACHE_RETURN_IF_ERROR(out.open(path));
   if (fmt == keyset_format::embcache) {
     unsigned char header[keyset_header_size] = {};

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 
 namespace embcache::detail {
 

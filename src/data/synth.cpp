@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 #include "random.hpp"
 
 namespace embcache {

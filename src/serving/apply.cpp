@@ -13,7 +13,7 @@
 #include "embcache/serving.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/training_cache.hpp"
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 #include "store_io.hpp"
 
 namespace embcache {
@@ -93,10 +93,10 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
 template <class T>
 status write_array(const std::string& path, const std::vector<T>& v, nlohmann::json* files,
                    const char* name) {
-  detail::checked_file_writer w;
-  EMBCACHE_RETURN_IF_ERROR(w.open(path));
-  EMBCACHE_RETURN_IF_ERROR(w.append(v.data(), v.size() * sizeof(T)));
-  EMBCACHE_RETURN_IF_ERROR(w.finish());
+  detail::durable_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(path, detail::file_placement::in_staged_folder));
+  EMBCACHE_RETURN_IF_ERROR(w.write(v.data(), v.size() * sizeof(T)));
+  EMBCACHE_RETURN_IF_ERROR(w.commit());
   (*files)[name] = {{"bytes", w.bytes()}, {"xxh64", detail::hex64(w.digest())}};
   return {};
 }
@@ -146,7 +146,7 @@ status write_model(const std::string& dir, const model_folder& m) {
     if (!t.slot_ids.empty()) {
       EMBCACHE_RETURN_IF_ERROR(write_array(folder + "/slot_id", t.slot_ids, &files, "slot_id"));
     }
-    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(folder));
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_folder(folder));
     tables.push_back({{"name", t.name},
                       {"dim", t.dim},
                       {"state_width", t.state_width},
@@ -162,37 +162,10 @@ status write_model(const std::string& dir, const model_folder& m) {
                                    {"applied_delta", m.sequence},
                                    {"tables", tables}};
   const std::string text = manifest.dump(2);
-  detail::checked_file_writer w;
-  EMBCACHE_RETURN_IF_ERROR(w.open(dir + "/manifest.json"));
-  EMBCACHE_RETURN_IF_ERROR(w.append(text.data(), text.size()));
-  EMBCACHE_RETURN_IF_ERROR(w.finish());
-  return detail::sync_dir(dir);
-}
-
-// Puts `tmp` in the place of `dir`: one atomic exchange where the file system has it, else
-// save()'s two renames (load() reads `dir.old` between them). The old folder is removed.
-status swap_in(const std::string& tmp, const std::string& dir) {
-  const std::string parent = detail::parent_dir(dir);
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
-    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
-  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
-    const std::string old = dir + ".old";
-    std::error_code ec;
-    fs::remove_all(old, ec);
-    if (::rename(dir.c_str(), old.c_str()) != 0)
-      return detail::errno_status(errno, "renaming to '" + old + "'", dir);
-    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
-    if (::rename(tmp.c_str(), dir.c_str()) != 0)
-      return detail::errno_status(errno, "renaming to '" + dir + "'", tmp);
-    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(parent));
-    fs::remove_all(old, ec);
-    return {};
-  } else {
-    return detail::errno_status(errno, "exchanging with '" + dir + "'", tmp);
-  }
-  std::error_code ec;
-  fs::remove_all(tmp, ec);  // now the old model
-  return {};
+  detail::durable_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(dir + "/manifest.json", detail::file_placement::in_staged_folder));
+  EMBCACHE_RETURN_IF_ERROR(w.write(text.data(), text.size()));
+  return w.commit();
 }
 
 }  // namespace
@@ -321,9 +294,9 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
   }
   report.applied_delta = m.sequence;
   if (report.deltas.empty()) return report;
-  const std::string tmp = dir + ".tmp";
+  const std::string tmp = detail::staging_folder_of(dir);
   EMBCACHE_RETURN_IF_ERROR(write_model(tmp, m).with_context("apply: writing the result"));
-  EMBCACHE_RETURN_IF_ERROR(swap_in(tmp, dir).with_context("apply"));
+  EMBCACHE_RETURN_IF_ERROR(detail::publish_folder(tmp, dir).with_context("apply"));
   report.changed = true;
   return report;
 }

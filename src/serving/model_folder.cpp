@@ -14,6 +14,7 @@
 
 #include "embcache/optimizers.hpp"
 #include "embcache/training_cache.hpp"
+#include "common/durable_file.hpp"
 #include "store_io.hpp"
 
 namespace embcache {
@@ -30,7 +31,7 @@ constexpr std::uint64_t max_dim = std::uint64_t{1} << 20;
 
 result<std::uint64_t> file_size(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return detail::errno_status(errno, "stat of", path);
+  if (::stat(path.c_str(), &st) != 0) return detail::errno_status("cannot stat", path, errno);
   if (!S_ISREG(st.st_mode)) return status::corruption("'" + path + "' is not a regular file");
   return static_cast<std::uint64_t>(st.st_size);
 }

@@ -9,7 +9,7 @@
 #include "embcache/shard.hpp"
 #include "embcache/trainer/metrics.hpp"
 #include "embcache/trainer/trainer.hpp"
-#include "file_io.hpp"
+#include "common/durable_file.hpp"
 
 namespace embcache {
 
