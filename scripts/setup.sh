@@ -14,6 +14,8 @@ embcache_packages=(
   libthrust-dev libcub-dev libcu++-dev
   # The Redis serving store (embcache::redis, embcache-serve) and the server its tests start.
   libhiredis-dev redis-server
+  # Scale-out over MPI (embcache::mpi, tests/distributed run under mpirun, bench_distributed).
+  libopenmpi-dev openmpi-bin
 )
 
 embcache_missing=()

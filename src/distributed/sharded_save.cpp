@@ -1,0 +1,362 @@
+// Sharded saves: a part per rank through the store's own checkpoint, a manifest published last.
+#include "embcache/distributed/sharded_save.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+#include "../store/store_io.hpp"
+#include "embcache/distributed/ownership.hpp"
+#include "embcache/host_store.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* manifest_format = "embcache.sharded_save";
+constexpr std::uint64_t manifest_format_version = 1;
+// More ranks than this in a manifest is a damaged file, not a job.
+constexpr std::uint64_t max_world_size = std::uint64_t{1} << 20;
+
+template <class Key>
+const char* key_name();
+template <>
+const char* key_name<std::int64_t>() {
+  return "int64";
+}
+
+// The highest generation folder in `dir` (0 when none): a new save takes the next one, so it
+// never writes into a folder a published manifest names.
+std::uint64_t last_generation(const std::string& dir) {
+  std::uint64_t last = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() < 5 || name.compare(0, 4, "gen-") != 0) continue;
+    std::uint64_t g = 0;
+    bool digits = true;
+    for (std::size_t i = 4; i < name.size() && digits; ++i) {
+      digits = name[i] >= '0' && name[i] <= '9' && g < (UINT64_MAX - 9) / 10;
+      g = g * 10 + static_cast<std::uint64_t>(name[i] - '0');
+    }
+    if (digits) last = std::max(last, g);
+  }
+  return last;
+}
+
+status write_manifest(const std::string& dir, const nlohmann::json& m) {
+  const std::string path = dir + "/manifest.json";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string text = m.dump(2) + "\n";
+  detail::checked_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(tmp));
+  EMBCACHE_RETURN_IF_ERROR(w.append(text.data(), text.size()));
+  EMBCACHE_RETURN_IF_ERROR(w.finish());
+  // The rename is the moment the new save replaces the old one.
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return detail::errno_status(errno, "renaming '" + tmp + "' to", path);
+  return detail::sync_dir(dir);
+}
+
+}  // namespace
+
+std::string sharded_generation_name(std::uint64_t generation) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "gen-%06llu", static_cast<unsigned long long>(generation));
+  return name;
+}
+
+std::string sharded_part_path(std::uint64_t generation, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/rank-%05d", rank);
+  return sharded_generation_name(generation) + name;
+}
+
+template <class Key>
+part_opener<Key> host_store_part_opener() {
+  return [](const std::string& part_dir, const std::string& table,
+            std::size_t row_width) -> result<std::unique_ptr<param_store<Key>>> {
+    host_store_options o;
+    o.table_name = table;
+    o.row_width = row_width;
+    auto store = host_store<Key>::open(part_dir, o);
+    if (!store.ok()) return store.get_status();
+    return std::unique_ptr<param_store<Key>>(std::move(store).value());
+  };
+}
+
+template <class Key>
+status save_sharded(communicator& comm, param_store<Key>& shard, const std::string& dir_in,
+                    const sharded_save_info& info) {
+  const std::string dir = detail::strip_slashes(dir_in);
+  const int rank = comm.rank(), world = comm.size();
+  const std::string who = "save_sharded of '" + dir + "' on rank " + std::to_string(rank);
+
+  // Rank 0 picks the generation; everyone learns it.
+  std::uint64_t generation = 0;
+  status local;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) local = detail::errno_status(ec.value(), who + ": creating folder", dir);
+    generation = last_generation(dir) + 1;
+  }
+  EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "save_sharded of '" + dir + "'"));
+  EMBCACHE_RETURN_IF_ERROR(comm.broadcast(&generation, sizeof(generation), 0).with_context(who));
+
+  // Every rank writes its part with the store's own checkpoint.
+  const std::string part = sharded_part_path(generation, rank);
+  {
+    std::error_code ec;
+    fs::create_directories(dir + "/" + sharded_generation_name(generation), ec);
+    if (ec)
+      local = detail::errno_status(ec.value(), who + ": creating folder",
+                                   dir + "/" + sharded_generation_name(generation));
+    if (local.ok() && shard.table_name() != info.table_name)
+      local = status::invalid_argument(who + ": the store holds table '" + shard.table_name() +
+                                       "', the save is of '" + info.table_name + "'");
+    if (local.ok()) local = shard.checkpoint(dir + "/" + part).with_context(who);
+  }
+  EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "save_sharded of '" + dir + "'"));
+  std::vector<std::uint64_t> rows(static_cast<std::size_t>(world));
+  const std::uint64_t mine = shard.size();
+  EMBCACHE_RETURN_IF_ERROR(comm.all_gather(&mine, sizeof(mine), rows.data()).with_context(who));
+
+  // Every part is complete: rank 0 publishes the save, then drops the other generations.
+  if (rank == 0) {
+    nlohmann::json m;
+    m["format"] = manifest_format;
+    m["format_version"] = manifest_format_version;
+    m["table_name"] = info.table_name;
+    m["key_type"] = key_name<Key>();
+    m["dim"] = info.dim;
+    m["row_width"] = info.row_width;
+    m["optimizer"] = info.optimizer;
+    m["step"] = info.step;
+    m["num_blocks"] = info.num_blocks;
+    m["world_size"] = world;
+    m["owner_function"] = owner_function_name;
+    m["generation"] = generation;
+    m["parts"] = nlohmann::json::array();
+    for (int r = 0; r < world; ++r)
+      m["parts"].push_back({{"rank", r},
+                            {"path", sharded_part_path(generation, r)},
+                            {"rows", rows[static_cast<std::size_t>(r)]}});
+    local = detail::sync_dir(dir + "/" + sharded_generation_name(generation));
+    if (local.ok()) local = detail::sync_dir(dir);
+    if (local.ok()) local = write_manifest(dir, m).with_context(who);
+    if (local.ok()) {
+      const std::string keep = sharded_generation_name(generation);
+      std::error_code ec;
+      for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.compare(0, 4, "gen-") == 0 && name != keep) {
+          std::error_code rm;
+          fs::remove_all(it->path(), rm);  // a leftover costs space, never correctness
+        }
+      }
+    }
+  }
+  return agree(comm, local, "save_sharded of '" + dir + "'");
+}
+
+result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
+  const std::string dir = detail::strip_slashes(dir_in);
+  const std::string path = dir + "/manifest.json";
+  const std::string who = "read_sharded_manifest: '" + path + "'";
+  std::error_code ec;
+  std::ifstream in(path);
+  if (!in) {
+    if (!fs::exists(path, ec))
+      return status::not_found(who + " is missing (no complete sharded save in '" + dir + "')");
+    return status::io_error(who + " cannot be read");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json m = nlohmann::json::parse(text.str(), nullptr, false);
+  if (m.is_discarded() || !m.is_object()) return status::corruption(who + " is not valid JSON");
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return status::corruption(who + ": field '" + field + "' " + why);
+  };
+  auto string_field = [&](const char* name, std::string* out) -> status {
+    auto it = m.find(name);
+    if (it == m.end() || !it->is_string()) return bad(name, "is missing or not a string");
+    *out = it->get<std::string>();
+    return {};
+  };
+  auto count_field = [&](const nlohmann::json& obj, const std::string& name, const char* key,
+                         std::uint64_t* out) -> status {
+    auto it = obj.find(key);
+    if (it == obj.end() || !it->is_number_unsigned())
+      return bad(name, "is missing or not an unsigned integer");
+    *out = it->get<std::uint64_t>();
+    return {};
+  };
+
+  sharded_manifest out;
+  std::string format, key_type, owner;
+  EMBCACHE_RETURN_IF_ERROR(string_field("format", &format));
+  if (format != manifest_format)
+    return status::invalid_argument(who + ": field 'format' is '" + format + "', expected '" +
+                                    manifest_format + "'");
+  std::uint64_t version = 0, dim = 0, width = 0, blocks = 0, world = 0;
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "format_version", "format_version", &version));
+  if (version != manifest_format_version)
+    return status::unsupported(who + ": field 'format_version' is " + std::to_string(version) +
+                               ", this build reads " + std::to_string(manifest_format_version));
+  EMBCACHE_RETURN_IF_ERROR(string_field("table_name", &out.info.table_name));
+  EMBCACHE_RETURN_IF_ERROR(string_field("key_type", &key_type));
+  if (key_type != "int64")
+    return status::invalid_argument(who + ": field 'key_type' is '" + key_type +
+                                    "', expected 'int64'");
+  EMBCACHE_RETURN_IF_ERROR(string_field("optimizer", &out.info.optimizer));
+  EMBCACHE_RETURN_IF_ERROR(string_field("owner_function", &owner));
+  if (owner != owner_function_name)
+    return status::unsupported(who + ": field 'owner_function' is '" + owner +
+                               "', this build shards by '" + owner_function_name + "'");
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "dim", "dim", &dim));
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "row_width", "row_width", &width));
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "step", "step", &out.info.step));
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "num_blocks", "num_blocks", &blocks));
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "world_size", "world_size", &world));
+  EMBCACHE_RETURN_IF_ERROR(count_field(m, "generation", "generation", &out.generation));
+  // Widths become allocation sizes (rows * width * 4 bytes): bound them before any use.
+  if (dim == 0 || width < dim || width > (std::uint64_t{1} << 24))
+    return bad("row_width", "is " + std::to_string(width) + " for dim " + std::to_string(dim) +
+                                ", expected dim in [1, row_width] and row_width <= 2^24");
+  if (world == 0 || world > max_world_size)
+    return bad("world_size", "is " + std::to_string(world) + ", expected 1 to 2^20");
+  if (blocks == 0 || blocks % world != 0)
+    return bad("num_blocks", "is " + std::to_string(blocks) +
+                                 ", expected a positive multiple of world_size " +
+                                 std::to_string(world));
+  out.info.dim = static_cast<std::size_t>(dim);
+  out.info.row_width = static_cast<std::size_t>(width);
+  out.info.num_blocks = static_cast<std::size_t>(blocks);
+  out.world_size = static_cast<int>(world);
+
+  auto parts = m.find("parts");
+  if (parts == m.end() || !parts->is_array()) return bad("parts", "is missing or not an array");
+  if (parts->size() != world)
+    return bad("parts", "has " + std::to_string(parts->size()) + " entries, world_size is " +
+                            std::to_string(world));
+  for (std::size_t r = 0; r < parts->size(); ++r) {
+    const nlohmann::json& p = (*parts)[r];
+    const std::string name = "parts[" + std::to_string(r) + "]";
+    if (!p.is_object()) return bad(name, "is not an object");
+    std::uint64_t prank = 0, rows = 0;
+    EMBCACHE_RETURN_IF_ERROR(count_field(p, name + ".rank", "rank", &prank));
+    if (prank != r)
+      return bad(name + ".rank", "is " + std::to_string(prank) + ", expected " + std::to_string(r) +
+                                     " (parts in rank order)");
+    EMBCACHE_RETURN_IF_ERROR(count_field(p, name + ".rows", "rows", &rows));
+    auto pp = p.find("path");
+    if (pp == p.end() || !pp->is_string()) return bad(name + ".path", "is missing or not a string");
+    // Only the layout's own path is accepted: a manifest never points outside its folder.
+    const std::string expect = sharded_part_path(out.generation, static_cast<int>(r));
+    if (pp->get<std::string>() != expect)
+      return bad(name + ".path", "is '" + pp->get<std::string>() + "', expected '" + expect + "'");
+    if (__builtin_add_overflow(out.total_rows, rows, &out.total_rows))
+      return bad(name + ".rows", "makes the total row count overflow 64 bits");
+    out.parts.push_back({expect, rows});
+  }
+  return out;
+}
+
+template <class Key>
+result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, int world,
+                                           param_store<Key>& target,
+                                           const part_opener<Key>& open_in) {
+  const std::string dir = detail::strip_slashes(dir_in);
+  const std::string who = "load_sharded_part of '" + dir + "' for rank " + std::to_string(rank) +
+                          " of " + std::to_string(world);
+  if (world < 1 || rank < 0 || rank >= world)
+    return status::invalid_argument(who + ": rank outside the world");
+  auto parsed = read_sharded_manifest(dir);
+  if (!parsed.ok()) return parsed.get_status();
+  sharded_manifest m = std::move(parsed).value();
+  if (m.info.table_name != target.table_name())
+    return status::not_found(who + ": the save holds table '" + m.info.table_name + "', not '" +
+                             target.table_name() + "'");
+  if (m.info.row_width != target.row_width())
+    return status::invalid_argument(who + ": the save holds rows of " +
+                                    std::to_string(m.info.row_width) + " floats, the store " +
+                                    std::to_string(target.row_width()));
+  if (target.size() != 0)
+    return status::invalid_argument(who + ": the target store already holds " +
+                                    std::to_string(target.size()) + " rows");
+  const part_opener<Key> open = open_in ? open_in : host_store_part_opener<Key>();
+  const std::size_t width = m.info.row_width;
+  std::vector<Key> keep_keys;
+  std::vector<float> keep_rows;
+  std::vector<std::uint64_t> keep_versions;
+  for (int r = 0; r < m.world_size; ++r) {
+    // With the save's own world size, part r holds exactly rank r's keys.
+    if (m.world_size == world && r != rank) continue;
+    const std::string part_dir = dir + "/" + m.parts[static_cast<std::size_t>(r)].path;
+    auto part = open(part_dir, m.info.table_name, width);
+    if (!part.ok()) return part.get_status().with_context(who);
+    param_store<Key>& src = *part.value();
+    if (src.size() != m.parts[static_cast<std::size_t>(r)].rows)
+      return status::corruption(who + ": '" + part_dir + "' holds " + std::to_string(src.size()) +
+                                " rows, the manifest's parts[" + std::to_string(r) +
+                                "].rows says " +
+                                std::to_string(m.parts[static_cast<std::size_t>(r)].rows));
+    EMBCACHE_RETURN_IF_ERROR(src.for_each(std::size_t{1} << 16,
+                                          [&](const Key* k, const float* rows,
+                                              const std::uint64_t* v, std::size_t n) -> status {
+                                            keep_keys.clear();
+                                            keep_rows.clear();
+                                            keep_versions.clear();
+                                            for (std::size_t i = 0; i < n; ++i) {
+                                              if (owner_of(k[i], world) != rank) continue;
+                                              keep_keys.push_back(k[i]);
+                                              keep_rows.insert(keep_rows.end(), rows + i * width,
+                                                               rows + (i + 1) * width);
+                                              keep_versions.push_back(v[i]);
+                                            }
+                                            return target.push(keep_keys.data(), keep_keys.size(),
+                                                               keep_rows.data(),
+                                                               keep_versions.data());
+                                          })
+                                 .with_context(who + ": reading '" + part_dir + "'"));
+  }
+  return m;
+}
+
+template <class Key>
+result<sharded_manifest> load_sharded(communicator& comm, const std::string& dir,
+                                      param_store<Key>& target, const part_opener<Key>& open) {
+  auto loaded = load_sharded_part(dir, comm.rank(), comm.size(), target, open);
+  EMBCACHE_RETURN_IF_ERROR(agree(comm, loaded.get_status(), "load_sharded of '" + dir + "'"));
+  // Every row of the save must land on exactly one rank: a key in two parts, or in a part whose
+  // rank does not own it, shows up here.
+  std::uint64_t total = target.size();
+  EMBCACHE_RETURN_IF_ERROR(comm.all_reduce_sum(&total, 1).with_context("load_sharded"));
+  status local;
+  if (total != loaded.value().total_rows)
+    local = status::corruption("load_sharded of '" + dir + "': the ranks loaded " +
+                               std::to_string(total) + " rows, the manifest's parts hold " +
+                               std::to_string(loaded.value().total_rows));
+  EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "load_sharded of '" + dir + "'"));
+  return loaded;
+}
+
+template part_opener<std::int64_t> host_store_part_opener<std::int64_t>();
+template status save_sharded<std::int64_t>(communicator&, param_store<std::int64_t>&,
+                                           const std::string&, const sharded_save_info&);
+template result<sharded_manifest> load_sharded_part<std::int64_t>(const std::string&, int, int,
+                                                                  param_store<std::int64_t>&,
+                                                                  const part_opener<std::int64_t>&);
+template result<sharded_manifest> load_sharded<std::int64_t>(communicator&, const std::string&,
+                                                             param_store<std::int64_t>&,
+                                                             const part_opener<std::int64_t>&);
+
+}  // namespace embcache

@@ -1,0 +1,305 @@
+// A table sharded by key owner: the requester's dedup/pool and the owner's host-hybrid rows.
+#include "embcache/distributed/sharded_table.hpp"
+
+#include "embcache/detail/host_algorithms.hpp"
+// The portable definitions need the host primitives above.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "embcache/detail/sparse_ops.inl"
+
+namespace embcache {
+namespace {
+
+template <class Key>
+status check_sharded_batch(const key_batch<Key>& batch, std::size_t blocks) {
+  const std::size_t bags = batch.num_bags();
+  if (batch.batch_size % blocks != 0)
+    return status::invalid_argument("batch of " + std::to_string(batch.batch_size) +
+                                    " samples does not split into this rank's " +
+                                    std::to_string(blocks) + " blocks of equal size");
+  if (bags == 0) {
+    if (batch.num_keys != 0)
+      return status::invalid_argument("batch without bags has " + std::to_string(batch.num_keys) +
+                                      " keys");
+    return {};
+  }
+  if (batch.offsets == nullptr) return status::invalid_argument("batch has no offsets");
+  if (batch.offsets[0] != 0)
+    return status::invalid_argument("batch offsets[0] is " + std::to_string(batch.offsets[0]) +
+                                    ", expected 0");
+  for (std::size_t b = 0; b < bags; ++b)
+    if (batch.offsets[b + 1] < batch.offsets[b])
+      return status::invalid_argument("batch offsets decrease at bag " + std::to_string(b));
+  if (static_cast<std::size_t>(batch.offsets[bags]) != batch.num_keys)
+    return status::invalid_argument("batch offsets end at " + std::to_string(batch.offsets[bags]) +
+                                    ", expected num_keys " + std::to_string(batch.num_keys));
+  if (batch.num_keys > 0 && batch.keys == nullptr)
+    return status::invalid_argument("batch of " + std::to_string(batch.num_keys) +
+                                    " occurrences has no keys");
+  return {};
+}
+
+// Bytes of an exchange that cross to other ranks (what a rank sends to itself stays local).
+std::uint64_t remote_bytes(const std::vector<std::size_t>& counts, int self, std::size_t elem) {
+  std::uint64_t total = 0;
+  for (std::size_t p = 0; p < counts.size(); ++p)
+    if (static_cast<int>(p) != self) total += counts[p] * elem;
+  return total;
+}
+
+}  // namespace
+
+template <class Key>
+sharded_table<Key>::sharded_table(communicator& comm, param_store<Key>& shard,
+                                  const sharded_table_options& options,
+                                  embedding_initializer<Key> init)
+    : comm_(comm), shard_(shard), options_(options) {
+  blocks_ = blocks_of_rank(options.num_blocks, comm.rank(), comm.size())
+                .value();  // throws invalid_argument naming the counts
+  table_ = std::make_unique<host_hybrid_table<Key>>(shard, options.table, std::move(init));
+}
+
+template <class Key>
+status sharded_table<Key>::forward(const key_batch<Key>& batch, float* out) {
+  pending_ = false;
+  stats_ = {};
+  const std::string who = "sharded_table::forward on rank " + std::to_string(comm_.rank());
+  EMBCACHE_RETURN_IF_ERROR(agree(comm_, check_sharded_batch(batch, blocks_.count).with_context(who),
+                                 "sharded_table::forward"));
+  EMBCACHE_RETURN_IF_ERROR(forward_impl(batch, out));
+  pending_ = true;
+  return {};
+}
+
+template <class Key>
+status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out) {
+  const host_space space{options_.table.max_threads};
+  const int world = comm_.size();
+  const std::size_t dim = options_.table.dim;
+  const std::size_t n = batch.num_keys;
+  const std::size_t bags = batch.num_bags();
+  batch_size_ = batch.batch_size;
+  num_slots_ = batch.num_slots;
+  offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
+
+  // Unique keys of the batch (ascending) and the unique index of every occurrence.
+  sorted_.resize(n);
+  order_.resize(n);
+  heads_.resize(n + 1);
+  run_id_.resize(n + 1);
+  run_start_.resize(n + 1);
+  inverse_.resize(n);
+  std::vector<Key> unique(n);
+  const std::size_t m =
+      detail::sort_and_group(space, batch.keys, n, sorted_.data(), order_.data(), heads_.data(),
+                             run_id_.data(), run_start_.data(), unique.data(), inverse_.data());
+  unique.resize(m);
+
+  // Group the unique keys by owner (a stable counting sort keeps them ascending in each group).
+  std::vector<int> owner(m);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(world), 0);
+  for (std::size_t u = 0; u < m; ++u) {
+    owner[u] = owner_of(unique[u], world);
+    ++counts[static_cast<std::size_t>(owner[u])];
+  }
+  owner_start_.assign(static_cast<std::size_t>(world) + 1, 0);
+  for (int p = 0; p < world; ++p) owner_start_[p + 1] = owner_start_[p] + counts[p];
+  std::vector<std::size_t> fill(owner_start_.begin(), owner_start_.end() - 1);
+  std::vector<std::int64_t> slot_of(m);
+  sent_keys_.resize(m);
+  for (std::size_t u = 0; u < m; ++u) {
+    const std::size_t s = fill[static_cast<std::size_t>(owner[u])]++;
+    sent_keys_[s] = unique[u];
+    slot_of[u] = static_cast<std::int64_t>(s);
+  }
+  occurrence_rows_.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    occurrence_rows_[i] = slot_of[static_cast<std::size_t>(inverse_[i])];
+
+  // Keys to their owners.
+  std::vector<Key> recv_keys;
+  std::vector<std::size_t> recv_counts;
+  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, sent_keys_, counts, recv_keys, recv_counts));
+  stats_.unique_keys = m;
+  stats_.remote_keys = m - counts[static_cast<std::size_t>(comm_.rank())];
+  stats_.min_bytes = std::uint64_t{m} * dim * sizeof(float);
+  stats_.bytes_sent += remote_bytes(counts, comm_.rank(), sizeof(Key)) + 8u * (world - 1);
+  stats_.bytes_received += remote_bytes(recv_counts, comm_.rank(), sizeof(Key)) + 8u * (world - 1);
+
+  // The owner's side: the keys every rank asked for, once each, looked up through the
+  // host-hybrid table (which initializes the missing ones).
+  const std::size_t r = recv_keys.size();
+  std::vector<std::int64_t> own_index(r);
+  sorted_.resize(r);
+  order_.resize(r);
+  heads_.resize(r + 1);
+  run_id_.resize(r + 1);
+  run_start_.resize(r + 1);
+  own_keys_.resize(r);
+  const std::size_t k = detail::sort_and_group(
+      space, recv_keys.data(), r, sorted_.data(), order_.data(), heads_.data(), run_id_.data(),
+      run_start_.data(), own_keys_.data(), own_index.data());
+  own_keys_.resize(k);
+  stats_.owned_keys = k;
+  std::vector<std::int64_t> own_offsets(k + 1);
+  for (std::size_t i = 0; i <= k; ++i) own_offsets[i] = static_cast<std::int64_t>(i);
+  std::vector<float> own_rows(k * dim);
+  const key_batch<Key> own_batch{k, 1, own_offsets.data(), own_keys_.data(), k};
+  EMBCACHE_RETURN_IF_ERROR(
+      agree(comm_,
+            table_->forward(own_batch, own_rows.data())
+                .with_context("sharded_table::forward on rank " + std::to_string(comm_.rank())),
+            "sharded_table::forward"));
+
+  // Embeddings back to the ranks that asked, in the order they asked.
+  std::vector<float> send_rows(r * dim);
+  for (std::size_t j = 0; j < r; ++j)
+    std::memcpy(send_rows.data() + j * dim,
+                own_rows.data() + static_cast<std::size_t>(own_index[j]) * dim,
+                dim * sizeof(float));
+  std::vector<std::size_t> row_counts(recv_counts), back_counts;
+  for (auto& c : row_counts) c *= dim;
+  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, send_rows, row_counts, recv_rows_, back_counts));
+  stats_.bytes_sent += remote_bytes(row_counts, comm_.rank(), sizeof(float)) + 8u * (world - 1);
+  stats_.bytes_received +=
+      remote_bytes(back_counts, comm_.rank(), sizeof(float)) + 8u * (world - 1);
+  for (int p = 0; p < world; ++p)
+    if (back_counts[p] != counts[p] * dim)
+      return status::internal("sharded_table::forward on rank " + std::to_string(comm_.rank()) +
+                              ": rank " + std::to_string(p) + " sent " +
+                              std::to_string(back_counts[p]) + " floats for " +
+                              std::to_string(counts[p]) + " keys of dim " + std::to_string(dim));
+
+  // Pool this rank's bags from the embeddings that arrived.
+  if (bags > 0) {
+    const slot_batch local{batch_size_, num_slots_, offsets_.data(), occurrence_rows_.data(), n};
+    lookup_combine(space, recv_rows_.data(), dim, dim, local, options_.table.comb, out);
+  }
+  return {};
+}
+
+template <class Key>
+status sharded_table<Key>::backward(const float* d_out) {
+  if (!pending_)
+    throw error(status_code::invalid_argument,
+                "sharded_table::backward on rank " + std::to_string(comm_.rank()) +
+                    " without a forward() since the last backward()");
+  pending_ = false;
+  return backward_impl(d_out);
+}
+
+template <class Key>
+status sharded_table<Key>::backward_impl(const float* d_out) {
+  const host_space space{options_.table.max_threads};
+  const int world = comm_.size();
+  const std::size_t dim = options_.table.dim;
+  const std::size_t record = sizeof(Key) + dim * sizeof(float);
+
+  // Per block, in block order: one partial per key of the block, summed over the block's
+  // occurrences in batch order. Each owner's records are kept block by block, so an owner that
+  // reads its senders in rank order meets a key's partials in global block order.
+  std::vector<std::vector<unsigned char>> to_owner(static_cast<std::size_t>(world));
+  const std::size_t samples = blocks_.count > 0 ? batch_size_ / blocks_.count : 0;
+  const std::size_t block_bags = samples * num_slots_;
+  std::vector<std::int64_t> block_offsets(block_bags + 1);
+  for (std::size_t j = 0; j < blocks_.count && block_bags > 0; ++j) {
+    const std::size_t b0 = j * block_bags;
+    const std::int64_t base = offsets_[b0];
+    for (std::size_t b = 0; b <= block_bags; ++b) block_offsets[b] = offsets_[b0 + b] - base;
+    const std::size_t occ = static_cast<std::size_t>(block_offsets[block_bags]);
+    const slot_batch block{samples, num_slots_, block_offsets.data(),
+                           occurrence_rows_.data() + base, occ};
+    aggregate_gradients(space, block, options_.table.comb, d_out + b0 * dim, dim, grads_);
+    std::size_t p = 0;
+    for (std::size_t i = 0; i < grads_.size; ++i) {
+      const auto s = static_cast<std::size_t>(grads_.rows.data()[i]);
+      while (s >= owner_start_[p + 1]) ++p;
+      auto& buf = to_owner[p];
+      const std::size_t at = buf.size();
+      buf.resize(at + record);
+      std::memcpy(buf.data() + at, &sent_keys_[s], sizeof(Key));
+      std::memcpy(buf.data() + at + sizeof(Key), grads_.values.data() + i * dim,
+                  dim * sizeof(float));
+    }
+    stats_.gradient_records += grads_.size;
+  }
+  std::vector<unsigned char> send;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(world));
+  for (int p = 0; p < world; ++p) {
+    counts[p] = to_owner[p].size();
+    send.insert(send.end(), to_owner[p].begin(), to_owner[p].end());
+  }
+  std::vector<unsigned char> recv;
+  std::vector<std::size_t> recv_counts;
+  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, send, counts, recv, recv_counts));
+  stats_.bytes_sent += remote_bytes(counts, comm_.rank(), 1) + 8u * (world - 1);
+  stats_.bytes_received += remote_bytes(recv_counts, comm_.rank(), 1) + 8u * (world - 1);
+
+  // The owner's canonical sum: every key starts at 0 and adds its partials in arrival order,
+  // which is rank order, then block order within a rank: global block order.
+  status local;
+  std::vector<float> partial(dim);
+  own_grads_.assign(own_keys_.size() * dim, 0.0f);
+  if (recv.size() % record != 0)
+    local = status::internal("received " + std::to_string(recv.size()) +
+                             " bytes of gradient records of " + std::to_string(record) + " bytes");
+  for (std::size_t at = 0; local.ok() && at < recv.size(); at += record) {
+    Key key;
+    std::memcpy(&key, recv.data() + at, sizeof(Key));
+    const auto it = std::lower_bound(own_keys_.begin(), own_keys_.end(), key);
+    if (it == own_keys_.end() || *it != key) {
+      local = status::internal("a gradient arrived for key " + std::to_string(key) +
+                               " that no rank looked up in this step");
+      break;
+    }
+    float* g = own_grads_.data() + static_cast<std::size_t>(it - own_keys_.begin()) * dim;
+    // Records are packed, so the floats are copied out before they are read.
+    std::memcpy(partial.data(), recv.data() + at + sizeof(Key), dim * sizeof(float));
+    for (std::size_t d = 0; d < dim; ++d) g[d] += partial[d];
+  }
+  // The host-hybrid table holds the rows of own_keys_ from the forward; a bag per key passes
+  // each summed gradient through unchanged (one occurrence: 0 + g).
+  if (local.ok()) local = table_->backward(own_grads_.data());
+  return agree(
+      comm_, local.with_context("sharded_table::backward on rank " + std::to_string(comm_.rank())),
+      "sharded_table::backward");
+}
+
+template <class Key>
+status sharded_table<Key>::save(const std::string& dir) {
+  sharded_save_info info;
+  info.table_name = shard_.table_name();
+  info.dim = options_.table.dim;
+  info.row_width = shard_.row_width();
+  info.optimizer = to_string(options_.table.optimizer.kind);
+  info.step = step();
+  info.num_blocks = options_.num_blocks;
+  return save_sharded(comm_, shard_, dir, info);
+}
+
+template <class Key>
+status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& open) {
+  auto manifest = read_sharded_manifest(dir);
+  status local = manifest.get_status();
+  if (local.ok()) {
+    const sharded_save_info& info = manifest.value().info;
+    const std::string kind = to_string(options_.table.optimizer.kind);
+    if (info.dim != options_.table.dim || info.optimizer != kind)
+      local = status::invalid_argument("sharded_table::load of '" + dir + "': the save holds " +
+                                       info.optimizer + " rows of dim " + std::to_string(info.dim) +
+                                       ", this table is " + kind + " of dim " +
+                                       std::to_string(options_.table.dim));
+  }
+  EMBCACHE_RETURN_IF_ERROR(agree(comm_, local, "sharded_table::load"));
+  auto loaded = load_sharded(comm_, dir, shard_, open);
+  if (!loaded.ok()) return loaded.get_status();
+  set_step(loaded.value().info.step);
+  return {};
+}
+
+template class sharded_table<std::int64_t>;
+
+}  // namespace embcache

@@ -1,0 +1,66 @@
+// A rank killed (SIGKILL) in the middle of a sharded save leaves the previous save whole: this
+// test runs a 2-rank job of the MPI test binary (kill_child_test.cpp) that saves, trains on and
+// dies inside its second save, then loads what is left in this process.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "embcache/distributed/sharded_save.hpp"
+#include "test_util.hpp"
+
+namespace embcache::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class sharded_save_kill_test : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(sharded_save_kill_test, last_complete_save_stays_loadable) {
+  std::string root = ::testing::TempDir() + "embcache-kill-XXXXXX";
+  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const std::string dir = root + "/save";
+  const std::string cmd = std::string("EMBCACHE_TEST_KILL_DIR='") + dir +
+                          "' EMBCACHE_TEST_KILL_MODE=" + GetParam() + " " +
+                          EMBCACHE_TEST_RUN_MPI " 2 '" EMBCACHE_TEST_MPI_BINARY
+                                                "' --gtest_filter=sharded_save_kill.child > '" +
+                          root + "/child.log' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log_in(root + "/child.log");
+  const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+  ASSERT_NE(rc, 0) << "the child job should have died:\n" << log;
+  // The first save completed (its expected rows are written after it), the second did not.
+  ASSERT_TRUE(fs::exists(dir + ".expected")) << log;
+  EXPECT_TRUE(fs::exists(dir + "/gen-000002")) << "the second save never started:\n" << log;
+
+  auto m = read_sharded_manifest(dir);
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().generation, 1u);
+  EXPECT_EQ(m.value().world_size, 2);
+  EXPECT_EQ(m.value().info.step, 2u);
+  const sharded_table_options o = table_options(optimizer_kind::adam, 4);
+  host_store<std::int64_t> one(store_options(o));
+  EMBCACHE_ASSERT_OK(load_sharded_part(dir, 0, 1, one));
+  const model got = read_store(one);
+  std::ifstream in(dir + ".expected", std::ios::binary);
+  std::vector<std::int64_t> keys(got.keys.size());
+  std::vector<float> rows(got.rows.size());
+  in.read(reinterpret_cast<char*>(keys.data()), keys.size() * 8);
+  in.read(reinterpret_cast<char*>(rows.data()), rows.size() * 4);
+  ASSERT_TRUE(in.good());
+  EXPECT_EQ(in.peek(), EOF) << "the expected model holds more rows than the save";
+  EXPECT_EQ(got.keys, keys);
+  EXPECT_EQ(got.rows, rows);
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(modes, sharded_save_kill_test,
+                         ::testing::Values("in_checkpoint", "before_publish"));
+
+}  // namespace
+}  // namespace embcache::test

@@ -1,0 +1,152 @@
+// Sharded saves on one rank: the layout, the generations, and a manifest that is refused field by
+// field when damaged (every error names the file and the field).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "common/status_assertions.hpp"
+#include "embcache/distributed/sharded_save.hpp"
+#include "embcache/distributed/sharded_table.hpp"
+#include "test_util.hpp"
+
+namespace embcache::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class sharded_manifest_test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = ::testing::TempDir() + "embcache-manifest-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    dir_ = root_ + "/save";
+    EMBCACHE_ASSERT_OK(train(table_, batch_spec{}, 0, 2));
+    EMBCACHE_ASSERT_OK(table_.save(dir_));
+    std::ifstream in(dir_ + "/manifest.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    manifest_ = nlohmann::json::parse(text.str());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Writes `m` as the manifest and returns what reading it gives.
+  status read_back(const nlohmann::json& m) {
+    std::ofstream(dir_ + "/manifest.json") << m.dump();
+    return read_sharded_manifest(dir_).get_status();
+  }
+  void expect_refused(const nlohmann::json& m, status_code code, const std::string& field) {
+    SCOPED_TRACE(field);
+    const status s = read_back(m);
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(dir_ + "/manifest.json"), std::string::npos) << s.to_string();
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.to_string();
+  }
+
+  sharded_table_options options_ = table_options(optimizer_kind::adam, 4);
+  single_process_communicator alone_;
+  host_store<std::int64_t> store_{store_options(options_)};
+  sharded_table<std::int64_t> table_{alone_, store_, options_};
+  std::string root_, dir_;
+  nlohmann::json manifest_;
+};
+
+TEST_F(sharded_manifest_test, layout_and_generations) {
+  EXPECT_EQ(manifest_["format"], "embcache.sharded_save");
+  EXPECT_EQ(manifest_["world_size"], 1);
+  EXPECT_EQ(manifest_["generation"], 1);
+  EXPECT_EQ(manifest_["step"], 2);
+  EXPECT_EQ(manifest_["optimizer"], "adam");
+  EXPECT_EQ(manifest_["owner_function"], owner_function_name);
+  EXPECT_EQ(manifest_["parts"][0]["path"], "gen-000001/rank-00000");
+  EXPECT_EQ(manifest_["parts"][0]["rows"], store_.size());
+  EXPECT_TRUE(fs::exists(dir_ + "/gen-000001/rank-00000/manifest.json"));
+  // A leftover generation of a crashed save is skipped over, and removed once a save publishes.
+  fs::create_directories(dir_ + "/gen-000007/rank-00003");
+  EMBCACHE_ASSERT_OK(table_.save(dir_));
+  auto m = read_sharded_manifest(dir_);
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().generation, 8u);
+  EXPECT_FALSE(fs::exists(dir_ + "/gen-000001"));
+  EXPECT_FALSE(fs::exists(dir_ + "/gen-000007"));
+  EXPECT_TRUE(fs::exists(dir_ + "/gen-000008/rank-00000"));
+}
+
+TEST_F(sharded_manifest_test, damaged_fields_are_refused_by_name) {
+  EMBCACHE_EXPECT_OK(read_back(manifest_));
+  auto with = [&](const char* key, nlohmann::json v) {
+    nlohmann::json m = manifest_;
+    m[key] = std::move(v);
+    return m;
+  };
+  expect_refused(with("format_version", 2), status_code::unsupported, "'format_version'");
+  expect_refused(with("format", "embcache.host_store"), status_code::invalid_argument, "'format'");
+  expect_refused(with("world_size", 0), status_code::corruption, "'world_size'");
+  expect_refused(with("world_size", -1), status_code::corruption, "'world_size'");
+  expect_refused(with("world_size", 2), status_code::corruption, "'parts'");
+  expect_refused(with("num_blocks", 0), status_code::corruption, "'num_blocks'");
+  expect_refused(with("row_width", 2), status_code::corruption, "'row_width'");
+  expect_refused(with("dim", "4"), status_code::corruption, "'dim'");
+  expect_refused(with("owner_function", "key % world"), status_code::unsupported,
+                 "'owner_function'");
+  nlohmann::json m = manifest_;
+  m["parts"][0]["path"] = "../../etc";
+  expect_refused(m, status_code::corruption, "'parts[0].path'");
+  m = manifest_;
+  m["parts"][0]["rank"] = 1;
+  expect_refused(m, status_code::corruption, "'parts[0].rank'");
+  m = manifest_;
+  m["parts"][0].erase("rows");
+  expect_refused(m, status_code::corruption, "'parts[0].rows'");
+  // Row counts whose sum overflows 64 bits.
+  m = manifest_;
+  m["world_size"] = 2;
+  m["parts"][0]["rows"] = UINT64_MAX;
+  m["parts"][1] = {{"rank", 1}, {"path", "gen-000001/rank-00001"}, {"rows", 2}};
+  expect_refused(m, status_code::corruption, "'parts[1].rows'");
+  std::ofstream(dir_ + "/manifest.json") << manifest_.dump().substr(0, 40);
+  EXPECT_EQ(read_sharded_manifest(dir_).get_status().code(), status_code::corruption);
+  fs::remove(dir_ + "/manifest.json");
+  EXPECT_EQ(read_sharded_manifest(dir_).get_status().code(), status_code::not_found);
+}
+
+TEST_F(sharded_manifest_test, loads_check_the_parts_and_the_target) {
+  // A part with another row count than the manifest says.
+  nlohmann::json m = manifest_;
+  m["parts"][0]["rows"] = store_.size() + 1;
+  EMBCACHE_ASSERT_OK(read_back(m));
+  host_store<std::int64_t> target(store_options(options_));
+  status s = load_sharded_part(dir_, 0, 1, target).get_status();
+  EXPECT_EQ(s.code(), status_code::corruption);
+  EXPECT_NE(s.message().find("parts[0].rows"), std::string::npos) << s.to_string();
+  EMBCACHE_ASSERT_OK(read_back(manifest_));
+  // Another table, another width, a target that is not empty.
+  host_store_options other = store_options(options_);
+  other.table_name = "u";
+  host_store<std::int64_t> wrong_table(other);
+  EXPECT_EQ(load_sharded_part(dir_, 0, 1, wrong_table).get_status().code(), status_code::not_found);
+  other = store_options(options_);
+  other.row_width += 1;
+  host_store<std::int64_t> wrong_width(other);
+  EXPECT_EQ(load_sharded_part(dir_, 0, 1, wrong_width).get_status().code(),
+            status_code::invalid_argument);
+  EMBCACHE_ASSERT_OK(load_sharded_part(dir_, 0, 1, target));
+  EXPECT_TRUE(read_store(target).same_rows_and_versions(read_store(store_)));
+  EXPECT_EQ(load_sharded_part(dir_, 0, 1, target).get_status().code(),
+            status_code::invalid_argument);
+  // A table of another optimizer refuses the save.
+  sharded_table_options sgd = table_options(optimizer_kind::sgd, 4);
+  host_store_options so = store_options(sgd);
+  so.row_width = store_options(options_).row_width;  // same width, other optimizer
+  host_store<std::int64_t> sgd_store(so);
+  sharded_table<std::int64_t> sgd_table(alone_, sgd_store, sgd);
+  EXPECT_EQ(sgd_table.load(dir_).code(), status_code::invalid_argument);
+}
+
+}  // namespace
+}  // namespace embcache::test

@@ -1,0 +1,15 @@
+#!/bin/sh
+# run_mpi.sh MPIEXEC NP PROGRAM [ARGS...]: mpirun as the tests need it on one machine, in a
+# container or not. Shared memory (vader) and self transports only; CMA single copy off, as
+# containers forbid ptrace; --oversubscribe for more ranks than cores; --allow-run-as-root when
+# run as root (CI).
+set -eu
+mpiexec=$1
+np=$2
+shift 2
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_MCA_btl=self,vader
+export OMPI_MCA_rmaps_base_oversubscribe=1
+root=""
+if [ "$(id -u)" = 0 ]; then root="--allow-run-as-root"; fi
+exec "$mpiexec" -np "$np" --oversubscribe $root "$@"
