@@ -699,22 +699,4 @@ void to_json(json& j, const trainer_config& c) {
            {"blas_threads", c.blas_threads}};
 }
 
-void to_json(json& j, const pass_metrics& m) {
-  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-  j = json{{"pass", m.pass},
-           {"samples", m.samples},
-           {"steps", m.steps},
-           {"train_loss", num(m.train_loss)},
-           {"eval_auc", num(m.eval_auc)},
-           {"eval_logloss", num(m.eval_logloss)},
-           {"swap_seconds", m.swap_seconds},
-           {"rows_in", m.rows_in},
-           {"rows_out", m.rows_out},
-           {"hit_rate", num(m.hit_rate)},
-           {"samples_per_s", m.samples_per_s},
-           {"seconds", m.seconds},
-           {"rows_exported", m.rows_exported},
-           {"export_path", m.export_path}};
-}
-
 }  // namespace embcache
