@@ -10,7 +10,7 @@
 namespace embcache::test {
 namespace {
 
-TEST(Trainer, ResumeEqualsAnUninterruptedRun) {
+TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
   trainer_config whole = small_config("whole");
   size_to_largest_shard(whole);
   const run_result rw = run(whole);
@@ -25,10 +25,10 @@ TEST(Trainer, ResumeEqualsAnUninterruptedRun) {
   rest.resume_from = first.save_dir;
   rest.save_dir = temp_dir("rest") + "/save";
   auto t = trainer::create(rest);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->passes_done(), 1u);
   EXPECT_EQ(t.value()->step(), 24u);
-  ASSERT_TRUE(t.value()->run().ok());
+  EMBCACHE_ASSERT_OK(t.value()->run());
   EXPECT_EQ(t.value()->step(), rw.step);
   ASSERT_EQ(t.value()->history().size(), 3u);
   EXPECT_EQ(t.value()->history()[2].pass, 3u);
@@ -57,7 +57,7 @@ std::map<std::string, std::string> files_of(const std::string& dir) {
   return files;
 }
 
-TEST(TrainerCheckpoint, ASaveCutShortBetweenItsRenamesLoadsFromThePreviousFolder) {
+TEST(trainer_checkpoint, a_save_cut_short_between_its_renames_loads_from_the_previous_folder) {
   trainer_config c = small_config("cut_short");
   c.passes = {c.passes[0]};
   run(c);
@@ -110,7 +110,7 @@ class file_size_limit {
   bool ok_ = false;
 };
 
-TEST(TrainerCheckpoint, AFailedDenseWriteLeavesThePreviousSaveWhole) {
+TEST(trainer_checkpoint, a_failed_dense_write_leaves_the_previous_save_whole) {
   trainer_config c = small_config("dense_fails");
   c.passes = {c.passes[0], c.passes[1]};
   c.model.hidden = {2048};  // dense.bin of about 10 MB, larger than every sparse file

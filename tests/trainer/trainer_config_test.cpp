@@ -8,7 +8,7 @@
 namespace embcache::test {
 namespace {
 
-TEST(TrainerConfig, ErrorsNameTheField) {
+TEST(trainer_config, errors_name_the_field) {
   auto err = [](const json& j) {
     auto c = trainer_config_from_json(j);
     return c.ok() ? std::string("ok") : c.get_status().message();
@@ -60,7 +60,7 @@ TEST(TrainerConfig, ErrorsNameTheField) {
     j = base;
     j["dense_device"] = d;
     auto parsed = trainer_config_from_json(j);
-    ASSERT_TRUE(parsed.ok()) << d;
+    EMBCACHE_ASSERT_OK(parsed) << d;
     EXPECT_EQ(parsed.value().dense_device, d);
   }
   EXPECT_EQ(trainer_config{}.dense_device, "auto");
@@ -74,7 +74,7 @@ TEST(TrainerConfig, ErrorsNameTheField) {
       {{"name", "wide"}},
       {{"name", "deep"}, {"dim", 8}, {"capacity", 3000}, {"slots", 5000}, {"max_resident", 4000}}};
   auto c = trainer_config_from_json(j);
-  ASSERT_TRUE(c.ok());
+  EMBCACHE_ASSERT_OK(c);
   EXPECT_EQ(c.value().tables[1].slots, 5000u);
   EXPECT_EQ(c.value().tables[1].max_resident, 4000u);
   EXPECT_EQ(c.value().tables[0].dim, 1u);
@@ -82,7 +82,7 @@ TEST(TrainerConfig, ErrorsNameTheField) {
   EXPECT_EQ(c.value().tables[1].dim, 8u);
   const json full = c.value();
   auto again = trainer_config_from_json(full);
-  ASSERT_TRUE(again.ok()) << again.get_status().to_string();
+  EMBCACHE_ASSERT_OK(again);
   EXPECT_EQ(json(again.value()), full);
 }
 
@@ -98,7 +98,7 @@ struct factory_guard {
   ~factory_guard() { set_cuda_dense_backend_factory(nullptr); }
 };
 
-TEST(TrainerDenseDevice, CudaIsAClearErrorWithoutTheCudaSpace) {
+TEST(trainer_dense_device, cuda_is_a_clear_error_without_the_cuda_space) {
   ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
   trainer_config c = small_config("dense_device");
   c.dense_device = "cuda";
@@ -115,55 +115,55 @@ TEST(TrainerDenseDevice, CudaIsAClearErrorWithoutTheCudaSpace) {
             "config.dense_device: \"tpu\" is not a device (host, cuda, auto)");
 }
 
-TEST(TrainerDenseDevice, AutoAndHostSayWhereTheNetworkRuns) {
+TEST(trainer_dense_device, auto_and_host_say_where_the_network_runs) {
   ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
   trainer_config c = small_config("dense_auto");
   c.passes = {{{shard(0)}}};
   c.save_dir.clear();
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   EXPECT_STREQ(t.value()->model().device(), "host");
   EXPECT_EQ(t.value()->dense_note(),
             "dense network on host (auto: this program has no cuda space)");
   std::vector<std::string> lines;
   t.value()->set_log([&](const std::string& l) { lines.push_back(l); });
-  ASSERT_TRUE(t.value()->run().ok());
+  EMBCACHE_ASSERT_OK(t.value()->run());
   ASSERT_GE(lines.size(), 2u);
   EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
   c.dense_device = "host";
   t = trainer::create(c);
-  ASSERT_TRUE(t.ok());
+  EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->dense_note(), "dense network on host");
 }
 
-TEST(TrainerDenseDevice, BlasThreadsSetsOpenBlasAndZeroLeavesIt) {
+TEST(trainer_dense_device, blas_threads_sets_openblas_and_zero_leaves_it) {
   const int before = set_host_blas_threads(0);
   ASSERT_GE(before, 1);
   trainer_config c = small_config("blas_threads");
   c.blas_threads = 0;
-  ASSERT_TRUE(trainer::create(c).ok());
+  EMBCACHE_ASSERT_OK(trainer::create(c));
   EXPECT_EQ(set_host_blas_threads(0), before);
   c.blas_threads = before + 1;
-  ASSERT_TRUE(trainer::create(c).ok());
+  EMBCACHE_ASSERT_OK(trainer::create(c));
   EXPECT_EQ(set_host_blas_threads(0), before + 1);
   set_host_blas_threads(before);
   EXPECT_EQ(set_host_blas_threads(0), before);
 }
 
-TEST(TrainerDenseDevice, AutoUsesTheRegisteredFactoryOnlyWithADevice) {
+TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) {
   factory_guard guard;
   set_cuda_dense_backend_factory(&fake_cuda);
   fake_cuda_builds = 0;
   std::string note;
   const bool device = cuda_device_available();
   auto b = make_dense_backend("auto", wide_deep_options{}, host_space{}, &note, "f");
-  ASSERT_TRUE(b.ok());
+  EMBCACHE_ASSERT_OK(b);
   EXPECT_EQ(fake_cuda_builds, device ? 1 : 0);
   EXPECT_EQ(note, device ? "dense network on host (auto: CUDA device present)"
                          : "dense network on host (auto: no CUDA device)");
   auto c = make_dense_backend("cuda", wide_deep_options{}, host_space{}, &note, "f");
   if (device) {
-    ASSERT_TRUE(c.ok());
+    EMBCACHE_ASSERT_OK(c);
     EXPECT_EQ(fake_cuda_builds, 2);
   } else {
     ASSERT_FALSE(c.ok());
@@ -173,7 +173,7 @@ TEST(TrainerDenseDevice, AutoUsesTheRegisteredFactoryOnlyWithADevice) {
 
 // --- configuration ranges and memory ---------------------------------------------------------
 
-TEST(TrainerConfig, NumbersOutOfRangeNameTheFieldAndTheRange) {
+TEST(trainer_config, numbers_out_of_range_name_the_field_and_the_range) {
   auto err = [](const std::string& text) {
     auto c = trainer_config_from_text(text);
     return c.ok() ? std::string("ok") : c.get_status().message();
@@ -264,11 +264,11 @@ TEST(TrainerConfig, NumbersOutOfRangeNameTheFieldAndTheRange) {
             "config.tables[0].optimizer.learning_rate: expected a finite number > 0, got inf");
 }
 
-TEST(TrainerMemory, TooLargeForMemoryNamesTheFieldAndTheBytes) {
+TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
   c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
-  EXPECT_TRUE(check_memory(c, std::uint64_t{1} << 30).ok());
+  EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{1} << 30));
   status s = check_memory(c, 100'000'000);
   EXPECT_EQ(s.code(), status_code::capacity_exceeded);
   EXPECT_EQ(s.message(),
@@ -352,7 +352,7 @@ int create_under_an_address_space_limit() {
   return t.get_status().code() == status_code::capacity_exceeded ? 0 : 5;
 }
 
-TEST(TrainerMemory, AllocationFailureIsAStatusNamingTheTables) {
+TEST(trainer_memory, allocation_failure_is_a_status_naming_the_tables) {
 #ifdef EMBCACHE_TEST_ASAN
   GTEST_SKIP() << "AddressSanitizer reserves more address space than the cap leaves";
 #else

@@ -16,18 +16,18 @@ std::string poisoned_shard(std::size_t i, std::uint64_t row, const std::string& 
   const std::string dir = temp_dir(name);
   const std::string src = dataset() + "/" + shard(i);
   auto d = read_shard(src);
-  EXPECT_TRUE(d.ok()) << d.get_status().to_string();
+  EMBCACHE_EXPECT_OK(d);
   const std::size_t crossed_count = d.value().header.num_crossed;
   auto w = shard_writer::create(dir + "/poisoned.bin", crossed_count);
-  EXPECT_TRUE(w.ok());
+  EMBCACHE_EXPECT_OK(w);
   std::vector<std::int64_t> crossed(crossed_count);
   for (std::uint64_t r = 0; r < d.value().header.rows; ++r) {
     criteo_sample sample;
     d.value().get(r, sample, crossed.data());
     if (r == row) sample.dense[3] = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_TRUE(w.value()->append(sample, crossed.data()).ok());
+    EMBCACHE_EXPECT_OK(w.value()->append(sample, crossed.data()));
   }
-  EXPECT_TRUE(w.value()->finish().ok());
+  EMBCACHE_EXPECT_OK(w.value()->finish());
   const std::string base = src.substr(0, src.size() - 4);
   fs::copy_file(base + ".keys", dir + "/poisoned.keys");
   fs::copy_file(base + ".cross.keys", dir + "/poisoned.cross.keys");
@@ -49,7 +49,7 @@ const std::string stops_without_saving =
     "; the run stops here, saving and exporting nothing (lower the learning rates, check the data "
     "for non-finite features)";
 
-TEST(TrainerData, NaNInTheDataStopsAtItsStepNamingPassStepAndShard) {
+TEST(trainer_data, nan_in_the_data_stops_at_its_step_naming_pass_step_and_shard) {
   trainer_config c = small_config("nan_data");
   const std::string root = fs::path(c.save_dir).parent_path().string();
   const std::string poisoned = poisoned_shard(1, 200, "nan_data_shard");
@@ -58,7 +58,7 @@ TEST(TrainerData, NaNInTheDataStopsAtItsStepNamingPassStepAndShard) {
   c.output_dir = root + "/out";
   c.save_every_pass = true;
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   const status s = t.value()->run();
   // Pass 1 has 12 steps (1,500 rows, batch 128); sample 200 is in the second batch of pass 2.
   EXPECT_EQ(s.code(), status_code::invalid_argument);
@@ -83,7 +83,7 @@ TEST(TrainerData, NaNInTheDataStopsAtItsStepNamingPassStepAndShard) {
   e.eval_shard = poisoned;
   e.export_dir = eroot + "/exports";
   t = trainer::create(e);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->run().message(),
             "pass 1 step 12, evaluation on " + poisoned +
                 ": samples 128..255 hold 1 non-finite dense features or labels");
@@ -91,7 +91,7 @@ TEST(TrainerData, NaNInTheDataStopsAtItsStepNamingPassStepAndShard) {
   EXPECT_EQ(entries(e.export_dir), 0u);
 }
 
-TEST(TrainerDivergence, HugeLearningRateEndsTheRunFastWithoutSaving) {
+TEST(trainer_divergence, huge_learning_rate_ends_the_run_fast_without_saving) {
   trainer_config c = small_config("huge_lr");
   const std::string root = fs::path(c.save_dir).parent_path().string();
   c.passes = {{{shard(0), shard(1)}}, {{shard(2)}}};
@@ -99,7 +99,7 @@ TEST(TrainerDivergence, HugeLearningRateEndsTheRunFastWithoutSaving) {
   c.tables[1].optimizer.learning_rate = 1e30f;
   c.export_dir = root + "/exports";
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   const auto t0 = std::chrono::steady_clock::now();
   const status s = t.value()->run();
   const double seconds =
@@ -127,7 +127,7 @@ void poison_dense_state(const std::string& save, std::size_t offset) {
   std::ofstream(save + "/dense.bin", std::ios::binary | std::ios::trunc) << blob;
 }
 
-TEST(TrainerDivergence, NonFiniteDenseStateAfterThePassIsNotSaved) {
+TEST(trainer_divergence, non_finite_dense_state_after_the_pass_is_not_saved) {
   // A save whose wide bias has a NaN Adam second moment: the next dense update makes the bias
   // NaN. With one step in the pass no loss sees it; the end-of-pass check must.
   trainer_config first = small_config("nan_dense_first");
@@ -141,7 +141,7 @@ TEST(TrainerDivergence, NonFiniteDenseStateAfterThePassIsNotSaved) {
   next.resume_from = first.save_dir;
   next.export_dir = root + "/exports";
   auto t = trainer::create(next);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   const status s = t.value()->run();
   EXPECT_EQ(s.message(),
             "pass 2 step 13 (the pass's last step): training diverged: the dense weights or their "
@@ -151,7 +151,7 @@ TEST(TrainerDivergence, NonFiniteDenseStateAfterThePassIsNotSaved) {
   EXPECT_EQ(entries(next.export_dir), 0u);
 }
 
-TEST(TrainerDivergence, NonFiniteLogitsMarkTheModelDivergedAndNothingIsSaved) {
+TEST(trainer_divergence, non_finite_logits_mark_the_model_diverged_and_nothing_is_saved) {
   // A NaN wide bias reaches every logit. Evaluation says so, and from then on the trainer
   // neither saves, nor exports, nor trains.
   trainer_config first = small_config("nan_bias_first");
@@ -163,7 +163,7 @@ TEST(TrainerDivergence, NonFiniteLogitsMarkTheModelDivergedAndNothingIsSaved) {
   next.resume_from = first.save_dir;
   next.export_dir = root + "/exports";
   auto t = trainer::create(next);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   auto e = t.value()->evaluate();
   ASSERT_FALSE(e.ok());
   const std::string expected = "pass 1 step 12, evaluation on " + next.data_dir + "/" + shard(5) +

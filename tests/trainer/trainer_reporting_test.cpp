@@ -37,7 +37,7 @@ std::uintmax_t file_size_or_zero(const std::string& p) {
   return ec ? 0 : n;
 }
 
-TEST(TrainerPlot, AnOutputDirWithShellCharactersPlotsWithoutAShell) {
+TEST(trainer_plot, an_output_dir_with_shell_characters_plots_without_a_shell) {
   if (!gnuplot_on_path()) GTEST_SKIP() << "gnuplot is not on the PATH";
   const std::string root = temp_dir("plot_quote");
   // Pasted into `cd '<dir>' && gnuplot ...` this name would run `touch <root>/pwned`.
@@ -45,7 +45,7 @@ TEST(TrainerPlot, AnOutputDirWithShellCharactersPlotsWithoutAShell) {
                           "/pwned2);`touch " + root + "/pwned3`";
   std::string note;
   const status s = plot_metrics(dir, two_passes(true), &note);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   EXPECT_FALSE(fs::exists(root + "/pwned"));
   EXPECT_FALSE(fs::exists(root + "/pwned2"));
   EXPECT_FALSE(fs::exists(root + "/pwned3"));
@@ -58,17 +58,17 @@ TEST(TrainerPlot, AnOutputDirWithShellCharactersPlotsWithoutAShell) {
   fs::current_path(root);
   const status rel = plot_metrics("<touch pwned4", two_passes(true), &note);
   fs::current_path(cwd);
-  EXPECT_TRUE(rel.ok()) << rel.to_string();
+  EMBCACHE_EXPECT_OK(rel);
   EXPECT_FALSE(fs::exists(root + "/pwned4"));
   EXPECT_GT(file_size_or_zero(root + "/<touch pwned4/loss.png"), 0u);
 }
 
-TEST(TrainerPlot, NoEvalShardMeansNoAucPlot) {
+TEST(trainer_plot, no_eval_shard_means_no_auc_plot) {
   const std::string dir = temp_dir("plot_no_eval");
   std::ofstream(dir + "/auc.png") << "an image of an earlier run";
   std::string note;
   const status s = plot_metrics(dir, two_passes(false), &note);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   EXPECT_FALSE(fs::exists(dir + "/auc.png"));
   const std::string gp = read_bytes(dir + "/plot.gp");
   EXPECT_EQ(gp.find("auc.png"), std::string::npos) << gp;
@@ -81,14 +81,14 @@ TEST(TrainerPlot, NoEvalShardMeansNoAucPlot) {
   std::vector<pass_metrics> none(1);
   none[0].pass = 1;
   none[0].train_loss = none[0].eval_auc = none[0].eval_logloss = std::nan("");
-  ASSERT_TRUE(plot_metrics(dir, none, &note).ok());
+  EMBCACHE_ASSERT_OK(plot_metrics(dir, none, &note));
   EXPECT_FALSE(fs::exists(dir + "/loss.png"));
   EXPECT_FALSE(fs::exists(dir + "/auc.png"));
   EXPECT_EQ(note,
             "wrote " + dir + "/plot.gp and metrics.tsv, no loss.png (no finite loss)" + skipped);
 }
 
-TEST(TrainerPlot, WriteErrorsNameTheFile) {
+TEST(trainer_plot, write_errors_name_the_file) {
   // Both files replace the previous ones atomically: a folder in the way fails the rename.
   for (const char* file : {"metrics.tsv", "plot.gp"}) {
     const std::string dir = temp_dir(std::string("plot_blocked_") + file);
@@ -108,7 +108,7 @@ TEST(TrainerPlot, WriteErrorsNameTheFile) {
       << s.message();
 }
 
-TEST(TrainerMetrics, AFullDiskFailsTheRunNamingMetricsJsonl) {
+TEST(trainer_metrics, a_full_disk_fails_the_run_naming_metrics_jsonl) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   trainer_config c = small_config("metrics_full");
   c.passes = {{{shard(0)}}};
@@ -116,7 +116,7 @@ TEST(TrainerMetrics, AFullDiskFailsTheRunNamingMetricsJsonl) {
   c.output_dir = temp_dir("metrics_full_out");
   fs::create_symlink("/dev/full", c.output_dir + "/metrics.jsonl");
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   const status s = t.value()->run();
   EXPECT_EQ(s.code(), status_code::out_of_space) << s.to_string();
   EXPECT_EQ(s.message(),
@@ -144,13 +144,13 @@ trainer_config step_config(const std::string& name) {
   return c;
 }
 
-TEST(TrainerMetrics, StepMetricsHoldALinePerLogIntervalAndTheCallbackGetsEveryLine) {
+TEST(trainer_metrics, step_metrics_hold_a_line_per_log_interval_and_the_callback_gets_every_line) {
   const trainer_config c = step_config("steps");
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   std::vector<std::string> log;  // as an embedder sees it: no timestamp, no level
   t.value()->set_log([&](const std::string& l) { log.push_back(l); });
-  ASSERT_TRUE(t.value()->run().ok());
+  EMBCACHE_ASSERT_OK(t.value()->run());
 
   // metrics_steps.jsonl: steps 5 and 10 of pass 1, 17 and 22 (5 and 10 of pass 2).
   const std::vector<std::string> jsonl = lines_of(c.output_dir + "/metrics_steps.jsonl");
@@ -198,16 +198,16 @@ TEST(TrainerMetrics, StepMetricsHoldALinePerLogIntervalAndTheCallbackGetsEveryLi
       << log[7];
 }
 
-TEST(TrainerPlot, TheScriptHasIntegerPassTicksALegendOffTheCurvesAndTheStepCurve) {
+TEST(trainer_plot, the_script_has_integer_pass_ticks_a_legend_off_the_curves_and_the_step_curve) {
   trainer_config c = step_config("plot_steps");
   c.passes.resize(1);
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   t.value()->set_log([](const std::string&) {});
-  ASSERT_TRUE(t.value()->run().ok());
+  EMBCACHE_ASSERT_OK(t.value()->run());
   std::string note;
   const status s = plot_metrics(c.output_dir, t.value()->history(), &note);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   const std::string gp = read_bytes(c.output_dir + "/plot.gp");
   for (const char* want :
        {"\nset xrange [0:1]\nset xtics 1\nset format x '%.0f'\n",
@@ -228,7 +228,7 @@ TEST(TrainerPlot, TheScriptHasIntegerPassTicksALegendOffTheCurvesAndTheStepCurve
     many[i].eval_auc = many[i].eval_logloss = std::nan("");
   }
   const std::string dir = temp_dir("plot_many");
-  ASSERT_TRUE(plot_metrics(dir, many, &note).ok());
+  EMBCACHE_ASSERT_OK(plot_metrics(dir, many, &note));
   const std::string gp12 = read_bytes(dir + "/plot.gp");
   EXPECT_NE(gp12.find("\nset xrange [0:12]\nset xtics 2\nset format x '%.0f'\n"), std::string::npos)
       << gp12;
@@ -266,7 +266,7 @@ json cli_config(const std::string& root) {
           {"output_dir", root + "/out"}, {"save_dir", root + "/save"}};
 }
 
-TEST(TrainerCli, FailuresExitNonZeroAndSayWhy) {
+TEST(trainer_cli, failures_exit_non_zero_and_say_why) {
   // A full disk under metrics.jsonl.
   std::string root = temp_dir("cli_full");
   json c = cli_config(root);
@@ -303,7 +303,7 @@ TEST(TrainerCli, FailuresExitNonZeroAndSayWhy) {
       << r.output;
 }
 
-TEST(TrainerCli, LinesCarryATimestampAndALevel) {
+TEST(trainer_cli, lines_carry_a_timestamp_and_a_level) {
   const std::string root = temp_dir("cli_log");
   json c = cli_config(root);
   c["log_interval"] = 5;
@@ -328,7 +328,7 @@ TEST(TrainerCli, LinesCarryATimestampAndALevel) {
       << bad.output;
 }
 
-TEST(TrainerCli, NoEvalShardPlotsTheLossOnly) {
+TEST(trainer_cli, no_eval_shard_plots_the_loss_only) {
   const std::string root = temp_dir("cli_plot");
   const cli_result r = train_cli(root, cli_config(root));
   EXPECT_EQ(r.exit_code, 0) << r.output;

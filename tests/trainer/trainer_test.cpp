@@ -8,7 +8,7 @@
 namespace embcache::test {
 namespace {
 
-TEST(Trainer, LearnsOnSyntheticData) {
+TEST(trainer, learns_on_synthetic_data) {
   trainer_config c = small_config("learns");
   c.save_dir.clear();
   c.output_dir = temp_dir("learns") + "/out";
@@ -32,7 +32,7 @@ TEST(Trainer, LearnsOnSyntheticData) {
   EXPECT_EQ(lines, 3u);
 }
 
-TEST(Trainer, SwappingChangesNoBitOfTheModel) {
+TEST(trainer, swapping_changes_no_bit_of_the_model) {
   // Everything resident, against a keyset-mode cache the size of the largest shard's keyset
   // (every pass evicts) and an on-demand cache of 10% of each table.
   trainer_config full = small_config("full");
@@ -71,7 +71,7 @@ TEST(Trainer, SwappingChangesNoBitOfTheModel) {
 
 // A dataset prepared with HugeCTR's raw keysets (its manifest says keyset_format hugectr_raw)
 // trains to the same bits as the same data with our keysets.
-TEST(TrainerData, AHugeCtrRawKeysetDatasetTrainsLikeOurs) {
+TEST(trainer_data, a_hugectr_raw_keyset_dataset_trains_like_ours) {
   const std::string raw = temp_dir("raw_data");
   synth_options so;
   so.rows = 9000;
@@ -81,7 +81,7 @@ TEST(TrainerData, AHugeCtrRawKeysetDatasetTrainsLikeOurs) {
   wo.rows_per_shard = 1500;
   wo.keyset = keyset_format::hugectr_raw;
   auto made = write_synth_dataset(so, wo, /*cross=*/true);
-  ASSERT_TRUE(made.ok()) << made.get_status().to_string();
+  EMBCACHE_ASSERT_OK(made);
   // The raw keysets have no header: our reader refuses them, so only the manifest makes it work.
   EXPECT_FALSE(read_keyset<std::int64_t>(raw + "/shard-00000.keys").ok());
 
@@ -99,7 +99,7 @@ TEST(TrainerData, AHugeCtrRawKeysetDatasetTrainsLikeOurs) {
   expect_same_model(ours.save_dir, theirs.save_dir);
 }
 
-TEST(Trainer, HostHybridAgreesWithTheCache) {
+TEST(trainer, host_hybrid_agrees_with_the_cache) {
   trainer_config cached = small_config("cached");
   size_to_largest_shard(cached);
   const run_result rc = run(cached);
@@ -157,13 +157,13 @@ trainer_config criteo_config(const std::vector<shard_files>& shards) {
 
 std::vector<criteo_sample> read_samples(const std::string& path) {
   auto d = read_shard(path);
-  EXPECT_TRUE(d.ok()) << d.get_status().to_string();
+  EMBCACHE_EXPECT_OK(d);
   std::vector<criteo_sample> out(d.ok() ? d.value().header.rows : 0);
   for (std::size_t i = 0; i < out.size(); ++i) d.value().get(i, out[i]);
   return out;
 }
 
-TEST(Trainer, RealCriteoSampleReachesAuc065) {
+TEST(trainer, real_criteo_sample_reaches_auc_0_65) {
   const auto& shards = criteo_shards();
   if (shards.empty()) GTEST_SKIP() << "no Criteo sample at '" << EMBCACHE_CRITEO_SAMPLE_DIR << "'";
   ASSERT_GE(shards.size(), 2u);
@@ -175,7 +175,7 @@ TEST(Trainer, RealCriteoSampleReachesAuc065) {
 // The cache-backed trainer against the plain loop of in_memory.hpp (row arrays, no cache, no
 // store) with the same model, optimizers, learning rates, batch size, seeds and sample order
 // (no shuffling: both take the shard's records in file order).
-TEST(Trainer, RealCriteoSampleAgreesWithThePlainReference) {
+TEST(trainer, real_criteo_sample_agrees_with_the_plain_reference) {
   const auto& shards = criteo_shards();
   if (shards.empty()) GTEST_SKIP() << "no Criteo sample at '" << EMBCACHE_CRITEO_SAMPLE_DIR << "'";
   ASSERT_GE(shards.size(), 2u);
@@ -197,7 +197,7 @@ TEST(Trainer, RealCriteoSampleAgreesWithThePlainReference) {
   ASSERT_EQ(c.tables[0].init_scale, 0.0f);  // the reference starts wide rows at 0
   auto ref = train_wide_deep_in_memory(read_samples(shards[0].shard),
                                        read_samples(shards.back().shard), o);
-  ASSERT_TRUE(ref.ok()) << ref.get_status().to_string();
+  EMBCACHE_ASSERT_OK(ref);
   EXPECT_EQ(ref.value().steps, r.step);
   const double auc = r.history[0].eval_auc, ref_auc = ref.value().eval_auc;
   std::printf("real Criteo sample: trainer AUC %.5f, plain reference AUC %.5f (diff %+.5f)\n", auc,

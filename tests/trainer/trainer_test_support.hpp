@@ -128,10 +128,10 @@ struct run_result {
 
 inline run_result run(const trainer_config& c) {
   auto t = trainer::create(c);
-  EXPECT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_EXPECT_OK(t);
   if (!t.ok()) return {};
   const status s = t.value()->run();
-  EXPECT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_EXPECT_OK(s);
   run_result r;
   r.history = t.value()->history();
   for (const auto& tc : t.value()->cache().counters().total) r.totals += tc;
@@ -147,7 +147,7 @@ inline std::size_t count_keys(const trainer_config& c, const char* file) {
       for (const std::string& f : {base + ".keys", base + ".cross.keys"}) {
         if (std::string(file) == "deep" && f.find(".cross.") != std::string::npos) continue;
         auto k = read_keyset<std::int64_t>(f);
-        EXPECT_TRUE(k.ok());
+        EMBCACHE_EXPECT_OK(k);
         all.insert(all.end(), k.value().begin(), k.value().end());
       }
     }
