@@ -7,7 +7,6 @@
 #include <map>
 #include <utility>
 
-#include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/sparse_ops.hpp"

@@ -1,6 +1,7 @@
 // The trainer's checkpoints: save() stages the whole save (sparse tables, dense.bin,
 // trainer.json) in a sibling folder, fsyncs it and publishes it in place of the previous one;
 // load() reads the published save, or the previous one when a publish was cut short.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
