@@ -106,7 +106,7 @@ class embedding_path {
   [[nodiscard]] virtual status load_sparse(const std::string& dir) = 0;
   /// After a load: the optimizer step the tables continue from.
   virtual void set_step(std::uint64_t step) = 0;
-  /// The training cache behind trainer::cache() (host-hybrid: its one-row cache).
+  /// The training cache behind trainer::cache() (host-hybrid: its cache of one bucket per table).
   virtual training_cache<trainer_key>& cache() = 0;
 };
 
