@@ -126,7 +126,8 @@ status durable_file_writer::write_at(std::uint64_t offset, const void* data, std
 }
 
 status durable_file_writer::commit() {
-  if (fd_ < 0) throw error(status_code::invalid_argument, "durable_file_writer: commit before open");
+  if (fd_ < 0)
+    throw error(status_code::invalid_argument, "durable_file_writer: commit before open");
   EMBCACHE_RETURN_IF_ERROR(flush());
   if (::fsync(fd_) != 0) return errno_status("cannot fsync", write_path_, errno);
   const int rc = ::close(fd_);
@@ -169,6 +170,15 @@ status write_file_durably(const std::string& path, const void* data, std::size_t
 
 status write_text_durably(const std::string& path, const std::string& text) {
   return write_file_durably(path, text.data(), text.size());
+}
+
+status append_to_file(const std::string& path, const std::string& text, bool truncate) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
+  if (fd < 0) return errno_status("cannot open", path, errno);
+  status s = write_all(fd, text.data(), text.size(), path);
+  if (::close(fd) != 0 && s.ok()) s = errno_status("cannot close", path, errno);
+  return s;
 }
 
 status sync_folder(const std::string& dir) {

@@ -72,6 +72,12 @@ class durable_file_writer {
 /// write_file_durably of a text.
 [[nodiscard]] status write_text_durably(const std::string& path, const std::string& text);
 
+/// Appends `text` to `path` in place (created when missing; with `truncate` emptied first), every
+/// write checked, no fsync: for append-only logs such as metrics lines, which a crash may cut
+/// short but not replace. A failure names the file, as errno_status.
+[[nodiscard]] status append_to_file(const std::string& path, const std::string& text,
+                                    bool truncate = false);
+
 /// fsyncs a folder so that the entries created or renamed in it are durable.
 [[nodiscard]] status sync_folder(const std::string& dir);
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/durable_file.hpp"
 #include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/detail/dense_network.inl"
 
@@ -178,36 +179,14 @@ status parse_dense_blob(const dense_network_options& o, std::size_t num_paramete
   return status::ok_status();
 }
 
-status write_file_atomic(const std::string& path, const std::vector<std::uint8_t>& bytes) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return status::io_error(tmp + ": cannot create: " + std::strerror(errno));
-  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const bool flushed = std::fflush(f) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !flushed || !closed) {
-    std::remove(tmp.c_str());
-    return status::io_error(tmp + ": write failed: " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return status::io_error(path + ": rename from " + tmp + " failed: " + std::strerror(errno));
-  return status::ok_status();
+status write_dense_file(const std::string& path, const std::vector<std::uint8_t>& bytes) {
+  return write_file_durably(path, bytes.data(), bytes.size());
 }
 
-status read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) {
-    if (errno == ENOENT) return status::not_found(path + ": no such file");
-    return status::io_error(path + ": cannot open: " + std::strerror(errno));
-  }
-  bytes.clear();
-  std::uint8_t chunk[1 << 16];
-  std::size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0)
-    bytes.insert(bytes.end(), chunk, chunk + n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) return status::io_error(path + ": read failed");
+status read_dense_file(const std::string& path, std::vector<std::uint8_t>& bytes) {
+  auto read = read_file_bytes(path);
+  if (!read.ok()) return read.get_status();
+  bytes.assign(read.value().begin(), read.value().end());
   return status::ok_status();
 }
 

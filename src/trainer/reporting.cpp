@@ -11,13 +11,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/durable_file.hpp"
 #include "embcache/detail/progress.hpp"
-#include "trainer_files.hpp"
 
 extern char** environ;  // handed to gnuplot
 
@@ -41,9 +42,17 @@ const char* const step_tsv_header =
 
 }  // namespace
 
-status start_step_metrics(const std::string& output_dir) {
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(output_dir + "/metrics_steps.jsonl", ""));
-  return write_text_file(output_dir + "/metrics_steps.tsv", step_tsv_header);
+status create_folder(const std::string& dir, const std::string& field) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return status::io_error(field + ": " + dir + ": cannot create (" + ec.message() + ")");
+  return {};
+}
+
+status start_metrics_files(const std::string& output_dir) {
+  for (const char* log : {"/metrics.jsonl", "/metrics_steps.jsonl"})
+    EMBCACHE_RETURN_IF_ERROR(append_to_file(output_dir + log, "", /*truncate=*/true));
+  return append_to_file(output_dir + "/metrics_steps.tsv", step_tsv_header, /*truncate=*/true);
 }
 
 status append_step_metrics(const std::string& output_dir, const step_metrics& m) {
@@ -55,13 +64,38 @@ status append_step_metrics(const std::string& output_dir, const step_metrics& m)
                             {"train_loss", m.train_loss},
                             {"samples_per_s", m.samples_per_s},
                             {"hit_rate", m.hit_rate}};
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(output_dir + "/metrics_steps.jsonl", j.dump() + "\n",
-                                           /*append=*/true));
+  EMBCACHE_RETURN_IF_ERROR(append_to_file(output_dir + "/metrics_steps.jsonl", j.dump() + "\n"));
   const std::string line = std::to_string(m.step) + '\t' + std::to_string(m.pass) + '\t' +
                            tsv_number(m.pass_position) + '\t' + std::to_string(m.samples) + '\t' +
                            tsv_number(m.train_loss) + '\t' + tsv_number(m.samples_per_s) + '\t' +
                            tsv_number(m.hit_rate) + '\n';
-  return write_text_file(output_dir + "/metrics_steps.tsv", line, /*append=*/true);
+  return append_to_file(output_dir + "/metrics_steps.tsv", line);
+}
+
+status append_pass_metrics(const std::string& output_dir, const pass_metrics& m) {
+  return append_to_file(output_dir + "/metrics.jsonl", nlohmann::json(m).dump() + "\n");
+}
+
+pass_metrics pass_metrics_from_json(const nlohmann::json& j) {
+  const auto num = [&](const char* k) {
+    return j.at(k).is_null() ? std::nan("") : j.at(k).get<double>();
+  };
+  pass_metrics m;
+  m.pass = j.at("pass").get<std::uint64_t>();
+  m.samples = j.at("samples").get<std::uint64_t>();
+  m.steps = j.at("steps").get<std::uint64_t>();
+  m.train_loss = num("train_loss");
+  m.eval_auc = num("eval_auc");
+  m.eval_logloss = num("eval_logloss");
+  m.swap_seconds = num("swap_seconds");
+  m.rows_in = j.at("rows_in").get<std::uint64_t>();
+  m.rows_out = j.at("rows_out").get<std::uint64_t>();
+  m.hit_rate = num("hit_rate");
+  m.samples_per_s = num("samples_per_s");
+  m.seconds = num("seconds");
+  m.rows_exported = j.at("rows_exported").get<std::uint64_t>();
+  m.export_path = j.at("export_path").get<std::string>();
+  return m;
 }
 
 std::string training_progress_line(const training_progress& p) {
@@ -120,7 +154,7 @@ result<int> run_program(const std::vector<std::string>& args, std::string* outpu
   argv.push_back(nullptr);
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
-    return status::io_error("pipe for " + args[0] + ": " + errno_text(errno));
+    return status::io_error("pipe for " + args[0] + ": " + std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
@@ -133,7 +167,7 @@ result<int> run_program(const std::vector<std::string>& args, std::string* outpu
   if (rc != 0) {
     ::close(pipe_fds[0]);
     if (rc == ENOENT) return status::not_found(args[0] + " is not on the PATH");
-    return status::io_error("cannot start " + args[0] + ": " + errno_text(rc));
+    return status::io_error("cannot start " + args[0] + ": " + std::strerror(rc));
   }
   char buf[4096];
   for (;;) {
@@ -146,7 +180,7 @@ result<int> run_program(const std::vector<std::string>& args, std::string* outpu
   int wstatus = 0;
   while (::waitpid(pid, &wstatus, 0) < 0) {
     if (errno != EINTR)
-      return status::io_error("waiting for " + args[0] + ": " + errno_text(errno));
+      return status::io_error("waiting for " + args[0] + ": " + std::strerror(errno));
   }
   return wstatus;
 }
@@ -172,11 +206,10 @@ std::string describe_wait_status(int w) {
 namespace fs = std::filesystem;
 using detail::create_folder;
 using detail::describe_wait_status;
-using detail::errno_text;
 using detail::has_data_line;
 using detail::run_program;
 using detail::tsv_number;
-using detail::write_text_file;
+using detail::write_text_durably;
 
 status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& history,
                     std::string* note) {
@@ -198,7 +231,7 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
            tsv_number(m.eval_auc) + '\t' + tsv_number(m.eval_logloss) + '\t' +
            tsv_number(m.samples_per_s) + '\n';
   }
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/metrics.tsv", tsv));
+  EMBCACHE_RETURN_IF_ERROR(write_text_durably(dir + "/metrics.tsv", tsv));
   const bool have_steps = has_data_line(dir + "/metrics_steps.tsv");
   const bool have_loss = have_train || have_eval_loss || have_steps;
   // A plot with no point would leave an empty PNG: such a plot is left out of the script, and so
@@ -248,7 +281,7 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
         "plot d.'/metrics.tsv' using 1:3 with linespoints lc rgb '#31a354' pt 7 title 'eval AUC'\n";
   }
   gp += "unset output\n";
-  EMBCACHE_RETURN_IF_ERROR(write_text_file(dir + "/plot.gp", gp));
+  EMBCACHE_RETURN_IF_ERROR(write_text_durably(dir + "/plot.gp", gp));
   std::string skipped;
   if (!have_loss) skipped += ", no loss.png (no finite loss)";
   if (!have_auc) skipped += ", no auc.png (no eval AUC: no eval_shard, or a single class)";
@@ -280,13 +313,33 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
     const std::string path = dir + "/" + png;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0)
-      return status::io_error(path + ": gnuplot wrote no image: " + errno_text(errno));
+      return status::io_error(path + ": gnuplot wrote no image: " + std::strerror(errno));
     if (st.st_size == 0)
       return status::io_error(path + ": gnuplot wrote an empty image (0 bytes; disk full?)");
     drew += (drew.empty() ? "" : " and ") + path;
   }
   if (note) *note = "drew " + drew + skipped;
   return {};
+}
+
+void to_json(nlohmann::json& j, const pass_metrics& m) {
+  auto num = [](double v) {
+    return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+  };
+  j = nlohmann::json{{"pass", m.pass},
+                     {"samples", m.samples},
+                     {"steps", m.steps},
+                     {"train_loss", num(m.train_loss)},
+                     {"eval_auc", num(m.eval_auc)},
+                     {"eval_logloss", num(m.eval_logloss)},
+                     {"swap_seconds", m.swap_seconds},
+                     {"rows_in", m.rows_in},
+                     {"rows_out", m.rows_out},
+                     {"hit_rate", num(m.hit_rate)},
+                     {"samples_per_s", m.samples_per_s},
+                     {"seconds", m.seconds},
+                     {"rows_exported", m.rows_exported},
+                     {"export_path", m.export_path}};
 }
 
 }  // namespace embcache

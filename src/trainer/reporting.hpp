@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "embcache/status.hpp"
@@ -23,12 +24,24 @@ struct step_metrics {
   double hit_rate = 0;        ///< of the interval's lookups (NaN without lookups)
 };
 
-/// Starts metrics_steps.jsonl and metrics_steps.tsv in `output_dir` empty (the TSV with its
-/// header line).
-[[nodiscard]] status start_step_metrics(const std::string& output_dir);
+/// Creates `dir` and its parents (an output folder of the run); io_error
+/// "<field>: <dir>: cannot create (<reason>)".
+[[nodiscard]] status create_folder(const std::string& dir, const std::string& field);
 
-/// Appends `m` to both files; a failed write names the file.
+/// Starts the metrics files of a run in `output_dir` empty: metrics.jsonl, metrics_steps.jsonl
+/// and metrics_steps.tsv (with its header line). They are append-only logs: every write is
+/// checked and a failure names the file, but nothing is fsynced.
+[[nodiscard]] status start_metrics_files(const std::string& output_dir);
+
+/// Appends `m` to metrics_steps.jsonl and metrics_steps.tsv.
 [[nodiscard]] status append_step_metrics(const std::string& output_dir, const step_metrics& m);
+
+/// Appends `m` to metrics.jsonl (its to_json line).
+[[nodiscard]] status append_pass_metrics(const std::string& output_dir, const pass_metrics& m);
+
+/// Reads a pass_metrics back from its to_json object (null as NaN); throws
+/// nlohmann::json's exceptions for a missing field or a wrong type.
+pass_metrics pass_metrics_from_json(const nlohmann::json& j);
 
 /// What a training progress line shows.
 struct training_progress {

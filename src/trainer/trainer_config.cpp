@@ -1,6 +1,5 @@
-// The trainer's configuration: defaults, validation and JSON.
-#include <unistd.h>
-
+// The trainer's configuration: defaults, validation and JSON (the memory estimate is in
+// trainer_memory.cpp, the datasets' expansion in trainer_datasets.cpp).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -176,81 +175,60 @@ class object_reader {
   std::set<std::string> seen_;
 };
 
+// The modes by name: to_string and the reader share this list.
+constexpr std::pair<trainer_mode, const char*> mode_names[] = {
+    {trainer_mode::keyset, "keyset"},
+    {trainer_mode::on_demand, "on_demand"},
+    {trainer_mode::host_hybrid, "host_hybrid"}};
+
 result<trainer_mode> parse_mode(const std::string& s) {
-  if (s == "keyset") return trainer_mode::keyset;
-  if (s == "on_demand") return trainer_mode::on_demand;
-  if (s == "host_hybrid") return trainer_mode::host_hybrid;
+  for (const auto& [mode, name] : mode_names)
+    if (s == name) return mode;
   return status::invalid_argument("\"" + s + "\" is not a mode (keyset, on_demand, host_hybrid)");
 }
 
-result<optimizer_kind> parse_kind(const std::string& s) {
-  for (auto k :
-       {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam, optimizer_kind::ftrl})
-    if (s == to_string(k)) return k;
-  return status::invalid_argument("\"" + s + "\" is not an optimizer (sgd, adagrad, adam, ftrl)");
-}
+// The real fields of optimizer_options with their ranges: read, checked and written from this
+// one list.
+struct optimizer_field {
+  const char* name;
+  float optimizer_options::*member;
+  const real_range& range;
+};
+const optimizer_field optimizer_fields[] = {
+    {"learning_rate", &optimizer_options::learning_rate, positive},
+    {"beta1", &optimizer_options::beta1, unit},
+    {"beta2", &optimizer_options::beta2, unit},
+    {"epsilon", &optimizer_options::epsilon, non_negative},
+    {"adagrad_initial_accumulator", &optimizer_options::adagrad_initial_accumulator, non_negative},
+    {"ftrl_alpha", &optimizer_options::ftrl_alpha, positive},
+    {"ftrl_beta", &optimizer_options::ftrl_beta, non_negative},
+    {"ftrl_l1", &optimizer_options::ftrl_l1, non_negative},
+    {"ftrl_l2", &optimizer_options::ftrl_l2, non_negative},
+    {"ftrl_lr_power", &optimizer_options::ftrl_lr_power, non_positive},
+    {"ftrl_initial_accumulator", &optimizer_options::ftrl_initial_accumulator, positive}};
 
 void read_optimizer(const json& j, const std::string& path, optimizer_options& o, status* err) {
   object_reader r(j, path, err);
   if (r.has("kind")) {
     std::string kind;
     r.get("kind", kind);
-    if (err->ok()) {
-      auto k = parse_kind(kind);
-      if (!k.ok())
-        r.fail(r.path("kind"), k.get_status().message());
-      else
-        o.kind = k.value();
-    }
+    if (err->ok() && !optimizer_kind_from_string(kind, &o.kind))
+      r.fail(r.path("kind"), "\"" + kind + "\" is not an optimizer (sgd, adagrad, adam, ftrl)");
   }
-  r.get_real("learning_rate", o.learning_rate, positive);
-  r.get_real("beta1", o.beta1, unit);
-  r.get_real("beta2", o.beta2, unit);
-  r.get_real("epsilon", o.epsilon, non_negative);
-  r.get_real("adagrad_initial_accumulator", o.adagrad_initial_accumulator, non_negative);
-  r.get_real("ftrl_alpha", o.ftrl_alpha, positive);
-  r.get_real("ftrl_beta", o.ftrl_beta, non_negative);
-  r.get_real("ftrl_l1", o.ftrl_l1, non_negative);
-  r.get_real("ftrl_l2", o.ftrl_l2, non_negative);
-  r.get_real("ftrl_lr_power", o.ftrl_lr_power, non_positive);
-  r.get_real("ftrl_initial_accumulator", o.ftrl_initial_accumulator, positive);
+  for (const optimizer_field& f : optimizer_fields) r.get_real(f.name, o.*f.member, f.range);
   r.finish();
 }
 
 json optimizer_json(const optimizer_options& o) {
-  return {{"kind", to_string(o.kind)},
-          {"learning_rate", o.learning_rate},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"epsilon", o.epsilon},
-          {"adagrad_initial_accumulator", o.adagrad_initial_accumulator},
-          {"ftrl_alpha", o.ftrl_alpha},
-          {"ftrl_beta", o.ftrl_beta},
-          {"ftrl_l1", o.ftrl_l1},
-          {"ftrl_l2", o.ftrl_l2},
-          {"ftrl_lr_power", o.ftrl_lr_power},
-          {"ftrl_initial_accumulator", o.ftrl_initial_accumulator}};
+  json j = {{"kind", to_string(o.kind)}};
+  for (const optimizer_field& f : optimizer_fields) j[f.name] = o.*f.member;
+  return j;
 }
 
 // The ranges read_optimizer enforces, for optimizers built in code.
 status check_optimizer_ranges(const optimizer_options& o, const std::string& at) {
-  const struct {
-    const char* name;
-    float value;
-    const real_range& range;
-  } fields[] = {{"learning_rate", o.learning_rate, positive},
-                {"beta1", o.beta1, unit},
-                {"beta2", o.beta2, unit},
-                {"epsilon", o.epsilon, non_negative},
-                {"adagrad_initial_accumulator", o.adagrad_initial_accumulator, non_negative},
-                {"ftrl_alpha", o.ftrl_alpha, positive},
-                {"ftrl_beta", o.ftrl_beta, non_negative},
-                {"ftrl_l1", o.ftrl_l1, non_negative},
-                {"ftrl_l2", o.ftrl_l2, non_negative},
-                {"ftrl_lr_power", o.ftrl_lr_power, non_positive},
-                {"ftrl_initial_accumulator", o.ftrl_initial_accumulator, positive}};
-  for (const auto& f : fields)
-    EMBCACHE_RETURN_IF_ERROR(check_real(at + "." + f.name, f.value, f.range));
+  for (const optimizer_field& f : optimizer_fields)
+    EMBCACHE_RETURN_IF_ERROR(check_real(at + "." + f.name, o.*f.member, f.range));
   return {};
 }
 
@@ -265,17 +243,42 @@ status check_signed(const std::string& where, long long v, const int_range& r) {
   return {};
 }
 
+// The top-level fields of one type: read, checked and written from these lists (the passes,
+// tables, model and seed have code of their own).
+template <class T>
+struct config_field {
+  const char* name;
+  T trainer_config::*member;
+};
+template <class T>
+struct ranged_field {
+  const char* name;
+  T trainer_config::*member;
+  int_range range;
+};
+const config_field<std::string> text_fields[] = {
+    {"data_dir", &trainer_config::data_dir},        {"eval_shard", &trainer_config::eval_shard},
+    {"output_dir", &trainer_config::output_dir},    {"export_dir", &trainer_config::export_dir},
+    {"save_dir", &trainer_config::save_dir},        {"resume_from", &trainer_config::resume_from},
+    {"dense_device", &trainer_config::dense_device}};
+const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
+                                          {"shuffle", &trainer_config::shuffle},
+                                          {"prefetch", &trainer_config::prefetch},
+                                          {"export_with_state", &trainer_config::export_with_state},
+                                          {"save_every_pass", &trainer_config::save_every_pass}};
+const ranged_field<std::size_t> count_fields[] = {
+    {"eval_max_samples", &trainer_config::eval_max_samples, {0, max_count}},
+    {"batch_size", &trainer_config::batch_size, {1, max_batch}},
+    {"log_interval", &trainer_config::log_interval, {0, max_count}}};
+const ranged_field<int> thread_fields[] = {
+    {"threads", &trainer_config::threads, {0, max_threads}},
+    {"blas_threads", &trainer_config::blas_threads, {0, max_threads}}};
+
 }  // namespace
 
 const char* to_string(trainer_mode mode) noexcept {
-  switch (mode) {
-    case trainer_mode::keyset:
-      return "keyset";
-    case trainer_mode::on_demand:
-      return "on_demand";
-    case trainer_mode::host_hybrid:
-      return "host_hybrid";
-  }
+  for (const auto& [m, name] : mode_names)
+    if (m == mode) return name;
   return "?";
 }
 
@@ -344,10 +347,8 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
   }
-  EMBCACHE_RETURN_IF_ERROR(
-      check_int("config.eval_max_samples", c.eval_max_samples, {0, max_count}));
-  EMBCACHE_RETURN_IF_ERROR(check_int("config.batch_size", c.batch_size, {1, max_batch}));
-  EMBCACHE_RETURN_IF_ERROR(check_int("config.log_interval", c.log_interval, {0, max_count}));
+  for (const auto& f : count_fields)
+    EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));
   EMBCACHE_RETURN_IF_ERROR(check_real("config.model.dropout", c.model.dropout, unit));
   if (c.model.hidden.size() > max_layers)
     return range_error("config.model.hidden", hidden_text(),
@@ -360,134 +361,14 @@ status validate(const trainer_config& c) {
   EMBCACHE_RETURN_IF_ERROR(check_real("config.model.beta1", c.model.adam.beta1, unit));
   EMBCACHE_RETURN_IF_ERROR(check_real("config.model.beta2", c.model.adam.beta2, unit));
   EMBCACHE_RETURN_IF_ERROR(check_real("config.model.epsilon", c.model.adam.epsilon, positive));
-  EMBCACHE_RETURN_IF_ERROR(check_signed("config.threads", c.threads, {0, max_threads}));
-  EMBCACHE_RETURN_IF_ERROR(check_signed("config.blas_threads", c.blas_threads, {0, max_threads}));
+  for (const auto& f : thread_fields)
+    EMBCACHE_RETURN_IF_ERROR(check_signed(std::string("config.") + f.name, c.*f.member, f.range));
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
   if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
     return status::invalid_argument(
         "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");
-  return {};
-}
-
-namespace {
-
-// a * b, or false when it does not fit in 64 bits.
-bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  return !__builtin_mul_overflow(a, b, &out);
-}
-bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
-  return !__builtin_add_overflow(a, b, &out);
-}
-
-// One part of the run's memory: the field that sizes it and what it is.
-struct memory_part {
-  std::string field, what;
-  bool overflow = false;
-  std::uint64_t bytes = 0;
-};
-
-std::string bytes_text(const memory_part& p) {
-  return p.overflow ? "more than 2^64 bytes" : std::to_string(p.bytes) + " bytes";
-}
-
-// Per slot of a cache table: the row's floats plus the key, version, score, claim, state and
-// overflow words (embedding_cache.hpp).
-constexpr std::uint64_t slot_metadata_bytes = 40;
-
-}  // namespace
-
-std::uint64_t physical_memory_bytes() noexcept {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  std::uint64_t bytes = 0;
-  if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
-    return std::numeric_limits<std::uint64_t>::max();
-  return bytes;
-}
-
-status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
-  std::vector<memory_part> parts;
-  std::uint64_t dim = 16;  // the deep table's
-  for (const auto& tc : c.tables)
-    if (tc.name == "deep") dim = tc.dim;
-  // The caches (host_hybrid keeps a one-row cache per table): slots * (row floats + metadata).
-  if (c.mode != trainer_mode::host_hybrid)
-    for (std::size_t t = 0; t < c.tables.size(); ++t) {
-      const trainer_table_config& tc = c.tables[t];
-      memory_part p;
-      p.field = "config.tables[" + std::to_string(t) + "]." + (tc.slots ? "slots" : "capacity");
-      std::uint64_t slots = tc.slots, row = 0, per_slot = 0;
-      bool ok = true;
-      if (slots == 0) {  // the cache's default, capacity * 5 / 4
-        ok = checked_mul(tc.capacity, 5, slots);
-        slots /= 4;
-      }
-      ok = ok && checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
-           checked_mul(row, 4, per_slot) && checked_add(per_slot, slot_metadata_bytes, per_slot) &&
-           checked_mul(slots, per_slot, p.bytes);
-      p.overflow = !ok;
-      p.what = "the cache of table \"" + tc.name + "\" (" +
-               (ok ? std::to_string(slots) + " slots of " + std::to_string(per_slot) + " bytes"
-                   : std::to_string(tc.slots ? tc.slots : tc.capacity) +
-                         (tc.slots ? " slots" : " rows")) +
-               ")";
-      parts.push_back(p);
-    }
-  // The MLP: parameters, gradients and two Adam moments, 16 bytes per parameter.
-  {
-    memory_part p;
-    p.field = "config.model.hidden";
-    p.what = "the dense network's parameters, gradients and Adam state";
-    std::uint64_t in = 0, params = 0;
-    bool ok = checked_mul(criteo_slot_count, dim, in) && checked_add(in, criteo_dense_count, in);
-    std::vector<std::uint64_t> widths(c.model.hidden.begin(), c.model.hidden.end());
-    widths.push_back(1);
-    for (std::uint64_t w : widths) {
-      std::uint64_t layer = 0;
-      ok = ok && checked_mul(in, w, layer) && checked_add(layer, w, layer) &&
-           checked_add(params, layer, params);
-      in = w;
-    }
-    ok = ok && checked_mul(params, 16, p.bytes);
-    p.overflow = !ok;
-    parts.push_back(p);
-  }
-  // One batch: the pooled inputs and their gradients, and each hidden layer's activations and
-  // deltas, 4 bytes each.
-  {
-    memory_part p;
-    p.field = "config.batch_size";
-    p.what = "the buffers of one batch of " + std::to_string(c.batch_size) + " samples";
-    std::uint64_t per_sample = 0, deep = 0;
-    bool ok = checked_mul(criteo_slot_count, dim, deep) &&
-              checked_add(deep, criteo_slot_count + criteo_cross_count + criteo_dense_count,
-                          per_sample) &&
-              checked_mul(per_sample, 2, per_sample);
-    for (std::uint64_t w : c.model.hidden) {
-      std::uint64_t two = 0;
-      ok = ok && checked_mul(w, 2, two) && checked_add(per_sample, two, per_sample);
-    }
-    ok = ok && checked_mul(per_sample, 4, per_sample) &&
-         checked_mul(per_sample, c.batch_size, p.bytes);
-    p.overflow = !ok;
-    parts.push_back(p);
-  }
-  const std::string limit =
-      ", more than the " + std::to_string(available_bytes) + " bytes of physical memory";
-  memory_part total;
-  for (const memory_part& p : parts) {
-    if (p.overflow || p.bytes > available_bytes)
-      return status::capacity_exceeded(p.field + ": " + p.what + " needs " + bytes_text(p) + limit);
-    total.overflow = total.overflow || !checked_add(total.bytes, p.bytes, total.bytes);
-  }
-  if (total.overflow || total.bytes > available_bytes) {
-    std::string list;
-    for (const memory_part& p : parts)
-      list += (list.empty() ? "" : ", ") + p.field + " " + bytes_text(p);
-    return status::capacity_exceeded("config: the caches, the dense network and the batch need " +
-                                     bytes_text(total) + " together (" + list + ")" + limit);
-  }
   return {};
 }
 
@@ -506,7 +387,6 @@ result<trainer_config> trainer_config_from_json(const json& j) {
         c.mode = mode.value();
     }
   }
-  r.get("data_dir", c.data_dir);
   if (r.has("passes") && err.ok()) {
     const json& ps = r.at("passes");
     if (!ps.is_array()) r.fail("config.passes", "expected an array of passes");
@@ -549,8 +429,6 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       c.passes.push_back(std::move(pass));
     }
   }
-  r.get("eval_shard", c.eval_shard);
-  r.get_int("eval_max_samples", c.eval_max_samples, {0, max_count});
   if (r.has("tables") && err.ok()) {
     const json& ts = r.at("tables");
     if (!ts.is_array()) r.fail("config.tables", "expected an array of tables");
@@ -610,21 +488,11 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     mr.get_real("epsilon", c.model.adam.epsilon, positive);
     mr.finish();
   }
-  r.get("crossed", c.crossed);
-  r.get_int("batch_size", c.batch_size, {1, max_batch});
-  r.get("shuffle", c.shuffle);
   r.get_int("seed", c.seed, {0, max_u64});
-  r.get("prefetch", c.prefetch);
-  r.get_int("log_interval", c.log_interval, {0, max_count});
-  r.get("output_dir", c.output_dir);
-  r.get("export_dir", c.export_dir);
-  r.get("export_with_state", c.export_with_state);
-  r.get("save_dir", c.save_dir);
-  r.get("save_every_pass", c.save_every_pass);
-  r.get("resume_from", c.resume_from);
-  r.get_int("threads", c.threads, {0, max_threads});
-  r.get("dense_device", c.dense_device);
-  r.get_int("blas_threads", c.blas_threads, {0, max_threads});
+  for (const auto& f : text_fields) r.get(f.name, c.*f.member);
+  for (const auto& f : flag_fields) r.get(f.name, c.*f.member);
+  for (const auto& f : count_fields) r.get_int(f.name, c.*f.member, f.range);
+  for (const auto& f : thread_fields) r.get_int(f.name, c.*f.member, f.range);
   r.finish();
   if (!err.ok()) return err;
   EMBCACHE_RETURN_IF_ERROR(validate(c));
@@ -669,10 +537,7 @@ void to_json(json& j, const trainer_config& c) {
                       {"reuse_store", t.reuse_store},
                       {"init_scale", t.init_scale}});
   j = json{{"mode", to_string(c.mode)},
-           {"data_dir", c.data_dir},
            {"passes", passes},
-           {"eval_shard", c.eval_shard},
-           {"eval_max_samples", c.eval_max_samples},
            {"tables", tables},
            {"model",
             {{"hidden", c.model.hidden},
@@ -682,39 +547,11 @@ void to_json(json& j, const trainer_config& c) {
              {"beta1", c.model.adam.beta1},
              {"beta2", c.model.adam.beta2},
              {"epsilon", c.model.adam.epsilon}}},
-           {"crossed", c.crossed},
-           {"batch_size", c.batch_size},
-           {"shuffle", c.shuffle},
-           {"seed", c.seed},
-           {"prefetch", c.prefetch},
-           {"log_interval", c.log_interval},
-           {"output_dir", c.output_dir},
-           {"export_dir", c.export_dir},
-           {"export_with_state", c.export_with_state},
-           {"save_dir", c.save_dir},
-           {"save_every_pass", c.save_every_pass},
-           {"resume_from", c.resume_from},
-           {"threads", c.threads},
-           {"dense_device", c.dense_device},
-           {"blas_threads", c.blas_threads}};
-}
-
-void to_json(json& j, const pass_metrics& m) {
-  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
-  j = json{{"pass", m.pass},
-           {"samples", m.samples},
-           {"steps", m.steps},
-           {"train_loss", num(m.train_loss)},
-           {"eval_auc", num(m.eval_auc)},
-           {"eval_logloss", num(m.eval_logloss)},
-           {"swap_seconds", m.swap_seconds},
-           {"rows_in", m.rows_in},
-           {"rows_out", m.rows_out},
-           {"hit_rate", num(m.hit_rate)},
-           {"samples_per_s", m.samples_per_s},
-           {"seconds", m.seconds},
-           {"rows_exported", m.rows_exported},
-           {"export_path", m.export_path}};
+           {"seed", c.seed}};
+  for (const auto& f : text_fields) j[f.name] = c.*f.member;
+  for (const auto& f : flag_fields) j[f.name] = c.*f.member;
+  for (const auto& f : count_fields) j[f.name] = c.*f.member;
+  for (const auto& f : thread_fields) j[f.name] = c.*f.member;
 }
 
 }  // namespace embcache

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "common/status_assertions.hpp"
+
 namespace embcache {
 namespace {
 
@@ -19,7 +21,7 @@ std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -
   return v;
 }
 
-TEST(DenseNetwork, ShapeAndOffsets) {
+TEST(dense_network, shape_and_offsets) {
   dense_network_options o;
   o.input_dim = 5;
   o.hidden = {4, 3};
@@ -45,7 +47,7 @@ TEST(DenseNetwork, ShapeAndOffsets) {
   EXPECT_NE(dense_network<host_space>(o).parameters(), p);
 }
 
-TEST(DenseNetwork, BadOptionsNameTheField) {
+TEST(dense_network, bad_options_name_the_field) {
   dense_network_options o;
   EXPECT_EQ(check_options(o).code(), status_code::invalid_argument);
   EXPECT_NE(check_options(o).message().find("input_dim"), std::string::npos);
@@ -80,7 +82,7 @@ std::vector<double> reference_logits(const dense_network<host_space>& net,
   return out;
 }
 
-TEST(DenseNetwork, ForwardMatchesDoubleReference) {
+TEST(dense_network, forward_matches_double_reference) {
   dense_network_options o;
   o.input_dim = 7;
   o.hidden = {6, 5};
@@ -97,7 +99,7 @@ TEST(DenseNetwork, ForwardMatchesDoubleReference) {
 // Loss = sum_b c_b * logit_b, so d(loss)/d(logit_b) = c_b; every gradient is checked against a
 // central difference in double, computed through the float forward. Dropout on: the masks are
 // fixed by (seed, step), so the function is the same one at every perturbation.
-TEST(DenseNetwork, GradientsMatchFiniteDifferences) {
+TEST(dense_network, gradients_match_finite_differences) {
   dense_network_options o;
   o.input_dim = 6;
   o.hidden = {5, 4};
@@ -118,7 +120,7 @@ TEST(DenseNetwork, GradientsMatchFiniteDifferences) {
 
   auto loss_at = [&](const std::vector<float>& p, const std::vector<float>& a,
                      const std::vector<float>& b) {
-    EXPECT_TRUE(net.set_parameters(p).ok());
+    EMBCACHE_EXPECT_OK(net.set_parameters(p));
     const input_block blk[2] = {{a.data(), 4}, {b.data(), 2}};
     std::vector<float> z(batch);
     net.forward(blk, 2, batch, true, 3, z.data());
@@ -167,7 +169,7 @@ TEST(DenseNetwork, GradientsMatchFiniteDifferences) {
   EXPECT_GT(norm, 0.1);
 }
 
-TEST(DenseNetwork, DropoutMaskIsAPureFunctionOfSeedStepLayerElement) {
+TEST(dense_network, dropout_mask_is_a_pure_function_of_seed_step_layer_element) {
   const float rate = 0.5f;
   std::size_t kept = 0;
   for (std::uint64_t i = 0; i < 100000; ++i) kept += dropout_keep(7, 3, 1, i, rate);
@@ -187,7 +189,7 @@ TEST(DenseNetwork, DropoutMaskIsAPureFunctionOfSeedStepLayerElement) {
   for (std::uint64_t i = 0; i < 1000; ++i) EXPECT_TRUE(dropout_keep(7, 3, 1, i, 0.0f));
 }
 
-TEST(DenseNetwork, DropoutIsReproducibleAndMatchesTheMask) {
+TEST(dense_network, dropout_is_reproducible_and_matches_the_mask) {
   dense_network_options o;
   o.input_dim = 3;
   o.hidden = {64};
@@ -198,7 +200,7 @@ TEST(DenseNetwork, DropoutIsReproducibleAndMatchesTheMask) {
   dense_network<host_space> net(o);
   auto p = net.parameters();
   for (std::size_t j = 0; j < 64; ++j) p[net.weight_offset(1) + j] = 1.0f;
-  ASSERT_TRUE(net.set_parameters(p).ok());
+  EMBCACHE_ASSERT_OK(net.set_parameters(p));
   const std::size_t batch = 5;
   const auto x = random_vector(batch * 3, 9);
   std::vector<float> a(batch), b(batch), eval(batch);
@@ -222,7 +224,7 @@ TEST(DenseNetwork, DropoutIsReproducibleAndMatchesTheMask) {
   }
 }
 
-TEST(DenseNetwork, AdamStepMatchesTheFormula) {
+TEST(dense_network, adam_step_matches_the_formula) {
   dense_network_options o;
   o.input_dim = 2;
   o.hidden = {3};
@@ -254,7 +256,7 @@ TEST(DenseNetwork, AdamStepMatchesTheFormula) {
   EXPECT_EQ(net.adam_step(), 3u);
 }
 
-TEST(DenseNetwork, SaveLoadRoundTripAndCorruption) {
+TEST(dense_network, save_load_round_trip_and_corruption) {
   dense_network_options o;
   o.input_dim = 4;
   o.hidden = {8, 4};
@@ -271,7 +273,7 @@ TEST(DenseNetwork, SaveLoadRoundTripAndCorruption) {
   const auto blob = a.save();
   dense_network<host_space> b(o);  // untrained: everything must come from the blob
   ASSERT_NE(b.parameters(), a.parameters());
-  ASSERT_TRUE(b.load(blob.data(), blob.size()).ok());
+  EMBCACHE_ASSERT_OK(b.load(blob.data(), blob.size()));
   EXPECT_EQ(b.parameters(), a.parameters());
   EXPECT_EQ(b.adam_step(), 2u);
   EXPECT_EQ(b.save(), blob);  // Adam moments included
@@ -305,10 +307,10 @@ TEST(DenseNetwork, SaveLoadRoundTripAndCorruption) {
 
   // Files: round trip, missing file, corrupted file.
   const std::string path = ::testing::TempDir() + "dense_network_test.bin";
-  ASSERT_TRUE(a.save_file(path).ok());
+  EMBCACHE_ASSERT_OK(a.save_file(path));
   o.hidden = {8, 4};
   dense_network<host_space> d2(o);
-  ASSERT_TRUE(d2.load_file(path).ok());
+  EMBCACHE_ASSERT_OK(d2.load_file(path));
   EXPECT_EQ(d2.save(), a.save());
   EXPECT_EQ(d2.load_file(path + ".missing").code(), status_code::not_found);
   {

@@ -13,7 +13,7 @@ namespace {
 const double nan = std::numeric_limits<double>::quiet_NaN();
 const double inf = std::numeric_limits<double>::infinity();
 
-TEST(Progress, DurationsReadAsMinutesOrHours) {
+TEST(progress, durations_read_as_minutes_or_hours) {
   EXPECT_EQ(format_duration(0), "0:00");
   EXPECT_EQ(format_duration(0.4), "0:00");
   EXPECT_EQ(format_duration(7.5), "0:08");
@@ -29,7 +29,7 @@ TEST(Progress, DurationsReadAsMinutesOrHours) {
   EXPECT_EQ(format_duration(1e30), "?");
 }
 
-TEST(Progress, BytesHaveThreeSignificantDigits) {
+TEST(progress, bytes_have_three_significant_digits) {
   EXPECT_EQ(format_bytes(0), "0 B");
   EXPECT_EQ(format_bytes(512), "512 B");
   EXPECT_EQ(format_bytes(999), "999 B");
@@ -44,7 +44,7 @@ TEST(Progress, BytesHaveThreeSignificantDigits) {
   EXPECT_EQ(format_bytes(nan), "?");
 }
 
-TEST(Progress, PercentagesAreRoundedDown) {
+TEST(progress, percentages_are_rounded_down) {
   EXPECT_EQ(format_percent(0), "0.0%");
   EXPECT_EQ(format_percent(0.4567), "45.6%");
   EXPECT_EQ(format_percent(0.9999), "99.9%");
@@ -52,7 +52,7 @@ TEST(Progress, PercentagesAreRoundedDown) {
   EXPECT_EQ(format_percent(nan), "?%");
 }
 
-TEST(Progress, FiguresOfAKnownAndAnUnknownTotal) {
+TEST(progress, figures_of_a_known_and_an_unknown_total) {
   progress_figures f = progress_of(2880, 6400, 2.0);
   EXPECT_DOUBLE_EQ(f.fraction, 0.45);
   EXPECT_DOUBLE_EQ(f.rate, 1440);
@@ -69,7 +69,7 @@ TEST(Progress, FiguresOfAKnownAndAnUnknownTotal) {
   EXPECT_TRUE(std::isnan(f.eta));
 }
 
-TEST(Progress, CountAndByteLines) {
+TEST(progress, count_and_byte_lines) {
   EXPECT_EQ(format_count_progress(2880, 6400, 2.0, "samples"),
             "45.0% of 6400 samples, 1440 samples/s, ETA 0:02");
   EXPECT_EQ(format_count_progress(2880, 0, 2.0, "samples"), "2880 samples, 1440 samples/s");
@@ -94,7 +94,7 @@ struct fake_clock {
   }
 };
 
-TEST(Progress, ALineEveryTenPercentOrAfterASilence) {
+TEST(progress, a_line_every_ten_percent_or_after_a_silence) {
   fake_clock c;
   progress_meter m(1000, 0.1, 2, 10, c.fn());
   EXPECT_FALSE(m.due(0));
@@ -126,7 +126,7 @@ TEST(Progress, ALineEveryTenPercentOrAfterASilence) {
   EXPECT_EQ(m.byte_text(1000), "100.0% of 1.00 kB, 50 B/s, ETA 0:00");
 }
 
-TEST(Progress, AShortJobPrintsNoLine) {
+TEST(progress, a_short_job_prints_no_line) {
   fake_clock c;
   progress_meter m(1000, 0.1, 2, 30, c.fn());
   for (std::uint64_t done = 0; done <= 1000; done += 50) {
@@ -135,7 +135,7 @@ TEST(Progress, AShortJobPrintsNoLine) {
   }
 }
 
-TEST(Progress, AnUnknownTotalGetsALineAfterEachSilence) {
+TEST(progress, an_unknown_total_gets_a_line_after_each_silence) {
   fake_clock c;
   progress_meter m(0, 0.1, 2, 5, c.fn());
   EXPECT_FALSE(m.due(1'000'000));
@@ -148,7 +148,7 @@ TEST(Progress, AnUnknownTotalGetsALineAfterEachSilence) {
   EXPECT_TRUE(m.due(3'000'000));
 }
 
-TEST(Progress, HugeCountsDoNotOverflowTheStepArithmetic) {
+TEST(progress, huge_counts_do_not_overflow_the_step_arithmetic) {
   fake_clock c;
   const std::uint64_t total = std::numeric_limits<std::uint64_t>::max();
   progress_meter m(total, 0.1, 0, 1e9, c.fn());

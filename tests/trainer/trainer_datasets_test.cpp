@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/status_assertions.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
@@ -79,14 +80,14 @@ trainer_config base_config() {
 
 std::uint64_t keyset_size(const std::string& path) {
   auto k = read_keyset<std::int64_t>(path);
-  EXPECT_TRUE(k.ok()) << path;
+  EMBCACHE_EXPECT_OK(k) << path;
   return k.ok() ? k.value().size() : 0;
 }
 
-TEST(TrainerConfig, APassMayNameADatasetFolder) {
+TEST(trainer_config, a_pass_may_name_a_dataset_folder) {
   auto c = trainer_config_from_text(
       R"({"passes": ["day", {"dataset": "/abs/day"}, ["a.bin"], {"shards": ["b.bin"]}]})");
-  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  EMBCACHE_ASSERT_OK(c);
   ASSERT_EQ(c.value().passes.size(), 4u);
   EXPECT_EQ(c.value().passes[0].dataset, "day");
   EXPECT_TRUE(c.value().passes[0].shards.empty());
@@ -96,7 +97,7 @@ TEST(TrainerConfig, APassMayNameADatasetFolder) {
   const json j = c.value();
   EXPECT_EQ(j["passes"][0], json({{"dataset", "day"}}));
   auto again = trainer_config_from_json(j);
-  ASSERT_TRUE(again.ok());
+  EMBCACHE_ASSERT_OK(again);
   EXPECT_EQ(json(again.value()), j);
 
   const struct {
@@ -119,11 +120,11 @@ TEST(TrainerConfig, APassMayNameADatasetFolder) {
   }
 }
 
-TEST(TrainerConfig, CapacityAutoReadsAndWritesAsAuto) {
+TEST(trainer_config, capacity_auto_reads_and_writes_as_auto) {
   auto c = trainer_config_from_text(
       R"({"passes": [["a.bin"]], "tables": [{"name": "wide", "capacity": "auto", "slots": 8},
                                             {"name": "deep", "capacity": 100}]})");
-  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  EMBCACHE_ASSERT_OK(c);
   EXPECT_TRUE(c.value().tables[0].capacity_auto);
   EXPECT_FALSE(c.value().tables[1].capacity_auto);
   EXPECT_EQ(c.value().tables[1].capacity, 100u);
@@ -139,11 +140,11 @@ TEST(TrainerConfig, CapacityAutoReadsAndWritesAsAuto) {
             "or \"auto\", got \"big\"");
 }
 
-TEST(TrainerDatasets, AFolderPassExpandsToItsShardsInManifestOrder) {
+TEST(trainer_datasets, a_folder_pass_expands_to_its_shards_in_manifest_order) {
   trainer_config c = base_config();
   c.passes = {{{}, "day"}, {{}, data_root() + "/eval"}};
   auto r = resolve_trainer_config(c);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   const auto& p = r.value().passes;
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[0].shards, (std::vector<std::string>{"day/shard-00000.bin", "day/shard-00001.bin",
@@ -162,7 +163,7 @@ TEST(TrainerDatasets, AFolderPassExpandsToItsShardsInManifestOrder) {
       << m.get_status().message();
 }
 
-TEST(TrainerDatasets, AFolderPassTrainsToTheSameBitsAsItsShardList) {
+TEST(trainer_datasets, a_folder_pass_trains_to_the_same_bits_as_its_shard_list) {
   const std::string saves = fresh_dir("same_bits");
   std::string model[2];
   for (int i = 0; i < 2; ++i) {
@@ -175,9 +176,9 @@ TEST(TrainerDatasets, AFolderPassTrainsToTheSameBitsAsItsShardList) {
     }
     c.save_dir = saves + "/" + std::to_string(i);
     auto t = trainer::create(c);
-    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    EMBCACHE_ASSERT_OK(t);
     t.value()->set_log([](const std::string&) {});
-    ASSERT_TRUE(t.value()->run().ok());
+    EMBCACHE_ASSERT_OK(t.value()->run());
     EXPECT_EQ(t.value()->history().at(0).samples, 2000u);
     model[i] = model_bytes(c.save_dir);
   }
@@ -189,15 +190,15 @@ TEST(TrainerDatasets, AFolderPassTrainsToTheSameBitsAsItsShardList) {
                 "day/shard-00003.bin"}}};
   c.save_dir = saves + "/other";
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok());
+  EMBCACHE_ASSERT_OK(t);
   t.value()->set_log([](const std::string&) {});
-  ASSERT_TRUE(t.value()->run().ok());
+  EMBCACHE_ASSERT_OK(t.value()->run());
   EXPECT_FALSE(model_bytes(c.save_dir) == model[0]);
 }
 
-TEST(TrainerDatasets, ManifestRecordsEachShardsKeysetSizes) {
+TEST(trainer_datasets, manifest_records_each_shards_keyset_sizes) {
   auto m = read_dataset_manifest(data_root() + "/day");
-  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EMBCACHE_ASSERT_OK(m);
   ASSERT_EQ(m.value().shards.size(), 4u);
   for (const shard_files& f : m.value().shards) {
     EXPECT_TRUE(f.has_key_counts);
@@ -207,7 +208,7 @@ TEST(TrainerDatasets, ManifestRecordsEachShardsKeysetSizes) {
   }
 }
 
-TEST(TrainerDatasets, CapacityAutoIsTheLargestKeysetThePassesNeed) {
+TEST(trainer_datasets, capacity_auto_is_the_largest_keyset_the_passes_need) {
   trainer_config c = base_config();
   // Shards 1 and 2 of the day, and the eval dataset (which does not count: not a pass).
   c.passes = {{{"day/shard-00001.bin"}}, {{"day/shard-00002.bin"}}};
@@ -223,7 +224,7 @@ TEST(TrainerDatasets, CapacityAutoIsTheLargestKeysetThePassesNeed) {
   }
   ASSERT_NE(wide, wide_uncrossed);
   auto r = resolve_trainer_config(c);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().tables[0].name, "wide");
   EXPECT_EQ(r.value().tables[0].capacity, wide);
   EXPECT_EQ(r.value().tables[1].capacity, deep);
@@ -231,7 +232,7 @@ TEST(TrainerDatasets, CapacityAutoIsTheLargestKeysetThePassesNeed) {
   // Without crossing the wide table takes the slot keys only.
   c.crossed = false;
   r = resolve_trainer_config(c);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().tables[0].capacity, wide_uncrossed);
   // A folder pass counts all its shards; a run with the computed capacities trains.
   c.crossed = true;
@@ -240,15 +241,15 @@ TEST(TrainerDatasets, CapacityAutoIsTheLargestKeysetThePassesNeed) {
   for (int i = 0; i < 4; ++i)
     all_deep = std::max(all_deep, keyset_size(data_root() + "/day/" + keyset_file_name(i)));
   r = resolve_trainer_config(c);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().tables[1].capacity, all_deep);
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   t.value()->set_log([](const std::string&) {});
-  EXPECT_TRUE(t.value()->run().ok());
+  EMBCACHE_EXPECT_OK(t.value()->run());
 }
 
-TEST(TrainerDatasets, CapacityAutoWithAnOlderManifestNamesTheField) {
+TEST(trainer_datasets, capacity_auto_with_an_older_manifest_names_the_field) {
   // A copy of the day whose manifest has no keyset sizes (as written before they were recorded).
   const std::string old = fresh_dir("old") + "/day";
   fs::copy(data_root() + "/day", old);
@@ -261,7 +262,7 @@ TEST(TrainerDatasets, CapacityAutoWithAnOlderManifestNamesTheField) {
   trainer_config c = base_config();
   c.passes = {{{}, old}};
   auto plain = resolve_trainer_config(c);  // without "auto" the older manifest is fine
-  ASSERT_TRUE(plain.ok()) << plain.get_status().to_string();
+  EMBCACHE_ASSERT_OK(plain);
   EXPECT_FALSE(plain.value().tables[1].capacity_auto);
   c.tables[1].capacity_auto = true;
   auto r = resolve_trainer_config(c);
@@ -292,13 +293,13 @@ std::pair<int, std::string> train_cli(const std::string& args) {
   return {WIFEXITED(w) ? WEXITSTATUS(w) : -1, read_bytes(log)};
 }
 
-TEST(TrainerCli, VersionPrintsNameVersionAndSpaces) {
+TEST(trainer_cli, version_prints_name_version_and_spaces) {
   const auto [rc, out] = train_cli("--version");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out, std::string("embcache-train ") + version_string + " (" + build_spaces + ")\n");
 }
 
-TEST(TrainerCli, UsageErrorsExitTwoAndRunTimeFailuresOne) {
+TEST(trainer_cli, usage_errors_exit_two_and_run_time_failures_one) {
   for (const char* args : {"", "--config", "--bogus --config x.json", "--config a.json extra"}) {
     const auto [rc, out] = train_cli(args);
     EXPECT_EQ(rc, 2) << args << ": " << out;
@@ -314,7 +315,7 @@ TEST(TrainerCli, UsageErrorsExitTwoAndRunTimeFailuresOne) {
   EXPECT_NE(text.find("config.passes[0].dataset: "), std::string::npos) << text;
 }
 
-TEST(TrainerCli, PrintConfigShowsTheResolvedConfiguration) {
+TEST(trainer_cli, print_config_shows_the_resolved_configuration) {
   const std::string dir = fresh_dir("cli_print");
   std::ofstream(dir + "/run.json") << R"({"passes": ["day"], "crossed": true, "data_dir": ")"
                                    << data_root() << R"(", "tables": [{"name": "wide"},

@@ -128,7 +128,9 @@ class dense_network {
   /// Restores a blob of save(). corruption when it is truncated, has a bad magic or checksum;
   /// invalid_argument when its shape differs from this network's. Nothing changes on failure.
   [[nodiscard]] status load(const std::uint8_t* data, std::size_t size);
-  /// save() into a file, atomically (temporary file renamed); io_error naming the path.
+  /// save() into a file, durably: a temporary beside it, fsynced and renamed over it, then the
+  /// folder fsynced, so that a crash leaves the previous file or the new one. A failure names
+  /// the path (out_of_space for a full disk, io_error otherwise).
   [[nodiscard]] status save_file(const std::string& path) const;
   /// load() from a file; not_found / io_error / corruption naming the path.
   [[nodiscard]] status load_file(const std::string& path);

@@ -199,9 +199,13 @@ class trainer {
   /// Evaluates on the eval shard (or `shard` when not empty) without changing the model. Keys
   /// never trained have a zero embedding.
   result<eval_metrics> evaluate(const std::string& shard = "");
-  /// Writes a save to `dir` (atomically: built beside it and renamed into place).
+  /// Writes a save to `dir`, durably: staged in `dir`.tmp with every file fsynced, then
+  /// published in place of the previous save, so that a crash at any point leaves a complete
+  /// save loadable. A failure (out_of_space, io_error naming the file) removes the staged folder
+  /// and leaves the previous save as it was.
   [[nodiscard]] status save(const std::string& dir);
-  /// Replaces the model and the trainer's state with the save in `dir`.
+  /// Replaces the model and the trainer's state with the save in `dir` (or in `dir`.old, where a
+  /// save cut short between its renames left the previous one).
   [[nodiscard]] status load(const std::string& dir);
   /// Writes an incremental export into export_dir; returns its folder and row count.
   result<std::pair<std::string, std::uint64_t>> export_incremental();
@@ -215,7 +219,8 @@ class trainer {
   const std::vector<pass_metrics>& history() const noexcept;
   /// The configuration.
   const trainer_config& config() const noexcept;
-  /// The training cache (also present in host_hybrid mode, with capacity 1, for save and load).
+  /// The training cache (host_hybrid mode: one bucket per table, which only initializes rows,
+  /// saves and loads).
   training_cache<std::int64_t>& cache() noexcept;
   /// The dense model, on the device config.dense_device chose.
   dense_backend& model() noexcept;

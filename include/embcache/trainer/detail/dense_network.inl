@@ -30,8 +30,9 @@ std::vector<std::uint8_t> dense_blob(const dense_network_options& o, std::uint64
 status parse_dense_blob(const dense_network_options& o, std::size_t num_parameters,
                         const std::uint8_t* data, std::size_t size, std::uint64_t& step,
                         std::vector<float>& params, std::vector<float>& m, std::vector<float>& v);
-status write_file_atomic(const std::string& path, const std::vector<std::uint8_t>& bytes);
-status read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes);
+// The files of save_file / load_file, through the library's durable-file module (src/common).
+status write_dense_file(const std::string& path, const std::vector<std::uint8_t>& bytes);
+status read_dense_file(const std::string& path, std::vector<std::uint8_t>& bytes);
 
 }  // namespace detail
 
@@ -268,13 +269,13 @@ status dense_network<Space>::load(const std::uint8_t* data, std::size_t size) {
 
 template <class Space>
 status dense_network<Space>::save_file(const std::string& path) const {
-  return detail::write_file_atomic(path, save());
+  return detail::write_dense_file(path, save());
 }
 
 template <class Space>
 status dense_network<Space>::load_file(const std::string& path) {
   std::vector<std::uint8_t> bytes;
-  EMBCACHE_RETURN_IF_ERROR(detail::read_whole_file(path, bytes));
+  EMBCACHE_RETURN_IF_ERROR(detail::read_dense_file(path, bytes));
   return load(bytes.data(), bytes.size()).with_context(path);
 }
 

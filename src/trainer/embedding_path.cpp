@@ -1,0 +1,130 @@
+// What every embedding path is built from: the configuration's stores (host memory or
+// RocksDB) and the training cache over them; and the one place that picks the path by mode.
+#include "embedding_path.hpp"
+
+#include <map>
+
+#include "embcache/criteo.hpp"
+#include "embcache/host_store.hpp"
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+#endif
+
+namespace embcache::detail {
+namespace {
+
+std::string table_field(std::size_t t) { return "config.tables[" + std::to_string(t) + "]"; }
+
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+// Tables that name the same store_path share one database.
+using database_map = std::map<std::string, std::shared_ptr<rocksdb_database>>;
+#else
+struct database_map {};  // no RocksDB in this build: only host stores
+#endif
+
+result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_config& config,
+                                                             std::size_t t, host_space space,
+                                                             database_map& databases) {
+  const trainer_table_config& tc = config.tables[t];
+  const std::size_t row_width = tc.dim + state_width(tc.optimizer.kind, tc.dim);
+  if (tc.store == "host") {
+    host_store_options so;
+    so.table_name = tc.name;
+    so.row_width = row_width;
+    so.space = space;
+    return std::shared_ptr<param_store<trainer_key>>(std::make_shared<host_store<trainer_key>>(so));
+  }
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+  rocksdb_store_options ro;
+  ro.path = tc.store_path;
+  ro.table_name = tc.name;
+  ro.row_width = row_width;
+  ro.dim = tc.dim;
+  ro.optimizer = to_string(tc.optimizer.kind);
+  // An earlier run's rows are used only when asked for; a resume replaces them anyway.
+  ro.existing_rows = tc.reuse_store || !config.resume_from.empty() ? existing_rows_policy::reuse
+                                                                   : existing_rows_policy::refuse;
+  ro.space = space;
+  auto& db = databases[tc.store_path];
+  if (!db) {
+    auto opened = rocksdb_database::open(ro);
+    if (!opened.ok()) return opened.get_status().with_context(table_field(t) + ".store_path");
+    db = opened.value();
+  }
+  auto s = rocksdb_store<trainer_key>::open(db, ro);
+  if (!s.ok()) return s.get_status().with_context(table_field(t) + ".store_path");
+  return std::shared_ptr<param_store<trainer_key>>(std::move(s).value());
+#else
+  (void)databases;
+  return status::unsupported(table_field(t) + ".store: this build has no RocksDB store");
+#endif
+}
+
+}  // namespace
+
+table_roles roles_of(const trainer_config& config) {
+  table_roles r;
+  for (std::size_t t = 0; t < config.tables.size(); ++t) {
+    if (config.tables[t].name == "wide") r.wide = t;
+    if (config.tables[t].name == "deep") r.deep = t;
+  }
+  return r;
+}
+
+table_counters sum_of_tables(const std::vector<table_counters>& tables) {
+  table_counters sum;
+  for (const auto& c : tables) sum += c;
+  return sum;
+}
+
+result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
+                                                bool save_only_cache, std::string* building) {
+  embedding_tables tables;
+  tables.roles = roles_of(config);
+  database_map databases;
+  std::vector<table_options<trainer_key>> topts;
+  for (std::size_t t = 0; t < config.tables.size(); ++t) {
+    const trainer_table_config& tc = config.tables[t];
+    table_options<trainer_key> o;
+    o.name = tc.name;
+    o.dim = tc.dim;
+    o.optimizer = tc.optimizer;
+    o.capacity = save_only_cache ? 1 : tc.capacity;
+    o.slots = save_only_cache ? 0 : tc.slots;
+    o.max_resident = save_only_cache ? 0 : tc.max_resident;
+    o.init.kind = init_kind::uniform;
+    o.init.scale = tc.init_scale;
+    o.init.seed = config.seed;
+    o.slot_of = [](trainer_key k) -> std::uint64_t { return criteo_key_tag(k); };  // HugeCTR
+    *building = table_field(t) + " (table \"" + tc.name + "\"): its store";
+    auto store = make_store(config, t, space, databases);
+    if (!store.ok()) return store.get_status();
+    o.store = store.value();
+    tables.stores.push_back(std::move(store).value());
+    topts.push_back(std::move(o));
+  }
+  training_cache_options co;
+  co.mode = config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  *building = "config.tables: the training cache of";
+  for (std::size_t t = 0; t < topts.size(); ++t)
+    *building += std::string(t ? " and" : "") + " table \"" + topts[t].name + "\" (" +
+                 table_field(t) + ".capacity " + std::to_string(topts[t].capacity) + ")";
+  try {
+    tables.cache = std::make_unique<training_cache<trainer_key>>(co, topts);
+  } catch (const error& e) {
+    return status(e.code(), std::string("config.tables: ") + e.what());
+  }
+  return tables;
+}
+
+result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
+                                                            host_space space,
+                                                            std::string* building) {
+  const bool hybrid = config.mode == trainer_mode::host_hybrid;
+  auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid, building);
+  if (!tables.ok()) return tables.get_status();
+  if (hybrid) return make_host_hybrid_path(config, std::move(tables).value(), building);
+  return make_cache_path(config, space, std::move(tables).value());
+}
+
+}  // namespace embcache::detail

@@ -1,0 +1,139 @@
+// Where the trainer's embeddings live and how a training step reaches them. The pass loop
+// (trainer.cpp) and the checkpoints (trainer_checkpoint.cpp) see the tables only through
+// embedding_path, so that the modes differ in one place: the training cache in keyset or
+// on-demand mode (cache_path.cpp) or host-hybrid on the stores (host_hybrid_path.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/param_store.hpp"
+#include "embcache/space.hpp"
+#include "embcache/status.hpp"
+#include "embcache/trainer/trainer.hpp"
+#include "embcache/training_cache.hpp"
+
+namespace embcache::detail {
+
+using trainer_key = std::int64_t;
+
+/// Which table of the configuration is which (indices into trainer_config::tables).
+struct table_roles {
+  std::size_t wide = 0;  ///< the dim-1 table of the wide part
+  std::size_t deep = 1;  ///< the table of the deep part
+};
+/// The roles of `config`'s tables (validate() guarantees one "wide" and one "deep").
+table_roles roles_of(const trainer_config& config);
+
+/// The keys of one batch as the two tables see them: one key per bag (one-hot slots).
+struct batch_keys {
+  std::size_t batch_size = 0;             ///< samples B
+  const trainer_key* wide = nullptr;      ///< B * wide_slots keys
+  std::size_t wide_slots = 0;             ///< slot keys, plus the crossed keys when crossing
+  const trainer_key* deep = nullptr;      ///< B * deep_slots keys
+  std::size_t deep_slots = 0;             ///< slot keys
+  const std::int64_t* offsets = nullptr;  ///< 0, 1, 2, ...: every bag holds one key
+};
+
+/// What a path did since it was last asked (embedding_path::take_activity).
+struct path_activity {
+  std::uint64_t hits = 0;      ///< keys found resident (keyset swaps, on-demand lookups)
+  std::uint64_t misses = 0;    ///< keys brought in from the stores
+  double blocked_seconds = 0;  ///< time the caller waited on swapping
+};
+
+/// Rows an optimizer step left non-finite: the first table found so (rows 0: none).
+struct non_finite_rows {
+  std::string table;  ///< "wide" or "deep"
+  std::size_t rows = 0;
+};
+
+/// The number of non-finite floats among `n` at `p`.
+inline std::size_t count_non_finite(const float* p, std::size_t n) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(p[i]) ? 0 : 1;
+  return bad;
+}
+
+/// The sum of per-table counters.
+table_counters sum_of_tables(const std::vector<table_counters>& tables);
+
+/// The trainer's two embedding tables and the way a step reaches them. Every mode gives the
+/// same model bits: the rows start from the cache's initializer and are updated by the same
+/// sparse optimizers in the same order (wide, then deep).
+class embedding_path {
+ public:
+  virtual ~embedding_path() = default;
+
+  /// Before the first batch of `shard`: keyset mode makes its keyset resident (taking the keys
+  /// prefetched for it when there are) and, with prefetch on, stages `upcoming` (the next
+  /// shard, "" for none) in the background. The other modes have nothing to do.
+  [[nodiscard]] virtual status begin_shard(const std::string& shard,
+                                           const std::string& upcoming) = 0;
+  /// Pools the batch's rows into `wide_out` (B * wide_slots floats) and `deep_out` (B *
+  /// deep_slots * dim floats).
+  [[nodiscard]] virtual status forward(const batch_keys& keys, float* wide_out,
+                                       float* deep_out) = 0;
+  /// Applies the sparse optimizers to the rows of the last forward with the gradients of its
+  /// outputs, as optimizer step `step` (from 1). When a table's rows come out non-finite, stops
+  /// before anything else changes and says so in `*bad`.
+  [[nodiscard]] virtual status backward(const float* d_wide, const float* d_deep,
+                                        std::uint64_t step, non_finite_rows* bad) = 0;
+  /// Reads whole rows (row_width floats each) without changing anything; found[i] is false for
+  /// a key never trained.
+  [[nodiscard]] virtual status read(std::size_t table, const trainer_key* keys, std::size_t n,
+                                    float* rows, bool* found) = 0;
+  /// Floats per row of `table`: the embedding and its optimizer state.
+  virtual std::size_t row_width(std::size_t table) const = 0;
+  /// Whether the rows pass through a cache (false: read from the stores, no hit rate).
+  virtual bool has_cache() const noexcept = 0;
+  /// Hits, misses and blocked seconds since the previous call.
+  virtual path_activity take_activity() = 0;
+  /// The training cache's counters (zeros for host-hybrid, whose cache only saves and loads).
+  virtual const cache_counters& counters() const = 0;
+
+  /// Writes the rows changed since the previous export into a new folder under `dir`;
+  /// unsupported without a cache.
+  virtual result<std::string> export_incremental_to(const std::string& dir, bool with_state) = 0;
+  /// Writes both tables to `dir` in the training_cache::save layout.
+  [[nodiscard]] virtual status save_sparse(const std::string& dir,
+                                           const save_progress& on_progress) = 0;
+  /// Replaces both tables with a save_sparse folder.
+  [[nodiscard]] virtual status load_sparse(const std::string& dir) = 0;
+  /// After a load: the optimizer step the tables continue from.
+  virtual void set_step(std::uint64_t step) = 0;
+  /// The training cache behind trainer::cache() (host-hybrid: its cache of one bucket per table).
+  virtual training_cache<trainer_key>& cache() = 0;
+};
+
+/// Builds the path `config.mode` names, with its stores and cache. While it allocates,
+/// `*building` names the part (for an out-of-memory message).
+result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
+                                                            host_space space,
+                                                            std::string* building);
+
+// The parts make_embedding_path puts together (embedding_path.cpp).
+
+/// The stores and the training cache of the configuration's tables.
+struct embedding_tables {
+  table_roles roles;
+  std::vector<std::shared_ptr<param_store<trainer_key>>> stores;  ///< config.tables order
+  std::unique_ptr<training_cache<trainer_key>> cache;
+};
+/// Opens the stores and builds the training cache: sized by the configuration, or with
+/// `save_only_cache` one bucket per table, which serves only the initializer, save and load.
+result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
+                                                bool save_only_cache, std::string* building);
+/// The training-cache path, keyset or on-demand by config.mode (cache_path.cpp).
+std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
+                                                embedding_tables tables);
+/// The host-hybrid path (host_hybrid_path.cpp).
+std::unique_ptr<embedding_path> make_host_hybrid_path(const trainer_config& config,
+                                                      embedding_tables tables,
+                                                      std::string* building);
+
+}  // namespace embcache::detail

@@ -1,0 +1,165 @@
+// The trainer's checkpoints: save() stages the whole save (sparse tables, dense.bin,
+// trainer.json) in a sibling folder, fsyncs it and publishes it in place of the previous one;
+// load() reads the published save, or the previous one when a publish was cut short.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "common/durable_file.hpp"
+#include "embcache/detail/progress.hpp"
+#include "reporting.hpp"
+#include "trainer_impl.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using clock_type = trainer::impl::clock_type;
+
+// The file that marks a complete save (written last into the staged folder).
+constexpr const char* state_file = "trainer.json";
+
+// One file of the staged save: fsynced here, its folder entry by publish_folder().
+status write_staged_file(const std::string& path, const void* data, std::size_t n) {
+  detail::durable_file_writer w;
+  EMBCACHE_RETURN_IF_ERROR(w.open(path, detail::file_placement::in_staged_folder));
+  EMBCACHE_RETURN_IF_ERROR(w.write(data, n));
+  return w.commit();
+}
+
+// The trainer's state beside the tables and the dense blob.
+json state_json(const trainer::impl& s) {
+  json history = json::array();
+  for (const auto& m : s.history) history.push_back(m);
+  return {{"format", "embcache-trainer"},
+          {"format_version", 1},
+          {"mode", to_string(s.config.mode)},
+          {"step", s.step},
+          {"passes_done", s.passes_done},
+          {"samples", s.samples},
+          {"seed", s.config.seed},
+          {"crossed", s.config.crossed},
+          {"history", history},
+          {"counters", s.path->counters()},
+          {"config", json(s.config)}};
+}
+
+// Writes the whole save into the staged folder `staged`.
+status write_save(trainer::impl& s, const std::string& staged, const std::string& dir,
+                  const std::vector<std::uint8_t>& dense) {
+  // A line by the progress rules (every 10%, at least 2 s apart) as the tables are written.
+  std::optional<detail::progress_meter> meter;
+  const auto on_progress = [&](std::uint64_t done, std::uint64_t total) {
+    if (!meter) meter.emplace(total);
+    if (done > 0 && meter->due(done))
+      s.log("save to " + dir + ": " + meter->count_text(done, "rows"));
+  };
+  EMBCACHE_RETURN_IF_ERROR(s.path->save_sparse(staged + "/sparse", on_progress));
+  EMBCACHE_RETURN_IF_ERROR(write_staged_file(staged + "/dense.bin", dense.data(), dense.size()));
+  const std::string text = state_json(s).dump(2) + "\n";
+  return write_staged_file(staged + "/" + state_file, text.data(), text.size());
+}
+
+}  // namespace
+
+// Layout in docs/model.md. The blob is the device-independent picture of the dense state, so
+// this works whichever device the network runs on. A blob that does not parse counts as not
+// finite.
+bool detail::dense_blob_finite(const std::vector<std::uint8_t>& blob) {
+  auto u64 = [&](std::size_t at, std::uint64_t& v) {
+    if (at + 8 > blob.size()) return false;
+    std::memcpy(&v, blob.data() + at, 8);
+    return true;
+  };
+  auto floats = [&](std::size_t at, std::uint64_t n) {
+    if (n > (blob.size() - std::min(at, blob.size())) / 4) return false;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, blob.data() + at + 4 * i, 4);
+      if (!std::isfinite(f)) return false;
+    }
+    return true;
+  };
+  // Wide&Deep: magic 8, bias / m / v 12, MLP blob size 8, MLP blob, checksum 8.
+  std::uint64_t mlp_size = 0;
+  if (!floats(8, 3) || !u64(20, mlp_size) || mlp_size > blob.size() - 28) return false;
+  // MLP: magic 8, version 4, hidden count 4, input_dim 8, widths 8 H, Adam step 8, parameter
+  // count P 8, parameters / m / v 3 x 4 P, checksum 8.
+  const std::size_t mlp = 28;
+  std::uint32_t hidden = 0;
+  if (mlp_size < 24) return false;
+  std::memcpy(&hidden, blob.data() + mlp + 12, 4);
+  const std::size_t count_at = mlp + 24 + 8 * std::size_t(hidden) + 8;
+  std::uint64_t params = 0;
+  if (!u64(count_at, params) || params > mlp_size / 12) return false;
+  return floats(count_at + 8, 3 * params);
+}
+
+status trainer::save(const std::string& dir) {
+  impl& s = *impl_;
+  if (!s.diverged.ok()) return s.diverged;
+  const auto t0 = clock_type::now();
+  const std::vector<std::uint8_t> dense = s.model->save();
+  if (!detail::dense_blob_finite(dense))
+    return s.diverge("save to " + dir + " after step " + std::to_string(s.step),
+                     "the dense weights or their Adam state are not finite");
+  // The previous save stays whole until the new one is complete and durable.
+  const std::string staged = detail::staging_folder_of(dir);
+  std::error_code ec;
+  fs::remove_all(staged, ec);
+  fs::create_directories(staged, ec);
+  if (ec) return status::io_error(staged + ": cannot create (" + ec.message() + ")");
+  status written = write_save(s, staged, dir, dense);
+  if (written.ok()) written = detail::publish_folder(staged, dir);
+  if (!written.ok()) {
+    fs::remove_all(staged, ec);  // a partial save, or the previous one after an exchange
+    return written;
+  }
+  s.log(detail::save_summary_line(dir,
+                                  std::chrono::duration<double>(clock_type::now() - t0).count()));
+  return {};
+}
+
+status trainer::load(const std::string& dir_in) {
+  impl& s = *impl_;
+  const std::string dir = detail::published_folder(dir_in, state_file);
+  const std::string state_path = dir + "/" + state_file;
+  auto text = detail::read_file_bytes(state_path);
+  if (!text.ok()) return text.get_status();
+  std::uint64_t step = 0, passes = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  try {
+    const json state = json::parse(text.value().begin(), text.value().end());
+    if (state.at("format") != "embcache-trainer" || state.at("format_version") != 1)
+      return status::invalid_argument(state_path + ": not an embcache-trainer save of version 1");
+    if (state.at("crossed").get<bool>() != s.config.crossed)
+      return status::invalid_argument(state_path + ": saved with crossed " +
+                                      state.at("crossed").dump() + ", config.crossed differs");
+    step = state.at("step").get<std::uint64_t>();
+    passes = state.at("passes_done").get<std::uint64_t>();
+    samples = state.at("samples").get<std::uint64_t>();
+    for (const auto& h : state.at("history")) history.push_back(detail::pass_metrics_from_json(h));
+  } catch (const std::exception& e) {
+    return status::corruption(state_path + ": " + e.what());
+  }
+  auto dense = detail::read_file_bytes(dir + "/dense.bin");
+  if (!dense.ok()) return dense.get_status();
+  EMBCACHE_RETURN_IF_ERROR(s.path->load_sparse(dir + "/sparse"));
+  EMBCACHE_RETURN_IF_ERROR(
+      s.model
+          ->load(reinterpret_cast<const std::uint8_t*>(dense.value().data()), dense.value().size())
+          .with_context(dir + "/dense.bin"));
+  s.step = step;
+  s.passes_done = passes;
+  s.samples = samples;
+  s.history = std::move(history);
+  s.path->set_step(step);
+  return {};
+}
+
+}  // namespace embcache

@@ -1,0 +1,69 @@
+// The trainer's state, shared by its parts: the pass loop (trainer.cpp) and the checkpoints
+// (trainer_checkpoint.cpp). The tables are behind the embedding path.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/trainer/trainer.hpp"
+#include "embedding_path.hpp"
+
+namespace embcache {
+
+struct trainer::impl {
+  using clock_type = std::chrono::steady_clock;
+
+  trainer_config config;
+  host_space space;
+  detail::table_roles roles;
+  std::size_t num_wide_slots = 0;  // slot keys, plus crossed keys when crossing
+  std::unique_ptr<detail::embedding_path> path;
+  std::unique_ptr<dense_backend> model;
+  std::string dense_note;
+  bool dense_note_logged = false;
+  std::uint64_t step = 0, passes_done = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  std::function<void(const std::string&)> log;
+  // The run() in progress, for the run part of the progress lines: its last pass number, the
+  // samples of all its passes (shard headers; 0 when unknown or outside run()), those done, and
+  // when it began.
+  std::uint64_t run_last_pass = 0, run_total = 0, run_done = 0;
+  clock_type::time_point run_t0;
+  // Set when the model was found non-finite: from then on no pass, save or export runs.
+  status diverged;
+  std::string building;  // what build() is allocating, for an out-of-memory message
+
+  // Per-step scratch.
+  std::vector<detail::trainer_key> wide_keys;
+  std::vector<std::int64_t> offsets;
+  std::vector<float> in_wide, in_deep, d_wide, d_deep, rows_buf, logits;
+  std::unique_ptr<bool[]> found;
+  std::size_t found_size = 0;
+
+  impl();
+  // Checks the memory estimate, then builds the embedding path and the dense model; an
+  // allocation that fails anyway becomes a status naming what was being built.
+  status build();
+  // The batch's wide keys (slot keys, then crossed keys) and enough one-hot offsets.
+  void fill_keys(const shard_batch& b);
+  status train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
+                    double* loss);
+  bool* found_buffer(std::size_t n);
+  // Records a divergence (what went non-finite, where) and returns it.
+  status diverge(const std::string& where, const std::string& what);
+};
+
+namespace detail {
+
+/// "pass 2 step 14 (step 2 of the pass)": the global step counts from 1, resumes included.
+std::string step_label(std::uint64_t pass, std::uint64_t global_step, std::uint64_t pass_step);
+
+/// Whether every float of a wide_deep_model blob is finite (trainer_checkpoint.cpp).
+bool dense_blob_finite(const std::vector<std::uint8_t>& blob);
+
+}  // namespace detail
+}  // namespace embcache

@@ -1,0 +1,135 @@
+// How much memory a configuration needs: the estimate trainer::create checks against the
+// machine's physical memory before it allocates anything (trainer.hpp: check_memory).
+#include <unistd.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "embcache/criteo.hpp"
+#include "embcache/optimizers.hpp"
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache {
+namespace {
+
+// a * b, or false when it does not fit in 64 bits.
+bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_add_overflow(a, b, &out);
+}
+
+// One part of the run's memory: the field that sizes it and what it is.
+struct memory_part {
+  std::string field, what;
+  bool overflow = false;
+  std::uint64_t bytes = 0;
+};
+
+std::string bytes_text(const memory_part& p) {
+  return p.overflow ? "more than 2^64 bytes" : std::to_string(p.bytes) + " bytes";
+}
+
+// Per slot of a cache table: the row's floats plus the key, version, score, claim, state and
+// overflow words (embedding_cache.hpp).
+constexpr std::uint64_t slot_metadata_bytes = 40;
+
+}  // namespace
+
+std::uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  std::uint64_t bytes = 0;
+  if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
+    return std::numeric_limits<std::uint64_t>::max();
+  return bytes;
+}
+
+status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
+  std::vector<memory_part> parts;
+  std::uint64_t dim = 16;  // the deep table's
+  for (const auto& tc : c.tables)
+    if (tc.name == "deep") dim = tc.dim;
+  // The caches (host_hybrid keeps a one-row cache per table): slots * (row floats + metadata).
+  if (c.mode != trainer_mode::host_hybrid)
+    for (std::size_t t = 0; t < c.tables.size(); ++t) {
+      const trainer_table_config& tc = c.tables[t];
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "]." + (tc.slots ? "slots" : "capacity");
+      std::uint64_t slots = tc.slots, row = 0, per_slot = 0;
+      bool ok = true;
+      if (slots == 0) {  // the cache's default, capacity * 5 / 4
+        ok = checked_mul(tc.capacity, 5, slots);
+        slots /= 4;
+      }
+      ok = ok && checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
+           checked_mul(row, 4, per_slot) && checked_add(per_slot, slot_metadata_bytes, per_slot) &&
+           checked_mul(slots, per_slot, p.bytes);
+      p.overflow = !ok;
+      p.what = "the cache of table \"" + tc.name + "\" (" +
+               (ok ? std::to_string(slots) + " slots of " + std::to_string(per_slot) + " bytes"
+                   : std::to_string(tc.slots ? tc.slots : tc.capacity) +
+                         (tc.slots ? " slots" : " rows")) +
+               ")";
+      parts.push_back(p);
+    }
+  // The MLP: parameters, gradients and two Adam moments, 16 bytes per parameter.
+  {
+    memory_part p;
+    p.field = "config.model.hidden";
+    p.what = "the dense network's parameters, gradients and Adam state";
+    std::uint64_t in = 0, params = 0;
+    bool ok = checked_mul(criteo_slot_count, dim, in) && checked_add(in, criteo_dense_count, in);
+    std::vector<std::uint64_t> widths(c.model.hidden.begin(), c.model.hidden.end());
+    widths.push_back(1);
+    for (std::uint64_t w : widths) {
+      std::uint64_t layer = 0;
+      ok = ok && checked_mul(in, w, layer) && checked_add(layer, w, layer) &&
+           checked_add(params, layer, params);
+      in = w;
+    }
+    ok = ok && checked_mul(params, 16, p.bytes);
+    p.overflow = !ok;
+    parts.push_back(p);
+  }
+  // One batch: the pooled inputs and their gradients, and each hidden layer's activations and
+  // deltas, 4 bytes each.
+  {
+    memory_part p;
+    p.field = "config.batch_size";
+    p.what = "the buffers of one batch of " + std::to_string(c.batch_size) + " samples";
+    std::uint64_t per_sample = 0, deep = 0;
+    bool ok = checked_mul(criteo_slot_count, dim, deep) &&
+              checked_add(deep, criteo_slot_count + criteo_cross_count + criteo_dense_count,
+                          per_sample) &&
+              checked_mul(per_sample, 2, per_sample);
+    for (std::uint64_t w : c.model.hidden) {
+      std::uint64_t two = 0;
+      ok = ok && checked_mul(w, 2, two) && checked_add(per_sample, two, per_sample);
+    }
+    ok = ok && checked_mul(per_sample, 4, per_sample) &&
+         checked_mul(per_sample, c.batch_size, p.bytes);
+    p.overflow = !ok;
+    parts.push_back(p);
+  }
+  const std::string limit =
+      ", more than the " + std::to_string(available_bytes) + " bytes of physical memory";
+  memory_part total;
+  for (const memory_part& p : parts) {
+    if (p.overflow || p.bytes > available_bytes)
+      return status::capacity_exceeded(p.field + ": " + p.what + " needs " + bytes_text(p) + limit);
+    total.overflow = total.overflow || !checked_add(total.bytes, p.bytes, total.bytes);
+  }
+  if (total.overflow || total.bytes > available_bytes) {
+    std::string list;
+    for (const memory_part& p : parts)
+      list += (list.empty() ? "" : ", ") + p.field + " " + bytes_text(p);
+    return status::capacity_exceeded("config: the caches, the dense network and the batch need " +
+                                     bytes_text(total) + " together (" + list + ")" + limit);
+  }
+  return {};
+}
+
+}  // namespace embcache

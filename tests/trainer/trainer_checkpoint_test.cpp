@@ -1,0 +1,153 @@
+// The trainer's checkpoints: a resume gives the model of an uninterrupted run, a save cut short
+// between its renames still loads, and a save that fails leaves the previous one whole.
+#include <sys/resource.h>
+
+#include <csignal>
+#include <map>
+
+#include "trainer_test_support.hpp"
+
+namespace embcache::test {
+namespace {
+
+TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
+  trainer_config whole = small_config("whole");
+  size_to_largest_shard(whole);
+  const run_result rw = run(whole);
+
+  trainer_config first = whole;
+  first.passes = {whole.passes[0]};
+  first.save_dir = temp_dir("first") + "/save";
+  run(first);
+
+  trainer_config rest = whole;
+  rest.passes = {whole.passes[1], whole.passes[2]};
+  rest.resume_from = first.save_dir;
+  rest.save_dir = temp_dir("rest") + "/save";
+  auto t = trainer::create(rest);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_EQ(t.value()->passes_done(), 1u);
+  EXPECT_EQ(t.value()->step(), 24u);
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  EXPECT_EQ(t.value()->step(), rw.step);
+  ASSERT_EQ(t.value()->history().size(), 3u);
+  EXPECT_EQ(t.value()->history()[2].pass, 3u);
+  EXPECT_EQ(t.value()->history()[2].eval_auc, rw.history[2].eval_auc);
+  EXPECT_EQ(t.value()->history()[2].train_loss, rw.history[2].train_loss);
+  expect_same_model(whole.save_dir, rest.save_dir);
+
+  // A corrupted dense blob is refused, naming the file.
+  {
+    std::fstream f(first.save_dir + "/dense.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  auto bad = trainer::create(rest);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.get_status().message().find("dense.bin"), std::string::npos)
+      << bad.get_status().to_string();
+}
+
+// Copies the files of a save (to compare it with what a later save or load left).
+std::map<std::string, std::string> files_of(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file())
+      files[fs::relative(e.path(), dir).string()] = read_bytes(e.path().string());
+  return files;
+}
+
+TEST(trainer_checkpoint, a_save_cut_short_between_its_renames_loads_from_the_previous_folder) {
+  trainer_config c = small_config("cut_short");
+  c.passes = {c.passes[0]};
+  run(c);
+  const std::string save = c.save_dir, old = save + ".old";
+  // A save replaces the previous one whole and leaves nothing beside it.
+  EXPECT_FALSE(fs::exists(save + ".tmp"));
+  EXPECT_FALSE(fs::exists(old));
+  const auto saved = files_of(save);
+  // Where the two renames of a publish without an atomic exchange stop: the previous save moved
+  // aside, the new one not yet in place (or only a part of a folder there).
+  for (const bool partial_in_place : {false, true}) {
+    fs::remove_all(old);
+    fs::rename(save, old);
+    if (partial_in_place) fs::create_directories(save + "/sparse");
+    trainer_config resumed = c;
+    resumed.passes = {c.passes[0]};
+    resumed.resume_from = save;
+    resumed.save_dir = temp_dir("cut_short_again") + "/save";
+    auto t = trainer::create(resumed);
+    EMBCACHE_ASSERT_OK(t);
+    EXPECT_EQ(t.value()->passes_done(), 1u) << partial_in_place;
+    EXPECT_EQ(t.value()->step(), 24u) << partial_in_place;
+    EMBCACHE_ASSERT_OK(t.value()->save(resumed.save_dir));
+    expect_same_model(old, resumed.save_dir);
+    fs::remove_all(save);
+    fs::rename(old, save);
+    EXPECT_EQ(files_of(save), saved);
+  }
+}
+
+// Lets the files this process writes grow to `bytes` at most (writes beyond fail with EFBIG
+// instead of raising SIGXFSZ); the destructor restores the limit.
+class file_size_limit {
+ public:
+  explicit file_size_limit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{bytes, saved_.rlim_max};
+    ok_ = ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
+  }
+  ~file_size_limit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  void (*previous_handler_)(int) = nullptr;
+  bool ok_ = false;
+};
+
+TEST(trainer_checkpoint, a_failed_dense_write_leaves_the_previous_save_whole) {
+  trainer_config c = small_config("dense_fails");
+  c.passes = {c.passes[0], c.passes[1]};
+  c.model.hidden = {2048};  // dense.bin of about 10 MB, larger than every sparse file
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EMBCACHE_ASSERT_OK(t.value()->run_pass(c.passes[0]));
+  EMBCACHE_ASSERT_OK(t.value()->save(c.save_dir));
+  const auto saved = files_of(c.save_dir);
+  std::size_t largest_sparse = 0;
+  for (const auto& [name, bytes] : saved)
+    if (name.rfind("sparse/", 0) == 0) largest_sparse = std::max(largest_sparse, bytes.size());
+  const std::size_t dense = saved.at("dense.bin").size(), limit = 4u << 20;
+  ASSERT_LT(largest_sparse, limit);
+  ASSERT_GT(dense, limit);
+
+  EMBCACHE_ASSERT_OK(t.value()->run_pass(c.passes[1]));
+  status s;
+  {
+    file_size_limit small(limit);
+    ASSERT_TRUE(small.ok());
+    s = t.value()->save(c.save_dir);
+  }
+  EXPECT_EQ(s.code(), status_code::io_error) << s.to_string();
+  EXPECT_EQ(s.message(), "cannot write '" + c.save_dir + ".tmp/dense.bin': File too large");
+  // The previous save is untouched and loads; nothing of the failed one is left.
+  EXPECT_EQ(files_of(c.save_dir), saved);
+  EXPECT_FALSE(fs::exists(c.save_dir + ".tmp"));
+  EXPECT_FALSE(fs::exists(c.save_dir + ".old"));
+  trainer_config resumed = c;
+  resumed.resume_from = c.save_dir;
+  auto again = trainer::create(resumed);
+  EMBCACHE_ASSERT_OK(again);
+  EXPECT_EQ(again.value()->passes_done(), 1u);
+  // Once the disk has room again, the next save goes through.
+  EMBCACHE_EXPECT_OK(t.value()->save(c.save_dir));
+  EXPECT_NE(files_of(c.save_dir).at("dense.bin"), saved.at("dense.bin"));
+}
+
+}  // namespace
+}  // namespace embcache::test

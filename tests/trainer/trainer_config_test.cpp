@@ -1,0 +1,369 @@
+// The trainer's configuration: errors name the field and the range, the dense device is chosen
+// as asked, and a configuration too large for the machine's memory is a clear error.
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "trainer_test_support.hpp"
+
+namespace embcache::test {
+namespace {
+
+TEST(trainer_config, errors_name_the_field) {
+  auto err = [](const json& j) {
+    auto c = trainer_config_from_json(j);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  const json base = {{"passes", {{"a.bin"}}}};
+  EXPECT_EQ(err(base), "ok");
+  json j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 0}}};
+  EXPECT_EQ(err(j), "config.tables[1].capacity: expected an integer in [1, 1099511627776], got 0");
+  j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", "big"}}};
+  EXPECT_EQ(err(j),
+            "config.tables[1].capacity: expected an integer in [1, 1099511627776] or "
+            "\"auto\", got \"big\"");
+  j = base;
+  j["tables"] = {{{"name", "wide"}}, {{"name", "deep"}, {"capacity", 100}, {"max_resident", 99}}};
+  EXPECT_EQ(err(j), "config.tables[1].max_resident: must be 0 (default) or >= capacity");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"capacity", 100}, {"slots", 120}, {"max_resident", 121}},
+                 {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].max_resident: must be <= slots");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"capacity", 100}, {"slots", 90}}, {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].slots: must be 0 (default) or >= capacity");
+  j = base;
+  j["batch_sise"] = 4;
+  EXPECT_EQ(err(j), "config.batch_sise: unknown field");
+  j = base;
+  j["mode"] = "lazy";
+  EXPECT_EQ(err(j), "config.mode: \"lazy\" is not a mode (keyset, on_demand, host_hybrid)");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"optimizer", {{"kind", "ftrl"}, {"ftrl_l1", -1}}}},
+                 {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].optimizer.ftrl_l1: expected a finite number >= 0, got -1");
+  EXPECT_EQ(err(json::object()), "config.passes: must hold at least 1 pass");
+  j = base;
+  j["tables"] = {{{"name", "wide"}, {"store", "rocksdb"}}, {{"name", "deep"}}};
+  EXPECT_EQ(err(j), "config.tables[0].store_path: required with store \"rocksdb\"");
+  j = base;
+  j["model"] = {{"dropout", 1.5}};
+  EXPECT_EQ(err(j), "config.model.dropout: expected a number in [0, 1), got 1.5");
+  j = base;
+  j["dense_device"] = "gpu";
+  EXPECT_EQ(err(j), "config.dense_device: \"gpu\" is not a device (host, cuda, auto)");
+  j = base;
+  j["dense_device"] = 1;
+  EXPECT_EQ(err(j), "config.dense_device: wrong type (number)");
+  for (const char* d : {"host", "cuda", "auto"}) {
+    j = base;
+    j["dense_device"] = d;
+    auto parsed = trainer_config_from_json(j);
+    EMBCACHE_ASSERT_OK(parsed) << d;
+    EXPECT_EQ(parsed.value().dense_device, d);
+  }
+  EXPECT_EQ(trainer_config{}.dense_device, "auto");
+  j = base;
+  j["blas_threads"] = -1;
+  EXPECT_EQ(err(j), "config.blas_threads: expected an integer in [0, 4096], got -1");
+
+  // Every field round-trips, and a table named "wide" starts from the wide defaults.
+  j = base;
+  j["tables"] = {
+      {{"name", "wide"}},
+      {{"name", "deep"}, {"dim", 8}, {"capacity", 3000}, {"slots", 5000}, {"max_resident", 4000}}};
+  auto c = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().tables[1].slots, 5000u);
+  EXPECT_EQ(c.value().tables[1].max_resident, 4000u);
+  EXPECT_EQ(c.value().tables[0].dim, 1u);
+  EXPECT_EQ(c.value().tables[0].optimizer.kind, optimizer_kind::ftrl);
+  EXPECT_EQ(c.value().tables[1].dim, 8u);
+  const json full = c.value();
+  auto again = trainer_config_from_json(full);
+  EMBCACHE_ASSERT_OK(again);
+  EXPECT_EQ(json(again.value()), full);
+}
+
+// A stand-in for the cuda backend: the host model under another device name, counting its builds.
+int fake_cuda_builds = 0;
+std::unique_ptr<dense_backend> fake_cuda(const wide_deep_options& o) {
+  ++fake_cuda_builds;
+  return make_host_dense_backend(o);
+}
+
+// Restores the factory this binary started with (none: it does not link embcache::cuda).
+struct factory_guard {
+  ~factory_guard() { set_cuda_dense_backend_factory(nullptr); }
+};
+
+TEST(trainer_dense_device, cuda_is_a_clear_error_without_the_cuda_space) {
+  ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
+  trainer_config c = small_config("dense_device");
+  c.dense_device = "cuda";
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+  EXPECT_EQ(t.get_status().message(),
+            "config.dense_device: \"cuda\" needs the cuda space, and this program was built "
+            "without it (link embcache::cuda, call register_cuda_dense_backend())");
+  c.dense_device = "tpu";
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message(),
+            "config.dense_device: \"tpu\" is not a device (host, cuda, auto)");
+}
+
+TEST(trainer_dense_device, auto_and_host_say_where_the_network_runs) {
+  ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
+  trainer_config c = small_config("dense_auto");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_STREQ(t.value()->model().device(), "host");
+  EXPECT_EQ(t.value()->dense_note(),
+            "dense network on host (auto: this program has no cuda space)");
+  std::vector<std::string> lines;
+  t.value()->set_log([&](const std::string& l) { lines.push_back(l); });
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
+  c.dense_device = "host";
+  t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_EQ(t.value()->dense_note(), "dense network on host");
+}
+
+TEST(trainer_dense_device, blas_threads_sets_openblas_and_zero_leaves_it) {
+  const int before = set_host_blas_threads(0);
+  ASSERT_GE(before, 1);
+  trainer_config c = small_config("blas_threads");
+  c.blas_threads = 0;
+  EMBCACHE_ASSERT_OK(trainer::create(c));
+  EXPECT_EQ(set_host_blas_threads(0), before);
+  c.blas_threads = before + 1;
+  EMBCACHE_ASSERT_OK(trainer::create(c));
+  EXPECT_EQ(set_host_blas_threads(0), before + 1);
+  set_host_blas_threads(before);
+  EXPECT_EQ(set_host_blas_threads(0), before);
+}
+
+TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) {
+  factory_guard guard;
+  set_cuda_dense_backend_factory(&fake_cuda);
+  fake_cuda_builds = 0;
+  std::string note;
+  const bool device = cuda_device_available();
+  auto b = make_dense_backend("auto", wide_deep_options{}, host_space{}, &note, "f");
+  EMBCACHE_ASSERT_OK(b);
+  EXPECT_EQ(fake_cuda_builds, device ? 1 : 0);
+  EXPECT_EQ(note, device ? "dense network on host (auto: CUDA device present)"
+                         : "dense network on host (auto: no CUDA device)");
+  auto c = make_dense_backend("cuda", wide_deep_options{}, host_space{}, &note, "f");
+  if (device) {
+    EMBCACHE_ASSERT_OK(c);
+    EXPECT_EQ(fake_cuda_builds, 2);
+  } else {
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.get_status().message(), "f: \"cuda\" but no CUDA device is present");
+  }
+}
+
+// --- configuration ranges and memory ---------------------------------------------------------
+
+TEST(trainer_config, numbers_out_of_range_name_the_field_and_the_range) {
+  auto err = [](const std::string& text) {
+    auto c = trainer_config_from_text(text);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  const std::string pass = R"("passes": [["a.bin"]])";
+  auto with = [&](const std::string& fields) { return "{" + pass + ", " + fields + "}"; };
+  auto tables = [&](const std::string& deep) {
+    return with(R"("tables": [{"name": "wide"}, {"name": "deep", )" + deep + "}]");
+  };
+  EXPECT_EQ(err(with(R"("batch_size": 64)")), "ok");
+  // Negative numbers used to wrap to huge unsigned values.
+  EXPECT_EQ(err(with(R"("model": {"hidden": [32, -1]})")),
+            "config text: config.model.hidden[1]: expected an integer in [1, 65536], got -1");
+  EXPECT_EQ(err(tables(R"("dim": -3)")),
+            "config text: config.tables[1].dim: expected an integer in [1, 4096], got -3");
+  EXPECT_EQ(err(tables(R"("capacity": -5)")),
+            "config text: config.tables[1].capacity: expected an integer in [1, 1099511627776], "
+            "got -5");
+  EXPECT_EQ(err(tables(R"("slots": -1)")),
+            "config text: config.tables[1].slots: expected an integer in [0, 1099511627776], got "
+            "-1");
+  EXPECT_EQ(err(with(R"("batch_size": -1)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got -1");
+  EXPECT_EQ(err(with(R"("eval_max_samples": -1)")),
+            "config text: config.eval_max_samples: expected an integer in [0, 1125899906842624], "
+            "got -1");
+  EXPECT_EQ(err(with(R"("seed": -1)")),
+            "config text: config.seed: expected an integer in [0, 18446744073709551615], got -1");
+  EXPECT_EQ(err(with(R"("threads": -2)")),
+            "config text: config.threads: expected an integer in [0, 4096], got -2");
+  // An integer field takes JSON integers only.
+  EXPECT_EQ(err(with(R"("batch_size": 12.5)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 12.5");
+  EXPECT_EQ(err(with(R"("batch_size": 1e3)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 1000.0");
+  EXPECT_EQ(err(with(R"("log_interval": true)")),
+            "config text: config.log_interval: expected an integer in [0, 1125899906842624], got "
+            "true");
+  // Upper bounds.
+  EXPECT_EQ(err(with(R"("batch_size": 1048577)")),
+            "config text: config.batch_size: expected an integer in [1, 1048576], got 1048577");
+  EXPECT_EQ(err(with(R"("threads": 100000)")),
+            "config text: config.threads: expected an integer in [0, 4096], got 100000");
+  EXPECT_EQ(err(tables(R"("dim": 5000)")),
+            "config text: config.tables[1].dim: expected an integer in [1, 4096], got 5000");
+  EXPECT_EQ(err(with(R"("model": {"hidden": "wide"})")),
+            "config text: config.model.hidden: expected an array of at most 32 widths, each an "
+            "integer in [1, 65536], got \"wide\"");
+  std::string layers = "[1";
+  for (int i = 0; i < 32; ++i) layers += ", 1";
+  EXPECT_EQ(err(with(R"("model": {"hidden": )" + layers + "]}")),
+            "config text: config.model.hidden: expected an array of at most 32 widths, each an "
+            "integer in [1, 65536], got an array");
+  // Reals: finite (also as a float), within their range.
+  EXPECT_EQ(err(with(R"("model": {"learning_rate": 0})")),
+            "config text: config.model.learning_rate: expected a finite number > 0, got 0");
+  EXPECT_EQ(err(with(R"("model": {"learning_rate": 1e39})")),
+            "config text: config.model.learning_rate: expected a finite number > 0, got 1e+39");
+  EXPECT_EQ(err(with(R"("model": {"dropout": 1.0})")),
+            "config text: config.model.dropout: expected a number in [0, 1), got 1.0");
+  EXPECT_EQ(err(with(R"("model": {"epsilon": -1e-8})")),
+            "config text: config.model.epsilon: expected a finite number > 0, got -1e-08");
+  EXPECT_EQ(err(tables(R"("init_scale": -0.5)")),
+            "config text: config.tables[1].init_scale: expected a number in [0, 1000], got -0.5");
+  EXPECT_EQ(err(tables(R"("optimizer": {"learning_rate": -0.1})")),
+            "config text: config.tables[1].optimizer.learning_rate: expected a finite number > 0, "
+            "got -0.1");
+  EXPECT_EQ(err(tables(R"("optimizer": {"kind": "ftrl", "ftrl_lr_power": 0.5})")),
+            "config text: config.tables[1].optimizer.ftrl_lr_power: expected a finite number <= "
+            "0, got 0.5");
+  // Text that is no JSON names its origin.
+  EXPECT_EQ(err("{\"passes\": [").rfind("config text: not valid JSON: ", 0), 0u);
+
+  // Configurations built in code get the same checks.
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.batch_size = std::size_t(-1);
+  EXPECT_EQ(validate(c).message(),
+            "config.batch_size: expected an integer in [1, 1048576], got 18446744073709551615");
+  c = trainer_config{};
+  c.passes = {{{"a.bin"}}};
+  c.model.hidden = {32, std::size_t(-1)};
+  EXPECT_EQ(validate(c).message(),
+            "config.model.hidden[1]: expected an integer in [1, 65536], got 18446744073709551615");
+  c.model.hidden = {32};
+  c.tables[0].optimizer.learning_rate = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(validate(c).message(),
+            "config.tables[0].optimizer.learning_rate: expected a finite number > 0, got inf");
+}
+
+TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
+  EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{1} << 30));
+  status s = check_memory(c, 100'000'000);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
+            "needs 304087040 bytes, more than the 100000000 bytes of physical memory");
+  c.tables[1].slots = 2 << 20;
+  EXPECT_EQ(check_memory(c, 100'000'000).message(),
+            "config.tables[1].slots: the cache of table \"deep\" (2097152 slots of 232 bytes) "
+            "needs 486539264 bytes, more than the 100000000 bytes of physical memory");
+  // Sizes whose product does not fit in 64 bits say so instead of wrapping.
+  c.tables[1].slots = 0;
+  c.tables[1].capacity = std::size_t(-1);
+  EXPECT_EQ(check_memory(c, 100'000'000).message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (18446744073709551615 rows) "
+            "needs more than 2^64 bytes, more than the 100000000 bytes of physical memory");
+
+  // Through trainer::create, against this machine's memory: a clear error, not std::bad_alloc.
+  ASSERT_GT(physical_memory_bytes(), 0u);
+  c = trainer_config{};
+  c.passes = {{{"a.bin"}}};
+  c.tables[1].capacity = std::size_t{1} << 40;
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.tables[1].capacity: the cache of table \"deep\" (1374389534720 slots of "
+                "232 bytes) needs 318858372055040 bytes, more than the ",
+                0),
+            0u)
+      << t.get_status().to_string();
+  c.tables[1].capacity = 1000;
+  c.model.hidden.assign(32, 65536);
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.model.hidden: the dense network's parameters, gradients and Adam state "
+                "needs 2130788220944 bytes, more than the ",
+                0),
+            0u)
+      << t.get_status().to_string();
+  c.model.hidden = {1024, 1024};
+  c.tables[1].dim = 4096;
+  c.batch_size = 1 << 20;
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message().rfind("config.batch_size: the buffers of one batch of 1048576 "
+                                           "samples needs ",
+                                           0),
+            0u)
+      << t.get_status().to_string();
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMBCACHE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMBCACHE_TEST_ASAN 1
+#endif
+#endif
+
+// In a child process whose address space is capped 300 MB above what it uses: a cache that the
+// memory estimate lets through (this machine has the memory) but that cannot be allocated is a
+// status naming the tables, not an uncaught std::bad_alloc. Exit 0 when so.
+int create_under_an_address_space_limit() {
+  std::ifstream st("/proc/self/status");
+  std::string line;
+  std::uint64_t vm_kb = 0;
+  while (std::getline(st, line))
+    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
+  if (vm_kb == 0) return 2;
+  const rlim_t cap = rlim_t(vm_kb + 300 * 1024) * 1024;
+  const rlimit rl{cap, cap};
+  if (::setrlimit(RLIMIT_AS, &rl) != 0) return 3;
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.model.hidden = {16};
+  c.tables[1].capacity = 4 << 20;  // 5,242,880 slots of 232 bytes: 1.2 GB
+  auto t = trainer::create(c);
+  if (t.ok()) return 4;
+  std::fprintf(stderr, "%s\n", t.get_status().to_string().c_str());
+  return t.get_status().code() == status_code::capacity_exceeded ? 0 : 5;
+}
+
+TEST(trainer_memory, allocation_failure_is_a_status_naming_the_tables) {
+#ifdef EMBCACHE_TEST_ASAN
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the cap leaves";
+#else
+  if (physical_memory_bytes() < (std::uint64_t{4} << 30)) GTEST_SKIP() << "less than 4 GiB";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(create_under_an_address_space_limit()), ::testing::ExitedWithCode(0),
+              "capacity_exceeded: config.tables: the training cache of table \"wide\" "
+              "\\(config.tables\\[0\\].capacity 1048576\\) and table \"deep\" "
+              "\\(config.tables\\[1\\].capacity 4194304\\): out of memory \\(std::bad_alloc\\)");
+#endif
+}
+
+}  // namespace
+}  // namespace embcache::test

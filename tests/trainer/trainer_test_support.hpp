@@ -1,0 +1,172 @@
+// What the trainer's test files share: temporary folders, the synthetic dataset (made once per
+// test binary), small configurations, runs and the comparison of two saves.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "embcache/criteo.hpp"
+#include "embcache/keyset.hpp"
+#include "embcache/shard.hpp"
+#include "embcache/synth.hpp"
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache::test {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+inline std::string temp_prefix() {
+  return "embcache_trainer_test_" + std::to_string(::getpid()) + "_";
+}
+
+// Removes this process's folders when the test binary exits.
+struct temp_cleanup {
+  ~temp_cleanup() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec))
+      if (e.path().filename().string().rfind(temp_prefix(), 0) == 0) fs::remove_all(e.path(), ec);
+  }
+};
+inline temp_cleanup cleanup_at_exit;
+
+inline std::string temp_dir(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() /
+                         ("embcache_trainer_test_" + std::to_string(::getpid()) + "_" + name))
+                            .string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Six shards of 1,500 synthetic rows with crossed keys, made once per test binary.
+inline const std::string& dataset() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("data");
+    synth_options so;
+    so.rows = 9000;
+    so.cardinality_scale = 0.01;
+    dataset_writer_options wo;
+    wo.output_dir = d;
+    wo.rows_per_shard = 1500;
+    auto s = write_synth_dataset(so, wo, /*cross=*/true);
+    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    return d;
+  }();
+  return dir;
+}
+
+inline std::string shard(std::size_t i) { return shard_file_name(i); }
+
+inline trainer_config small_config(const std::string& name) {
+  trainer_config c;
+  c.data_dir = dataset();
+  c.passes = {{{shard(0), shard(1)}}, {{shard(2)}}, {{shard(3), shard(4)}}};
+  c.eval_shard = shard(5);
+  c.model.hidden = {32, 16};
+  c.model.dropout = 0.1f;  // on, so that its stream is part of what must be reproduced
+  c.model.seed = 7;
+  c.batch_size = 128;
+  c.crossed = true;
+  c.seed = 3;
+  c.log_interval = 0;
+  c.threads = 2;
+  c.save_dir = temp_dir(name) + "/save";
+  return c;
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(bool(in)) << path;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The model files of a save: rows, slot ids and optimizer state (HugeCTR's per-optimizer files)
+// of both tables, and the dense blob. The `version` files hold the cache's update clock, which
+// counts swap calls too, and trainer.json holds timings: neither is part of the model.
+inline void expect_same_model(const std::string& a, const std::string& b) {
+  for (const char* table : {"wide", "deep"}) {
+    const std::string folder = std::string("/sparse/") + table;
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(a + folder)) {
+      if (e.path().filename() != "version") files.push_back(e.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    EXPECT_GE(files.size(), 3u) << folder;  // key, emb_vector, slot_id (+ the state files)
+    EXPECT_TRUE(std::find(files.begin(), files.end(), "slot_id") != files.end()) << folder;
+    for (const std::string& file : files) {
+      const std::string f = folder + "/" + file;
+      const std::string x = read_bytes(a + f), y = read_bytes(b + f);
+      EXPECT_GT(x.size(), 0u) << f;
+      EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
+    }
+  }
+  EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
+}
+
+struct run_result {
+  std::vector<pass_metrics> history;
+  table_counters totals;
+  std::uint64_t step = 0;
+};
+
+inline run_result run(const trainer_config& c) {
+  auto t = trainer::create(c);
+  EMBCACHE_EXPECT_OK(t);
+  if (!t.ok()) return {};
+  const status s = t.value()->run();
+  EMBCACHE_EXPECT_OK(s);
+  run_result r;
+  r.history = t.value()->history();
+  for (const auto& tc : t.value()->cache().counters().total) r.totals += tc;
+  r.step = t.value()->step();
+  return r;
+}
+
+inline std::size_t count_keys(const trainer_config& c, const char* file) {
+  std::vector<std::int64_t> all;
+  for (const auto& p : c.passes)
+    for (const auto& s : p.shards) {
+      const std::string base = c.data_dir + "/" + s.substr(0, s.size() - 4);
+      for (const std::string& f : {base + ".keys", base + ".cross.keys"}) {
+        if (std::string(file) == "deep" && f.find(".cross.") != std::string::npos) continue;
+        auto k = read_keyset<std::int64_t>(f);
+        EMBCACHE_EXPECT_OK(k);
+        all.insert(all.end(), k.value().begin(), k.value().end());
+      }
+    }
+  std::sort(all.begin(), all.end());
+  return std::size_t(std::unique(all.begin(), all.end()) - all.begin());
+}
+
+// Caches that hold the largest shard keyset of each table and no more: every pass evicts.
+inline void size_to_largest_shard(trainer_config& c) {
+  std::size_t wide = 0, deep = 0;
+  for (const auto& p : c.passes)
+    for (const auto& s : p.shards) {
+      trainer_config one = c;
+      one.passes = {{{s}}};
+      wide = std::max(wide, count_keys(one, "wide"));
+      deep = std::max(deep, count_keys(one, "deep"));
+    }
+  c.tables[0].capacity = wide;
+  c.tables[1].capacity = deep;
+}
+
+}  // namespace embcache::test
