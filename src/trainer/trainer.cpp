@@ -17,9 +17,9 @@
 #include <sstream>
 
 #include "embcache/criteo.hpp"
-#include "embcache/detail/cache_ref.hpp"
 #include "embcache/detail/hash.hpp"
 #include "embcache/detail/progress.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/shard.hpp"
@@ -316,7 +316,7 @@ status trainer::impl::build_parts() {
       ho.optimizer = config.tables[t].optimizer;
       ho.max_threads = config.threads;
       // The cache's own initializer, so that every mode starts from the same rows.
-      const detail::cache_ref<key_t> ref = cache->cache(t).ref();
+      const embedding_cache_ref<key_t> ref = cache->cache(t).ref();
       const std::size_t width = cache->row_width(t);
       embedding_initializer<key_t> init = [ref, width](key_t k, float* emb, std::size_t dim) {
         float row[64];
@@ -473,13 +473,13 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
                     step);
     EMBCACHE_RETURN_IF_ERROR(
         check_rows(wc.rows(), wc.row_width(), wide_grads, "wide", pass, pass_step));
-    EMBCACHE_RETURN_IF_ERROR(wc.mark_updated(wide_grads.rows.data(), wide_grads.size));
+    wc.mark_updated(wide_grads.rows.data(), wide_grads.size);
     aggregate_gradients(space, deep_batch, combiner::sum, d_deep.data(), dim, deep_grads);
     apply_optimizer(space, config.tables[deep_t].optimizer, dc.rows(), dc.row_width(), deep_grads,
                     step);
     EMBCACHE_RETURN_IF_ERROR(
         check_rows(dc.rows(), dc.row_width(), deep_grads, "deep", pass, pass_step));
-    EMBCACHE_RETURN_IF_ERROR(dc.mark_updated(deep_grads.rows.data(), deep_grads.size));
+    dc.mark_updated(deep_grads.rows.data(), deep_grads.size);
   } else {
     EMBCACHE_RETURN_IF_ERROR(hybrid[wide_t]->backward(d_wide.data()));
     EMBCACHE_RETURN_IF_ERROR(hybrid[deep_t]->backward(d_deep.data()));
