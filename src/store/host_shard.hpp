@@ -266,6 +266,20 @@ void for_each_shard(const host_space& space, std::size_t shards, const F& f) {
   });
 }
 
+// Runs f(s, shard, begin, end) in parallel for every shard `s` that a batch grouped by
+// group_by_shard touches, holding that shard's lock exclusively; [begin, end) are the positions
+// of g.order that belong to it.
+template <class Key, class F>
+void for_each_shard_group(const host_space& space, host_shard<Key>* shards, std::size_t num_shards,
+                          const shard_groups& g, const F& f) {
+  for_each_shard(space, num_shards, [&](std::size_t s) {
+    const std::size_t begin = g.offsets[s], end = g.offsets[s + 1];
+    if (begin == end) return;
+    std::unique_lock<std::shared_mutex> lock(shards[s].mutex);
+    f(s, shards[s], begin, end);
+  });
+}
+
 template <class Key>
 struct pull_functor {
   const host_shard<Key>* shards;

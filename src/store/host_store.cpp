@@ -128,26 +128,24 @@ status host_store<Key>::push(const Key* keys, std::size_t n, const float* rows,
   try {
     detail::shard_groups g;
     detail::group_by_shard(options_.space, keys, n, shard_bits_, g);
-    detail::for_each_shard(options_.space, options_.num_shards, [&](std::size_t s) {
-      const std::size_t begin = g.offsets[s], end = g.offsets[s + 1];
-      if (begin == end) return;
-      auto& sh = shards_[s];
-      std::unique_lock<std::shared_mutex> lock(sh.mutex);
-      std::uint64_t vmax = 0;
-      try {
-        constexpr std::size_t ahead = 4;
-        for (std::size_t j = begin; j < end; ++j) {
-          if (j + ahead < end) sh.prefetch(detail::hash_key(keys[g.order[j + ahead]]));
-          const std::size_t i = g.order[j];
-          const std::uint64_t v = versions ? versions[i] : stamp;
-          vmax = std::max(vmax, v);
-          sh.upsert(keys[i], detail::hash_key(keys[i]), rows + i * width, v, width, chunk_rows);
-        }
-      } catch (const std::bad_alloc&) {
-        out_of_memory = true;
-      }
-      shard_max[s] = vmax;
-    });
+    detail::for_each_shard_group(
+        options_.space, shards_.get(), options_.num_shards, g,
+        [&](std::size_t s, detail::host_shard<Key>& sh, std::size_t begin, std::size_t end) {
+          std::uint64_t vmax = 0;
+          try {
+            constexpr std::size_t ahead = 4;
+            for (std::size_t j = begin; j < end; ++j) {
+              if (j + ahead < end) sh.prefetch(detail::hash_key(keys[g.order[j + ahead]]));
+              const std::size_t i = g.order[j];
+              const std::uint64_t v = versions ? versions[i] : stamp;
+              vmax = std::max(vmax, v);
+              sh.upsert(keys[i], detail::hash_key(keys[i]), rows + i * width, v, width, chunk_rows);
+            }
+          } catch (const std::bad_alloc&) {
+            out_of_memory = true;
+          }
+          shard_max[s] = vmax;
+        });
   } catch (const std::bad_alloc&) {
     out_of_memory = true;
   }
@@ -172,18 +170,16 @@ status host_store<Key>::erase(const Key* keys, std::size_t n, std::size_t* erase
   detail::shard_groups g;
   detail::group_by_shard(options_.space, keys, n, shard_bits_, g);
   std::vector<std::size_t> counts(options_.num_shards, 0);
-  detail::for_each_shard(options_.space, options_.num_shards, [&](std::size_t s) {
-    const std::size_t begin = g.offsets[s], end = g.offsets[s + 1];
-    if (begin == end) return;
-    auto& sh = shards_[s];
-    std::unique_lock<std::shared_mutex> lock(sh.mutex);
-    std::size_t c = 0;
-    for (std::size_t j = begin; j < end; ++j) {
-      const Key k = keys[g.order[j]];
-      c += sh.erase(k, detail::hash_key(k)) ? 1 : 0;
-    }
-    counts[s] = c;
-  });
+  detail::for_each_shard_group(
+      options_.space, shards_.get(), options_.num_shards, g,
+      [&](std::size_t s, detail::host_shard<Key>& sh, std::size_t begin, std::size_t end) {
+        std::size_t c = 0;
+        for (std::size_t j = begin; j < end; ++j) {
+          const Key k = keys[g.order[j]];
+          c += sh.erase(k, detail::hash_key(k)) ? 1 : 0;
+        }
+        counts[s] = c;
+      });
   if (erased_out)
     for (auto c : counts) *erased_out += c;
   return {};
