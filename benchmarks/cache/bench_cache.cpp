@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "embcache/buffer.hpp"
-#include "embcache/detail/cache_ref.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 
 namespace {
 
@@ -131,7 +131,7 @@ void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool 
     embcache::status s;
     // Every bulk call returns once its work is complete (the cuda space synchronizes its stream).
     if (o == op::find) {
-      s = cache.find(batch_keys, batch, rows, found);
+      cache.find(batch_keys, batch, rows, found);
     } else if (o == op::find_or_insert) {
       s = cache.find_or_insert(mixed_keys, batch, rows, nullptr);
     } else {
@@ -141,7 +141,7 @@ void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool 
     benchmark::DoNotOptimize(rows);
     if (o != op::find) {
       state.PauseTiming();
-      (void)cache.erase(new_keys, w.new_keys.size());
+      cache.erase(new_keys, w.new_keys.size());
       state.ResumeTiming();
     }
   }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include "embcache/buffer.hpp"
+#include "embcache/cache_options.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"

@@ -31,49 +31,40 @@
 #include <vector>
 
 #include "embcache/buffer.hpp"
+#include "embcache/cache_options.hpp"
 #include "embcache/detail/config.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
 
-/// How new rows are filled. The embedding part is a function of (seed, key, column) only, so it
-/// is identical in every space, batch order and thread count.
-enum class init_kind : std::uint8_t {
-  uniform,   ///< uniform in [-scale, scale)
-  normal,    ///< approximately normal (sum of 4 uniforms), mean 0, standard deviation `scale`
-  constant,  ///< every element = scale
-};
+/// Which rows an export takes: every resident row, or the rows changed since a version. Built
+/// only through its named constructors, so a filter always says which of the two it is.
+class export_filter {
+ public:
+  /// Every resident row, whatever its version.
+  static constexpr export_filter all() noexcept { return export_filter(false, 0); }
+  /// The resident rows whose version is greater than `version` (0: every row written with a
+  /// version, i.e. not 0).
+  static constexpr export_filter changed_since(std::uint64_t version) noexcept {
+    return export_filter(true, version);
+  }
 
-/// Initializer of new rows.
-struct initializer_options {
-  init_kind kind = init_kind::uniform;  ///< default: uniform
-  float scale = 0.05f;                  ///< default 0.05: range, standard deviation or value
-  std::uint64_t seed = 0;               ///< default 0; fold the table id in to vary per table
-  float state_value = 0.0f;             ///< default 0: value of every optimizer-state element
-};
+  /// True for changed_since(), false for all().
+  constexpr bool changed_only() const noexcept { return changed_only_; }
+  /// The version of changed_since(); 0 for all().
+  constexpr std::uint64_t since() const noexcept { return since_; }
+  /// Whether a resident row of this version passes.
+  EMBCACHE_HD constexpr bool passes(std::uint64_t version) const noexcept {
+    return !changed_only_ || version > since_;
+  }
 
-/// How eviction ranks rows (lowest score goes first).
-enum class score_policy : std::uint8_t {
-  lru,  ///< score = number of the last bulk call that touched the row (default)
-  lfu,  ///< score = number of bulk calls that touched the row
-};
-
-/// Construction options of an embedding cache.
-struct cache_options {
-  std::size_t capacity = 0;     ///< rows; required; rounded up to a multiple of bucket_size
-  std::size_t dim = 0;          ///< embedding floats per row; required (>= 1)
-  std::size_t state_width = 0;  ///< optimizer-state floats per row; default 0 (SGD)
-  initializer_options init{};   ///< default: uniform(-0.05, 0.05), seed 0, state 0
-  score_policy scores = score_policy::lru;  ///< default: LRU
-};
-
-/// Which rows an export takes.
-struct export_filter {
-  /// Rows whose version is greater than this are exported; default 0 = every row whose version
-  /// is not 0. Use `all = true` for every row regardless of version.
-  std::uint64_t changed_since = 0;
-  bool all = true;  ///< default true: export every resident row
+ private:
+  constexpr export_filter(bool changed_only, std::uint64_t since) noexcept
+      : changed_only_(changed_only), since_(since) {}
+  bool changed_only_;
+  std::uint64_t since_;
 };
 
 /// Rows copied to host memory by export_to_host, sorted by key.
@@ -84,11 +75,6 @@ struct exported_rows {
   std::vector<std::uint64_t> versions;
 };
 
-namespace detail {
-template <class Key>
-struct cache_ref;
-}  // namespace detail
-
 /// Fixed-capacity hash table of embedding rows in the memory of `Space`.
 ///
 /// Every pointer argument points into the memory of `Space` (host memory for host_space, device
@@ -97,6 +83,10 @@ struct cache_ref;
 /// Versions: each mutating bulk call takes the next value of a version clock that only grows;
 /// every row it writes is stamped with it (or with the caller's versions where a call takes
 /// them), which is how export finds the rows changed since an earlier version.
+///
+/// Failures: a status for what can fail at run time (no room: capacity_exceeded); calls that
+/// cannot fail return void. Misuse and CUDA failures throw embcache::error; in the cuda space an
+/// exhausted device memory throws it with status_code::out_of_device_memory.
 template <class Key, class Space>
 class embedding_cache {
  public:
@@ -111,7 +101,8 @@ class embedding_cache {
 
   /// Copies the row of each found key into `rows_out` (n * row_width; may be nullptr) and sets
   /// `found_out[i]` (may be nullptr). Rows of missing keys are left untouched. Updates scores.
-  status find(const Key* keys, std::size_t n, float* rows_out, bool* found_out);
+  /// Cannot fail (CUDA failures throw embcache::error).
+  void find(const Key* keys, std::size_t n, float* rows_out, bool* found_out);
 
   /// Finds each key, inserting the missing ones with the initializer. `rows_out` (may be nullptr)
   /// receives every row; `inserted_out` (may be nullptr) says which occurrence inserted. When the
@@ -125,24 +116,27 @@ class embedding_cache {
                           const std::uint64_t* versions = nullptr);
 
   /// Removes keys; absent keys are ignored. `erased_out` (may be nullptr, host memory) receives
-  /// how many were removed.
-  status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr);
+  /// how many were removed. Cannot fail.
+  void erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr);
 
   /// Slot (row index) of each key, or -1 when absent. With `insert_missing`, missing keys are
   /// inserted with the initializer (`inserted_out` as in find_or_insert; may be nullptr).
   status lookup_slots(const Key* keys, std::size_t n, std::int64_t* slots_out,
                       bool insert_missing = false, bool* inserted_out = nullptr);
 
-  /// Copies the rows of `slots` into `rows_out`. A slot of -1 leaves its row untouched.
-  status read_slots(const std::int64_t* slots, std::size_t n, float* rows_out) const;
+  /// Copies the rows of `slots` into `rows_out`. A slot of -1 leaves its row untouched. Cannot
+  /// fail.
+  void read_slots(const std::int64_t* slots, std::size_t n, float* rows_out) const;
 
   /// Overwrites the rows of `slots` (each must hold a key) and stamps versions (`versions` may be
-  /// nullptr: the call's version). Last occurrence of a repeated slot wins; -1 is skipped.
-  status assign_slots(const std::int64_t* slots, std::size_t n, const float* rows,
-                      const std::uint64_t* versions = nullptr);
+  /// nullptr: the call's version). Last occurrence of a repeated slot wins; -1 is skipped. Cannot
+  /// fail.
+  void assign_slots(const std::int64_t* slots, std::size_t n, const float* rows,
+                    const std::uint64_t* versions = nullptr);
 
   /// Stamps the call's version on `slots` (after an in-place update of their rows). -1 skipped.
-  status mark_updated(const std::int64_t* slots, std::size_t n);
+  /// Cannot fail.
+  void mark_updated(const std::int64_t* slots, std::size_t n);
 
   /// The on-demand insert. Missing keys are inserted into their home bucket, with `rows_in[i]`
   /// (may be nullptr: the initializer) and `versions_in[i]` (may be nullptr: the call's
@@ -198,8 +192,11 @@ class embedding_cache {
   float* rows() noexcept { return rows_.data(); }
   const float* rows() const noexcept { return rows_.data(); }
 
-  /// A non-owning view carrying the single-key operations, for use in the caller's kernels.
-  detail::cache_ref<Key> ref() const noexcept;
+  /// A non-owning read-write view carrying the single-key operations, for the caller's loops
+  /// and kernels (embedding_cache_ref.hpp). Valid while the cache lives; clear() keeps it valid.
+  embedding_cache_ref<Key> ref() noexcept;
+  /// A non-owning read-only view: lookups, rows and the initializer.
+  const_embedding_cache_ref<Key> ref() const noexcept;
 
  private:
   std::uint64_t next_op() noexcept { return ++op_clock_; }

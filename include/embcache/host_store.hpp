@@ -57,7 +57,7 @@ struct host_shard;
 /// cost 8 more bytes each on the free list until reused. An index presized with `expected_rows`
 /// counts as that many rows.
 template <class Key>
-class host_store final : public param_store<Key> {
+class host_store final : public scanning_param_store<Key> {
  public:
   /// An empty store. Throws embcache::error (invalid_argument) when `row_width` is 0.
   explicit host_store(host_store_options options);
@@ -82,9 +82,6 @@ class host_store final : public param_store<Key> {
   status contains(const Key* keys, std::size_t n, bool* found_out) override;
   std::size_t size() const noexcept override;
   std::uint64_t max_version() const noexcept override;
-  status for_each(std::size_t batch_size, const store_batch_fn<Key>& fn) override;
-  status for_each_changed_since(std::uint64_t version, std::size_t batch_size,
-                                const store_batch_fn<Key>& fn) override;
   /// Nothing to make durable in memory: always ok.
   status flush() override { return {}; }
   /// Writes `dir` (manifest.json + keys.bin, versions.bin, rows.bin) through a temporary sibling
@@ -100,8 +97,8 @@ class host_store final : public param_store<Key> {
   const host_store_options& options() const noexcept { return options_; }
 
  private:
-  status for_each_impl(bool changed_only, std::uint64_t version, std::size_t batch_size,
-                       const store_batch_fn<Key>& fn);
+  status scan(bool changed_only, std::uint64_t version, std::size_t batch_size,
+              const store_batch_fn<Key>& fn) override;
 
   host_store_options options_;
   unsigned shard_bits_ = 0;

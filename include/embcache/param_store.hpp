@@ -72,4 +72,38 @@ class param_store {
   virtual status checkpoint(const std::string& dir) = 0;
 };
 
+/// Base of the stores whose two iterations are one scan of their rows: for_each and
+/// for_each_changed_since check their arguments (a batch_size of 0 or an empty callback is
+/// invalid_argument naming the table) and call scan().
+template <class Key>
+class scanning_param_store : public param_store<Key> {
+ public:
+  status for_each(std::size_t batch_size, const store_batch_fn<Key>& fn) final {
+    return checked_scan(false, 0, batch_size, fn);
+  }
+  status for_each_changed_since(std::uint64_t version, std::size_t batch_size,
+                                const store_batch_fn<Key>& fn) final {
+    return checked_scan(true, version, batch_size, fn);
+  }
+
+ protected:
+  /// Calls `fn` on batches of at most `batch_size` (> 0) rows until every row was visited, or,
+  /// with `changed_only`, every row whose version is greater than `version`; `fn` is not empty.
+  virtual status scan(bool changed_only, std::uint64_t version, std::size_t batch_size,
+                      const store_batch_fn<Key>& fn) = 0;
+
+ private:
+  status checked_scan(bool changed_only, std::uint64_t version, std::size_t batch_size,
+                      const store_batch_fn<Key>& fn) {
+    const char* call = changed_only ? "for_each_changed_since" : "for_each";
+    if (batch_size == 0)
+      return status::invalid_argument(std::string(call) + " on table '" + this->table_name() +
+                                      "': batch_size must be > 0");
+    if (!fn)
+      return status::invalid_argument(std::string(call) + " on table '" + this->table_name() +
+                                      "': empty callback");
+    return scan(changed_only, version, batch_size, fn);
+  }
+};
+
 }  // namespace embcache

@@ -109,7 +109,7 @@ class rocksdb_database {
 
 /// Parameter store of one table in a RocksDB database.
 template <class Key>
-class rocksdb_store final : public param_store<Key> {
+class rocksdb_store final : public scanning_param_store<Key> {
  public:
   /// Opens the table in its own database at `options.path`. A database or table that is absent
   /// when `create_if_missing` is false gives not_found; a table whose recorded schema (key type,
@@ -143,11 +143,6 @@ class rocksdb_store final : public param_store<Key> {
   /// error during that scan leaves the count of the last exact point).
   std::size_t size() const noexcept override;
   std::uint64_t max_version() const noexcept override;
-  /// Iterates in numeric key order over a snapshot.
-  status for_each(std::size_t batch_size, const store_batch_fn<Key>& fn) override;
-  /// Scans every row (versions are not indexed) and keeps those newer than `version`.
-  status for_each_changed_since(std::uint64_t version, std::size_t batch_size,
-                                const store_batch_fn<Key>& fn) override;
   /// Writes the metadata and flushes the table's memtables to SST files.
   status flush() override;
   /// flush(), then a RocksDB checkpoint of the whole database into `dir` (every table of a
@@ -161,8 +156,10 @@ class rocksdb_store final : public param_store<Key> {
 
  private:
   rocksdb_store(std::shared_ptr<rocksdb_database> db, std::unique_ptr<state> st);
-  status for_each_impl(bool changed_only, std::uint64_t version, std::size_t batch_size,
-                       const store_batch_fn<Key>& fn);
+  /// Iterates in numeric key order over a snapshot; for_each_changed_since scans every row
+  /// (versions are not indexed) and keeps those newer than `version`.
+  status scan(bool changed_only, std::uint64_t version, std::size_t batch_size,
+              const store_batch_fn<Key>& fn) override;
 
   std::shared_ptr<rocksdb_database> db_;
   std::unique_ptr<state> state_;

@@ -2,6 +2,7 @@
 /// @brief Run-time outcome of an operation: a cheap value that says what failed and where.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -12,14 +13,15 @@ namespace embcache {
 /// What kind of failure a status reports.
 enum class status_code : std::uint8_t {
   ok = 0,
-  invalid_argument,   ///< a caller passed a value outside what the operation accepts
-  not_found,          ///< a file, table or key that should exist does not
-  capacity_exceeded,  ///< a table, cache or buffer has no room left for what was asked
-  io_error,           ///< the operating system refused a read, write, sync or rename
-  corruption,         ///< a file is truncated, has a bad checksum or does not parse
-  out_of_space,       ///< the device or disk is full
-  unsupported,        ///< the build or the data asks for something this build lacks
-  internal,           ///< an invariant broke; please report it
+  invalid_argument,      ///< a caller passed a value outside what the operation accepts
+  not_found,             ///< a file, table or key that should exist does not
+  capacity_exceeded,     ///< a table, cache or buffer has no room left for what was asked
+  io_error,              ///< the operating system refused a read, write, sync or rename
+  corruption,            ///< a file is truncated, has a bad checksum or does not parse
+  out_of_space,          ///< a disk (or a quota) is full
+  unsupported,           ///< the build or the data asks for something this build lacks
+  internal,              ///< an invariant broke; please report it
+  out_of_device_memory,  ///< a device (GPU) allocation failed: the device's memory is exhausted
 };
 
 /// The name of a status code ("ok", "invalid_argument", ...).
@@ -56,6 +58,9 @@ class [[nodiscard]] status {
   static status out_of_space(std::string m) { return {status_code::out_of_space, std::move(m)}; }
   static status unsupported(std::string m) { return {status_code::unsupported, std::move(m)}; }
   static status internal(std::string m) { return {status_code::internal, std::move(m)}; }
+  static status out_of_device_memory(std::string m) {
+    return {status_code::out_of_device_memory, std::move(m)};
+  }
 
   /// True when the operation succeeded.
   bool ok() const noexcept { return code_ == status_code::ok; }
@@ -110,27 +115,12 @@ class [[nodiscard]] result {
 };
 
 inline const char* to_string(status_code code) noexcept {
-  switch (code) {
-    case status_code::ok:
-      return "ok";
-    case status_code::invalid_argument:
-      return "invalid_argument";
-    case status_code::not_found:
-      return "not_found";
-    case status_code::capacity_exceeded:
-      return "capacity_exceeded";
-    case status_code::io_error:
-      return "io_error";
-    case status_code::corruption:
-      return "corruption";
-    case status_code::out_of_space:
-      return "out_of_space";
-    case status_code::unsupported:
-      return "unsupported";
-    case status_code::internal:
-      return "internal";
-  }
-  return "unknown";
+  // In the order of the enumerators.
+  constexpr const char* names[] = {
+      "ok",         "invalid_argument", "not_found",   "capacity_exceeded", "io_error",
+      "corruption", "out_of_space",     "unsupported", "internal",          "out_of_device_memory"};
+  const auto i = static_cast<std::size_t>(code);
+  return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
 }
 
 inline std::string status::to_string() const {

@@ -30,7 +30,7 @@ int main() {
   std::vector<std::int64_t> probe = {1'000'000, 1'000'001, 42};
   std::vector<float> out(probe.size() * cache.row_width());
   std::unique_ptr<bool[]> found(new bool[probe.size()]);
-  cache.find(probe.data(), probe.size(), out.data(), found.get()).throw_if_error();
+  cache.find(probe.data(), probe.size(), out.data(), found.get());
   for (std::size_t i = 0; i < probe.size(); ++i)
     std::printf("find %lld: %s%s\n", static_cast<long long>(probe[i]),
                 found[i] ? "found, first element " : "absent",
@@ -41,10 +41,10 @@ int main() {
   std::vector<std::int64_t> slots(1000);
   cache.lookup_slots(keys.data(), slots.size(), slots.data()).throw_if_error();
   std::vector<float> updated(slots.size() * cache.row_width(), 0.25f);
-  cache.assign_slots(slots.data(), slots.size(), updated.data()).throw_if_error();
+  cache.assign_slots(slots.data(), slots.size(), updated.data());
 
   // 4. Export only what changed since the last export.
-  auto delta = cache.export_to_host({exported_at, false}).value();
+  auto delta = cache.export_to_host(embcache::export_filter::changed_since(exported_at)).value();
   std::printf("incremental export: %zu rows changed since version %llu (of %zu resident)\n",
               delta.keys.size(), static_cast<unsigned long long>(exported_at), cache.size());
 

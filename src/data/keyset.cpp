@@ -12,40 +12,35 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace embcache {
 
-const char* to_string(key_type t) noexcept {
-  switch (t) {
-    case key_type::int64:
-      return "int64";
-    case key_type::uint32:
-      return "uint32";
-  }
-  return "unknown";
-}
-
-const char* to_string(keyset_format f) noexcept {
-  switch (f) {
-    case keyset_format::embcache:
-      return "embcache";
-    case keyset_format::hugectr_raw:
-      return "hugectr_raw";
-  }
-  return "unknown";
-}
-
 namespace {
 
+// The name of enumerator `value` of an enumeration numbered from 1 (the values of the files'
+// header bytes) whose names are `names`, in order; nullptr for any other value.
+template <class Enum, std::size_t N>
+const char* enum_name(Enum value, const char* const (&names)[N]) noexcept {
+  const auto i = static_cast<std::size_t>(value);
+  return i >= 1 && i <= N ? names[i - 1] : nullptr;
+}
+
+constexpr const char* key_type_names[] = {"int64", "uint32"};
+constexpr const char* keyset_format_names[] = {"embcache", "hugectr_raw"};
+
+// The key type of a keyset header's raw byte, or nullptr when it names none.
 const char* key_type_name(std::uint8_t raw) {
-  switch (raw) {
-    case static_cast<std::uint8_t>(key_type::int64):
-      return "int64";
-    case static_cast<std::uint8_t>(key_type::uint32):
-      return "uint32";
-    default:
-      return nullptr;
-  }
+  return enum_name(static_cast<key_type>(raw), key_type_names);
 }
 
 }  // namespace
+
+const char* to_string(key_type t) noexcept {
+  const char* name = enum_name(t, key_type_names);
+  return name ? name : "unknown";
+}
+
+const char* to_string(keyset_format f) noexcept {
+  const char* name = enum_name(f, keyset_format_names);
+  return name ? name : "unknown";
+}
 
 template <class Key>
 status write_keyset(const std::string& path, const Key* keys, std::size_t n, keyset_format fmt) {

@@ -1,5 +1,4 @@
 // embcache-prep: Criteo TSV (plain or gzip) to shards, keysets and manifest.json.
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -8,6 +7,7 @@
 #include <optional>
 
 #include "cli_checks.hpp"
+#include "dataset_cli.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/detail/progress.hpp"
 #include "tool_log.hpp"
@@ -43,10 +43,8 @@ int main(int argc, char** argv) {
       "Converts Criteo TSV files (label, I1..I13, C1..C26; plain or gzip) into binary "
       "shards with one keyset per shard and table, and a manifest.json."};
   embcache::prep_options opts;
-  std::string keyset = "embcache";
+  embcache::tools::dataset_cli dataset;
   std::string transform = "log1p";
-  bool progress = ::isatty(STDERR_FILENO) != 0;
-  bool no_unique_stats = false;
   embcache::tools::standard_options(app, "embcache-prep");
   app.add_option("inputs", opts.inputs, "TSV files, plain or gzip ('-': standard input)")
       ->required();
@@ -54,10 +52,8 @@ int main(int argc, char** argv) {
   app.add_option("-n,--rows-per-shard", opts.rows_per_shard, "Rows per shard")
       ->capture_default_str()
       ->check(embcache::tools::integer_at_least(1));
-  app.add_option("--keyset-format", keyset,
-                 "Keyset files: 'embcache' (header + checksum) or 'raw' (HugeCTR: bare keys)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"embcache", "raw"}));
+  dataset.add_keyset_option(
+      app, "Keyset files: 'embcache' (header + checksum) or 'raw' (HugeCTR: bare keys)");
   app.add_option("--rare-threshold", opts.rare_threshold,
                  "Values seen fewer times than this map to one OOV key per slot (adds a counting "
                  "pass); 0 or 1: off")
@@ -72,19 +68,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"log1p", "identity"}));
   app.add_option("--max-reported", opts.max_reported, "Malformed lines reported by file:line")
       ->capture_default_str();
-  app.add_flag("--progress,!--no-progress", progress,
-               "Progress line on stderr (default: when stderr is a terminal)");
-  app.add_flag("--no-unique-stats", no_unique_stats,
-               "Skip the distinct-key counts (saves ~16 bytes per distinct key)");
+  dataset.add_report_options(app,
+                             "Skip the distinct-key counts (saves ~16 bytes per distinct key)");
   EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-prep");
 
-  opts.keyset =
-      keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
+  opts.keyset = dataset.format();
   opts.parse.transform = transform == "identity" ? embcache::dense_transform::identity
                                                  : embcache::dense_transform::log1p;
-  opts.unique_stats = !no_unique_stats;
-  if (progress) opts.on_progress = prep_reporter(opts.inputs.size());
+  opts.unique_stats = dataset.unique_stats();
+  if (dataset.progress) opts.on_progress = prep_reporter(opts.inputs.size());
 
   auto r = embcache::prepare_criteo(opts);
   if (!r.ok()) {

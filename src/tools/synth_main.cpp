@@ -1,11 +1,11 @@
 // embcache-synth: synthetic Criteo-like data as TSV or directly as a dataset folder.
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "cli_checks.hpp"
+#include "dataset_cli.hpp"
 #include "embcache/detail/progress.hpp"
 #include "embcache/synth.hpp"
 #include "tool_log.hpp"
@@ -17,11 +17,9 @@ int main(int argc, char** argv) {
   embcache::synth_options opts;
   std::string format = "shards";
   std::string output;
-  std::string keyset = "embcache";
+  embcache::tools::dataset_cli dataset;
   embcache::dataset_writer_options out;
   bool cross = false;
-  bool progress = ::isatty(STDERR_FILENO) != 0;
-  bool no_unique_stats = false;
   embcache::criteo_parse_options parse;
   embcache::tools::standard_options(app, "embcache-synth");
   app.add_option("-o,--output", output,
@@ -45,23 +43,18 @@ int main(int argc, char** argv) {
   app.add_option("-n,--rows-per-shard", out.rows_per_shard, "Rows per shard (shards)")
       ->capture_default_str()
       ->check(embcache::tools::integer_at_least(1));
-  app.add_option("--keyset-format", keyset, "'embcache' or 'raw' (shards)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"embcache", "raw"}));
+  dataset.add_keyset_option(app, "'embcache' or 'raw' (shards)");
   app.add_flag("--cross", cross, "Add the 13 crossed keys per row (shards)");
   app.add_option("--hash-seed", parse.hash_seed, "Seed of the categorical hash (shards)")
       ->capture_default_str();
   app.add_flag("--force", out.overwrite, "Replace a dataset already in the folder (shards)");
-  app.add_flag("--no-unique-stats", no_unique_stats,
-               "Skip the distinct-key counts (bounded memory for huge runs)");
-  app.add_flag("--progress,!--no-progress", progress,
-               "Progress line on stderr (default: when stderr is a terminal)");
+  dataset.add_report_options(app, "Skip the distinct-key counts (bounded memory for huge runs)");
   EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-synth");
 
   // A line every 10% (at most one per 2 s) or after 30 s without one.
   embcache::detail::progress_meter meter(opts.rows);
-  if (progress) {
+  if (dataset.progress) {
     opts.on_progress = [&meter](std::uint64_t done) {
       if (meter.due(done)) spdlog::info("synth: {}", meter.count_text(done, "rows"));
     };
@@ -77,9 +70,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   out.output_dir = output;
-  out.keyset =
-      keyset == "raw" ? embcache::keyset_format::hugectr_raw : embcache::keyset_format::embcache;
-  out.unique_stats = !no_unique_stats;
+  out.keyset = dataset.format();
+  out.unique_stats = dataset.unique_stats();
   auto r = embcache::write_synth_dataset(opts, out, cross, parse);
   if (!r.ok()) {
     spdlog::error("embcache-synth: {}", r.get_status().to_string());

@@ -105,7 +105,8 @@ class cache_path : public embedding_path {
       *bad = {config_.tables[t].name, rows};
       return {};
     }
-    return c.mark_updated(g.rows.data(), g.size);
+    c.mark_updated(g.rows.data(), g.size);
+    return {};
   }
 
   slot_batch wide_batch_, deep_batch_;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "embcache/detail/cache_ref.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embedding_path.hpp"
 

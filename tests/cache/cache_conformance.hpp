@@ -16,9 +16,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/buffer.hpp"
-#include "embcache/detail/cache_ref.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 
 namespace embcache::testing {
 
@@ -61,7 +62,7 @@ class harness {
     auto k = to_space(keys);
     buffer<float, Space> rows(keys.size() * cache.row_width(), space_);
     buffer<bool, Space> found(keys.size(), space_);
-    EXPECT_TRUE(cache.find(k.data(), keys.size(), rows.data(), found.data()).ok());
+    cache.find(k.data(), keys.size(), rows.data(), found.data());
     return {to_host(rows, rows.size()), bools_to_host(found, keys.size())};
   }
   status find_or_insert(const std::vector<Key>& keys, std::vector<float>* rows_out = nullptr,
@@ -82,30 +83,30 @@ class harness {
   std::size_t erase(const std::vector<Key>& keys) {
     auto k = to_space(keys);
     std::size_t n = 0;
-    EXPECT_TRUE(cache.erase(k.data(), keys.size(), &n).ok());
+    cache.erase(k.data(), keys.size(), &n);
     return n;
   }
   std::vector<std::int64_t> slots(const std::vector<Key>& keys, bool insert = false) {
     auto k = to_space(keys);
     buffer<std::int64_t, Space> s(keys.size(), space_);
-    EXPECT_TRUE(cache.lookup_slots(k.data(), keys.size(), s.data(), insert).ok());
+    EMBCACHE_EXPECT_OK(cache.lookup_slots(k.data(), keys.size(), s.data(), insert));
     return to_host(s, keys.size());
   }
   std::vector<float> read_slots(const std::vector<std::int64_t>& slots) {
     auto s = to_space(slots);
     buffer<float, Space> rows(slots.size() * cache.row_width(), space_);
     rows.fill_bytes(0);
-    EXPECT_TRUE(cache.read_slots(s.data(), slots.size(), rows.data()).ok());
+    cache.read_slots(s.data(), slots.size(), rows.data());
     return to_host(rows, rows.size());
   }
   void assign_slots(const std::vector<std::int64_t>& slots, const std::vector<float>& rows) {
     auto s = to_space(slots);
     auto r = to_space(rows);
-    EXPECT_TRUE(cache.assign_slots(s.data(), slots.size(), r.data()).ok());
+    cache.assign_slots(s.data(), slots.size(), r.data());
   }
   void mark_updated(const std::vector<std::int64_t>& slots) {
     auto s = to_space(slots);
-    EXPECT_TRUE(cache.mark_updated(s.data(), slots.size()).ok());
+    cache.mark_updated(s.data(), slots.size());
   }
   struct evict_result {
     status st;
@@ -137,7 +138,9 @@ class harness {
     r.slots = to_host(slots, n);
     return r;
   }
-  exported_rows<Key> export_rows(export_filter f = {}) { return cache.export_to_host(f).value(); }
+  exported_rows<Key> export_rows(export_filter f = export_filter::all()) {
+    return cache.export_to_host(f).value();
+  }
 
   embedding_cache<Key, Space> cache;
 
@@ -204,7 +207,7 @@ TYPED_TEST_P(cache_conformance, FindOrInsertInitializesDeterministically) {
   auto keys = this->range_keys(500, 1);
   std::vector<float> rows;
   std::vector<bool> inserted;
-  ASSERT_TRUE(h.find_or_insert(keys, &rows, &inserted).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows, &inserted));
   EXPECT_EQ(h.cache.size(), 500u);
   for (std::size_t i = 0; i < keys.size(); ++i) {
     EXPECT_TRUE(inserted[i]);
@@ -213,7 +216,7 @@ TYPED_TEST_P(cache_conformance, FindOrInsertInitializesDeterministically) {
   }
   // Second time: found, same rows, nothing inserted.
   std::vector<float> rows2;
-  ASSERT_TRUE(h.find_or_insert(keys, &rows2, &inserted).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows2, &inserted));
   EXPECT_EQ(rows, rows2);
   EXPECT_EQ(std::count(inserted.begin(), inserted.end(), true), 0);
   auto f = h.find(keys);
@@ -230,7 +233,7 @@ TYPED_TEST_P(cache_conformance, InitializerKindsHaveTheirShape) {
     harness<Key, typename TypeParam::space_type> h(o);
     auto keys = this->range_keys(4000, 7);
     std::vector<float> rows;
-    ASSERT_TRUE(h.find_or_insert(keys, &rows).ok());
+    EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows));
     double sum = 0, sq = 0;
     float lo = 1e9f, hi = -1e9f;
     for (float v : rows) {
@@ -257,11 +260,11 @@ TYPED_TEST_P(cache_conformance, InitializerKindsHaveTheirShape) {
 TYPED_TEST_P(cache_conformance, InsertOrAssignOverwritesAndLastDuplicateWins) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
-  ASSERT_TRUE(h.insert_or_assign({10, 20, 10, 30, 10}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5}).ok());
+  EMBCACHE_ASSERT_OK(h.insert_or_assign({10, 20, 10, 30, 10}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5}));
   EXPECT_EQ(h.cache.size(), 3u);
   auto f = h.find({10, 20, 30});
   EXPECT_EQ(f.rows, std::vector<float>({5, 5, 2, 2, 4, 4}));
-  ASSERT_TRUE(h.insert_or_assign({20, 20}, {7, 7, 8, 8}).ok());
+  EMBCACHE_ASSERT_OK(h.insert_or_assign({20, 20}, {7, 7, 8, 8}));
   EXPECT_EQ(h.find({20}).rows, std::vector<float>({8, 8}));
   EXPECT_EQ(h.cache.size(), 3u);
 }
@@ -275,7 +278,7 @@ TYPED_TEST_P(cache_conformance, DuplicatesInFindOrInsertInsertOnce) {
     for (Key k = 1; k <= 40; ++k) keys.push_back(k * 7919);
   std::vector<float> rows;
   std::vector<bool> inserted;
-  ASSERT_TRUE(h.find_or_insert(keys, &rows, &inserted).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows, &inserted));
   EXPECT_EQ(h.cache.size(), 40u);
   EXPECT_EQ(std::count(inserted.begin(), inserted.end(), true), 40);
   std::map<Key, int> per_key;
@@ -291,7 +294,7 @@ TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
   auto keys = this->range_keys(300, 3);
-  ASSERT_TRUE(h.find_or_insert(keys).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys));
   std::vector<Key> gone(keys.begin(), keys.begin() + 100);
   auto dup = gone;
   dup.insert(dup.end(), gone.begin(), gone.end());
@@ -300,7 +303,7 @@ TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
   EXPECT_EQ(h.cache.size(), 200u);
   auto f = h.find(keys);
   for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(f.found[i], i >= 100) << i;
-  ASSERT_TRUE(h.find_or_insert(gone).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(gone));
   EXPECT_EQ(h.cache.size(), 300u);
   EXPECT_EQ(h.erase({}), 0u);
 }
@@ -316,7 +319,7 @@ TYPED_TEST_P(cache_conformance, EveryKeyValueIsAKey) {
                            L::max(),
                            static_cast<Key>(L::max() - 1)};
   std::vector<float> rows = {1, 2, 3, 4, 5, 6};
-  ASSERT_TRUE(h.insert_or_assign(keys, rows).ok());
+  EMBCACHE_ASSERT_OK(h.insert_or_assign(keys, rows));
   EXPECT_EQ(h.cache.size(), keys.size());
   auto f = h.find(keys);
   EXPECT_EQ(f.rows, rows);
@@ -340,14 +343,14 @@ TYPED_TEST_P(cache_conformance, FullTableIsAClearStatus) {
   std::vector<Key> resident;
   for (std::size_t i = 0; i < keys.size(); ++i)
     if (f.found[i]) resident.push_back(keys[i]);
-  EXPECT_TRUE(h.insert_or_assign({resident[0]}, {9, 9}).ok());
+  EMBCACHE_EXPECT_OK(h.insert_or_assign({resident[0]}, {9, 9}));
   EXPECT_EQ(h.insert_or_assign({resident[1], static_cast<Key>(987654321)}, {1, 1, 2, 2}).code(),
             status_code::capacity_exceeded);
   EXPECT_EQ(h.find({resident[1]}).rows, std::vector<float>({1, 1}));
   // After erasing, the room is usable again, including by keys that probed past full buckets.
   EXPECT_EQ(h.erase(resident), 256u);
   EXPECT_EQ(h.cache.size(), 0u);
-  EXPECT_TRUE(h.find_or_insert(std::vector<Key>(keys.begin(), keys.begin() + 256)).ok());
+  EMBCACHE_EXPECT_OK(h.find_or_insert(std::vector<Key>(keys.begin(), keys.begin() + 256)));
   EXPECT_EQ(h.cache.size(), 256u);
 }
 
@@ -364,12 +367,12 @@ TYPED_TEST_P(cache_conformance, SlotsReadAssignAndVersions) {
   h.assign_slots({s[0], s[1], s[0], -1}, {1, 1, 1, 2, 2, 2, 3, 3, 3, 9, 9, 9});
   EXPECT_EQ(h.read_slots({s[1], s[0], -1}), std::vector<float>({2, 2, 2, 3, 3, 3, 0, 0, 0}));
   EXPECT_EQ(h.find({5}).rows, std::vector<float>({3, 3, 3}));
-  auto changed = h.export_rows({v0, false});
+  auto changed = h.export_rows(export_filter::changed_since(v0));
   EXPECT_EQ(changed.keys, std::vector<Key>({5, 6}));
   const std::uint64_t v1 = h.cache.version();
-  EXPECT_TRUE(h.export_rows({v1, false}).keys.empty());
+  EXPECT_TRUE(h.export_rows(export_filter::changed_since(v1)).keys.empty());
   h.mark_updated({s[1]});
-  EXPECT_EQ(h.export_rows({v1, false}).keys, std::vector<Key>({6}));
+  EXPECT_EQ(h.export_rows(export_filter::changed_since(v1)).keys, std::vector<Key>({6}));
   EXPECT_GT(h.cache.version(), v1);
 }
 
@@ -378,11 +381,11 @@ TYPED_TEST_P(cache_conformance, ExportAllIsSortedWithRowsAndVersions) {
   auto o = small_options(4096, 3, 0);
   harness<Key, typename TypeParam::space_type> h(o);
   auto keys = this->range_keys(2000, 11);
-  ASSERT_TRUE(h.find_or_insert(keys).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys));
   const std::uint64_t v = h.cache.version();
   std::vector<Key> some(keys.begin(), keys.begin() + 10);
   std::vector<float> rows(30, 1.5f);
-  ASSERT_TRUE(h.insert_or_assign(some, rows).ok());
+  EMBCACHE_ASSERT_OK(h.insert_or_assign(some, rows));
   auto all = h.export_rows();
   auto sorted = keys;
   std::sort(sorted.begin(), sorted.end());
@@ -393,13 +396,13 @@ TYPED_TEST_P(cache_conformance, ExportAllIsSortedWithRowsAndVersions) {
     ASSERT_TRUE(std::equal(e.begin(), e.end(), all.rows.begin() + i * 3));
     EXPECT_EQ(all.versions[i] > v, touched);
   }
-  auto changed = h.export_rows({v, false});
+  auto changed = h.export_rows(export_filter::changed_since(v));
   std::sort(some.begin(), some.end());
   EXPECT_EQ(changed.keys, some);
   // A too-small output is refused, not overrun.
   buffer<Key, typename TypeParam::space_type> k(5);
   std::size_t count = 0;
-  EXPECT_EQ(h.cache.export_if({}, k.data(), nullptr, nullptr, 5, &count).code(),
+  EXPECT_EQ(h.cache.export_if(export_filter::all(), k.data(), nullptr, nullptr, 5, &count).code(),
             status_code::capacity_exceeded);
 }
 
@@ -409,13 +412,13 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
   harness<Key, typename TypeParam::space_type> h(o);
   for (Key k = 0; k < 128; ++k) {
     auto r = h.insert_and_evict({k});
-    ASSERT_TRUE(r.st.ok());
+    EMBCACHE_ASSERT_OK(r.st);
     ASSERT_TRUE(r.keys.empty());
   }
   EXPECT_EQ(h.cache.size(), 128u);
   h.find({0, 1});  // now the most recent
   auto r = h.insert_and_evict({1000, 1001, 1002});
-  ASSERT_TRUE(r.st.ok());
+  EMBCACHE_ASSERT_OK(r.st);
   EXPECT_EQ(r.keys, std::vector<Key>({2, 3, 4}));
   EXPECT_EQ(r.found, std::vector<bool>({false, false, false}));
   // The victims come back with their rows.
@@ -425,7 +428,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
   }
   // Hits are not inserted and evict nothing; a key of this call is never evicted by it.
   r = h.insert_and_evict({1000, 5, 2000, 1000});
-  ASSERT_TRUE(r.st.ok());
+  EMBCACHE_ASSERT_OK(r.st);
   EXPECT_EQ(r.found, std::vector<bool>({true, true, false, true}));
   EXPECT_EQ(r.keys, std::vector<Key>({6}));
   EXPECT_EQ(h.cache.size(), 128u);
@@ -441,7 +444,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLfuOrderAndOverflowingBatch) {
   harness<Key, typename TypeParam::space_type> h(o);
   std::vector<Key> keys(128);
   std::iota(keys.begin(), keys.end(), Key{0});
-  ASSERT_TRUE(h.insert_and_evict(keys).st.ok());
+  EMBCACHE_ASSERT_OK(h.insert_and_evict(keys).st);
   for (Key k = 0; k < 128; ++k)
     if (k != 50) h.find({k});  // every key is used twice but 50
   h.find({7});                 // 7 three times
@@ -462,20 +465,20 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictUsesGivenRows) {
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
   std::vector<float> rows = {1, 2, 3, 4};
   auto r = h.insert_and_evict({77, 78}, &rows);
-  ASSERT_TRUE(r.st.ok());
+  EMBCACHE_ASSERT_OK(r.st);
   EXPECT_EQ(h.find({78, 77}).rows, std::vector<float>({3, 4, 1, 2}));
 }
 
 TYPED_TEST_P(cache_conformance, ClearEmptiesAndKeepsTheVersionClock) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
-  ASSERT_TRUE(h.find_or_insert(this->range_keys(100, 9)).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(this->range_keys(100, 9)));
   const auto v = h.cache.version();
   h.cache.clear();
   EXPECT_EQ(h.cache.size(), 0u);
   EXPECT_EQ(h.cache.version(), v);
   EXPECT_TRUE(h.export_rows().keys.empty());
-  ASSERT_TRUE(h.find_or_insert(this->range_keys(100, 9)).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(this->range_keys(100, 9)));
   EXPECT_EQ(h.cache.size(), 100u);
 }
 
@@ -510,10 +513,10 @@ TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
         rows[2 * i + 1] = float(i);
         ref[keys[i]] = {float(b), float(i)};
       }
-      ASSERT_TRUE(h.insert_or_assign(keys, rows).ok());
+      EMBCACHE_ASSERT_OK(h.insert_or_assign(keys, rows));
     } else if (kind == 2) {  // find_or_insert
       std::vector<float> rows;
-      ASSERT_TRUE(h.find_or_insert(keys, &rows).ok());
+      EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows));
       for (std::size_t i = 0; i < batch; ++i) {
         auto it = ref.find(keys[i]);
         if (it == ref.end()) {

@@ -6,6 +6,9 @@
 #include <thread>
 
 #include "cache_conformance.hpp"
+#include "common/status_assertions.hpp"
+#include "embcache/detail/cuda_errors.hpp"
+#include "embcache/status.hpp"
 
 namespace embcache::testing {
 namespace {
@@ -27,11 +30,11 @@ TEST(cache_host, RowsDoNotDependOnBatchOrderOrThreadCount) {
   o.init.kind = init_kind::normal;
   harness<std::int64_t, host_space> one(o, host_space{1});
   harness<std::int64_t, host_space> two(o, host_space{2});
-  ASSERT_TRUE(one.find_or_insert(shuffled_keys(150000, 1)).ok());
+  EMBCACHE_ASSERT_OK(one.find_or_insert(shuffled_keys(150000, 1)));
   // The second table gets the keys in another order, in smaller batches, on two threads.
   auto k2 = shuffled_keys(150000, 2);
   for (std::size_t i = 0; i < k2.size(); i += 10000)
-    ASSERT_TRUE(two.find_or_insert({k2.begin() + i, k2.begin() + i + 10000}).ok());
+    EMBCACHE_ASSERT_OK(two.find_or_insert({k2.begin() + i, k2.begin() + i + 10000}));
   auto a = one.export_rows();
   auto b = two.export_rows();
   EXPECT_EQ(a.keys, b.keys);
@@ -67,7 +70,7 @@ TEST(cache_host, PipelinedFindMatchesFindSlotInAFullTable) {
   std::shuffle(batch.begin(), batch.end(), std::mt19937_64(4));
   for (int threads : {1, 2}) {
     embedding_cache<std::int64_t, host_space> cache(o, host_space{threads});
-    ASSERT_TRUE(cache.find_or_insert(resident.data(), resident.size(), nullptr, nullptr).ok());
+    EMBCACHE_ASSERT_OK(cache.find_or_insert(resident.data(), resident.size(), nullptr, nullptr));
     ASSERT_EQ(cache.size(), 8192u);
     const auto t = cache.ref();
     std::size_t past_home = 0;
@@ -80,8 +83,8 @@ TEST(cache_host, PipelinedFindMatchesFindSlotInAFullTable) {
     std::vector<float> rows(n * w, -1.0f);
     std::unique_ptr<bool[]> found(new bool[n]);
     std::vector<std::int64_t> slots(n, -2);
-    ASSERT_TRUE(cache.find(batch.data(), n, rows.data(), found.get()).ok());
-    ASSERT_TRUE(cache.lookup_slots(batch.data(), n, slots.data()).ok());
+    cache.find(batch.data(), n, rows.data(), found.get());
+    EMBCACHE_ASSERT_OK(cache.lookup_slots(batch.data(), n, slots.data()));
     for (std::size_t i = 0; i < n; ++i) {
       const std::int64_t s = t.find_slot(batch[i]);
       ASSERT_EQ(slots[i], s) << "key " << batch[i] << ", threads " << threads;
@@ -114,9 +117,7 @@ TEST(cache_host, ManyHostThreadsAtOnce) {
           if (!std::equal(e.begin(), e.end(), rows.begin() + i * 4)) ++failures;
         }
         std::vector<char> found(keys.size());
-        if (!cache.find(keys.data(), keys.size(), nullptr, reinterpret_cast<bool*>(found.data()))
-                 .ok())
-          ++failures;
+        cache.find(keys.data(), keys.size(), nullptr, reinterpret_cast<bool*>(found.data()));
         for (char f : found)
           if (!f) ++failures;
       }
@@ -124,7 +125,7 @@ TEST(cache_host, ManyHostThreadsAtOnce) {
   }
   for (auto& th : pool) th.join();
   EXPECT_EQ(failures.load(), 0);
-  auto all = cache.export_to_host({}).value();
+  auto all = cache.export_to_host(export_filter::all()).value();
   EXPECT_EQ(all.keys.size(), cache.size());
   EXPECT_EQ(std::adjacent_find(all.keys.begin(), all.keys.end()), all.keys.end());  // no dupes
   EXPECT_GT(cache.size(), 40000u);
@@ -137,6 +138,32 @@ TEST(cache_host, BadOptionsThrow) {
   o.capacity = 10;
   o.dim = 0;
   EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);
+}
+
+// Running out of device memory is its own code, distinct from a full disk, and a failed CUDA
+// allocation (cudaErrorMemoryAllocation) maps to it; other CUDA failures are internal.
+TEST(cache_status, out_of_device_memory_is_its_own_code) {
+  EXPECT_STREQ(to_string(status_code::out_of_device_memory), "out_of_device_memory");
+  EXPECT_NE(status_code::out_of_device_memory, status_code::out_of_space);
+  EXPECT_EQ(status::out_of_device_memory("x").code(), status_code::out_of_device_memory);
+  EXPECT_EQ(detail::status_code_of_cuda_error(detail::cuda_error_memory_allocation),
+            status_code::out_of_device_memory);
+  EXPECT_EQ(detail::cuda_error_memory_allocation, 2);  // cudaErrorMemoryAllocation
+  EXPECT_EQ(detail::status_code_of_cuda_error(1), status_code::internal);    // invalid value
+  EXPECT_EQ(detail::status_code_of_cuda_error(700), status_code::internal);  // illegal address
+  EXPECT_STREQ(to_string(status_code::internal), "internal");
+  EXPECT_STREQ(to_string(static_cast<status_code>(200)), "unknown");
+}
+
+// export_filter says which of its two kinds it is; changed_since(v) takes only newer rows.
+TEST(cache_status, export_filter_kinds) {
+  constexpr auto all = export_filter::all();
+  constexpr auto since = export_filter::changed_since(5);
+  static_assert(!all.changed_only() && since.changed_only() && since.since() == 5);
+  EXPECT_TRUE(all.passes(0));
+  EXPECT_FALSE(since.passes(5));
+  EXPECT_TRUE(since.passes(6));
+  static_assert(!std::is_default_constructible_v<export_filter>);
 }
 
 }  // namespace

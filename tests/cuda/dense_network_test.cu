@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/buffer.hpp"
 #include "embcache/trainer/dense_network.hpp"
 #include "embcache/trainer/wide_deep.hpp"
@@ -43,7 +44,7 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, doub
     ASSERT_NEAR(a[i], b[i], rel * (scale + 1e-6)) << what << " at " << i;
 }
 
-TEST(DenseNetworkCuda, ForwardBackwardAdamMatchHost) {
+TEST(dense_network_cuda, ForwardBackwardAdamMatchHost) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   dense_network_options o;
   o.input_dim = 40;
@@ -78,11 +79,11 @@ TEST(DenseNetworkCuda, ForwardBackwardAdamMatchHost) {
   // The blob is portable between the spaces.
   const auto blob = dev.save();
   dense_network<host_space> restored(o);
-  ASSERT_TRUE(restored.load(blob.data(), blob.size()).ok());
+  EMBCACHE_ASSERT_OK(restored.load(blob.data(), blob.size()));
   EXPECT_EQ(restored.parameters(), dev.parameters());
 }
 
-TEST(DenseNetworkCuda, WideDeepMatchesHost) {
+TEST(dense_network_cuda, WideDeepMatchesHost) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   wide_deep_options o;
   o.hidden = {32, 16};

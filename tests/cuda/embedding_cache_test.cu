@@ -1,6 +1,7 @@
 // cuda-space conformance suite of the embedding cache (skips without a device), and the check
 // that both spaces produce the same rows.
 #include "../cache/cache_conformance.hpp"
+#include "common/status_assertions.hpp"
 
 namespace embcache::testing {
 namespace {
@@ -18,8 +19,8 @@ TEST(cache_cuda, SameRowsAsTheHostSpace) {
     harness<std::int64_t, cuda_space> d(o);
     std::vector<std::int64_t> keys(50000);
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i) * 7777 - 100000;
-    ASSERT_TRUE(h.find_or_insert(keys).ok());
-    ASSERT_TRUE(d.find_or_insert(keys).ok());
+    EMBCACHE_ASSERT_OK(h.find_or_insert(keys));
+    EMBCACHE_ASSERT_OK(d.find_or_insert(keys));
     auto a = h.export_rows();
     auto b = d.export_rows();
     EXPECT_EQ(a.keys, b.keys);
@@ -37,8 +38,8 @@ TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
   std::vector<std::int64_t> resident(8192), batch;
   for (std::size_t i = 0; i < resident.size(); ++i)
     resident[i] = static_cast<std::int64_t>(i) * 1000003 + 17;
-  ASSERT_TRUE(h.find_or_insert(resident).ok());
-  ASSERT_TRUE(d.find_or_insert(resident).ok());
+  EMBCACHE_ASSERT_OK(h.find_or_insert(resident));
+  EMBCACHE_ASSERT_OK(d.find_or_insert(resident));
   ASSERT_EQ(d.cache.size(), 8192u);
   for (int r = 0; r < 2; ++r) batch.insert(batch.end(), resident.begin(), resident.end());
   for (std::int64_t i = 0; i < 9000; ++i) batch.push_back(-7 - i * 31);  // never inserted

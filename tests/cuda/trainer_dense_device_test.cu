@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/status_assertions.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/trainer.hpp"
@@ -86,7 +87,7 @@ std::string read_bytes(const std::string& path) {
 // mask or a lost Adam step moves them by far more (the loss falls by about 0.1 over the run).
 constexpr double loss_tolerance = 1e-3, auc_tolerance = 5e-3;
 
-TEST(TrainerDenseDevice, CudaAgreesWithHostInEveryMode) {
+TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   register_cuda_dense_backend();
   for (trainer_mode mode :
@@ -94,13 +95,13 @@ TEST(TrainerDenseDevice, CudaAgreesWithHostInEveryMode) {
     SCOPED_TRACE(to_string(mode));
     auto host = trainer::create(config("host", mode));
     auto dev = trainer::create(config("cuda", mode));
-    ASSERT_TRUE(host.ok()) << host.get_status().to_string();
-    ASSERT_TRUE(dev.ok()) << dev.get_status().to_string();
+    EMBCACHE_ASSERT_OK(host);
+    EMBCACHE_ASSERT_OK(dev);
     EXPECT_STREQ(host.value()->model().device(), "host");
     EXPECT_STREQ(dev.value()->model().device(), "cuda");
     EXPECT_EQ(dev.value()->dense_note(), "dense network on cuda");
-    ASSERT_TRUE(host.value()->run().ok());
-    ASSERT_TRUE(dev.value()->run().ok());
+    EMBCACHE_ASSERT_OK(host.value()->run());
+    EMBCACHE_ASSERT_OK(dev.value()->run());
     EXPECT_GT(dev.value()->model().transfer_seconds(), 0.0);
     const auto& h = host.value()->history();
     const auto& d = dev.value()->history();
@@ -118,15 +119,15 @@ TEST(TrainerDenseDevice, CudaAgreesWithHostInEveryMode) {
   set_cuda_dense_backend_factory(nullptr);
 }
 
-TEST(TrainerDenseDevice, SavesMoveBetweenDevicesUnchanged) {
+TEST(trainer_dense_device, SavesMoveBetweenDevicesUnchanged) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   register_cuda_dense_backend();
   trainer_config c = config("cuda", trainer_mode::keyset);
   c.passes = {c.passes[0]};
   c.save_dir = temp_dir("from_cuda") + "/save";
   auto dev = trainer::create(c);
-  ASSERT_TRUE(dev.ok()) << dev.get_status().to_string();
-  ASSERT_TRUE(dev.value()->run().ok());
+  EMBCACHE_ASSERT_OK(dev);
+  EMBCACHE_ASSERT_OK(dev.value()->run());
   const std::string saved = read_bytes(c.save_dir + "/dense.bin");
   ASSERT_GT(saved.size(), 0u);
 
@@ -134,7 +135,7 @@ TEST(TrainerDenseDevice, SavesMoveBetweenDevicesUnchanged) {
   trainer_config on_host = config("host", trainer_mode::keyset);
   on_host.resume_from = c.save_dir;
   auto host = trainer::create(on_host);
-  ASSERT_TRUE(host.ok()) << host.get_status().to_string();
+  EMBCACHE_ASSERT_OK(host);
   const auto blob = host.value()->model().save();
   EXPECT_TRUE(std::string(blob.begin(), blob.end()) == saved);
   EXPECT_EQ(host.value()->step(), dev.value()->step());
@@ -143,10 +144,10 @@ TEST(TrainerDenseDevice, SavesMoveBetweenDevicesUnchanged) {
   back.passes = {{{shard_file_name(2)}}};
   back.resume_from = c.save_dir;
   auto again = trainer::create(back);
-  ASSERT_TRUE(again.ok()) << again.get_status().to_string();
+  EMBCACHE_ASSERT_OK(again);
   const auto blob2 = again.value()->model().save();
   EXPECT_TRUE(std::string(blob2.begin(), blob2.end()) == saved);
-  ASSERT_TRUE(again.value()->run().ok());
+  EMBCACHE_ASSERT_OK(again.value()->run());
   EXPECT_EQ(again.value()->history().back().pass, 2u);
   set_cuda_dense_backend_factory(nullptr);
 }

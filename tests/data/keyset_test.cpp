@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/status_assertions.hpp"
 #include "test_util.hpp"
 
 namespace embcache {
@@ -15,12 +16,12 @@ using test::read_bytes;
 using test::scratch_dir;
 using test::write_bytes;
 
-TEST(Keyset, WritesSortedUniqueKeysAndReadsThemBack) {
+TEST(keyset, WritesSortedUniqueKeysAndReadsThemBack) {
   scratch_dir dir;
   const std::vector<std::int64_t> keys = {42, -7, 42, 5, 1LL << 60, -7, 0};
-  ASSERT_TRUE(write_keyset(dir / "k", keys.data(), keys.size()).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys.data(), keys.size()));
   auto back = read_keyset<std::int64_t>(dir / "k");
-  ASSERT_TRUE(back.ok()) << back.get_status().to_string();
+  EMBCACHE_ASSERT_OK(back);
   EXPECT_EQ(back.value(), (std::vector<std::int64_t>{-7, 0, 5, 42, 1LL << 60}));
   EXPECT_EQ(keys[0], 42);  // the input is left alone
   EXPECT_EQ(std::filesystem::file_size(dir / "k"), keyset_header_size + 5 * 8);
@@ -30,10 +31,10 @@ TEST(Keyset, WritesSortedUniqueKeysAndReadsThemBack) {
             1);
 }
 
-TEST(Keyset, HeaderLayoutIsTheDocumentedOne) {
+TEST(keyset, HeaderLayoutIsTheDocumentedOne) {
   scratch_dir dir;
   const std::vector<std::uint32_t> keys = {3, 1, 2};
-  ASSERT_TRUE(write_keyset(dir / "k", keys.data(), keys.size()).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys.data(), keys.size()));
   const auto b = read_bytes(dir / "k");
   ASSERT_EQ(b.size(), 32u + 12u);
   EXPECT_EQ(std::string(b.data(), 8), "EMBKEYS1");
@@ -48,18 +49,19 @@ TEST(Keyset, HeaderLayoutIsTheDocumentedOne) {
   EXPECT_EQ(first, 1u);
 }
 
-TEST(Keyset, EmptyKeysetRoundTrips) {
+TEST(keyset, EmptyKeysetRoundTrips) {
   scratch_dir dir;
-  ASSERT_TRUE(write_keyset<std::int64_t>(dir / "k", nullptr, 0).ok());
+  EMBCACHE_ASSERT_OK(write_keyset<std::int64_t>(dir / "k", nullptr, 0));
   auto back = read_keyset<std::int64_t>(dir / "k");
-  ASSERT_TRUE(back.ok());
+  EMBCACHE_ASSERT_OK(back);
   EXPECT_TRUE(back.value().empty());
 }
 
-TEST(Keyset, RawFormatIsBareLittleEndianKeys) {
+TEST(keyset, RawFormatIsBareLittleEndianKeys) {
   scratch_dir dir;
   const std::vector<std::int64_t> keys = {9, 1, 9, 4};
-  ASSERT_TRUE(write_keyset(dir / "raw", keys.data(), keys.size(), keyset_format::hugectr_raw).ok());
+  EMBCACHE_ASSERT_OK(
+      write_keyset(dir / "raw", keys.data(), keys.size(), keyset_format::hugectr_raw));
   const auto b = read_bytes(dir / "raw");
   ASSERT_EQ(b.size(), 24u);
   std::int64_t got[3];
@@ -74,7 +76,7 @@ TEST(Keyset, RawFormatIsBareLittleEndianKeys) {
   std::memcpy(raw.data(), unsorted, sizeof(unsorted));
   write_bytes(dir / "raw32", raw);
   auto back = read_keyset<std::uint32_t>(dir / "raw32", keyset_format::hugectr_raw);
-  ASSERT_TRUE(back.ok());
+  EMBCACHE_ASSERT_OK(back);
   EXPECT_EQ(back.value(), (std::vector<std::uint32_t>{1, 3, 7}));
 
   raw.pop_back();
@@ -84,10 +86,10 @@ TEST(Keyset, RawFormatIsBareLittleEndianKeys) {
   EXPECT_NE(bad.get_status().message().find("not a multiple of the key size 4"), std::string::npos);
 }
 
-TEST(Keyset, KeyTypeMismatchNamesFileAndBothTypes) {
+TEST(keyset, KeyTypeMismatchNamesFileAndBothTypes) {
   scratch_dir dir;
   const std::int64_t keys[2] = {1, 2};
-  ASSERT_TRUE(write_keyset(dir / "k64", keys, 2).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k64", keys, 2));
   auto r = read_keyset<std::uint32_t>(dir / "k64");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
@@ -96,10 +98,10 @@ TEST(Keyset, KeyTypeMismatchNamesFileAndBothTypes) {
   EXPECT_NE(m.find("holds int64 keys, but uint32 keys were requested"), std::string::npos) << m;
 }
 
-TEST(Keyset, TruncatedFileIsCorruption) {
+TEST(keyset, TruncatedFileIsCorruption) {
   scratch_dir dir;
   const std::int64_t keys[4] = {1, 2, 3, 4};
-  ASSERT_TRUE(write_keyset(dir / "k", keys, 4).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 4));
   auto b = read_bytes(dir / "k");
   b.resize(b.size() - 3);
   write_bytes(dir / "k", b);
@@ -117,10 +119,10 @@ TEST(Keyset, TruncatedFileIsCorruption) {
   EXPECT_NE(r.get_status().message().find("shorter than the 32-byte header"), std::string::npos);
 }
 
-TEST(Keyset, DamagedKeysFailTheChecksum) {
+TEST(keyset, DamagedKeysFailTheChecksum) {
   scratch_dir dir;
   const std::int64_t keys[4] = {1, 2, 3, 4};
-  ASSERT_TRUE(write_keyset(dir / "k", keys, 4).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 4));
   auto b = read_bytes(dir / "k");
   b[32 + 8] ^= 0x40;
   write_bytes(dir / "k", b);
@@ -129,10 +131,10 @@ TEST(Keyset, DamagedKeysFailTheChecksum) {
   EXPECT_NE(r.get_status().message().find("checksum mismatch"), std::string::npos);
 }
 
-TEST(Keyset, BadMagicVersionAndOrderAreRefused) {
+TEST(keyset, BadMagicVersionAndOrderAreRefused) {
   scratch_dir dir;
   const std::int64_t keys[3] = {1, 2, 3};
-  ASSERT_TRUE(write_keyset(dir / "k", keys, 3).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 3));
   const auto good = read_bytes(dir / "k");
 
   auto b = good;
@@ -160,14 +162,14 @@ TEST(Keyset, BadMagicVersionAndOrderAreRefused) {
       << r.get_status().message();
 }
 
-TEST(Keyset, MissingFileIsNotFound) {
+TEST(keyset, MissingFileIsNotFound) {
   scratch_dir dir;
   auto r = read_keyset<std::int64_t>(dir / "nope");
   EXPECT_EQ(r.get_status().code(), status_code::not_found);
   EXPECT_NE(r.get_status().message().find(dir / "nope"), std::string::npos);
 }
 
-TEST(Keyset, WritingIntoAMissingFolderIsAnError) {
+TEST(keyset, WritingIntoAMissingFolderIsAnError) {
   scratch_dir dir;
   const std::int64_t keys[1] = {1};
   status s = write_keyset(dir / "no/such/folder/k", keys, 1);

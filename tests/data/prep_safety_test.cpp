@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "test_util.hpp"
@@ -53,14 +54,14 @@ bool contains(const std::string& text, const std::string& part) {
 // Every shard and keyset of the dataset in `dir` reads back; returns its row count.
 std::uint64_t load_all(const std::string& dir) {
   auto m = read_dataset_manifest(dir);
-  EXPECT_TRUE(m.ok()) << m.get_status().to_string();
+  EMBCACHE_EXPECT_OK(m);
   if (!m.ok()) return 0;
   std::uint64_t rows = 0;
   for (const auto& f : m.value().shards) {
     auto d = read_shard(f.shard);
-    EXPECT_TRUE(d.ok()) << d.get_status().to_string();
+    EMBCACHE_EXPECT_OK(d);
     if (d.ok()) rows += d.value().header.rows;
-    EXPECT_TRUE(read_keyset<std::int64_t>(f.keyset).ok()) << f.keyset;
+    EMBCACHE_EXPECT_OK(read_keyset<std::int64_t>(f.keyset)) << f.keyset;
   }
   EXPECT_EQ(rows, m.value().rows);
   return rows;
@@ -89,11 +90,11 @@ class held_lock {
   int fd_ = -1;
 };
 
-TEST(PrepSafety, ForceWithAMissingInputLeavesTheOldDatasetLoadable) {
+TEST(prep_safety, ForceWithAMissingInputLeavesTheOldDatasetLoadable) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
-  ASSERT_TRUE(prepare_criteo(options(out, {dir / "a.tsv"})).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(options(out, {dir / "a.tsv"})));
   const auto before = read_bytes(dir / "out/manifest.json");
 
   auto o = options(out, {dir / "a.tsv", dir / "missing.tsv"});
@@ -107,11 +108,11 @@ TEST(PrepSafety, ForceWithAMissingInputLeavesTheOldDatasetLoadable) {
   EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{".out.lock", "a.tsv", "out"}));
 }
 
-TEST(PrepSafety, ForceThatFailsMidwayLeavesTheOldDatasetLoadable) {
+TEST(prep_safety, ForceThatFailsMidwayLeavesTheOldDatasetLoadable) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
-  ASSERT_TRUE(prepare_criteo(options(out, {dir / "a.tsv"})).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(options(out, {dir / "a.tsv"})));
   // The second input breaks the strict run after the first input's shards were written.
   write_text(dir / "b.tsv", tsv(10, 9) + "1\t2\n");
   auto o = options(out, {dir / "b.tsv"});
@@ -122,19 +123,19 @@ TEST(PrepSafety, ForceThatFailsMidwayLeavesTheOldDatasetLoadable) {
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(PrepSafety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
+TEST(prep_safety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   write_text(dir / "b.tsv", tsv(100, 3));
   const std::string out = dir / "out";
-  ASSERT_TRUE(prepare_criteo(options(out, {dir / "a.tsv"})).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(options(out, {dir / "a.tsv"})));
   write_text(dir / "out/notes.txt", "mine");
   fs::create_directory(dir / "out/sub");
   write_text(dir / "out/sub/more.txt", "also mine");
   auto o = options(out, {dir / "b.tsv"});
   o.overwrite = true;
   auto r = prepare_criteo(o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().dataset.shards.at(0).shard, (fs::path(out) / "shard-00000.bin").string());
   EXPECT_EQ(load_all(out), 3u);
   EXPECT_EQ(names_in(out),
@@ -144,7 +145,7 @@ TEST(PrepSafety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
   EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{".out.lock", "a.tsv", "b.tsv", "out"}));
 }
 
-TEST(PrepSafety, SecondPrepIntoAFolderInUseFailsAtOnce) {
+TEST(prep_safety, SecondPrepIntoAFolderInUseFailsAtOnce) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -162,18 +163,18 @@ TEST(PrepSafety, SecondPrepIntoAFolderInUseFailsAtOnce) {
   dataset_writer_options wo;
   wo.output_dir = out;
   auto w = dataset_writer::create(wo);
-  ASSERT_TRUE(w.ok()) << w.get_status().to_string();
+  EMBCACHE_ASSERT_OK(w);
   auto o = options(dir / "out/", {dir / "a.tsv"});
   EXPECT_EQ(prepare_criteo(o).get_status().code(), status_code::invalid_argument);
-  ASSERT_TRUE(w.value()->append(criteo_sample{}).ok());
-  ASSERT_TRUE(w.value()->finish().ok());
+  EMBCACHE_ASSERT_OK(w.value()->append(criteo_sample{}));
+  EMBCACHE_ASSERT_OK(w.value()->finish());
   o.overwrite = true;
   auto r = prepare_criteo(o);  // the lock is free again
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(PrepSafety, StaleTemporariesOfACrashedRunAreRemoved) {
+TEST(prep_safety, StaleTemporariesOfACrashedRunAreRemoved) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -193,7 +194,7 @@ TEST(PrepSafety, StaleTemporariesOfACrashedRunAreRemoved) {
   fs::create_directory(dir / ".other.new.1.0");          // another dataset's: stays
   write_bytes(dir / ".other.new.1.0/shard-00000.bin", big);
 
-  ASSERT_TRUE(prepare_criteo(options(out, {dir / "a.tsv"})).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(options(out, {dir / "a.tsv"})));
   EXPECT_EQ(load_all(out), 10u);
   EXPECT_EQ(names_in(out),
             (std::vector<std::string>{"manifest.json", "notes.tmp.1.2", "shard-00000.bin",
@@ -207,12 +208,12 @@ TEST(PrepSafety, StaleTemporariesOfACrashedRunAreRemoved) {
   write_bytes(dir / "out/shard-00000.keys.tmp.4242.9", big);
   auto o = options(out, {dir / "a.tsv"});
   o.overwrite = true;
-  ASSERT_TRUE(prepare_criteo(o).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(o));
   EXPECT_FALSE(fs::exists(dir / "out/shard-00000.keys.tmp.4242.9"));
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(PrepSafety, FolderAsInputIsAnErrorNamingIt) {
+TEST(prep_safety, FolderAsInputIsAnErrorNamingIt) {
   scratch_dir dir;
   fs::create_directory(dir / "in");
   auto r = prepare_criteo(options(dir / "out", {dir / "in"}));
@@ -222,7 +223,7 @@ TEST(PrepSafety, FolderAsInputIsAnErrorNamingIt) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
-TEST(PrepSafety, InputWithOnlyMalformedLinesIsAnError) {
+TEST(prep_safety, InputWithOnlyMalformedLinesIsAnError) {
   scratch_dir dir;
   write_text(dir / "bad.tsv", "1\t2\nzz\n\n");
   auto r = prepare_criteo(options(dir / "out", {dir / "bad.tsv"}));
@@ -240,7 +241,7 @@ TEST(PrepSafety, InputWithOnlyMalformedLinesIsAnError) {
   // One good line among them is enough.
   write_text(dir / "one.tsv", "1\t2\n" + line(3) + "\n");
   auto ok = prepare_criteo(options(dir / "out", {dir / "one.tsv"}));
-  ASSERT_TRUE(ok.ok()) << ok.get_status().to_string();
+  EMBCACHE_ASSERT_OK(ok);
   EXPECT_EQ(ok.value().dataset.rows, 1u);
   EXPECT_EQ(ok.value().malformed, 1u);
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 
+#include "common/status_assertions.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
@@ -49,7 +50,7 @@ void write_gz(const std::string& path, const std::string& text) {
 criteo_sample parse_ok(const std::string& line, const criteo_parse_options& o = {}) {
   criteo_sample s;
   status st = parse_criteo_line(line, o, s);
-  EXPECT_TRUE(st.ok()) << st.to_string();
+  EMBCACHE_EXPECT_OK(st);
   return s;
 }
 
@@ -62,7 +63,7 @@ std::string parse_error(const std::string& line, const criteo_parse_options& o =
 
 // ---- parsing and hashing --------------------------------------------------------------------
 
-TEST(CriteoParse, PreprocessesLikeHugeCtrSamples) {
+TEST(criteo_parse, PreprocessesLikeHugeCtrSamples) {
   std::string line = "1\t0\t-2\t\t9\t1\t2\t3\t4\t5\t6\t7\t8\t+12";
   for (int j = 0; j < 26; ++j) line += j == 4 ? "\t" : "\tab" + std::to_string(j);
   const criteo_sample s = parse_ok(line);
@@ -90,7 +91,7 @@ TEST(CriteoParse, PreprocessesLikeHugeCtrSamples) {
   EXPECT_NE(criteo_key(0, "ab0", 5), criteo_key(0, "ab0", 0));
 }
 
-TEST(CriteoParse, EmptyViewWithoutDataIsOneEmptyField) {
+TEST(criteo_parse, EmptyViewWithoutDataIsOneEmptyField) {
   // A default string_view has a null data(); under -fsanitize=undefined this pins that the
   // parser never hands it to memchr.
   criteo_sample s;
@@ -99,7 +100,7 @@ TEST(CriteoParse, EmptyViewWithoutDataIsOneEmptyField) {
   EXPECT_EQ(st.message(), "has 1 fields, expected 40");
 }
 
-TEST(CriteoParse, KeysFoldTheSlotIn) {
+TEST(criteo_parse, KeysFoldTheSlotIn) {
   const std::int64_t a = criteo_key(3, "68fd1e64");
   const std::int64_t b = criteo_key(4, "68fd1e64");
   EXPECT_NE(a, b);
@@ -115,7 +116,7 @@ TEST(CriteoParse, KeysFoldTheSlotIn) {
   EXPECT_EQ(criteo_cross_pairs[12], (std::pair<std::uint8_t, std::uint8_t>{24, 25}));
 }
 
-TEST(CriteoParse, MalformedLinesSayWhy) {
+TEST(criteo_parse, MalformedLinesSayWhy) {
   const std::string good = make_line(1);
   EXPECT_EQ(parse_error(good.substr(0, good.rfind('\t'))), "has 39 fields, expected 40");
   EXPECT_EQ(parse_error(good + "\tx"), "has 41 fields, expected 40");
@@ -174,7 +175,7 @@ std::vector<criteo_sample> read_back(const dataset_summary& d, std::vector<std::
   shard_reader_options ro;
   ro.batch_size = 5;
   auto r = shard_reader::open(paths, ro);
-  EXPECT_TRUE(r.ok());
+  EMBCACHE_EXPECT_OK(r);
   std::vector<criteo_sample> out;
   shard_batch b;
   while (r.value()->next(b).ok() && b.size) {
@@ -198,12 +199,12 @@ void expect_same(const criteo_sample& a, const criteo_sample& b, int row) {
   EXPECT_EQ(a.keys, b.keys) << "row " << row;
 }
 
-TEST(Prep, TsvToShardsToReaderGivesBackTheParsedInput) {
+TEST(prep, TsvToShardsToReaderGivesBackTheParsedInput) {
   scratch_dir dir;
   write_text(dir / "a.tsv", make_tsv(0, 30));
   write_text(dir / "b.tsv", make_tsv(30, 20));
   auto r = prepare_criteo(options(dir, {dir / "a.tsv", dir / "b.tsv"}));
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   const prep_summary& s = r.value();
   EXPECT_EQ(s.dataset.rows, 50u);
   EXPECT_EQ(s.lines, 50u);
@@ -231,22 +232,22 @@ TEST(Prep, TsvToShardsToReaderGivesBackTheParsedInput) {
       keys.insert(samples[row].keys.begin(), samples[row].keys.end());
     }
     auto k = read_keyset<std::int64_t>(f.keyset);
-    ASSERT_TRUE(k.ok()) << k.get_status().to_string();
+    EMBCACHE_ASSERT_OK(k);
     EXPECT_EQ(k.value(), std::vector<std::int64_t>(keys.begin(), keys.end())) << f.keyset;
   }
 }
 
-TEST(Prep, GzipInputGivesTheSameShardsAsPlainText) {
+TEST(prep, GzipInputGivesTheSameShardsAsPlainText) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 40);
   write_text(dir / "in.tsv", text);
   write_gz(dir / "in.tsv.gz", text);
   auto plain = prepare_criteo(options(dir, {dir / "in.tsv"}));
-  ASSERT_TRUE(plain.ok());
+  EMBCACHE_ASSERT_OK(plain);
   auto o = options(dir, {dir / "in.tsv.gz"});
   o.output_dir = dir / "gz";
   auto gz = prepare_criteo(o);
-  ASSERT_TRUE(gz.ok()) << gz.get_status().to_string();
+  EMBCACHE_ASSERT_OK(gz);
   ASSERT_EQ(gz.value().dataset.shards.size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(read_bytes(plain.value().dataset.shards[i].shard),
@@ -256,7 +257,7 @@ TEST(Prep, GzipInputGivesTheSameShardsAsPlainText) {
   }
 }
 
-TEST(Prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
+TEST(prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 400);
   write_text(dir / "in.tsv", text);
@@ -268,7 +269,7 @@ TEST(Prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
   o.rare_threshold = 2;  // two passes, each reported to its end
   std::vector<prep_progress> seen;
   o.on_progress = [&](const prep_progress& p) { seen.push_back(p); };
-  ASSERT_TRUE(prepare_criteo(o).ok());
+  EMBCACHE_ASSERT_OK(prepare_criteo(o));
   ASSERT_EQ(seen.size(), 2u);  // a run this short reports only the end of each pass
   for (int pass = 1; pass <= 2; ++pass) {
     const prep_progress& p = seen[std::size_t(pass - 1)];
@@ -282,7 +283,7 @@ TEST(Prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
   }
 }
 
-TEST(Prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
+TEST(prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   scratch_dir dir;
   std::string text;
   text += make_line(0) + "\n";
@@ -299,7 +300,7 @@ TEST(Prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   auto o = options(dir, {dir / "m.tsv"});
   o.max_reported = 3;
   auto r = prepare_criteo(o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   const prep_summary& s = r.value();
   EXPECT_EQ(s.lines, 8u);
   EXPECT_EQ(s.dataset.rows, 4u);
@@ -317,18 +318,18 @@ TEST(Prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   o.max_reported = 10;
   o.overwrite = true;
   auto all = prepare_criteo(o);
-  ASSERT_TRUE(all.ok());
+  EMBCACHE_ASSERT_OK(all);
   ASSERT_EQ(all.value().reports.size(), 4u);
   EXPECT_EQ(all.value().reports[3], f + ":7: line longer than 65536 bytes");
 }
 
-TEST(Prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
+TEST(prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
   scratch_dir dir;
   // 3 MiB without a newline spans several read chunks; the reader must resynchronise after it.
   const std::string huge(3 << 20, 'x');
   write_text(dir / "h.tsv", huge + "\n" + make_line(0) + "\n" + huge);
   auto r = prepare_criteo(options(dir, {dir / "h.tsv"}));
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().lines, 3u);
   EXPECT_EQ(r.value().dataset.rows, 1u);
   EXPECT_EQ(r.value().malformed, 2u);
@@ -340,7 +341,7 @@ TEST(Prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
   expect_same(samples[0], parse_ok(make_line(0)), 0);
 }
 
-TEST(Prep, StrictStopsAtTheFirstMalformedLine) {
+TEST(prep, StrictStopsAtTheFirstMalformedLine) {
   scratch_dir dir;
   write_text(dir / "m.tsv", make_tsv(0, 3) + "1\t2\n" + make_tsv(3, 3));
   auto o = options(dir, {dir / "m.tsv"});
@@ -356,7 +357,7 @@ TEST(Prep, StrictStopsAtTheFirstMalformedLine) {
   EXPECT_EQ(r.get_status().message(), (dir / "m.tsv") + ":4: has 2 fields, expected 40");
 }
 
-TEST(Prep, BrokenGzipIsReportedNotFatal) {
+TEST(prep, BrokenGzipIsReportedNotFatal) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 3000);
   write_gz(dir / "in.gz", text);
@@ -368,7 +369,7 @@ TEST(Prep, BrokenGzipIsReportedNotFatal) {
   write_bytes(dir / "cut.gz", cut);
   write_text(dir / "next.tsv", make_tsv(0, 2));
   auto r = prepare_criteo(options(dir, {dir / "cut.gz", dir / "next.tsv"}));
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().malformed, 1u);
   ASSERT_EQ(r.value().reports.size(), 1u);
   const std::string& rep = r.value().reports[0];
@@ -391,7 +392,7 @@ TEST(Prep, BrokenGzipIsReportedNotFatal) {
   auto o = options(dir, {dir / "bad.gz", dir / "next.tsv"});
   o.output_dir = dir / "out2";
   r = prepare_criteo(o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_GE(r.value().malformed, 1u);
   EXPECT_LT(r.value().dataset.rows, 3002u);
   ASSERT_FALSE(r.value().reports.empty());
@@ -399,14 +400,14 @@ TEST(Prep, BrokenGzipIsReportedNotFatal) {
       << r.value().reports.back();
 }
 
-TEST(Prep, MissingInputIsNotFound) {
+TEST(prep, MissingInputIsNotFound) {
   scratch_dir dir;
   auto r = prepare_criteo(options(dir, {dir / "nope.tsv"}));
   EXPECT_EQ(r.get_status().code(), status_code::not_found);
   EXPECT_NE(r.get_status().message().find(dir / "nope.tsv"), std::string::npos);
 }
 
-TEST(Prep, RareValuesMapToOneOovKeyPerSlot) {
+TEST(prep, RareValuesMapToOneOovKeyPerSlot) {
   scratch_dir dir;
   // Slot C1: "aa" three times, "bb" twice, "cc" once; every other field fixed.
   std::string rest;
@@ -422,7 +423,7 @@ TEST(Prep, RareValuesMapToOneOovKeyPerSlot) {
   o.rare_threshold = 3;
   o.cross = true;
   auto r = prepare_criteo(o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value().rare_replaced, 3u);
   EXPECT_EQ(r.value().dataset.unique_keys[0], 2u);  // "aa" and OOV
   EXPECT_EQ(r.value().dataset.unique_keys[1], 1u);
@@ -445,16 +446,16 @@ TEST(Prep, RareValuesMapToOneOovKeyPerSlot) {
   EXPECT_EQ(r.value().dataset.unique_crossed_keys, 2u + 12u);
 }
 
-TEST(Prep, RawKeysetFormatHoldsTheSameKeys) {
+TEST(prep, RawKeysetFormatHoldsTheSameKeys) {
   scratch_dir dir;
   write_text(dir / "a.tsv", make_tsv(0, 20));
   auto ours = prepare_criteo(options(dir, {dir / "a.tsv"}));
-  ASSERT_TRUE(ours.ok());
+  EMBCACHE_ASSERT_OK(ours);
   auto o = options(dir, {dir / "a.tsv"});
   o.output_dir = dir / "raw";
   o.keyset = keyset_format::hugectr_raw;
   auto raw = prepare_criteo(o);
-  ASSERT_TRUE(raw.ok());
+  EMBCACHE_ASSERT_OK(raw);
   for (std::size_t i = 0; i < 2; ++i) {
     const auto& a = ours.value().dataset.shards[i];
     const auto& b = raw.value().dataset.shards[i];
@@ -466,7 +467,7 @@ TEST(Prep, RawKeysetFormatHoldsTheSameKeys) {
 }
 
 // The real Criteo rows described in ../shared/data/criteo/SOURCES.md (never copied here).
-TEST(Prep, RealCriteoFilesHaveNoMalformedLines) {
+TEST(prep, RealCriteoFilesHaveNoMalformedLines) {
   const std::filesystem::path src = EMBCACHE_CRITEO_DIR;
   const auto head = src / "criteo_sample_hcyand_train_head10k.tsv";
   const auto random = src / "criteo_sample_cafpereira_random4584.tsv";
@@ -478,7 +479,7 @@ TEST(Prep, RealCriteoFilesHaveNoMalformedLines) {
   o.rows_per_shard = 4096;
   o.cross = true;
   auto r = prepare_criteo(o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   const prep_summary& s = r.value();
   EXPECT_EQ(s.malformed, 0u) << (s.reports.empty() ? "" : s.reports[0]);
   EXPECT_EQ(s.lines, 14584u);
@@ -487,7 +488,7 @@ TEST(Prep, RealCriteoFilesHaveNoMalformedLines) {
   EXPECT_EQ(s.dataset.shards.size(), 4u);
   // Keys of every shard stay within their slot's tag.
   auto d = read_shard(s.dataset.shards[0].shard);
-  ASSERT_TRUE(d.ok());
+  EMBCACHE_ASSERT_OK(d);
   criteo_sample x;
   for (std::uint64_t i = 0; i < d.value().header.rows; ++i) {
     d.value().get(i, x);

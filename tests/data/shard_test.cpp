@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "common/status_assertions.hpp"
 #include "embcache/keyset.hpp"
 #include "test_util.hpp"
 
@@ -33,13 +34,13 @@ void make_crossed(int i, std::int64_t* out) {
 
 std::string write_shard(const std::string& path, int first, int n, std::size_t crossed = 2) {
   auto w = shard_writer::create(path, crossed);
-  EXPECT_TRUE(w.ok());
+  EMBCACHE_EXPECT_OK(w);
   for (int i = first; i < first + n; ++i) {
     std::int64_t c[2];
     make_crossed(i, c);
-    EXPECT_TRUE(w.value()->append(make_sample(i), crossed ? c : nullptr).ok());
+    EMBCACHE_EXPECT_OK(w.value()->append(make_sample(i), crossed ? c : nullptr));
   }
-  EXPECT_TRUE(w.value()->finish().ok());
+  EMBCACHE_EXPECT_OK(w.value()->finish());
   return path;
 }
 
@@ -57,17 +58,17 @@ void expect_sample(const shard_batch& b, std::size_t k, int i) {
   for (std::size_t j = 0; j < b.num_crossed; ++j) EXPECT_EQ(b.crossed[k * b.num_crossed + j], c[j]);
 }
 
-TEST(Shard, WriterAndReadShardRoundTrip) {
+TEST(shard, WriterAndReadShardRoundTrip) {
   scratch_dir dir;
   write_shard(dir / "s.bin", 0, 5);
   EXPECT_EQ(std::filesystem::file_size(dir / "s.bin"), 64u + 5 * (56 + 8 * 28));
   auto h = read_shard_header(dir / "s.bin");
-  ASSERT_TRUE(h.ok()) << h.get_status().to_string();
+  EMBCACHE_ASSERT_OK(h);
   EXPECT_EQ(h.value().rows, 5u);
   EXPECT_EQ(h.value().num_crossed, 2u);
   EXPECT_EQ(h.value().record_size, 56u + 8 * 28);
   auto d = read_shard(dir / "s.bin");
-  ASSERT_TRUE(d.ok());
+  EMBCACHE_ASSERT_OK(d);
   for (int i = 0; i < 5; ++i) {
     criteo_sample s;
     std::int64_t c[2];
@@ -82,7 +83,7 @@ TEST(Shard, WriterAndReadShardRoundTrip) {
   }
 }
 
-TEST(ShardReader, BatchesInOrderNeverSpanShards) {
+TEST(shard_reader, BatchesInOrderNeverSpanShards) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 7);
   const auto b = write_shard(dir / "b.bin", 7, 5);
@@ -91,7 +92,7 @@ TEST(ShardReader, BatchesInOrderNeverSpanShards) {
     o.batch_size = 3;
     o.read_ahead = ahead;
     auto r = shard_reader::open({a, b}, o);
-    ASSERT_TRUE(r.ok());
+    EMBCACHE_ASSERT_OK(r);
     EXPECT_EQ(r.value()->total_rows(), 12u);
     EXPECT_EQ(r.value()->num_shards(), 2u);
     EXPECT_EQ(r.value()->num_crossed(), 2u);
@@ -99,7 +100,7 @@ TEST(ShardReader, BatchesInOrderNeverSpanShards) {
     int next = 0;
     shard_batch batch;
     while (true) {
-      ASSERT_TRUE(r.value()->next(batch).ok());
+      EMBCACHE_ASSERT_OK(r.value()->next(batch));
       if (batch.size == 0) break;
       sizes.push_back(batch.size);
       shards.push_back(batch.shard_index);
@@ -109,12 +110,12 @@ TEST(ShardReader, BatchesInOrderNeverSpanShards) {
     EXPECT_EQ(shards, (std::vector<std::size_t>{0, 0, 0, 1, 1}));
     EXPECT_EQ(next, 12);
     // Exhausted stays exhausted.
-    ASSERT_TRUE(r.value()->next(batch).ok());
+    EMBCACHE_ASSERT_OK(r.value()->next(batch));
     EXPECT_EQ(batch.size, 0u);
   }
 }
 
-TEST(ShardReader, DropLastSkipsPartialBatches) {
+TEST(shard_reader, DropLastSkipsPartialBatches) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 7);
   const auto e = write_shard(dir / "e.bin", 7, 0);
@@ -124,7 +125,7 @@ TEST(ShardReader, DropLastSkipsPartialBatches) {
   o.batch_size = 3;
   o.drop_last = true;
   auto r = shard_reader::open({a, e, b, c}, o);
-  ASSERT_TRUE(r.ok());
+  EMBCACHE_ASSERT_OK(r);
   std::vector<std::size_t> shards;
   shard_batch batch;
   while (r.value()->next(batch).ok() && batch.size) {
@@ -137,7 +138,7 @@ TEST(ShardReader, DropLastSkipsPartialBatches) {
 std::vector<std::uint64_t> read_order(const std::vector<std::string>& paths,
                                       const shard_reader_options& o) {
   auto r = shard_reader::open(paths, o);
-  EXPECT_TRUE(r.ok());
+  EMBCACHE_EXPECT_OK(r);
   std::vector<std::uint64_t> order;
   shard_batch batch;
   while (r.value()->next(batch).ok() && batch.size) {
@@ -150,7 +151,7 @@ std::vector<std::uint64_t> read_order(const std::vector<std::string>& paths,
   return order;
 }
 
-TEST(ShardReader, SeededShuffleIsAPermutationWithinEachShard) {
+TEST(shard_reader, SeededShuffleIsAPermutationWithinEachShard) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 50);
   const auto b = write_shard(dir / "b.bin", 50, 50);
@@ -184,7 +185,7 @@ TEST(ShardReader, SeededShuffleIsAPermutationWithinEachShard) {
   EXPECT_NE(read_order({a, b}, o), first);
 }
 
-TEST(ShardReader, TruncatedShardIsRefusedAtOpen) {
+TEST(shard_reader, TruncatedShardIsRefusedAtOpen) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 4);
   auto bytes = read_bytes(a);
@@ -202,7 +203,7 @@ TEST(ShardReader, TruncatedShardIsRefusedAtOpen) {
   EXPECT_EQ(shard_reader::open({dir / "missing.bin"}).get_status().code(), status_code::not_found);
 }
 
-TEST(ShardReader, DamagedRecordStopsTheReaderAtThatShard) {
+TEST(shard_reader, DamagedRecordStopsTheReaderAtThatShard) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 4);
   const auto b = write_shard(dir / "b.bin", 4, 4);
@@ -214,9 +215,9 @@ TEST(ShardReader, DamagedRecordStopsTheReaderAtThatShard) {
     o.batch_size = 4;
     o.read_ahead = ahead;
     auto r = shard_reader::open({a, b}, o);
-    ASSERT_TRUE(r.ok());  // headers are intact
+    EMBCACHE_ASSERT_OK(r);  // headers are intact
     shard_batch batch;
-    ASSERT_TRUE(r.value()->next(batch).ok());
+    EMBCACHE_ASSERT_OK(r.value()->next(batch));
     EXPECT_EQ(batch.size, 4u);
     status s = r.value()->next(batch);
     EXPECT_EQ(s.code(), status_code::corruption);
@@ -234,7 +235,7 @@ TEST(ShardReader, DamagedRecordStopsTheReaderAtThatShard) {
   EXPECT_NE(r.get_status().message().find("header checksum mismatch"), std::string::npos);
 }
 
-TEST(ShardReader, RefusesShardsWithDifferentLayoutsAndZeroBatch) {
+TEST(shard_reader, RefusesShardsWithDifferentLayoutsAndZeroBatch) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 2, 2);
   const auto b = write_shard(dir / "b.bin", 0, 2, 0);
@@ -245,20 +246,20 @@ TEST(ShardReader, RefusesShardsWithDifferentLayoutsAndZeroBatch) {
   EXPECT_THROW((void)shard_reader::open({a}, o), error);
 }
 
-TEST(DatasetWriter, SplitsIntoShardsWithOneKeysetEach) {
+TEST(dataset_writer, SplitsIntoShardsWithOneKeysetEach) {
   scratch_dir dir;
   dataset_writer_options o;
   o.output_dir = dir / "ds";
   o.rows_per_shard = 4;
   o.num_crossed = 2;
   auto w = dataset_writer::create(o);
-  ASSERT_TRUE(w.ok());
+  EMBCACHE_ASSERT_OK(w);
   for (int i = 0; i < 10; ++i) {
     std::int64_t c[2];
     make_crossed(i, c);
-    ASSERT_TRUE(w.value()->append(make_sample(i), c).ok());
+    EMBCACHE_ASSERT_OK(w.value()->append(make_sample(i), c));
   }
-  ASSERT_TRUE(w.value()->finish({{"tool", "test"}}).ok());
+  EMBCACHE_ASSERT_OK(w.value()->finish({{"tool", "test"}}));
   const dataset_summary& s = w.value()->summary();
   EXPECT_EQ(s.rows, 10u);
   EXPECT_DOUBLE_EQ(s.label_mean, 0.5);
@@ -274,7 +275,7 @@ TEST(DatasetWriter, SplitsIntoShardsWithOneKeysetEach) {
 
   for (const auto& f : s.shards) {
     auto d = read_shard(f.shard);
-    ASSERT_TRUE(d.ok());
+    EMBCACHE_ASSERT_OK(d);
     std::set<std::int64_t> keys, crossed;
     for (std::uint64_t i = 0; i < d.value().header.rows; ++i) {
       criteo_sample x;
@@ -284,15 +285,15 @@ TEST(DatasetWriter, SplitsIntoShardsWithOneKeysetEach) {
       crossed.insert(c, c + 2);
     }
     auto k = read_keyset<std::int64_t>(f.keyset);
-    ASSERT_TRUE(k.ok());
+    EMBCACHE_ASSERT_OK(k);
     EXPECT_EQ(k.value(), std::vector<std::int64_t>(keys.begin(), keys.end()));
     auto kc = read_keyset<std::int64_t>(f.crossed_keyset);
-    ASSERT_TRUE(kc.ok());
+    EMBCACHE_ASSERT_OK(kc);
     EXPECT_EQ(kc.value(), std::vector<std::int64_t>(crossed.begin(), crossed.end()));
   }
 
   auto m = read_dataset_manifest(o.output_dir);
-  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().rows, 10u);
   EXPECT_EQ(m.value().num_crossed, 2u);
   EXPECT_EQ(m.value().unique_keys, s.unique_keys);
@@ -302,15 +303,15 @@ TEST(DatasetWriter, SplitsIntoShardsWithOneKeysetEach) {
             (std::vector<std::pair<std::string, std::string>>{{"tool", "test"}}));
 }
 
-TEST(DatasetWriter, RefusesAnExistingDatasetUnlessOverwriting) {
+TEST(dataset_writer, RefusesAnExistingDatasetUnlessOverwriting) {
   scratch_dir dir;
   dataset_writer_options o;
   o.output_dir = dir / "ds";
   o.rows_per_shard = 2;
   auto w = dataset_writer::create(o);
-  ASSERT_TRUE(w.ok());
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(w.value()->append(make_sample(i)).ok());
-  ASSERT_TRUE(w.value()->finish().ok());
+  EMBCACHE_ASSERT_OK(w);
+  for (int i = 0; i < 6; ++i) EMBCACHE_ASSERT_OK(w.value()->append(make_sample(i)));
+  EMBCACHE_ASSERT_OK(w.value()->finish());
   ASSERT_TRUE(std::filesystem::exists(dir / "ds/shard-00002.bin"));
 
   auto again = dataset_writer::create(o);
@@ -318,9 +319,9 @@ TEST(DatasetWriter, RefusesAnExistingDatasetUnlessOverwriting) {
   write_bytes(dir / "ds/notes.txt", {'x'});
   o.overwrite = true;
   again = dataset_writer::create(o);
-  ASSERT_TRUE(again.ok());
-  ASSERT_TRUE(again.value()->append(make_sample(0)).ok());
-  ASSERT_TRUE(again.value()->finish().ok());
+  EMBCACHE_ASSERT_OK(again);
+  EMBCACHE_ASSERT_OK(again.value()->append(make_sample(0)));
+  EMBCACHE_ASSERT_OK(again.value()->finish());
   // Stale shards of the bigger run are gone; other files are left alone.
   EXPECT_FALSE(std::filesystem::exists(dir / "ds/shard-00002.bin"));
   EXPECT_FALSE(std::filesystem::exists(dir / "ds/shard-00001.keys"));

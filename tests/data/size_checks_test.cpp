@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/status_assertions.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 #include "test_util.hpp"
@@ -30,9 +31,9 @@ criteo_sample sample(int i) {
 
 void write_one_shard(const std::string& path, int rows) {
   auto w = shard_writer::create(path, 0);
-  ASSERT_TRUE(w.ok());
-  for (int i = 0; i < rows; ++i) ASSERT_TRUE(w.value()->append(sample(i)).ok());
-  ASSERT_TRUE(w.value()->finish().ok());
+  EMBCACHE_ASSERT_OK(w);
+  for (int i = 0; i < rows; ++i) EMBCACHE_ASSERT_OK(w.value()->append(sample(i)));
+  EMBCACHE_ASSERT_OK(w.value()->finish());
 }
 
 // Sets the header's row count and recomputes the header checksum, as a forger would.
@@ -51,7 +52,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 // ---- shards ---------------------------------------------------------------------------------
 
-TEST(SizeChecks, ShardRowCountThatOverflowsIsRefused) {
+TEST(size_checks, ShardRowCountThatOverflowsIsRefused) {
   scratch_dir dir;
   const std::string path = dir / "s.bin";
   write_one_shard(path, 1);
@@ -75,7 +76,7 @@ TEST(SizeChecks, ShardRowCountThatOverflowsIsRefused) {
   EXPECT_TRUE(contains(r.get_status().message(), path));
 }
 
-TEST(SizeChecks, ShardRowCountBeyondTheFileIsTruncation) {
+TEST(size_checks, ShardRowCountBeyondTheFileIsTruncation) {
   scratch_dir dir;
   const std::string path = dir / "s.bin";
   write_one_shard(path, 3);
@@ -92,7 +93,7 @@ TEST(SizeChecks, ShardRowCountBeyondTheFileIsTruncation) {
       << d.get_status().message();
 }
 
-TEST(SizeChecks, FolderGivenAsShardOrKeysetIsNamed) {
+TEST(size_checks, FolderGivenAsShardOrKeysetIsNamed) {
   scratch_dir dir;
   auto h = read_shard_header(dir.path().string());
   ASSERT_FALSE(h.ok());
@@ -109,13 +110,13 @@ TEST(SizeChecks, FolderGivenAsShardOrKeysetIsNamed) {
 // Our keyset holding `keys`, with the header's count replaced by `count`.
 void write_keyset_claiming(const std::string& path, const std::vector<std::int64_t>& keys,
                            std::uint64_t count) {
-  ASSERT_TRUE(write_keyset(path, keys.data(), keys.size()).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(path, keys.data(), keys.size()));
   std::vector<char> b = read_bytes(path);
   std::memcpy(b.data() + 16, &count, 8);
   write_bytes(path, b);
 }
 
-TEST(SizeChecks, KeysetCountThatOverflowsIsTruncationNotAWrappedSize) {
+TEST(size_checks, KeysetCountThatOverflowsIsTruncationNotAWrappedSize) {
   scratch_dir dir;
   const std::string path = dir / "k";
   // (2^61 + 1) * 8 wraps around to 8 bytes: exactly the one key that follows the header.
@@ -130,7 +131,7 @@ TEST(SizeChecks, KeysetCountThatOverflowsIsTruncationNotAWrappedSize) {
   EXPECT_FALSE(contains(m, "(8 bytes)")) << m;  // never the wrapped size
 }
 
-TEST(SizeChecks, KeysetCountAgainstThePayloadBothWays) {
+TEST(size_checks, KeysetCountAgainstThePayloadBothWays) {
   scratch_dir dir;
   const std::string path = dir / "k";
   write_keyset_claiming(path, {1, 2, 3}, 4);
@@ -147,7 +148,7 @@ TEST(SizeChecks, KeysetCountAgainstThePayloadBothWays) {
       << fewer.get_status().message();
   // uint32 keysets: the same checks with 4-byte keys.
   const std::vector<std::uint32_t> small = {7, 9};
-  ASSERT_TRUE(write_keyset(path, small.data(), small.size()).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(path, small.data(), small.size()));
   std::vector<char> b = read_bytes(path);
   const std::uint64_t huge = (std::uint64_t{1} << 62) + 2;  // * 4 wraps around to 8
   std::memcpy(b.data() + 16, &huge, 8);
@@ -157,7 +158,7 @@ TEST(SizeChecks, KeysetCountAgainstThePayloadBothWays) {
   EXPECT_TRUE(contains(u.get_status().message(), "overflows")) << u.get_status().message();
 }
 
-TEST(SizeChecks, RawKeysetOfAnOddSizeIsRefused) {
+TEST(size_checks, RawKeysetOfAnOddSizeIsRefused) {
   scratch_dir dir;
   const std::string path = dir / "raw";
   write_bytes(path, std::vector<char>(12, 1));
@@ -165,26 +166,26 @@ TEST(SizeChecks, RawKeysetOfAnOddSizeIsRefused) {
   ASSERT_EQ(k.get_status().code(), status_code::corruption);
   EXPECT_TRUE(contains(k.get_status().message(), "not a multiple of the key size 8"));
   auto u = read_keyset<std::uint32_t>(path, keyset_format::hugectr_raw);
-  ASSERT_TRUE(u.ok());
+  EMBCACHE_ASSERT_OK(u);
   EXPECT_EQ(u.value().size(), 1u);  // three equal keys
 }
 
 // ---- manifests ------------------------------------------------------------------------------
 
 // A real two-shard dataset; tests then edit its manifest.json text.
-class ManifestChecks : public ::testing::Test {
+class manifest_checks : public ::testing::Test {
  protected:
   void SetUp() override {
     dataset_writer_options o;
     o.output_dir = dir_ / "ds";
     o.rows_per_shard = 2;
     auto w = dataset_writer::create(o);
-    ASSERT_TRUE(w.ok()) << w.get_status().to_string();
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(w.value()->append(sample(i)).ok());
-    ASSERT_TRUE(w.value()->finish({{"tool", "test"}}).ok());
+    EMBCACHE_ASSERT_OK(w);
+    for (int i = 0; i < 3; ++i) EMBCACHE_ASSERT_OK(w.value()->append(sample(i)));
+    EMBCACHE_ASSERT_OK(w.value()->finish({{"tool", "test"}}));
     auto b = read_bytes(manifest());
     text_.assign(b.begin(), b.end());
-    ASSERT_TRUE(read_dataset_manifest(dir_ / "ds").ok());
+    EMBCACHE_ASSERT_OK(read_dataset_manifest(dir_ / "ds"));
   }
   std::string manifest() const { return dir_ / "ds/manifest.json"; }
   // The manifest with the first `from` replaced by `to`; the error it gives.
@@ -208,7 +209,7 @@ class ManifestChecks : public ::testing::Test {
   std::string text_;
 };
 
-TEST_F(ManifestChecks, NegativeAndFractionalCountsAreRefused) {
+TEST_F(manifest_checks, NegativeAndFractionalCountsAreRefused) {
   expect_refused("\"rows\": 3", "\"rows\": -3",
                  "field rows is -3, expected a non-negative integer");
   expect_refused("\"rows\": 3", "\"rows\": 3.5", "field rows is 3.5");
@@ -217,7 +218,7 @@ TEST_F(ManifestChecks, NegativeAndFractionalCountsAreRefused) {
   expect_refused("\"rows\": 2", "\"rows\": -2", "field shards[0].rows is -2");
 }
 
-TEST_F(ManifestChecks, HugeCountsAreRefused) {
+TEST_F(manifest_checks, HugeCountsAreRefused) {
   // 2^32 + 1 would read as version 1 through a 32-bit int.
   const status v = with("\"version\": 1", "\"version\": 4294967297");
   EXPECT_EQ(v.code(), status_code::unsupported) << v.to_string();
@@ -228,13 +229,13 @@ TEST_F(ManifestChecks, HugeCountsAreRefused) {
   expect_refused("\"rows\": 3", "\"rows\": 4", "field rows is 4, but the shards hold 3 rows");
 }
 
-TEST_F(ManifestChecks, KeysetSizesAreRecordedAndChecked) {
+TEST_F(manifest_checks, KeysetSizesAreRecordedAndChecked) {
   auto m = read_dataset_manifest(dir_ / "ds");
-  ASSERT_TRUE(m.ok());
+  EMBCACHE_ASSERT_OK(m);
   const shard_files& f = m.value().shards[0];
   EXPECT_TRUE(f.has_key_counts);
   auto k = read_keyset<std::int64_t>(f.keyset);
-  ASSERT_TRUE(k.ok());
+  EMBCACHE_ASSERT_OK(k);
   EXPECT_EQ(f.keys, k.value().size());
   EXPECT_GT(f.keys, 0u);
   const std::string keys = "\"keys\": " + std::to_string(f.keys);
@@ -244,14 +245,14 @@ TEST_F(ManifestChecks, KeysetSizesAreRecordedAndChecked) {
   expect_refused(keys, keys + ", \"crossed_keys\": 0",
                  "field shards[0].crossed_keys is present, but crossed_per_row is 0");
   // A manifest written before the sizes were recorded still reads, without them.
-  ASSERT_TRUE(with(",\n      " + keys, "").ok());
+  EMBCACHE_ASSERT_OK(with(",\n      " + keys, ""));
   auto old = read_dataset_manifest(dir_ / "ds");
-  ASSERT_TRUE(old.ok());
+  EMBCACHE_ASSERT_OK(old);
   EXPECT_FALSE(old.value().shards[0].has_key_counts);
   EXPECT_TRUE(old.value().shards[1].has_key_counts);
 }
 
-TEST_F(ManifestChecks, ShardRowsMustMatchTheShardFile) {
+TEST_F(manifest_checks, ShardRowsMustMatchTheShardFile) {
   // Both shards claim one row and the total says 2: consistent, but the first file holds two.
   std::string t = text_;
   t.replace(t.find("\"rows\": 2"), 9, "\"rows\": 1");
@@ -264,7 +265,7 @@ TEST_F(ManifestChecks, ShardRowsMustMatchTheShardFile) {
   EXPECT_TRUE(contains(r.get_status().message(), "has 592 bytes")) << r.get_status().message();
 }
 
-TEST_F(ManifestChecks, WrongTypesAreRefusedByField) {
+TEST_F(manifest_checks, WrongTypesAreRefusedByField) {
   expect_refused("\"rows\": 3", "\"rows\": \"3\"", "field rows is \"3\"");
   expect_refused("\"label_mean\": ", "\"label_mean\": \"x\", \"was_label_mean\": ",
                  "field label_mean is \"x\", expected a number in [0, 1]");

@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "common/status_assertions.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "test_util.hpp"
@@ -38,7 +39,7 @@ double auc(const std::vector<double>& score, const std::vector<int>& label) {
   return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg);
 }
 
-TEST(SynthAuc, RankSumMatchesHandCountedCases) {
+TEST(synth_auc, RankSumMatchesHandCountedCases) {
   EXPECT_DOUBLE_EQ(auc({0.1, 0.2, 0.3, 0.4}, {0, 0, 1, 1}), 1.0);
   EXPECT_DOUBLE_EQ(auc({0.1, 0.2, 0.3, 0.4}, {1, 1, 0, 0}), 0.0);
   EXPECT_DOUBLE_EQ(auc({0.1, 0.4, 0.3, 0.2}, {0, 1, 0, 1}), 0.75);
@@ -64,7 +65,7 @@ signal_stats measure(const synth_options& o, int rows) {
           std::accumulate(labels.begin(), labels.end(), 0.0) / static_cast<double>(rows)};
 }
 
-TEST(Synth, HiddenModelCarriesALearnableSignal) {
+TEST(synth, HiddenModelCarriesALearnableSignal) {
   synth_options o;
   o.seed = 3;
   const signal_stats s = measure(o, 20000);
@@ -78,7 +79,7 @@ TEST(Synth, HiddenModelCarriesALearnableSignal) {
   EXPECT_LT(none.auc, 0.53);
 }
 
-TEST(Synth, RowsArePureFunctionsOfSeedAndIndex) {
+TEST(synth, RowsArePureFunctionsOfSeedAndIndex) {
   synth_options o;
   o.seed = 9;
   const synth_generator a(o), b(o);
@@ -105,7 +106,7 @@ TEST(Synth, RowsArePureFunctionsOfSeedAndIndex) {
   EXPECT_NE(tx, ty);
 }
 
-TEST(Synth, ValuesFollowCardinalitiesZipfAndMissingRates) {
+TEST(synth, ValuesFollowCardinalitiesZipfAndMissingRates) {
   synth_options o;
   o.cardinality_scale = 0.01;
   const synth_generator gen(o);
@@ -135,35 +136,35 @@ TEST(Synth, ValuesFollowCardinalitiesZipfAndMissingRates) {
   EXPECT_THROW(synth_generator(synth_options{1, 1, 0.0}), error);
 }
 
-TEST(Synth, TsvWritesAreDeterministicAndParse) {
+TEST(synth, TsvWritesAreDeterministicAndParse) {
   scratch_dir dir;
   synth_options o;
   o.rows = 500;
   o.seed = 4;
-  ASSERT_TRUE(write_synth_tsv(dir / "a.tsv", o).ok());
-  ASSERT_TRUE(write_synth_tsv(dir / "b.tsv", o).ok());
-  ASSERT_TRUE(write_synth_tsv(dir / "c.tsv.gz", o).ok());
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "a.tsv", o));
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "b.tsv", o));
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "c.tsv.gz", o));
   const auto a = read_bytes(dir / "a.tsv");
   EXPECT_EQ(a, read_bytes(dir / "b.tsv"));
   EXPECT_EQ(std::count(a.begin(), a.end(), '\n'), 500);
   EXPECT_LT(read_bytes(dir / "c.tsv.gz").size(), a.size() / 2);
   o.rows = 200;  // a shorter run is a prefix of a longer one
-  ASSERT_TRUE(write_synth_tsv(dir / "p.tsv", o).ok());
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "p.tsv", o));
   const auto p = read_bytes(dir / "p.tsv");
   ASSERT_LT(p.size(), a.size());
   EXPECT_TRUE(std::equal(p.begin(), p.end(), a.begin()));
   o.seed = 5;
-  ASSERT_TRUE(write_synth_tsv(dir / "d.tsv", o).ok());
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "d.tsv", o));
   EXPECT_NE(read_bytes(dir / "d.tsv"), p);
 }
 
-TEST(Synth, DirectShardsEqualPrepOfTheTsv) {
+TEST(synth, DirectShardsEqualPrepOfTheTsv) {
   scratch_dir dir;
   synth_options o;
   o.rows = 700;
   o.seed = 8;
   o.cardinality_scale = 0.001;
-  ASSERT_TRUE(write_synth_tsv(dir / "s.tsv.gz", o).ok());
+  EMBCACHE_ASSERT_OK(write_synth_tsv(dir / "s.tsv.gz", o));
   prep_options p;
   p.inputs = {dir / "s.tsv.gz"};
   p.output_dir = dir / "prep";
@@ -171,14 +172,14 @@ TEST(Synth, DirectShardsEqualPrepOfTheTsv) {
   p.cross = true;
   p.parse.hash_seed = 77;
   auto prepped = prepare_criteo(p);
-  ASSERT_TRUE(prepped.ok()) << prepped.get_status().to_string();
+  EMBCACHE_ASSERT_OK(prepped);
   EXPECT_EQ(prepped.value().malformed, 0u);
 
   dataset_writer_options w;
   w.output_dir = dir / "direct";
   w.rows_per_shard = 300;
   auto direct = write_synth_dataset(o, w, true, p.parse);
-  ASSERT_TRUE(direct.ok()) << direct.get_status().to_string();
+  EMBCACHE_ASSERT_OK(direct);
   const auto& a = prepped.value().dataset;
   const auto& b = direct.value();
   EXPECT_EQ(b.rows, 700u);
@@ -194,11 +195,11 @@ TEST(Synth, DirectShardsEqualPrepOfTheTsv) {
   // And again: same bytes.
   w.output_dir = dir / "again";
   auto again = write_synth_dataset(o, w, true, p.parse);
-  ASSERT_TRUE(again.ok());
+  EMBCACHE_ASSERT_OK(again);
   EXPECT_EQ(read_bytes(again.value().shards[2].shard), read_bytes(b.shards[2].shard));
 }
 
-TEST(Synth, NonFiniteAndOutOfRangeOptionsAreRefusedByName) {
+TEST(synth, NonFiniteAndOutOfRangeOptionsAreRefusedByName) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   struct bad_case {

@@ -11,6 +11,7 @@
 #include <regex>
 #include <string>
 
+#include "common/status_assertions.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/version.hpp"
 #include "test_util.hpp"
@@ -65,7 +66,7 @@ std::string make_input(const scratch_dir& dir) {
   return path;
 }
 
-TEST(Tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
+TEST(tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -77,13 +78,13 @@ TEST(Tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
   EXPECT_TRUE(contains(r.output, "not_found")) << r.output;
   EXPECT_TRUE(contains(r.output, dir / "missing.tsv")) << r.output;
   auto m = read_dataset_manifest(out);
-  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().rows, 50u);
   ASSERT_EQ(m.value().shards.size(), 3u);
-  for (const auto& f : m.value().shards) EXPECT_TRUE(read_shard(f.shard).ok()) << f.shard;
+  for (const auto& f : m.value().shards) EMBCACHE_EXPECT_OK(read_shard(f.shard)) << f.shard;
 }
 
-TEST(Tools, ErrorLinesCarryATimestampAndALevel) {
+TEST(tools, ErrorLinesCarryATimestampAndALevel) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const run_result r = run(prep_exe, q(dir / "missing.tsv") + " -o " + q(dir / "out"));
@@ -94,7 +95,7 @@ TEST(Tools, ErrorLinesCarryATimestampAndALevel) {
       << r.output;
 }
 
-TEST(Tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
+TEST(tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -110,7 +111,7 @@ TEST(Tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-TEST(Tools, PrepFolderInputIsAnError) {
+TEST(tools, PrepFolderInputIsAnError) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   fs::create_directory(dir / "in");
@@ -119,7 +120,7 @@ TEST(Tools, PrepFolderInputIsAnError) {
   EXPECT_TRUE(contains(r.output, "input '" + (dir / "in") + "' is a folder")) << r.output;
 }
 
-TEST(Tools, PrepInputWithOnlyMalformedLinesIsAnError) {
+TEST(tools, PrepInputWithOnlyMalformedLinesIsAnError) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   write_text(dir / "bad.tsv", "x\ny\n");
@@ -130,7 +131,7 @@ TEST(Tools, PrepInputWithOnlyMalformedLinesIsAnError) {
       << r.output;
 }
 
-TEST(Tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
+TEST(tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -145,7 +146,7 @@ TEST(Tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
-TEST(Tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
+TEST(tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string out = q(dir / "s.tsv");
@@ -174,7 +175,7 @@ TEST(Tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
   EXPECT_EQ(ok.rc, 0) << ok.output;
 }
 
-TEST(Tools, VersionPrintsNameVersionAndSpaces) {
+TEST(tools, VersionPrintsNameVersionAndSpaces) {
   EMBCACHE_NEED_TOOLS();
   const std::string spaces = std::string(" ") + version_string + " (" + build_spaces + ")\n";
   // --version wins over the required options.
@@ -187,7 +188,7 @@ TEST(Tools, VersionPrintsNameVersionAndSpaces) {
   EXPECT_NE(std::string(build_spaces).find("rocksdb "), std::string::npos);
 }
 
-TEST(Tools, UsageErrorsExitTwoAndRunTimeFailuresOne) {
+TEST(tools, UsageErrorsExitTwoAndRunTimeFailuresOne) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -220,7 +221,7 @@ TEST(Tools, UsageErrorsExitTwoAndRunTimeFailuresOne) {
 // The bytes of a dataset's shards and keysets, in manifest order.
 std::string dataset_bytes(const std::string& folder) {
   auto m = read_dataset_manifest(folder);
-  EXPECT_TRUE(m.ok()) << m.get_status().to_string();
+  EMBCACHE_EXPECT_OK(m);
   std::string all;
   if (!m.ok()) return all;
   for (const auto& f : m.value().shards)
@@ -231,7 +232,7 @@ std::string dataset_bytes(const std::string& folder) {
   return all;
 }
 
-TEST(Tools, PrepReadsStandardInputPlainOrGzip) {
+TEST(tools, PrepReadsStandardInputPlainOrGzip) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);

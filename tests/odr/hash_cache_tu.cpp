@@ -1,7 +1,7 @@
 // Translation unit 1 of the link-order test: the cache's initial rows and bucket hash.
 #include <cstring>
 
-#include "embcache/detail/cache_ref.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "hash_odr.hpp"
 
 namespace embcache::odr_test {
@@ -17,7 +17,7 @@ void cache_values(std::uint64_t seed, std::uint64_t out[cache_value_count]) {
     std::memcpy(&bits, &v, sizeof bits);
     out[i] = bits;
   }
-  detail::cache_ref<std::int64_t> ref{};
+  embedding_cache_ref<std::int64_t> ref{};
   ref.num_buckets = 1000003;
   const auto h = ref.hash(std::int64_t(seed));
   out[3] = h.home;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "test_util.hpp"
@@ -163,28 +164,28 @@ void expect_matches_reference(const optimizer_options& o) {
   }
 }
 
-TEST(Optimizers, SgdMatchesDoubleReference) {
+TEST(optimizers, SgdMatchesDoubleReference) {
   optimizer_options o;
   o.kind = optimizer_kind::sgd;
   o.learning_rate = 0.01f;
   expect_matches_reference(o);
 }
 
-TEST(Optimizers, AdagradMatchesDoubleReference) {
+TEST(optimizers, AdagradMatchesDoubleReference) {
   optimizer_options o;
   o.kind = optimizer_kind::adagrad;
   o.learning_rate = 0.05f;
   expect_matches_reference(o);
 }
 
-TEST(Optimizers, LazyAdamMatchesDoubleReference) {
+TEST(optimizers, LazyAdamMatchesDoubleReference) {
   optimizer_options o;
   o.kind = optimizer_kind::adam;
   o.learning_rate = 0.01f;
   expect_matches_reference(o);
 }
 
-TEST(Optimizers, FtrlMatchesDoubleReference) {
+TEST(optimizers, FtrlMatchesDoubleReference) {
   optimizer_options o;
   o.kind = optimizer_kind::ftrl;
   o.ftrl_alpha = 0.05f;
@@ -193,7 +194,7 @@ TEST(Optimizers, FtrlMatchesDoubleReference) {
   expect_matches_reference(o);
 }
 
-TEST(Optimizers, FtrlWithBetaAndOtherPowerMatchesDoubleReference) {
+TEST(optimizers, FtrlWithBetaAndOtherPowerMatchesDoubleReference) {
   optimizer_options o;
   o.kind = optimizer_kind::ftrl;
   o.ftrl_alpha = 0.1f;
@@ -207,7 +208,7 @@ TEST(Optimizers, FtrlWithBetaAndOtherPowerMatchesDoubleReference) {
 
 // --- exact single steps ----------------------------------------------------------------------
 
-TEST(Optimizers, SgdStepIsExact) {
+TEST(optimizers, SgdStepIsExact) {
   optimizer_options o;
   o.learning_rate = 0.25f;
   std::vector<float> rows = {1, 2, 3, 4};  // two rows of dim 2
@@ -217,7 +218,7 @@ TEST(Optimizers, SgdStepIsExact) {
   EXPECT_EQ(rows, (std::vector<float>{1, 2, 2.875f, 5}));
 }
 
-TEST(Optimizers, AdagradAccumulatesSquares) {
+TEST(optimizers, AdagradAccumulatesSquares) {
   optimizer_options o;
   o.kind = optimizer_kind::adagrad;
   o.learning_rate = 1.0f;
@@ -233,7 +234,7 @@ TEST(Optimizers, AdagradAccumulatesSquares) {
   EXPECT_EQ(rows, (std::vector<float>{-0.8f, 25}));  // a = 25, w = 0 - 4/5
 }
 
-TEST(Optimizers, AdamFirstStepMovesByTheLearningRate) {
+TEST(optimizers, AdamFirstStepMovesByTheLearningRate) {
   // With bias correction, step 1 moves w by lr * g / (|g| + eps'): by lr against the gradient.
   optimizer_options o;
   o.kind = optimizer_kind::adam;
@@ -252,7 +253,7 @@ TEST(Optimizers, AdamFirstStepMovesByTheLearningRate) {
   EXPECT_THROW(apply_optimizer(host_space{}, o, rows.data(), 6, 2, r, g, 1, 0), error);
 }
 
-TEST(Optimizers, FtrlL1ZeroesSmallWeights) {
+TEST(optimizers, FtrlL1ZeroesSmallWeights) {
   optimizer_options o;
   o.kind = optimizer_kind::ftrl;
   o.ftrl_alpha = 1.0f;
@@ -270,7 +271,7 @@ TEST(Optimizers, FtrlL1ZeroesSmallWeights) {
   EXPECT_FLOAT_EQ(rows[2], float(0.5 - (std::sqrt(1.25) - 1) * 2));
 }
 
-TEST(Optimizers, StateWidthsAndStartValues) {
+TEST(optimizers, StateWidthsAndStartValues) {
   EXPECT_EQ(state_width(optimizer_kind::sgd, 16), 0u);
   EXPECT_EQ(state_width(optimizer_kind::adagrad, 16), 16u);
   EXPECT_EQ(state_width(optimizer_kind::adam, 16), 32u);
@@ -289,7 +290,7 @@ TEST(Optimizers, StateWidthsAndStartValues) {
   EXPECT_EQ(state, (std::vector<float>{0.25f, 0.25f, 0, 0}));
 }
 
-TEST(Optimizers, DefaultsAreMindSporeAndTensorFlowOnes) {
+TEST(optimizers, DefaultsAreMindSporeAndTensorFlowOnes) {
   const optimizer_options o;
   EXPECT_EQ(o.kind, optimizer_kind::sgd);
   EXPECT_EQ(o.learning_rate, 0.001f);
@@ -303,10 +304,10 @@ TEST(Optimizers, DefaultsAreMindSporeAndTensorFlowOnes) {
   EXPECT_EQ(o.ftrl_l2, 0.0f);
   EXPECT_EQ(o.ftrl_lr_power, -0.5f);
   EXPECT_EQ(o.ftrl_initial_accumulator, 0.1f);
-  EXPECT_TRUE(check_options(o).ok());
+  EMBCACHE_EXPECT_OK(check_options(o));
 }
 
-TEST(Optimizers, BadOptionsAndRowWidthsAreRefused) {
+TEST(optimizers, BadOptionsAndRowWidthsAreRefused) {
   optimizer_options o;
   o.beta2 = 1.0f;
   status s = check_options(o);
@@ -329,7 +330,7 @@ TEST(Optimizers, BadOptionsAndRowWidthsAreRefused) {
   EXPECT_NO_THROW(apply_optimizer(host_space{}, o, rows.data(), 24, 8, r, g, 1, 1));
 }
 
-TEST(Optimizers, BitIdenticalWhateverTheThreadCount) {
+TEST(optimizers, BitIdenticalWhateverTheThreadCount) {
   std::mt19937_64 rng(21);
   const std::size_t dim = 16, num_rows = 20000;
   for (optimizer_kind kind :
@@ -456,7 +457,7 @@ void check_hybrid_equals_row_array(optimizer_kind kind, combiner comb) {
   for (std::int64_t k = 0; k < 10; ++k) {
     auto row = random_floats(rng, width, 0.01f, 0.2f);
     std::copy(row.begin(), row.end(), &dense[k * width]);
-    ASSERT_TRUE(store.push(&k, 1, row.data(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(store.push(&k, 1, row.data(), nullptr));
     expected_keys.insert(k);
   }
 
@@ -468,12 +469,12 @@ void check_hybrid_equals_row_array(optimizer_kind kind, combiner comb) {
     for (auto k : b.indices) expected_keys.insert(k);
     const std::size_t bags = 32 * 4;
     std::vector<float> out_h(bags * dim), out_d(bags * dim);
-    ASSERT_TRUE(table.forward(keys_of(b), out_h.data()).ok());
+    EMBCACHE_ASSERT_OK(table.forward(keys_of(b), out_h.data()));
     lookup_combine(host_space{}, dense.data(), width, dim, b.view(), comb, out_d.data());
     ASSERT_EQ(0, std::memcmp(out_h.data(), out_d.data(), out_h.size() * sizeof(float)))
         << "step " << t;
     const auto d_out = random_floats(rng, bags * dim, -1, 1);
-    ASSERT_TRUE(table.backward(d_out.data()).ok());
+    EMBCACHE_ASSERT_OK(table.backward(d_out.data()));
     aggregate_gradients(host_space{}, b.view(), comb, d_out.data(), dim, grads);
     apply_optimizer(host_space{}, ho.optimizer, dense.data(), width, grads,
                     static_cast<std::uint64_t>(t));
@@ -492,16 +493,16 @@ void check_hybrid_equals_row_array(optimizer_kind kind, combiner comb) {
   }
 }
 
-TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathSgdSum) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathSgdSum) {
   check_hybrid_equals_row_array(optimizer_kind::sgd, combiner::sum);
 }
-TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathAdagradMean) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathAdagradMean) {
   check_hybrid_equals_row_array(optimizer_kind::adagrad, combiner::mean);
 }
-TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathAdamSum) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathAdamSum) {
   check_hybrid_equals_row_array(optimizer_kind::adam, combiner::sum);
 }
-TEST(HostHybrid, LeavesTheSameRowsAsTheRowArrayPathFtrlMean) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathFtrlMean) {
   check_hybrid_equals_row_array(optimizer_kind::ftrl, combiner::mean);
 }
 
@@ -533,7 +534,7 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
     embedding_cache<std::int64_t, host_space> twin(co);
     std::vector<std::int64_t> all(num_keys);
     for (std::int64_t k = 0; k < num_keys; ++k) all[k] = k;
-    ASSERT_TRUE(twin.find_or_insert(all.data(), all.size(), initial.data(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(twin.find_or_insert(all.data(), all.size(), initial.data(), nullptr));
   }
   map_store store(width);
   host_hybrid_table<std::int64_t> table(store, ho, [&](std::int64_t key, float* e, std::size_t d) {
@@ -546,17 +547,17 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
     auto b = random_batch(rng, 32, 4, num_keys, 0, 3);
     const std::size_t bags = 32 * 4, n = b.indices.size();
     std::vector<float> out_h(bags * dim), out_c(bags * dim);
-    ASSERT_TRUE(table.forward(keys_of(b), out_h.data()).ok());
+    EMBCACHE_ASSERT_OK(table.forward(keys_of(b), out_h.data()));
 
     std::vector<std::int64_t> slots(n);
     std::unique_ptr<bool[]> inserted(new bool[n]);
-    ASSERT_TRUE(cache.lookup_slots(b.indices.data(), n, slots.data(), true, inserted.get()).ok());
+    EMBCACHE_ASSERT_OK(cache.lookup_slots(b.indices.data(), n, slots.data(), true, inserted.get()));
     for (std::size_t i = 0; i < n; ++i) {
       if (!inserted[i]) continue;
       std::vector<float> row(width);
-      ASSERT_TRUE(cache.read_slots(&slots[i], 1, row.data()).ok());
+      cache.read_slots(&slots[i], 1, row.data());
       std::copy(state.begin(), state.end(), row.begin() + dim);
-      ASSERT_TRUE(cache.assign_slots(&slots[i], 1, row.data()).ok());
+      cache.assign_slots(&slots[i], 1, row.data());
     }
     const slot_batch sb{b.batch_size, b.num_slots, b.offsets.data(), slots.data(), n};
     lookup_combine(host_space{}, cache.rows(), cache.row_width(), dim, sb, comb, out_c.data());
@@ -564,33 +565,33 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
         << "step " << t;
 
     const auto d_out = random_floats(rng, bags * dim, -1, 1);
-    ASSERT_TRUE(table.backward(d_out.data()).ok());
+    EMBCACHE_ASSERT_OK(table.backward(d_out.data()));
     aggregate_gradients(host_space{}, sb, comb, d_out.data(), dim, grads);
     apply_optimizer(host_space{}, ho.optimizer, cache.rows(), cache.row_width(), grads,
                     static_cast<std::uint64_t>(t));
-    ASSERT_TRUE(cache.mark_updated(grads.rows.data(), grads.size).ok());
+    cache.mark_updated(grads.rows.data(), grads.size);
   }
   ASSERT_EQ(store.size(), cache.size());
   for (std::int64_t k = 0; k < num_keys; ++k) {
     const std::vector<float>* row = store.row(k);
     std::int64_t slot = -1;
-    ASSERT_TRUE(cache.lookup_slots(&k, 1, &slot).ok());
+    EMBCACHE_ASSERT_OK(cache.lookup_slots(&k, 1, &slot));
     ASSERT_EQ(row != nullptr, slot >= 0) << "key " << k;
     if (!row) continue;
     std::vector<float> cached(width);
-    ASSERT_TRUE(cache.read_slots(&slot, 1, cached.data()).ok());
+    cache.read_slots(&slot, 1, cached.data());
     EXPECT_EQ(0, std::memcmp(row->data(), cached.data(), width * sizeof(float))) << "key " << k;
   }
 }
 
-TEST(HostHybrid, LeavesTheSameRowsAsTheCachePathAdamSum) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheCachePathAdamSum) {
   check_hybrid_equals_cache(optimizer_kind::adam, combiner::sum);
 }
-TEST(HostHybrid, LeavesTheSameRowsAsTheCachePathFtrlMean) {
+TEST(host_hybrid, LeavesTheSameRowsAsTheCachePathFtrlMean) {
   check_hybrid_equals_cache(optimizer_kind::ftrl, combiner::mean);
 }
 
-TEST(HostHybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialValue) {
+TEST(host_hybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialValue) {
   host_hybrid_options ho;
   ho.dim = 2;
   ho.optimizer.kind = optimizer_kind::adagrad;
@@ -602,18 +603,18 @@ TEST(HostHybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialValu
   const std::int64_t offsets[] = {0, 2, 3};
   const std::int64_t keys[] = {7, 7, 9};
   std::vector<float> out(4);
-  ASSERT_TRUE(table.forward({1, 2, offsets, keys, 3}, out.data()).ok());
+  EMBCACHE_ASSERT_OK(table.forward({1, 2, offsets, keys, 3}, out.data()));
   EXPECT_EQ(table.num_unique_keys(), 2u);
   EXPECT_EQ(out, (std::vector<float>{14, 14.5f, 9, 9.25f}));
   const std::vector<float> zero(4, 0.0f);
-  ASSERT_TRUE(table.backward(zero.data()).ok());
+  EMBCACHE_ASSERT_OK(table.backward(zero.data()));
   ASSERT_NE(store.row(7), nullptr);
   EXPECT_EQ(*store.row(7), (std::vector<float>{7, 7.25f, 0.1f, 0.1f}));
   EXPECT_EQ(*store.row(9), (std::vector<float>{9, 9.25f, 0.1f, 0.1f}));
   EXPECT_EQ(store.max_version(), 1u);
 }
 
-TEST(HostHybrid, MisuseThrowsAndBadBatchesAreRefused) {
+TEST(host_hybrid, MisuseThrowsAndBadBatchesAreRefused) {
   host_hybrid_options ho;
   ho.dim = 4;
   ho.optimizer.kind = optimizer_kind::adam;

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "test_util.hpp"
 
 namespace embcache {
@@ -38,7 +39,7 @@ owned_batch small_batch() {
   return b;
 }
 
-TEST(SparseLookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
+TEST(sparse_lookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(4 * 2, 123.0f);
@@ -46,7 +47,7 @@ TEST(SparseLookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
   EXPECT_EQ(out, (std::vector<float>{3, 30, 0, 0, 3, 30, 10, 100}));
 }
 
-TEST(SparseLookup, MeanDividesByTheBagSize) {
+TEST(sparse_lookup, MeanDividesByTheBagSize) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(4 * 2, 123.0f);
@@ -54,7 +55,7 @@ TEST(SparseLookup, MeanDividesByTheBagSize) {
   EXPECT_EQ(out, (std::vector<float>{1.5f, 15, 0, 0, 3, 30, 10.0f / 3.0f, 100.0f / 3.0f}));
 }
 
-TEST(SparseLookup, OneHotIsAGather) {
+TEST(sparse_lookup, OneHotIsAGather) {
   std::mt19937_64 rng(7);
   const std::size_t dim = 16, width = 48, num_rows = 100;
   const auto rows = random_floats(rng, num_rows * width, -1, 1);
@@ -68,7 +69,7 @@ TEST(SparseLookup, OneHotIsAGather) {
   }
 }
 
-TEST(SparseLookup, RejectsDimOutsideTheRow) {
+TEST(sparse_lookup, RejectsDimOutsideTheRow) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(16);
@@ -78,7 +79,7 @@ TEST(SparseLookup, RejectsDimOutsideTheRow) {
                error);
 }
 
-TEST(SparseBackward, DuplicateRowsAggregateIntoOneGradient) {
+TEST(sparse_backward, DuplicateRowsAggregateIntoOneGradient) {
   const auto b = small_batch();
   // d_out per bag (dim 2): powers of two, so every sum below is exact.
   const std::vector<float> d_out = {1, 2, 64, 128, 4, 8, 16, 32};
@@ -99,7 +100,7 @@ TEST(SparseBackward, DuplicateRowsAggregateIntoOneGradient) {
                                 (8 + 32.0f / 3) + 32.0f / 3, 16.0f / 3, 32.0f / 3}));
 }
 
-TEST(SparseBackward, EmptyBatchHasNoRows) {
+TEST(sparse_backward, EmptyBatchHasNoRows) {
   owned_batch b;
   b.batch_size = 3;
   b.num_slots = 2;
@@ -160,17 +161,17 @@ void check_against_finite_differences(combiner comb) {
   }
 }
 
-TEST(SparseBackward, SumMatchesFiniteDifferences) {
+TEST(sparse_backward, SumMatchesFiniteDifferences) {
   check_against_finite_differences(combiner::sum);
 }
 
-TEST(SparseBackward, MeanMatchesFiniteDifferences) {
+TEST(sparse_backward, MeanMatchesFiniteDifferences) {
   check_against_finite_differences(combiner::mean);
 }
 
 // The sum per row runs over occurrences in batch order: a sequential loop in that order gives the
 // same floats bit for bit, whatever the thread count.
-TEST(SparseBackward, SumsInBatchOrderWhateverTheThreadCount) {
+TEST(sparse_backward, SumsInBatchOrderWhateverTheThreadCount) {
   std::mt19937_64 rng(3);
   const std::size_t dim = 8, width = 8, num_rows = 500, B = 2048, S = 4;
   const auto rows = random_floats(rng, num_rows * width, -1, 1);
@@ -214,7 +215,7 @@ TEST(SparseBackward, SumsInBatchOrderWhateverTheThreadCount) {
   }
 }
 
-TEST(SparseBackward, BuffersAreReusedAcrossBatches) {
+TEST(sparse_backward, BuffersAreReusedAcrossBatches) {
   std::mt19937_64 rng(5);
   const auto big = random_batch(rng, 64, 4, 1000, 1, 3);
   const auto small = small_batch();
@@ -230,9 +231,9 @@ TEST(SparseBackward, BuffersAreReusedAcrossBatches) {
             (std::vector<float>{1, 2, 1, 2, 36, 72, 16, 32}));
 }
 
-TEST(SparseBatch, CheckBatchNamesWhatIsWrong) {
+TEST(sparse_batch, CheckBatchNamesWhatIsWrong) {
   auto b = small_batch();
-  EXPECT_TRUE(check_batch(b.view(), 5).ok());
+  EMBCACHE_EXPECT_OK(check_batch(b.view(), 5));
   status s = check_batch(b.view(), 4);
   EXPECT_EQ(s.code(), status_code::invalid_argument);
   EXPECT_NE(s.message().find("row index 4 at occurrence 5"), std::string::npos) << s.message();

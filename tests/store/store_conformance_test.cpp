@@ -11,6 +11,7 @@
 #include "embcache/host_store.hpp"
 #include "store_test_util.hpp"
 #if EMBCACHE_TEST_ROCKSDB
+#include "common/status_assertions.hpp"
 #include "embcache/rocksdb_store.hpp"
 #endif
 
@@ -113,14 +114,14 @@ class store_conformance : public ::testing::Test {
 
   void push(const std::vector<Key>& keys, const std::vector<float>& rows,
             const std::uint64_t* versions = nullptr) {
-    ASSERT_TRUE(store_->push(keys.data(), keys.size(), rows.data(), versions).ok());
+    EMBCACHE_ASSERT_OK(store_->push(keys.data(), keys.size(), rows.data(), versions));
   }
 
   // Pulls `keys` and checks that each present one holds exactly row_value(key, ., salt).
   void expect_rows(param_store<Key>& s, const std::vector<Key>& keys, int salt) {
     std::vector<float> out(keys.size() * width, -1.f);
     std::unique_ptr<bool[]> found(new bool[keys.size()]);
-    ASSERT_TRUE(s.pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+    EMBCACHE_ASSERT_OK(s.pull(keys.data(), keys.size(), out.data(), found.get()));
     for (std::size_t i = 0; i < keys.size(); ++i) {
       ASSERT_TRUE(found[i]) << "key " << keys[i];
       for (std::size_t j = 0; j < width; ++j)
@@ -144,7 +145,7 @@ class store_conformance : public ::testing::Test {
           }
           return {};
         });
-    EXPECT_TRUE(st.ok()) << st.to_string();
+    EMBCACHE_EXPECT_OK(st);
     return all;
   }
 
@@ -179,9 +180,8 @@ TYPED_TEST(store_conformance, round_trip_with_missing_keys) {
   std::vector<float> out(query.size() * this->width, -7.f);
   std::unique_ptr<bool[]> found(new bool[query.size()]);
   std::vector<std::uint64_t> versions(query.size(), 99);
-  ASSERT_TRUE(
-      this->store_->pull(query.data(), query.size(), out.data(), found.get(), versions.data())
-          .ok());
+  EMBCACHE_ASSERT_OK(
+      this->store_->pull(query.data(), query.size(), out.data(), found.get(), versions.data()));
   for (std::size_t i = 0; i < query.size(); ++i) {
     const bool present = i % 2 == 0;
     ASSERT_EQ(found[i], present) << i;
@@ -234,18 +234,18 @@ TYPED_TEST(store_conformance, erase_counts_only_present_keys) {
   to_erase.insert(to_erase.end(), absent.begin(), absent.end());
   to_erase.push_back(gone[0]);  // repeated: erased once
   std::size_t erased = 12345;
-  ASSERT_TRUE(this->store_->erase(to_erase.data(), to_erase.size(), &erased).ok());
+  EMBCACHE_ASSERT_OK(this->store_->erase(to_erase.data(), to_erase.size(), &erased));
   EXPECT_EQ(erased, 50u);
   EXPECT_EQ(this->store_->size(), 150u);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
-  ASSERT_TRUE(this->store_->contains(keys.data(), keys.size(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(this->store_->contains(keys.data(), keys.size(), found.get()));
   for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(found[i], i >= 50) << i;
   // Erased keys can come back, with their new row.
   this->push(gone, make_rows(gone, this->width, 4));
   EXPECT_EQ(this->store_->size(), 200u);
   this->expect_rows(*this->store_, gone, 4);
   this->expect_rows(*this->store_, std::vector<Key>(keys.begin() + 50, keys.end()), 1);
-  ASSERT_TRUE(this->store_->erase(keys.data(), keys.size(), &erased).ok());
+  EMBCACHE_ASSERT_OK(this->store_->erase(keys.data(), keys.size(), &erased));
   EXPECT_EQ(erased, 200u);
   EXPECT_EQ(this->store_->size(), 0u);
   EXPECT_TRUE(this->dump(*this->store_).empty());
@@ -253,19 +253,19 @@ TYPED_TEST(store_conformance, erase_counts_only_present_keys) {
 
 TYPED_TEST(store_conformance, empty_batches_are_no_ops) {
   auto* s = this->store_.get();
-  EXPECT_TRUE(s->push(nullptr, 0, nullptr).ok());
-  EXPECT_TRUE(s->pull(nullptr, 0, nullptr, nullptr).ok());
-  EXPECT_TRUE(s->contains(nullptr, 0, nullptr).ok());
+  EMBCACHE_EXPECT_OK(s->push(nullptr, 0, nullptr));
+  EMBCACHE_EXPECT_OK(s->pull(nullptr, 0, nullptr, nullptr));
+  EMBCACHE_EXPECT_OK(s->contains(nullptr, 0, nullptr));
   std::size_t erased = 5;
-  EXPECT_TRUE(s->erase(nullptr, 0, &erased).ok());
+  EMBCACHE_EXPECT_OK(s->erase(nullptr, 0, &erased));
   EXPECT_EQ(erased, 0u);
   EXPECT_EQ(s->size(), 0u);
   EXPECT_EQ(s->max_version(), 0u);  // an empty push stamps nothing
   int calls = 0;
-  EXPECT_TRUE(s->for_each(10, [&](auto, auto, auto, std::size_t) -> status {
-                 ++calls;
-                 return {};
-               }).ok());
+  EMBCACHE_EXPECT_OK(s->for_each(10, [&](auto, auto, auto, std::size_t) -> status {
+    ++calls;
+    return {};
+  }));
   EXPECT_EQ(calls, 0);
 }
 
@@ -280,7 +280,7 @@ TYPED_TEST(store_conformance, null_pointers_with_keys_are_invalid_arguments) {
   EXPECT_EQ(this->store_->for_each(0, [](auto, auto, auto, auto) { return status{}; }).code(),
             status_code::invalid_argument);
   EXPECT_EQ(this->store_->size(), 0u);
-  EXPECT_TRUE(this->store_->contains(&k, 1, &found).ok());
+  EMBCACHE_EXPECT_OK(this->store_->contains(&k, 1, &found));
   EXPECT_FALSE(found);
 }
 
@@ -293,7 +293,7 @@ TYPED_TEST(store_conformance, repeated_key_in_a_batch_last_occurrence_wins) {
   for (std::size_t i = 0; i < keys.size(); ++i)
     for (std::size_t j = 0; j < w; ++j) rows[i * w + j] = row_value(keys[i], j, int(i) + 1);
   std::vector<std::uint64_t> versions{7, 8, 9, 10, 11};
-  ASSERT_TRUE(this->store_->push(keys.data(), keys.size(), rows.data(), versions.data()).ok());
+  EMBCACHE_ASSERT_OK(this->store_->push(keys.data(), keys.size(), rows.data(), versions.data()));
   EXPECT_EQ(this->store_->size(), 3u);
   EXPECT_EQ(this->store_->max_version(), 11u);
   // A repeated key in a pull gets its row at every position.
@@ -301,8 +301,8 @@ TYPED_TEST(store_conformance, repeated_key_in_a_batch_last_occurrence_wins) {
   std::vector<float> out(query.size() * w);
   std::unique_ptr<bool[]> found(new bool[query.size()]);
   std::vector<std::uint64_t> ver(query.size());
-  ASSERT_TRUE(
-      this->store_->pull(query.data(), query.size(), out.data(), found.get(), ver.data()).ok());
+  EMBCACHE_ASSERT_OK(
+      this->store_->pull(query.data(), query.size(), out.data(), found.get(), ver.data()));
   const int salt_of[] = {5, 5, 2, 5};
   const std::uint64_t ver_of[] = {11, 11, 8, 11};
   for (std::size_t i = 0; i < query.size(); ++i) {
@@ -328,20 +328,16 @@ TYPED_TEST(store_conformance, versions_and_changed_since) {
   for (std::size_t i = 0; i < 100; ++i)
     if (i < 7 || v[i] > 12) expect.insert(keys[i]);
   std::set<Key> got;
-  ASSERT_TRUE(
-      this->store_
-          ->for_each_changed_since(
-              12, 4,
-              [&](const Key* k, const float* r, const std::uint64_t* ver, std::size_t n) -> status {
-                for (std::size_t i = 0; i < n; ++i) {
-                  EXPECT_GT(ver[i], 12u);
-                  EXPECT_TRUE(got.insert(k[i]).second);
-                  const bool fresh = ver[i] == 15;
-                  EXPECT_EQ(r[i * TestFixture::width], row_value(k[i], 0, fresh ? 2 : 1));
-                }
-                return {};
-              })
-          .ok());
+  EMBCACHE_ASSERT_OK(this->store_->for_each_changed_since(
+      12, 4, [&](const Key* k, const float* r, const std::uint64_t* ver, std::size_t n) -> status {
+        for (std::size_t i = 0; i < n; ++i) {
+          EXPECT_GT(ver[i], 12u);
+          EXPECT_TRUE(got.insert(k[i]).second);
+          const bool fresh = ver[i] == 15;
+          EXPECT_EQ(r[i * TestFixture::width], row_value(k[i], 0, fresh ? 2 : 1));
+        }
+        return {};
+      }));
   EXPECT_EQ(got, expect);
 }
 
@@ -364,19 +360,19 @@ TYPED_TEST(store_conformance, checkpoint_then_reopen_holds_exactly_the_checkpoin
   auto keys = make_keys<Key>(2000);
   this->push(keys, make_rows(keys, this->width, 1));
   std::size_t erased = 0;
-  ASSERT_TRUE(this->store_->erase(keys.data(), 100, &erased).ok());
+  EMBCACHE_ASSERT_OK(this->store_->erase(keys.data(), 100, &erased));
   std::vector<Key> upd(keys.begin() + 100, keys.begin() + 200);
   this->push(upd, make_rows(upd, this->width, 2));
   auto before = this->dump(*this->store_);
   const std::string cp = this->dir_.sub("cp1");
-  ASSERT_TRUE(this->store_->checkpoint(cp).ok());
+  EMBCACHE_ASSERT_OK(this->store_->checkpoint(cp));
   // Changes after the checkpoint are not in it.
   auto later = make_keys<Key>(10, 3);
   this->push(later, make_rows(later, this->width, 3));
-  ASSERT_TRUE(this->store_->erase(keys.data() + 500, 10).ok());
+  EMBCACHE_ASSERT_OK(this->store_->erase(keys.data() + 500, 10));
 
   auto reopened = TypeParam::reopen(cp, "clicks", this->width);
-  ASSERT_TRUE(reopened.ok()) << reopened.get_status().to_string();
+  EMBCACHE_ASSERT_OK(reopened);
   auto& r = *reopened.value();
   EXPECT_EQ(r.size(), 1900u);
   EXPECT_EQ(r.max_version(), 2u);
@@ -396,9 +392,9 @@ TYPED_TEST(store_conformance, checkpoint_refuses_a_non_empty_folder_and_accepts_
   EXPECT_TRUE(fs::exists(busy + "/x"));
   const std::string empty = this->dir_.sub("empty");
   fs::create_directories(empty);
-  ASSERT_TRUE(this->store_->checkpoint(empty + "/").ok());
+  EMBCACHE_ASSERT_OK(this->store_->checkpoint(empty + "/"));
   auto r = TypeParam::reopen(empty, "clicks", this->width);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value()->size(), 10u);
 }
 
@@ -407,7 +403,7 @@ TYPED_TEST(store_conformance, reopen_refuses_bad_folders_with_a_clear_status) {
   auto keys = make_keys<Key>(3000);
   this->push(keys, make_rows(keys, this->width, 1));
   const std::string cp = this->dir_.sub("cp");
-  ASSERT_TRUE(this->store_->checkpoint(cp).ok());
+  EMBCACHE_ASSERT_OK(this->store_->checkpoint(cp));
 
   auto wrong_width = TypeParam::reopen(cp, "clicks", this->width + 1);
   EXPECT_EQ(wrong_width.get_status().code(), status_code::invalid_argument);
@@ -434,7 +430,7 @@ TYPED_TEST(store_conformance, reopen_refuses_bad_folders_with_a_clear_status) {
 
   // Nothing stored was lost along the way.
   auto good = TypeParam::reopen(cp, "clicks", this->width);
-  ASSERT_TRUE(good.ok()) << good.get_status().to_string();
+  EMBCACHE_ASSERT_OK(good);
   this->expect_rows(*good.value(), keys, 1);
   this->expect_rows(*this->store_, keys, 1);
 }
@@ -452,7 +448,7 @@ TYPED_TEST(store_conformance, checkpoint_onto_a_full_disk_is_out_of_space_and_lo
   EXPECT_EQ(this->store_->size(), 40000u);
   this->expect_rows(*this->store_, keys, 1);
   // The store still checkpoints where there is room.
-  ASSERT_TRUE(this->store_->checkpoint(this->dir_.sub("roomy")).ok());
+  EMBCACHE_ASSERT_OK(this->store_->checkpoint(this->dir_.sub("roomy")));
 }
 
 TYPED_TEST(store_conformance, ten_million_rows) {
@@ -467,12 +463,12 @@ TYPED_TEST(store_conformance, ten_million_rows) {
     keys[i] = static_cast<Key>(i * 2654435761u + 17);
     for (std::size_t j = 0; j < w; ++j) rows[i * w + j] = static_cast<float>(i * w + j);
   }
-  ASSERT_TRUE(s->push(keys.data(), n, rows.data()).ok());
+  EMBCACHE_ASSERT_OK(s->push(keys.data(), n, rows.data()));
   EXPECT_EQ(s->size(), n);
   std::reverse(keys.begin(), keys.end());
   std::vector<float> out(n * w, -1.f);
   std::unique_ptr<bool[]> found(new bool[n]);
-  ASSERT_TRUE(s->pull(keys.data(), n, out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(s->pull(keys.data(), n, out.data(), found.get()));
   std::size_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t src = n - 1 - i;
@@ -481,7 +477,7 @@ TYPED_TEST(store_conformance, ten_million_rows) {
   }
   EXPECT_EQ(bad, 0u);
   std::size_t erased = 0;
-  ASSERT_TRUE(s->erase(keys.data(), n / 2, &erased).ok());
+  EMBCACHE_ASSERT_OK(s->erase(keys.data(), n / 2, &erased));
   EXPECT_EQ(erased, n / 2);
   EXPECT_EQ(s->size(), n - n / 2);
 }

@@ -20,6 +20,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #if EMBCACHE_TEST_ROCKSDB
+#include "common/status_assertions.hpp"
 #include "embcache/rocksdb_store.hpp"
 #endif
 
@@ -95,13 +96,13 @@ TEST(host_store, allocated_bytes_stay_within_the_documented_bound) {
   {  // first use of the thread pool allocates on its own; keep that out of the count
     host_store<std::int64_t> warm(o);
     auto k = make_keys<std::int64_t>(5000);
-    ASSERT_TRUE(warm.push(k.data(), k.size(), make_rows(k, w, 1).data()).ok());
+    EMBCACHE_ASSERT_OK(warm.push(k.data(), k.size(), make_rows(k, w, 1).data()));
   }
   auto keys = make_keys<std::int64_t>(n);
   auto rows = make_rows(keys, w, 1);
   const long long before = g_live_bytes.load();
   auto store = std::make_unique<host_store<std::int64_t>>(o);
-  ASSERT_TRUE(store->push(keys.data(), n, rows.data()).ok());
+  EMBCACHE_ASSERT_OK(store->push(keys.data(), n, rows.data()));
   const long long allocated = g_live_bytes.load() - before;
   const std::size_t row_bytes = w * sizeof(float);
   const std::size_t fixed = o.num_shards * (o.min_chunk_bytes + row_bytes + 8 + 16 * 16 + 4096 +
@@ -119,11 +120,11 @@ TEST(host_store, allocated_bytes_stay_within_the_documented_bound) {
   // Erased rows are reused: the slab does not grow when as many new keys come back.
   const std::size_t before_churn = store->memory_bytes();
   std::size_t erased = 0;
-  ASSERT_TRUE(store->erase(keys.data(), n / 2, &erased).ok());
+  EMBCACHE_ASSERT_OK(store->erase(keys.data(), n / 2, &erased));
   ASSERT_EQ(erased, n / 2);
   {
     auto fresh = make_keys<std::int64_t>(n / 2, 77);
-    ASSERT_TRUE(store->push(fresh.data(), fresh.size(), make_rows(fresh, w, 2).data()).ok());
+    EMBCACHE_ASSERT_OK(store->push(fresh.data(), fresh.size(), make_rows(fresh, w, 2).data()));
   }
   EXPECT_EQ(store->size(), n);
   EXPECT_LE(store->memory_bytes(),
@@ -138,10 +139,10 @@ TEST(host_store, a_single_shard_works) {
   o.num_shards = 1;
   host_store<std::uint32_t> s(o);
   auto keys = make_keys<std::uint32_t>(5000);
-  ASSERT_TRUE(s.push(keys.data(), keys.size(), make_rows(keys, 3, 1).data()).ok());
+  EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, 3, 1).data()));
   std::vector<float> out(keys.size() * 3);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
-  ASSERT_TRUE(s.pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(s.pull(keys.data(), keys.size(), out.data(), found.get()));
   EXPECT_EQ(out, make_rows(keys, 3, 1));
   EXPECT_EQ(s.options().num_shards, 1u);
 }
@@ -163,8 +164,8 @@ TEST(host_store, checkpoint_folder_holds_a_manifest_with_checksums) {
   host_store<std::int64_t> s(o);
   auto keys = make_keys<std::int64_t>(1234);
   std::vector<std::uint64_t> v(keys.size(), 41);
-  ASSERT_TRUE(s.push(keys.data(), keys.size(), make_rows(keys, 5, 1).data(), v.data()).ok());
-  ASSERT_TRUE(s.checkpoint(dir.sub("cp")).ok());
+  EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, 5, 1).data(), v.data()));
+  EMBCACHE_ASSERT_OK(s.checkpoint(dir.sub("cp")));
   std::set<std::string> files;
   for (auto& e : fs::directory_iterator(dir.path())) files.insert(e.path().filename().string());
   EXPECT_EQ(files, std::set<std::string>{"cp"});  // no temporary folder left
@@ -197,8 +198,8 @@ TEST(host_store, open_refuses_other_key_types_and_bad_manifests) {
   host_store<std::int64_t> s(o);
   std::int64_t k = 3;
   float row[2] = {1.f, 2.f};
-  ASSERT_TRUE(s.push(&k, 1, row).ok());
-  ASSERT_TRUE(s.checkpoint(dir.sub("cp")).ok());
+  EMBCACHE_ASSERT_OK(s.push(&k, 1, row));
+  EMBCACHE_ASSERT_OK(s.checkpoint(dir.sub("cp")));
   auto as_u32 = host_store<std::uint32_t>::open(dir.sub("cp"), o);
   EXPECT_EQ(as_u32.get_status().code(), status_code::invalid_argument);
   EXPECT_NE(as_u32.get_status().message().find("int64 keys, expected uint32"), std::string::npos);
@@ -219,8 +220,8 @@ TEST(host_store, open_refuses_manifest_sizes_that_overflow_or_are_malformed) {
   o.row_width = 4;
   host_store<std::int64_t> s(o);
   auto keys = make_keys<std::int64_t>(100);
-  ASSERT_TRUE(s.push(keys.data(), keys.size(), make_rows(keys, 4, 1).data()).ok());
-  ASSERT_TRUE(s.checkpoint(dir.sub("cp")).ok());
+  EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, 4, 1).data()));
+  EMBCACHE_ASSERT_OK(s.checkpoint(dir.sub("cp")));
   const std::string mpath = dir.sub("cp/manifest.json");
   const auto good = nlohmann::json::parse(file_text(mpath));
   struct bad_case {
@@ -255,7 +256,7 @@ TEST(host_store, open_refuses_manifest_sizes_that_overflow_or_are_malformed) {
   }
   { std::ofstream(mpath, std::ios::trunc) << good.dump(); }
   auto r = host_store<std::int64_t>::open(dir.sub("cp"), o);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   EXPECT_EQ(r.value()->size(), 100u);
 }
 
@@ -283,7 +284,7 @@ rocksdb_store_options reusing(rocksdb_store_options o) {
 template <class Key>
 std::unique_ptr<rocksdb_store<Key>> must_open(const rocksdb_store_options& o) {
   auto r = rocksdb_store<Key>::open(o);
-  EXPECT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_EXPECT_OK(r);
   r.get_status().throw_if_error();
   return std::move(r).value();
 }
@@ -291,18 +292,19 @@ std::unique_ptr<rocksdb_store<Key>> must_open(const rocksdb_store_options& o) {
 TEST(rocksdb_store, tables_share_one_database_and_one_checkpoint) {
   scratch_dir dir;
   auto db = rocksdb_database::open(small_options(dir.sub("db"), "", 0));
-  ASSERT_TRUE(db.ok()) << db.get_status().to_string();
+  EMBCACHE_ASSERT_OK(db);
   auto a = rocksdb_store<std::int64_t>::open(db.value(), small_options("", "users", 4));
   auto b = rocksdb_store<std::uint32_t>::open(db.value(), small_options("", "items", 8));
-  ASSERT_TRUE(a.ok() && b.ok());
+  EMBCACHE_ASSERT_OK(a);
+  EMBCACHE_ASSERT_OK(b);
   auto ka = make_keys<std::int64_t>(500);
   auto kb = make_keys<std::uint32_t>(300, 5);
-  ASSERT_TRUE(a.value()->push(ka.data(), ka.size(), make_rows(ka, 4, 1).data()).ok());
-  ASSERT_TRUE(b.value()->push(kb.data(), kb.size(), make_rows(kb, 8, 2).data()).ok());
+  EMBCACHE_ASSERT_OK(a.value()->push(ka.data(), ka.size(), make_rows(ka, 4, 1).data()));
+  EMBCACHE_ASSERT_OK(b.value()->push(kb.data(), kb.size(), make_rows(kb, 8, 2).data()));
   EXPECT_EQ(db.value()->tables(), (std::vector<std::string>{"items", "users"}));
   auto again = rocksdb_store<std::int64_t>::open(db.value(), small_options("", "users", 4));
   EXPECT_EQ(again.get_status().code(), status_code::invalid_argument);
-  ASSERT_TRUE(a.value()->checkpoint(dir.sub("cp")).ok());
+  EMBCACHE_ASSERT_OK(a.value()->checkpoint(dir.sub("cp")));
   a.value().reset();
   b.value().reset();
 
@@ -310,7 +312,7 @@ TEST(rocksdb_store, tables_share_one_database_and_one_checkpoint) {
   EXPECT_EQ(cp_b->size(), 300u);
   std::vector<float> out(kb.size() * 8);
   std::unique_ptr<bool[]> found(new bool[kb.size()]);
-  ASSERT_TRUE(cp_b->pull(kb.data(), kb.size(), out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(cp_b->pull(kb.data(), kb.size(), out.data(), found.get()));
   EXPECT_EQ(out, make_rows(kb, 8, 2));
 }
 
@@ -324,8 +326,8 @@ TEST(rocksdb_store, a_table_refuses_a_caller_with_another_schema) {
   auto keys = make_keys<std::int64_t>(50);
   {
     auto s = must_open<std::int64_t>(o);
-    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 12, 1).data()).ok());
-    ASSERT_TRUE(s->checkpoint(dir.sub("cp")).ok());
+    EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, 12, 1).data()));
+    EMBCACHE_ASSERT_OK(s->checkpoint(dir.sub("cp")));
   }
   const std::string recorded =
       "schema {int64 keys, dim 4, optimizer adam (state width 8), rows of 12 floats, format "
@@ -373,7 +375,7 @@ TEST(rocksdb_store, a_table_refuses_a_caller_with_another_schema) {
   auto same = must_open<std::int64_t>(reusing(o));
   std::vector<float> out(keys.size() * 12);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
-  ASSERT_TRUE(same->pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(same->pull(keys.data(), keys.size(), out.data(), found.get()));
   EXPECT_EQ(out, make_rows(keys, 12, 1));
 }
 
@@ -384,8 +386,8 @@ TEST(rocksdb_store, a_table_holding_rows_opens_only_when_reuse_is_asked_for) {
   auto keys = make_keys<std::int64_t>(100);
   {
     auto s = must_open<std::int64_t>(o);
-    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data()).ok());
-    ASSERT_TRUE(s->checkpoint(dir.sub("cp")).ok());
+    EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data()));
+    EMBCACHE_ASSERT_OK(s->checkpoint(dir.sub("cp")));
   }
   const std::int64_t first_key = *std::min_element(keys.begin(), keys.end());
   for (const char* where : {"db", "cp"}) {
@@ -402,7 +404,7 @@ TEST(rocksdb_store, a_table_holding_rows_opens_only_when_reuse_is_asked_for) {
   {
     auto s = must_open<std::int64_t>(reusing(o));  // the refusals changed nothing
     EXPECT_EQ(s->size(), 100u);
-    ASSERT_TRUE(s->erase(keys.data(), keys.size()).ok());
+    EMBCACHE_ASSERT_OK(s->erase(keys.data(), keys.size()));
   }
   // Empty again: a table that holds no rows opens without asking.
   auto s = must_open<std::int64_t>(o);
@@ -420,12 +422,12 @@ TEST(rocksdb_store, iterates_in_numeric_key_order) {
                                  -1000,
                                  std::numeric_limits<std::int64_t>::max(),
                                  -1};
-  ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 1, 1).data()).ok());
+  EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, 1, 1).data()));
   std::vector<std::int64_t> seen;
-  ASSERT_TRUE(s->for_each(3, [&](const std::int64_t* k, auto, auto, std::size_t n) {
-                 seen.insert(seen.end(), k, k + n);
-                 return status{};
-               }).ok());
+  EMBCACHE_ASSERT_OK(s->for_each(3, [&](const std::int64_t* k, auto, auto, std::size_t n) {
+    seen.insert(seen.end(), k, k + n);
+    return status{};
+  }));
   std::sort(keys.begin(), keys.end());
   EXPECT_EQ(seen, keys);
 }
@@ -436,15 +438,15 @@ TEST(rocksdb_store, reopening_the_live_database_restores_rows_size_and_versions)
   {
     auto s = must_open<std::int64_t>(small_options(dir.sub("db"), "t", 3));
     std::vector<std::uint64_t> v(keys.size(), 9);
-    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data(), v.data()).ok());
-    ASSERT_TRUE(s->erase(keys.data(), 1000).ok());
+    EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, 3, 1).data(), v.data()));
+    EMBCACHE_ASSERT_OK(s->erase(keys.data(), 1000));
   }  // closing flushes: with the WAL off nothing else would keep the rows
   auto s = must_open<std::int64_t>(reusing(small_options(dir.sub("db"), "t", 3)));
   EXPECT_EQ(s->size(), 3000u);
   EXPECT_EQ(s->max_version(), 9u);
   std::vector<float> out(keys.size() * 3);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
-  ASSERT_TRUE(s->pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(s->pull(keys.data(), keys.size(), out.data(), found.get()));
   for (std::size_t i = 0; i < keys.size(); ++i) {
     ASSERT_EQ(found[i], i >= 1000);
     if (found[i]) ASSERT_EQ(out[i * 3 + 2], row_value(keys[i], 2, 1));
@@ -471,21 +473,21 @@ TEST(rocksdb_store, size_stays_exact_with_blind_and_counted_pushes) {
     second.insert(second.end(), keys.begin() + 500, keys.begin() + 2000);
     {
       auto s = must_open<std::int64_t>(o);
-      ASSERT_TRUE(s->push(first.data(), first.size(), make_rows(first, 2, 1).data()).ok());
+      EMBCACHE_ASSERT_OK(s->push(first.data(), first.size(), make_rows(first, 2, 1).data()));
       EXPECT_EQ(s->size(), 1000u);
-      ASSERT_TRUE(s->push(second.data(), second.size(), make_rows(second, 2, 2).data()).ok());
+      EMBCACHE_ASSERT_OK(s->push(second.data(), second.size(), make_rows(second, 2, 2).data()));
       EXPECT_EQ(s->size(), 2000u);
       std::size_t erased = 0;
-      ASSERT_TRUE(s->erase(keys.data() + 1900, 200, &erased).ok());  // 100 held, 100 absent
+      EMBCACHE_ASSERT_OK(s->erase(keys.data() + 1900, 200, &erased));  // 100 held, 100 absent
       EXPECT_EQ(erased, 100u);
       EXPECT_EQ(s->size(), 1900u);
       // Not asked for in between: the count is settled after the reopen.
-      ASSERT_TRUE(s->push(keys.data(), 2500, make_rows(keys, 2, 3).data()).ok());
-      ASSERT_TRUE(s->erase(keys.data(), 10).ok());
+      EMBCACHE_ASSERT_OK(s->push(keys.data(), 2500, make_rows(keys, 2, 3).data()));
+      EMBCACHE_ASSERT_OK(s->erase(keys.data(), 10));
     }
     auto s = must_open<std::int64_t>(reusing(o));
     EXPECT_EQ(s->size(), 2490u);
-    ASSERT_TRUE(s->push(keys.data(), 5, make_rows(keys, 2, 4).data()).ok());
+    EMBCACHE_ASSERT_OK(s->push(keys.data(), 5, make_rows(keys, 2, 4).data()));
     EXPECT_EQ(s->size(), 2495u);
   }
 }
@@ -497,8 +499,8 @@ TEST(rocksdb_store, a_full_disk_under_the_live_database_is_out_of_space_and_lose
   o.write_buffer_bytes = 256 << 10;
   auto s = must_open<std::int64_t>(o);
   auto keep = make_keys<std::int64_t>(1000);
-  ASSERT_TRUE(s->push(keep.data(), keep.size(), make_rows(keep, 64, 1).data()).ok());
-  ASSERT_TRUE(s->flush().ok());
+  EMBCACHE_ASSERT_OK(s->push(keep.data(), keep.size(), make_rows(keep, 64, 1).data()));
+  EMBCACHE_ASSERT_OK(s->flush());
   status failure;
   for (int round = 0; round < 40 && failure.ok(); ++round) {
     auto more = make_keys<std::int64_t>(2000, 100 + round);
@@ -508,7 +510,7 @@ TEST(rocksdb_store, a_full_disk_under_the_live_database_is_out_of_space_and_lose
   EXPECT_EQ(failure.code(), status_code::out_of_space) << failure.to_string();
   std::vector<float> out(keep.size() * 64);
   std::unique_ptr<bool[]> found(new bool[keep.size()]);
-  ASSERT_TRUE(s->pull(keep.data(), keep.size(), out.data(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(s->pull(keep.data(), keep.size(), out.data(), found.get()));
   for (std::size_t i = 0; i < keep.size(); ++i) ASSERT_TRUE(found[i]);
   EXPECT_EQ(out, make_rows(keep, 64, 1));
 }
@@ -523,15 +525,17 @@ TEST(rocksdb_crash, DISABLED_child_pushes_until_killed) {
   o.space.max_threads = 2;
   auto s = must_open<std::int64_t>(o);
   auto keys = make_keys<std::int64_t>(crash_rows);
-  ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, crash_width, 1).data()).ok());
-  ASSERT_TRUE(s->checkpoint(std::string(dir) + "/cp").ok());
+  EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, crash_width, 1).data()));
+  EMBCACHE_ASSERT_OK(s->checkpoint(std::string(dir) + "/cp"));
   std::ofstream(std::string(dir) + "/ready") << "ready\n";
   for (int round = 2;; ++round) {
     // Overwrite the checkpointed rows and add new ones, with a flush now and then.
     auto more = make_keys<std::int64_t>(3000, round);
-    ASSERT_TRUE(s->push(keys.data(), keys.size(), make_rows(keys, crash_width, round).data()).ok());
-    ASSERT_TRUE(s->push(more.data(), more.size(), make_rows(more, crash_width, round).data()).ok());
-    if (round % 5 == 0) ASSERT_TRUE(s->flush().ok());
+    EMBCACHE_ASSERT_OK(
+        s->push(keys.data(), keys.size(), make_rows(keys, crash_width, round).data()));
+    EMBCACHE_ASSERT_OK(
+        s->push(more.data(), more.size(), make_rows(more, crash_width, round).data()));
+    if (round % 5 == 0) EMBCACHE_ASSERT_OK(s->flush());
   }
 }
 
@@ -571,7 +575,7 @@ TEST(rocksdb_crash, killed_while_pushing_keeps_the_last_checkpoint) {
     EXPECT_EQ(cp->max_version(), 1u);
     std::vector<float> out(keys.size() * crash_width);
     std::unique_ptr<bool[]> found(new bool[keys.size()]);
-    ASSERT_TRUE(cp->pull(keys.data(), keys.size(), out.data(), found.get()).ok());
+    EMBCACHE_ASSERT_OK(cp->pull(keys.data(), keys.size(), out.data(), found.get()));
     for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_TRUE(found[i]);
     EXPECT_EQ(out, make_rows(keys, crash_width, 1));
   }
@@ -580,16 +584,14 @@ TEST(rocksdb_crash, killed_while_pushing_keeps_the_last_checkpoint) {
   o.create_if_missing = false;
   auto live = must_open<std::int64_t>(reusing(o));
   std::size_t held = 0;
-  ASSERT_TRUE(live->for_each(1000,
-                             [&](auto, auto, auto, std::size_t n) {
-                               held += n;
-                               return status{};
-                             })
-                  .ok());
+  EMBCACHE_ASSERT_OK(live->for_each(1000, [&](auto, auto, auto, std::size_t n) {
+    held += n;
+    return status{};
+  }));
   EXPECT_EQ(live->size(), held);
   EXPECT_GE(held, crash_rows);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
-  ASSERT_TRUE(live->contains(keys.data(), keys.size(), found.get()).ok());
+  EMBCACHE_ASSERT_OK(live->contains(keys.data(), keys.size(), found.get()));
   for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_TRUE(found[i]);
 }
 

@@ -1045,8 +1045,7 @@ std::vector<std::int64_t> range_keys(std::int64_t from, std::int64_t to) {
 }
 
 std::set<std::int64_t> resident_keys(training_cache<std::int64_t>& tc) {
-  export_filter all;
-  all.all = true;
+  const auto all = export_filter::all();
   const auto ex = tc.cache(0).export_to_host(all).value();
   return std::set<std::int64_t>(ex.keys.begin(), ex.keys.end());
 }
@@ -1072,8 +1071,7 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   ASSERT_EQ(resident_keys(tc), std::set<std::int64_t>(first.begin(), first.end()));
   // Frozen rows: 0..39 (in neither b nor c); 100 + 40 - 110 = 30 of them must go: the 26 that pass
   // 0 left as pulled (version 1), then 4 trained ones.
-  export_filter all;
-  all.all = true;
+  const auto all = export_filter::all();
   const auto before = tc.cache(0).export_to_host(all).value();
   std::vector<std::pair<std::uint64_t, std::int64_t>> frozen;
   for (std::size_t i = 0; i < before.keys.size(); ++i) {
@@ -1335,7 +1333,7 @@ TEST(training_cache, on_demand_small_cache_equals_full_cache) {
         uniq.push_back(slots[i]);
         for (std::size_t j = 0; j < w; ++j) row[j] = row[j] * 0.5f + float(b % 7);
       }
-      EXPECT_TRUE(tc.cache(0).mark_updated(uniq.data(), uniq.size()).ok());
+      tc.cache(0).mark_updated(uniq.data(), uniq.size());
     }
     EXPECT_TRUE(tc.end_training().ok());
     return std::make_pair(store_model(tc, 0), tc.counters().total[0]);

@@ -8,26 +8,51 @@
 #include <thrust/execution_policy.h>
 #include <thrust/scan.h>
 #include <thrust/sort.h>
+#include <thrust/system/cuda/error.h>
+#include <thrust/system_error.h>
 
 #include <cstddef>
+#include <new>
 #include <string>
 #include <type_traits>
 
+#include "embcache/detail/cuda_errors.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 
-/// Throws embcache::error naming the call, the file and the line when a CUDA call fails.
-#define EMBCACHE_CUDA_CHECK(call)                                                   \
-  do {                                                                              \
-    cudaError_t _embcache_e = (call);                                               \
-    if (_embcache_e != cudaSuccess)                                                 \
-      throw ::embcache::error(::embcache::status_code::internal,                    \
-                              std::string(#call) + " failed at " + __FILE__ + ":" + \
-                                  std::to_string(__LINE__) + ": " +                 \
-                                  cudaGetErrorString(_embcache_e));                 \
+static_assert(cudaErrorMemoryAllocation == ::embcache::detail::cuda_error_memory_allocation,
+              "detail/cuda_errors.hpp disagrees with the CUDA runtime");
+
+/// Throws embcache::error naming the call, the file and the line when a CUDA call fails:
+/// out_of_device_memory when the device's memory is exhausted, internal otherwise.
+#define EMBCACHE_CUDA_CHECK(call)                                                              \
+  do {                                                                                         \
+    cudaError_t _embcache_e = (call);                                                          \
+    if (_embcache_e != cudaSuccess)                                                            \
+      throw ::embcache::error(::embcache::detail::status_code_of_cuda_error(int(_embcache_e)), \
+                              std::string(#call) + " failed at " + __FILE__ + ":" +            \
+                                  std::to_string(__LINE__) + ": " +                            \
+                                  cudaGetErrorString(_embcache_e));                            \
   } while (0)
 
 namespace embcache::detail {
+
+/// Runs a Thrust call `f` (named `what` in messages), turning Thrust's exceptions into
+/// embcache::error: a failed temporary allocation (thrust's bad_alloc, a std::bad_alloc) or a
+/// CUDA out-of-memory error is out_of_device_memory; any other CUDA error is internal.
+template <class F>
+decltype(auto) thrust_call(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc& e) {
+    throw error(status_code::out_of_device_memory,
+                std::string(what) + ": out of device memory: " + e.what());
+  } catch (const thrust::system_error& e) {
+    const bool cuda = e.code().category() == thrust::cuda_category();
+    throw error(cuda ? status_code_of_cuda_error(e.code().value()) : status_code::internal,
+                std::string(what) + ": " + e.what());
+  }
+}
 
 template <class F>
 __global__ void for_each_index_kernel(std::size_t n, F f) {
@@ -73,28 +98,35 @@ void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
 template <class K, class V>
 void stable_sort_by_key(const cuda_space& space, K* keys, V* values, std::size_t n) {
   if (n < 2) return;
-  thrust::stable_sort_by_key(thrust::cuda::par_nosync.on(space.stream), keys, keys + n, values);
+  thrust_call("thrust::stable_sort_by_key", [&] {
+    thrust::stable_sort_by_key(thrust::cuda::par_nosync.on(space.stream), keys, keys + n, values);
+  });
 }
 
 /// Sort of `keys` (device pointer) on the space's stream.
 template <class K>
 void sort(const cuda_space& space, K* keys, std::size_t n) {
   if (n < 2) return;
-  thrust::sort(thrust::cuda::par_nosync.on(space.stream), keys, keys + n);
+  thrust_call("thrust::sort",
+              [&] { thrust::sort(thrust::cuda::par_nosync.on(space.stream), keys, keys + n); });
 }
 
 /// out[i] = sum of in[0..i) (exclusive prefix sum) on the space's stream.
 template <class T, class U>
 void exclusive_scan(const cuda_space& space, const T* in, U* out, std::size_t n) {
   if (n == 0) return;
-  thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out, U{0});
+  thrust_call("thrust::exclusive_scan", [&] {
+    thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out, U{0});
+  });
 }
 
 /// Number of elements of `in` (device memory) equal to `value`; synchronizes the stream.
 template <class T>
 std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T value) {
   if (n == 0) return 0;
-  return thrust::count(thrust::cuda::par.on(space.stream), in, in + n, value);
+  return thrust_call("thrust::count", [&]() -> std::size_t {
+    return thrust::count(thrust::cuda::par.on(space.stream), in, in + n, value);
+  });
 }
 
 /// Exclusive prefix sum of `in` into `out` (device pointers, length n each; they may be the same)
@@ -102,7 +134,9 @@ std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T v
 template <class T>
 void exclusive_scan(const cuda_space& space, const T* in, T* out, std::size_t n) {
   if (n == 0) return;
-  thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out);
+  thrust_call("thrust::exclusive_scan", [&] {
+    thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out);
+  });
 }
 
 }  // namespace embcache::detail

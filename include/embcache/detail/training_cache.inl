@@ -177,7 +177,7 @@ class cache_io {
   }
   status read_slots(const std::int64_t* slots, std::size_t n, float* rows) {
     if constexpr (is_host_space_v<Space>) {
-      return cache_->read_slots(slots, n, rows);
+      return cache_->read_slots(slots, n, rows), status{};
     } else {
       return guarded([&]() -> status {
         if (n == 0) return {};
@@ -188,7 +188,7 @@ class cache_io {
         bool all = true;
         for (std::size_t i = 0; i < n && all; ++i) all = slots[i] >= 0;
         if (!all) r.copy_from_host(rows, n * w);
-        EMBCACHE_RETURN_IF_ERROR(cache_->read_slots(s.data(), n, r.data()));
+        cache_->read_slots(s.data(), n, r.data());
         r.copy_to_host(rows, n * w);
         return {};
       });
@@ -210,24 +210,24 @@ class cache_io {
   }
   status assign_slots(const std::int64_t* slots, std::size_t n, const float* rows) {
     if constexpr (is_host_space_v<Space>) {
-      return cache_->assign_slots(slots, n, rows);
+      return cache_->assign_slots(slots, n, rows), status{};
     } else {
       return guarded([&]() -> status {
         if (n == 0) return {};
         auto s = in(slots, n);
         auto r = in(rows, n * cache_->row_width());
-        return cache_->assign_slots(s.data(), n, r.data());
+        return cache_->assign_slots(s.data(), n, r.data()), status{};
       });
     }
   }
   status erase(const Key* keys, std::size_t n) {
     if constexpr (is_host_space_v<Space>) {
-      return cache_->erase(keys, n);
+      return cache_->erase(keys, n), status{};
     } else {
       return guarded([&]() -> status {
         if (n == 0) return {};
         auto k = in(keys, n);
-        return cache_->erase(k.data(), n);
+        return cache_->erase(k.data(), n), status{};
       });
     }
   }
@@ -981,8 +981,7 @@ struct training_cache<Key, Space>::impl {
 
   // Resident keys (sorted) and their versions.
   status residents(table_state& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers) {
-    export_filter all;
-    all.all = true;
+    const auto all = export_filter::all();
     const std::size_t n = tb.cache->size();
     keys->resize(n);
     vers->resize(n);
@@ -2118,9 +2117,7 @@ result<std::vector<table_delta<Key>>> collect_deltas(Impl& im, bool with_state,
     d.state_width = with_state ? tb.state_width : 0;
     d.since_version = tb.last_export_version;
     d.until_version = tb.cache->version();
-    export_filter f;
-    f.all = false;
-    f.changed_since = d.since_version;
+    const auto f = export_filter::changed_since(d.since_version);
     auto res = tb.cache->export_to_host(f);
     if (!res.ok()) return res.get_status();
     auto& ex = res.value();

@@ -1,0 +1,109 @@
+/// @file detail/cache_primitives.hpp
+/// @brief Building blocks of the embedding cache's single-key operations: slot states, atomics
+/// on plain memory, bit tricks and the deterministic row initializer, the same on host and device.
+///
+/// No stability promise: this is internal (embedding_cache_ref.hpp is the public view).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda/atomic>
+
+#include "embcache/cache_options.hpp"
+#include "embcache/detail/config.hpp"
+#include "embcache/detail/hash.hpp"
+
+namespace embcache::detail {
+
+inline constexpr std::uint8_t state_empty = 0;
+inline constexpr std::uint8_t state_busy = 1;  // claimed by an inserter, key/row being written
+inline constexpr std::size_t cache_bucket_size = 128;
+inline constexpr std::size_t cache_bucket_words = cache_bucket_size / 8;
+
+/// An atomic load. It takes a pointer to const because a load never writes, while
+/// cuda::atomic_ref (like std::atomic_ref before C++26) only takes a non-const object.
+template <class T>
+EMBCACHE_HD T atomic_load(const T* p, cuda::std::memory_order o = cuda::std::memory_order_relaxed) {
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(*const_cast<T*>(p)).load(o);
+}
+template <class T>
+EMBCACHE_HD void atomic_store(T* p, T v,
+                              cuda::std::memory_order o = cuda::std::memory_order_relaxed) {
+  cuda::atomic_ref<T, cuda::thread_scope_device>(*p).store(v, o);
+}
+template <class T>
+EMBCACHE_HD bool atomic_cas(T* p, T expected, T desired) {
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(*p).compare_exchange_strong(
+      expected, desired, cuda::std::memory_order_acq_rel, cuda::std::memory_order_acquire);
+}
+template <class T>
+EMBCACHE_HD T atomic_add(T* p, T v) {
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(*p).fetch_add(
+      v, cuda::std::memory_order_relaxed);
+}
+template <class T>
+EMBCACHE_HD T atomic_sub(T* p, T v) {
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(*p).fetch_sub(
+      v, cuda::std::memory_order_relaxed);
+}
+template <class T>
+EMBCACHE_HD void atomic_max(T* p, T v) {
+  cuda::atomic_ref<T, cuda::thread_scope_device> r(*p);
+  T cur = r.load(cuda::std::memory_order_relaxed);
+  while (cur < v && !r.compare_exchange_weak(cur, v, cuda::std::memory_order_relaxed)) {
+  }
+}
+
+/// High 64 bits of a 64x64-bit product (the same value on host and device).
+EMBCACHE_HD inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) {
+#if EMBCACHE_ON_DEVICE
+  return __umul64hi(a, b);
+#else
+  return static_cast<std::uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
+/// Index of the lowest set bit (x != 0).
+EMBCACHE_HD inline int ctz64(std::uint64_t x) {
+#if EMBCACHE_ON_DEVICE
+  return __ffsll(static_cast<long long>(x)) - 1;
+#else
+  return __builtin_ctzll(x);
+#endif
+}
+
+/// Bit 7 of each byte of `word` that equals `byte`, and no other bit (exact, no false hits).
+EMBCACHE_HD inline std::uint64_t match_bytes(std::uint64_t word, std::uint8_t byte) {
+  const std::uint64_t x = word ^ (0x0101010101010101ULL * byte);
+  const std::uint64_t t = ((x & 0x7f7f7f7f7f7f7f7fULL) + 0x7f7f7f7f7f7f7f7fULL) | x;
+  return ~t & 0x8080808080808080ULL;
+}
+
+/// Element `column` of the initial row of `key` (embedding part only).
+EMBCACHE_HD inline float initial_value(const initializer_options& init, float normal_factor,
+                                       std::uint64_t key_bits, std::size_t column) {
+  const std::uint64_t base =
+      murmur3_fmix64(init.seed ^ murmur3_fmix64(key_bits + 0x632be59bd9b4e019ULL));
+  const std::uint64_t r = murmur3_fmix64(base + (column + 1) * 0x9e3779b97f4a7c15ULL);
+  switch (init.kind) {
+    case init_kind::uniform: {
+      // Every step is exact in float but the last multiply, so all spaces agree bit for bit.
+      const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+      return (2.0f * u - 1.0f) * init.scale;
+    }
+    case init_kind::normal: {
+      // Irwin-Hall with 4 terms of 22 bits: the sum is exact in float, one rounding at the end.
+      const std::uint64_t r2 = murmur3_fmix64(r ^ 0xd6e8feb86659fd93ULL);
+      const float k = 1.0f / 4194304.0f;
+      const float s =
+          static_cast<float>(r & 0x3fffff) * k + static_cast<float>((r >> 22) & 0x3fffff) * k +
+          static_cast<float>(r2 & 0x3fffff) * k + static_cast<float>((r2 >> 22) & 0x3fffff) * k;
+      return (s - 2.0f) * normal_factor;
+    }
+    case init_kind::constant:
+    default:
+      return init.scale;
+  }
+}
+
+}  // namespace embcache::detail
