@@ -101,14 +101,6 @@ result<dataset_paths> resolve_output(const std::string& output_dir) {
   return dataset_paths{abs, abs.parent_path(), abs.filename().string()};
 }
 
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
 }  // namespace
 
 std::string dataset_lock_path(const std::string& output_dir) {
@@ -179,13 +171,13 @@ struct dataset_writer::impl {
   status publish() {
     const fs::path& dir = paths.dir;
     std::error_code ec;
-    fsync_dir(stage);
+    EMBCACHE_RETURN_IF_ERROR(detail::sync_folder(stage.string()));
     if (!fs::exists(dir, ec)) {
       if (std::rename(stage.c_str(), dir.c_str()) != 0) {
         return detail::errno_status("cannot rename the finished dataset to", dir.string(), errno);
       }
       published = true;
-      fsync_dir(paths.parent);
+      EMBCACHE_RETURN_IF_ERROR(detail::sync_folder(paths.parent.string()));
       return {};
     }
     std::vector<fs::path> folders;
@@ -234,7 +226,9 @@ struct dataset_writer::impl {
       }
     }
     published = true;
-    fsync_dir(paths.parent);
+    // The folders of the old dataset are carried over even when the sync fails: nothing of
+    // the user's may stay behind in the old folder.
+    const status synced = detail::sync_folder(paths.parent.string());
     bool moved_all = true;
     for (const fs::path& f : folders) {
       const fs::path from = old / f.filename();
@@ -246,7 +240,7 @@ struct dataset_writer::impl {
     }
     // Only our files and duplicates (links or copies) of the carried-over files are left.
     fs::remove_all(old, ec);
-    return {};
+    return synced;
   }
 };
 

@@ -11,7 +11,8 @@
 #include <sstream>
 #include <utility>
 
-#include "../store/store_io.hpp"
+#include "common/durable_file.hpp"
+#include "store/store_io.hpp"
 #include "embcache/distributed/ownership.hpp"
 #include "embcache/host_store.hpp"
 
@@ -52,17 +53,8 @@ std::uint64_t last_generation(const std::string& dir) {
 }
 
 status write_manifest(const std::string& dir, const nlohmann::json& m) {
-  const std::string path = dir + "/manifest.json";
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const std::string text = m.dump(2) + "\n";
-  detail::checked_file_writer w;
-  EMBCACHE_RETURN_IF_ERROR(w.open(tmp));
-  EMBCACHE_RETURN_IF_ERROR(w.append(text.data(), text.size()));
-  EMBCACHE_RETURN_IF_ERROR(w.finish());
-  // The rename is the moment the new save replaces the old one.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return detail::errno_status(errno, "renaming '" + tmp + "' to", path);
-  return detail::sync_dir(dir);
+  // The rename inside is the moment the new save replaces the old one.
+  return detail::write_text_durably(dir + "/manifest.json", m.dump(2) + "\n");
 }
 
 }  // namespace
@@ -105,7 +97,7 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
   if (rank == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (ec) local = detail::errno_status(ec.value(), who + ": creating folder", dir);
+    if (ec) local = detail::errno_status(who + ": cannot create folder", dir, ec.value());
     generation = last_generation(dir) + 1;
   }
   EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "save_sharded of '" + dir + "'"));
@@ -117,8 +109,8 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
     std::error_code ec;
     fs::create_directories(dir + "/" + sharded_generation_name(generation), ec);
     if (ec)
-      local = detail::errno_status(ec.value(), who + ": creating folder",
-                                   dir + "/" + sharded_generation_name(generation));
+      local = detail::errno_status(who + ": cannot create folder",
+                                   dir + "/" + sharded_generation_name(generation), ec.value());
     if (local.ok() && shard.table_name() != info.table_name)
       local = status::invalid_argument(who + ": the store holds table '" + shard.table_name() +
                                        "', the save is of '" + info.table_name + "'");
@@ -149,8 +141,8 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
       m["parts"].push_back({{"rank", r},
                             {"path", sharded_part_path(generation, r)},
                             {"rows", rows[static_cast<std::size_t>(r)]}});
-    local = detail::sync_dir(dir + "/" + sharded_generation_name(generation));
-    if (local.ok()) local = detail::sync_dir(dir);
+    local = detail::sync_folder(dir + "/" + sharded_generation_name(generation));
+    if (local.ok()) local = detail::sync_folder(dir);
     if (local.ok()) local = write_manifest(dir, m).with_context(who);
     if (local.ok()) {
       const std::string keep = sharded_generation_name(generation);

@@ -13,6 +13,7 @@
 
 #include "embcache/host_store.hpp"
 #include "host_shard.hpp"
+#include "common/durable_file.hpp"
 #include "store_io.hpp"
 
 namespace embcache {
@@ -35,27 +36,27 @@ status host_store<Key>::checkpoint(const std::string& dir_in) {
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) {
-    int err = ec.value();
-    return detail::errno_status(err, who + ": creating folder", tmp);
+    return detail::errno_status(who + ": cannot create folder", tmp, ec.value());
   }
   auto body = [&]() -> status {
-    detail::checked_file_writer keys_w, versions_w, rows_w;
-    EMBCACHE_RETURN_IF_ERROR(keys_w.open(tmp + "/keys.bin"));
-    EMBCACHE_RETURN_IF_ERROR(versions_w.open(tmp + "/versions.bin"));
-    EMBCACHE_RETURN_IF_ERROR(rows_w.open(tmp + "/rows.bin"));
+    constexpr auto in_folder = detail::file_placement::in_staged_folder;
+    detail::durable_file_writer keys_w, versions_w, rows_w;
+    EMBCACHE_RETURN_IF_ERROR(keys_w.open(tmp + "/keys.bin", in_folder));
+    EMBCACHE_RETURN_IF_ERROR(versions_w.open(tmp + "/versions.bin", in_folder));
+    EMBCACHE_RETURN_IF_ERROR(rows_w.open(tmp + "/rows.bin", in_folder));
     std::size_t count = 0;
     EMBCACHE_RETURN_IF_ERROR(this->for_each(
         std::size_t{1} << 16,
         [&](const Key* k, const float* r, const std::uint64_t* v, std::size_t n) -> status {
-          EMBCACHE_RETURN_IF_ERROR(keys_w.append(k, n * sizeof(Key)));
-          EMBCACHE_RETURN_IF_ERROR(versions_w.append(v, n * sizeof(std::uint64_t)));
-          EMBCACHE_RETURN_IF_ERROR(rows_w.append(r, n * options_.row_width * sizeof(float)));
+          EMBCACHE_RETURN_IF_ERROR(keys_w.write(k, n * sizeof(Key)));
+          EMBCACHE_RETURN_IF_ERROR(versions_w.write(v, n * sizeof(std::uint64_t)));
+          EMBCACHE_RETURN_IF_ERROR(rows_w.write(r, n * options_.row_width * sizeof(float)));
           count += n;
           return {};
         }));
-    EMBCACHE_RETURN_IF_ERROR(keys_w.finish());
-    EMBCACHE_RETURN_IF_ERROR(versions_w.finish());
-    EMBCACHE_RETURN_IF_ERROR(rows_w.finish());
+    EMBCACHE_RETURN_IF_ERROR(keys_w.commit());
+    EMBCACHE_RETURN_IF_ERROR(versions_w.commit());
+    EMBCACHE_RETURN_IF_ERROR(rows_w.commit());
     nlohmann::json m;
     m["format"] = manifest_format;
     m["format_version"] = manifest_format_version;
@@ -64,22 +65,20 @@ status host_store<Key>::checkpoint(const std::string& dir_in) {
     m["row_width"] = options_.row_width;
     m["count"] = count;
     m["max_version"] = max_version_;
-    auto file_entry = [](const detail::checked_file_writer& w) {
+    auto file_entry = [](const detail::durable_file_writer& w) {
       return nlohmann::json{{"bytes", w.bytes()}, {"xxh64", detail::hex64(w.digest())}};
     };
     m["files"] = {{"keys.bin", file_entry(keys_w)},
                   {"versions.bin", file_entry(versions_w)},
                   {"rows.bin", file_entry(rows_w)}};
     const std::string text = m.dump(2) + "\n";
-    detail::checked_file_writer mw;
-    EMBCACHE_RETURN_IF_ERROR(mw.open(tmp + "/manifest.json"));
-    EMBCACHE_RETURN_IF_ERROR(mw.append(text.data(), text.size()));
-    EMBCACHE_RETURN_IF_ERROR(mw.finish());
-    EMBCACHE_RETURN_IF_ERROR(detail::sync_dir(tmp));
-    // rename(2) replaces an empty folder atomically, so `dir` is either complete or absent.
-    if (::rename(tmp.c_str(), dir.c_str()) != 0)
-      return detail::errno_status(errno, "renaming '" + tmp + "' to", dir);
-    return detail::sync_dir(detail::parent_dir(dir));
+    detail::durable_file_writer mw;
+    EMBCACHE_RETURN_IF_ERROR(mw.open(tmp + "/manifest.json", in_folder));
+    EMBCACHE_RETURN_IF_ERROR(mw.write(text.data(), text.size()));
+    EMBCACHE_RETURN_IF_ERROR(mw.commit());
+    // The target is absent or an empty folder (check_checkpoint_target): `dir` is either
+    // complete or absent.
+    return detail::publish_folder(tmp, dir);
   };
   status st = body();
   if (!st.ok()) {

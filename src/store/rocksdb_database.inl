@@ -144,7 +144,7 @@ status rocksdb_database::checkpoint(const std::string& dir_in) {
     fs::remove_all(dir, ec);
     return st;
   }
-  return detail::sync_dir(detail::parent_dir(dir));
+  return detail::sync_folder(detail::parent_dir(dir));
 }
 
 }  // namespace embcache

@@ -25,10 +25,12 @@
 #include <vector>
 
 #include "embcache/detail/host_algorithms.hpp"
+#include "common/durable_file.hpp"
+#include "store_io.hpp"
+// The store's parts, in the order they build on each other.
 #include "rocksdb_database.inl"
 #include "rocksdb_encoding.inl"
 #include "rocksdb_table.inl"
-#include "store_io.hpp"
 
 namespace embcache {
 

@@ -1,5 +1,7 @@
 #include "store_io.hpp"
 
+#include "common/durable_file.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,77 +18,8 @@
 namespace embcache::detail {
 
 namespace {
-constexpr std::size_t buffer_bytes = std::size_t{1} << 22;
 XXH64_state_t* state_of(void* p) { return static_cast<XXH64_state_t*>(p); }
 }  // namespace
-
-status errno_status(int err, const std::string& what, const std::string& path) {
-  std::string m = what + " '" + path + "' failed: " + std::strerror(err);
-  if (err == ENOSPC || err == EDQUOT) return status::out_of_space(m);
-  if (err == ENOENT) return status::not_found(m);
-  return status::io_error(m);
-}
-
-checked_file_writer::checked_file_writer() : hash_state_(XXH64_createState()) {
-  XXH64_reset(state_of(hash_state_), 0);
-}
-
-checked_file_writer::~checked_file_writer() {
-  if (fd_ >= 0) ::close(fd_);
-  XXH64_freeState(state_of(hash_state_));
-}
-
-status checked_file_writer::open(const std::string& path) {
-  path_ = path;
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) return errno_status(errno, "creating", path);
-  buffer_.resize(buffer_bytes);
-  return {};
-}
-
-status checked_file_writer::write_buffer() {
-  std::size_t done = 0;
-  while (done < used_) {
-    ssize_t w = ::write(fd_, buffer_.data() + done, used_ - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return errno_status(errno, "writing", path_);
-    }
-    if (w == 0) return status::io_error("writing '" + path_ + "' made no progress");
-    done += static_cast<std::size_t>(w);
-  }
-  used_ = 0;
-  return {};
-}
-
-status checked_file_writer::append(const void* data, std::size_t bytes) {
-  if (fd_ < 0) return status::internal("append to '" + path_ + "' before open");
-  XXH64_update(state_of(hash_state_), data, bytes);
-  bytes_ += bytes;
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    std::size_t take = std::min(bytes, buffer_.size() - used_);
-    std::memcpy(buffer_.data() + used_, p, take);
-    used_ += take;
-    p += take;
-    bytes -= take;
-    if (used_ == buffer_.size()) EMBCACHE_RETURN_IF_ERROR(write_buffer());
-  }
-  return {};
-}
-
-status checked_file_writer::finish() {
-  EMBCACHE_RETURN_IF_ERROR(write_buffer());
-  if (::fsync(fd_) != 0) return errno_status(errno, "fsync of", path_);
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) return errno_status(errno, "closing", path_);
-  return {};
-}
-
-std::uint64_t checked_file_writer::digest() const noexcept {
-  return XXH64_digest(state_of(hash_state_));
-}
 
 checked_file_reader::checked_file_reader() : hash_state_(XXH64_createState()) {
   XXH64_reset(state_of(hash_state_), 0);
@@ -100,9 +33,9 @@ checked_file_reader::~checked_file_reader() {
 status checked_file_reader::open(const std::string& path, std::uint64_t* size_out) {
   path_ = path;
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) return errno_status(errno, "opening", path);
+  if (fd_ < 0) return errno_status("cannot open", path, errno);
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat of", path);
+  if (::fstat(fd_, &st) != 0) return errno_status("cannot stat", path, errno);
   if (size_out) *size_out = static_cast<std::uint64_t>(st.st_size);
   return {};
 }
@@ -114,7 +47,7 @@ status checked_file_reader::read(void* data, std::size_t bytes) {
     ssize_t r = ::read(fd_, p + done, bytes - done);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return errno_status(errno, "reading", path_);
+      return errno_status("cannot read", path_, errno);
     }
     if (r == 0)
       return status::corruption("'" + path_ + "' ends at byte " + std::to_string(offset_ + done) +
@@ -154,16 +87,6 @@ bool parse_hex64(const std::string& text, std::uint64_t* out) {
   }
   *out = v;
   return true;
-}
-
-status sync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "opening folder", dir);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0 && err != EINVAL) return errno_status(err, "fsync of folder", dir);
-  return {};
 }
 
 status check_checkpoint_target(const std::string& dir, const char* who) {

@@ -1,4 +1,5 @@
-// Private helpers of the stores: checksummed, fsynced files and folder renames.
+// Private helpers of the stores and the folders they write: checksummed reads, digests as hex,
+// overflow-checked sizes, checkpoint targets. Writing goes through common/durable_file.hpp.
 #pragma once
 
 #include <cstddef>
@@ -9,36 +10,6 @@
 #include "embcache/status.hpp"
 
 namespace embcache::detail {
-
-/// Status for a failed system call on `path`: out_of_space for ENOSPC/EDQUOT, not_found for
-/// ENOENT, io_error otherwise; the message names the operation, the path and errno's text.
-status errno_status(int err, const std::string& what, const std::string& path);
-
-/// Buffered writer that hashes what it writes (xxHash64, seed 0) and fsyncs on finish().
-class checked_file_writer {
- public:
-  checked_file_writer();
-  ~checked_file_writer();
-  checked_file_writer(const checked_file_writer&) = delete;
-  checked_file_writer& operator=(const checked_file_writer&) = delete;
-
-  status open(const std::string& path);
-  status append(const void* data, std::size_t bytes);
-  /// Writes what is buffered, fsyncs and closes.
-  status finish();
-  std::uint64_t bytes() const noexcept { return bytes_; }
-  std::uint64_t digest() const noexcept;
-
- private:
-  status write_buffer();
-
-  std::string path_;
-  int fd_ = -1;
-  std::vector<char> buffer_;
-  std::size_t used_ = 0;
-  std::uint64_t bytes_ = 0;
-  void* hash_state_ = nullptr;
-};
 
 /// Reader that hashes what it reads; a short read is corruption (the file is truncated).
 class checked_file_reader {
@@ -72,9 +43,6 @@ bool parse_hex64(const std::string& text, std::uint64_t* out);
 inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
 }
-
-/// fsyncs a folder so that entries created or renamed in it are durable.
-status sync_dir(const std::string& dir);
 
 /// Checks that `dir` does not exist or is an empty folder (the target of a checkpoint).
 status check_checkpoint_target(const std::string& dir, const char* who);
