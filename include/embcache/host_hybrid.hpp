@@ -120,8 +120,7 @@ class host_hybrid_table {
   sparse_gradients<host_space> grads_;
 
   // Grouping scratch.
-  std::vector<Key> sorted_;
-  std::vector<std::int64_t> order_, heads_, run_id_, run_start_;
+  detail::host_key_grouping<Key> grouping_;
 };
 
 extern template class host_hybrid_table<std::int64_t>;

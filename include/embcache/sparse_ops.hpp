@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "embcache/buffer.hpp"
 #include "embcache/space.hpp"
@@ -106,6 +107,31 @@ template <class Space, class K>
 std::size_t sort_and_group(const Space& space, const K* values, std::size_t n, K* sorted,
                            std::int64_t* order, std::int64_t* heads, std::int64_t* run_id,
                            std::int64_t* run_start, K* unique_out, std::int64_t* inverse_out);
+
+/// sort_and_group over host vectors that are kept from batch to batch: group() sizes the scratch,
+/// writes the distinct keys (ascending) into `unique` and, when `inverse` is not null, the index
+/// in `unique` of every input key into `inverse` (n); returns the number of distinct keys.
+template <class K>
+struct host_key_grouping {
+  std::vector<K> sorted;
+  std::vector<std::int64_t> order, heads, run_id, run_start;
+
+  template <class Space>
+  std::size_t group(const Space& space, const K* keys, std::size_t n, std::vector<K>& unique,
+                    std::int64_t* inverse) {
+    sorted.resize(n);
+    order.resize(n);
+    heads.resize(n + 1);
+    run_id.resize(n + 1);
+    run_start.resize(n + 1);
+    unique.resize(n);
+    const std::size_t m =
+        sort_and_group(space, keys, n, sorted.data(), order.data(), heads.data(), run_id.data(),
+                       run_start.data(), unique.data(), inverse);
+    unique.resize(m);
+    return m;
+  }
+};
 
 }  // namespace detail
 }  // namespace embcache

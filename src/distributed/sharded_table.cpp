@@ -86,17 +86,9 @@ status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out)
   offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
 
   // Unique keys of the batch (ascending) and the unique index of every occurrence.
-  sorted_.resize(n);
-  order_.resize(n);
-  heads_.resize(n + 1);
-  run_id_.resize(n + 1);
-  run_start_.resize(n + 1);
   inverse_.resize(n);
-  std::vector<Key> unique(n);
-  const std::size_t m =
-      detail::sort_and_group(space, batch.keys, n, sorted_.data(), order_.data(), heads_.data(),
-                             run_id_.data(), run_start_.data(), unique.data(), inverse_.data());
-  unique.resize(m);
+  std::vector<Key> unique;
+  const std::size_t m = grouping_.group(space, batch.keys, n, unique, inverse_.data());
 
   // Group the unique keys by owner (a stable counting sort keeps them ascending in each group).
   std::vector<int> owner(m);
@@ -133,16 +125,7 @@ status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out)
   // host-hybrid table (which initializes the missing ones).
   const std::size_t r = recv_keys.size();
   std::vector<std::int64_t> own_index(r);
-  sorted_.resize(r);
-  order_.resize(r);
-  heads_.resize(r + 1);
-  run_id_.resize(r + 1);
-  run_start_.resize(r + 1);
-  own_keys_.resize(r);
-  const std::size_t k = detail::sort_and_group(
-      space, recv_keys.data(), r, sorted_.data(), order_.data(), heads_.data(), run_id_.data(),
-      run_start_.data(), own_keys_.data(), own_index.data());
-  own_keys_.resize(k);
+  const std::size_t k = grouping_.group(space, recv_keys.data(), r, own_keys_, own_index.data());
   stats_.owned_keys = k;
   std::vector<std::int64_t> own_offsets(k + 1);
   for (std::size_t i = 0; i <= k; ++i) own_offsets[i] = static_cast<std::int64_t>(i);

@@ -105,16 +105,8 @@ status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out) 
   num_slots_ = batch.num_slots;
   offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
   occurrence_rows_.resize(n);
-  sorted_.resize(n);
-  order_.resize(n);
-  heads_.resize(n + 1);
-  run_id_.resize(n + 1);
-  run_start_.resize(n + 1);
-  unique_keys_.resize(n);
-  const std::size_t m = detail::sort_and_group(space, batch.keys, n, sorted_.data(), order_.data(),
-                                               heads_.data(), run_id_.data(), run_start_.data(),
-                                               unique_keys_.data(), occurrence_rows_.data());
-  unique_keys_.resize(m);
+  const std::size_t m =
+      grouping_.group(space, batch.keys, n, unique_keys_, occurrence_rows_.data());
 
   rows_.resize(m * row_width_);
   if (found_.size() < m) found_ = buffer<bool, host_space>(m);

@@ -142,8 +142,8 @@ class sharded_table {
   std::vector<Key> own_keys_;
   std::vector<float> own_grads_;
   // Scratch.
-  std::vector<Key> sorted_;
-  std::vector<std::int64_t> order_, heads_, run_id_, run_start_, inverse_;
+  detail::host_key_grouping<Key> grouping_;
+  std::vector<std::int64_t> inverse_;
   sparse_gradients<host_space> grads_;
 };
 
