@@ -23,7 +23,9 @@
 #include <set>
 #include <thread>
 
+#include "common/status_assertions.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/json.hpp"
 #include "test_util.hpp"
 #ifdef EMBCACHE_TEST_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
