@@ -186,10 +186,10 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
                          st.resident_rows == tb.cache->size() && st.keyset == keys;
   if (tb.book.slot_mark.size() != tb.cache->capacity())
     tb.book.slot_mark.assign(tb.cache->capacity(), 0);
-  const bool premarked = as_staged && st.next_mark_epoch != 0;
-  if (premarked) {
-    std::swap(tb.book.slot_mark,
-              tb.book.next_mark);  // the worker marked the keyset's resident slots
+  const bool worker_marked = as_staged && st.next_mark_epoch != 0;
+  if (worker_marked) {
+    // The worker marked the keyset's resident slots already.
+    std::swap(tb.book.slot_mark, tb.book.next_mark);
     tb.book.mark_epoch = st.next_mark_epoch;
     st.next_mark_epoch = 0;  // consumed
   } else if (++tb.book.mark_epoch == 0) {
@@ -203,8 +203,8 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
   bool planned = false;
   if (as_staged) {
     // Nothing entered or left since prefetch computed the hits and staged the misses (and the
-    // worker settled what it could of the residency).
-    if (!premarked) {
+    // worker did what it could of the residency change).
+    if (!worker_marked) {
       for (const auto s : st.hit_slots) tb.book.slot_mark[s] = tb.book.mark_epoch;
     }
     miss = &st.keys;
@@ -271,7 +271,7 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
   const bool had_worker = worker.joinable() || flusher.joinable();
   wait_worker();
   // The previous boundary's write-behind must be in the store before this one reads it.
-  const status settled = finish_write_behind();
+  const status written_behind = finish_write_behind();
   const double waited = had_worker ? seconds_since(tw) : 0.0;
   if (!staging_status.ok()) {
     status s = staging_status;
@@ -279,7 +279,7 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
     drop_staging();
     return s.with_context("prefetch");
   }
-  EMBCACHE_RETURN_IF_ERROR(settled);
+  EMBCACHE_RETURN_IF_ERROR(written_behind);
   const bool use_staging = staged_valid;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     auto& tb = tables[t];
