@@ -1,12 +1,14 @@
-// Writing model and delta folders (model_folder.hpp): table folders streamed in batches through
-// durable files, the manifest, and the save of tables straight from their stores.
+// The model-folder module (model_folder.hpp). This file writes: table folders streamed in batches
+// through durable files, the manifest, and the save of tables straight from their stores; the
+// reading side is model_folder_read.inl, included at the end (one translation unit).
+#include "training/model_folder.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <utility>
 
 #include "common/durable_file.hpp"
 #include "store/store_io.hpp"
-#include "training/model_folder.hpp"
 
 namespace embcache::detail {
 
@@ -246,3 +248,5 @@ template status save_stores(const std::string&, const std::vector<table_options<
                             const save_progress&);
 
 }  // namespace embcache::detail
+
+#include "training/model_folder_read.inl"

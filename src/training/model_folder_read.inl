@@ -1,5 +1,9 @@
 // Reading model and delta folders (model_folder.hpp): the one manifest reader and validator, the
 // files of a table checked against it, plain HugeCTR folders, and the checks of the rows.
+// Compiled as part of model_folder.cpp: one translation unit for the module, so that
+// nlohmann-json is parsed once.
+#pragma once
+
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -14,9 +18,9 @@
 
 namespace embcache::detail {
 
-namespace fs = std::filesystem;
-
 namespace {
+
+namespace fs = std::filesystem;
 
 // Far above any real manifest (a few hundred bytes per table).
 constexpr std::uint64_t max_manifest_bytes = std::uint64_t{64} << 20;
