@@ -1,6 +1,6 @@
 // cuda-space instantiations of the training cache. The orchestration is host code; it reaches the
 // device caches through their bulk calls, so this file needs no CUDA compiler.
-#include "embcache/detail/training_cache.inl"
+#include "training/training_cache_definitions.hpp"
 
 namespace embcache {
 template class training_cache<std::int64_t, cuda_space>;

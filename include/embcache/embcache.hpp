@@ -12,4 +12,5 @@
 #include "embcache/space.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"
+#include "embcache/training_cache.hpp"
 #include "embcache/version.hpp"

@@ -1,7 +1,9 @@
 /// @file training_cache.hpp
 /// @brief The training cache: per table a device cache in front of a parameter store, swapped per
 /// pass from keysets (with background prefetch) or filled on demand, with incremental export,
-/// save and load. docs/training_cache.md describes the semantics and the file formats.
+/// save and load. docs/training_cache.md describes the semantics and the file formats; the
+/// definitions live in src/training (instantiated for int64 and uint32 keys in both spaces). The
+/// counters' JSON form is in embcache/json.hpp.
 ///
 /// Rows are `dim + state_width(optimizer, dim)` floats: the embedding followed by the sparse
 /// optimizer's state, which travels with its row between every tier. Every row carries a version
@@ -19,7 +21,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@
 #include "embcache/status.hpp"
 
 namespace embcache {
+
+namespace detail {
+template <class Key, class Space>
+struct training_cache_core;  // src/training/training_cache_core.hpp
+}  // namespace detail
 
 /// How the cache is filled.
 enum class cache_mode : std::uint8_t {
@@ -113,11 +119,6 @@ struct cache_counters {
   std::vector<table_counters> last;   ///< last begin_pass / lookup, per table
   std::vector<table_counters> total;  ///< since construction, per table
 };
-
-/// JSON of counters: {"hits": ..., ...}.
-void to_json(nlohmann::json& j, const table_counters& c);
-/// JSON of all counters: {"passes": n, "tables": {"name": {"last": {...}, "total": {...}}}}.
-void to_json(nlohmann::json& j, const cache_counters& c);
 
 /// Rows of one table changed since the previous export, and keys erased since.
 template <class Key>
@@ -292,10 +293,8 @@ class training_cache {
   /// Options of the cache.
   const training_cache_options& options() const noexcept;
 
-  struct impl;
-
  private:
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<detail::training_cache_core<Key, Space>> core_;
 };
 
 extern template class training_cache<std::int64_t, host_space>;

@@ -1,5 +1,9 @@
-// Host-space instantiations of the training cache, and its counters.
-#include "embcache/detail/training_cache.inl"
+// Host-space instantiations of the training cache, and its counters (their JSON form is declared
+// in embcache/json.hpp).
+#include <nlohmann/json.hpp>
+
+#include "embcache/json.hpp"
+#include "training/training_cache_definitions.hpp"
 
 namespace embcache {
 

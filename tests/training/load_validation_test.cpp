@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/training_cache.hpp"
 #include "test_util.hpp"
 
@@ -34,19 +35,8 @@ using testing::store_model;
 
 constexpr std::size_t dim = 4;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string templ = (fs::temp_directory_path() / "embcache_load_XXXXXX").string();
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : testing::temp_dir {
+  temp_dir() : testing::temp_dir("embcache_load") {}
 };
 
 table_options<std::int64_t> emb_table(std::size_t capacity = 64) {
@@ -88,11 +78,11 @@ std::string xxh64_of(const std::string& path) {
 void train(training_cache<std::int64_t>& tc, const std::vector<std::int64_t>& keys, int step) {
   const std::size_t w = tc.row_width(0);
   std::vector<float> rows(keys.size() * w);
-  ASSERT_TRUE(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr));
   for (std::size_t i = 0; i < keys.size(); ++i)
     for (std::size_t j = 0; j < w; ++j)
       rows[i * w + j] = rows[i * w + j] * 0.5f + float(step + 1) * 0.125f + float(j) * 1e-3f;
-  ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, keys.data(), keys.size(), rows.data()));
 }
 
 std::vector<std::int64_t> keys_of_pass(int p) {
@@ -105,10 +95,10 @@ std::vector<std::int64_t> keys_of_pass(int p) {
 std::string small_save(const std::string& dir) {
   training_cache<std::int64_t> tc({}, {emb_table()});
   const auto keys = keys_of_pass(0);
-  EXPECT_TRUE(tc.begin_pass({keys}).ok());
+  EMBCACHE_EXPECT_OK(tc.begin_pass({keys}));
   train(tc, keys, 0);
   const std::string save = dir + "/save";
-  EXPECT_TRUE(tc.save(save).ok());
+  EMBCACHE_EXPECT_OK(tc.save(save));
   return save;
 }
 
@@ -117,8 +107,8 @@ struct target {
   training_cache<std::int64_t> tc{{}, {emb_table()}};
   testing::model<std::int64_t> before;
   target() {
-    EXPECT_TRUE(tc.begin_pass({{1000, 1001}}).ok());
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.begin_pass({{1000, 1001}}));
+    EMBCACHE_EXPECT_OK(tc.end_training());
     before = store_model(tc, 0);
   }
   bool unchanged() { return store_model(tc, 0) == before; }
@@ -133,7 +123,7 @@ TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
   temp_dir dir;
   const std::string save = small_save(dir.path);
   training_cache<std::int64_t> source({}, {emb_table()});
-  ASSERT_TRUE(source.load(save).ok());
+  EMBCACHE_ASSERT_OK(source.load(save));
   const auto saved = store_model(source, 0);
   fs::remove(save + "/manifest.json");
 
@@ -149,11 +139,11 @@ TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
   load_options o;
   o.allow_hugectr_folder = true;
   const status kept = t.tc.load(save, o);
-  ASSERT_TRUE(kept.ok()) << kept.to_string();
+  EMBCACHE_ASSERT_OK(kept);
   EXPECT_TRUE(store_model(t.tc, 0) == saved);
   fs::remove(save + "/emb/AdaGrad.accm");
   const status h = t.tc.load(save, o);
-  ASSERT_TRUE(h.ok()) << h.to_string();
+  EMBCACHE_ASSERT_OK(h);
   const auto m = store_model(t.tc, 0);
   ASSERT_EQ(m.size(), saved.size());
   for (const auto& [k, row] : saved) {
@@ -194,7 +184,7 @@ TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
   EXPECT_TRUE(t.unchanged());
   load_options o;
   o.allow_hugectr_folder = true;
-  ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+  EMBCACHE_ASSERT_OK(t.tc.load(f.dir, o));
   const auto m = store_model(t.tc, 0);
   ASSERT_EQ(m.size(), 3u);
   EXPECT_EQ(m.at(7), (std::vector<float>{9, 10, 11, 12, 0.5f, 0.5f, 0.5f, 0.5f}));
@@ -212,7 +202,7 @@ TEST(load_validation, a_hugectr_folder_with_repeated_keys_is_refused_unless_allo
       << s.message();
   EXPECT_TRUE(t.unchanged());
   o.allow_duplicate_keys = true;  // the last occurrence wins
-  ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+  EMBCACHE_ASSERT_OK(t.tc.load(f.dir, o));
   const auto m = store_model(t.tc, 0);
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m.at(5), (std::vector<float>{9, 10, 11, 12, 0.5f, 0.5f, 0.5f, 0.5f}));
@@ -237,7 +227,7 @@ TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_
         << s.message();
     EXPECT_TRUE(t.unchanged());
     o.allow_non_finite = true;
-    ASSERT_TRUE(t.tc.load(f.dir, o).ok());
+    EMBCACHE_ASSERT_OK(t.tc.load(f.dir, o));
     const auto m = store_model(t.tc, 0);
     EXPECT_EQ(std::isnan(m.at(-3)[2]), std::isnan(bad));
     if (!std::isnan(bad)) EXPECT_EQ(m.at(-3)[2], bad);
@@ -334,7 +324,7 @@ TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_fi
   }
   write_json(mpath, good);
   target t;
-  ASSERT_TRUE(t.tc.load(save).ok());
+  EMBCACHE_ASSERT_OK(t.tc.load(save));
 }
 
 TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_is_refused) {
@@ -384,7 +374,7 @@ TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_
     EXPECT_TRUE(t.unchanged());
     load_options o;
     o.allow_duplicate_keys = true;
-    ASSERT_TRUE(t.tc.load(save, o).ok());
+    EMBCACHE_ASSERT_OK(t.tc.load(save, o));
     EXPECT_EQ(store_model(t.tc, 0).size(), 23u);
   }
   write_bytes(save + "/emb/key", keys_before);
@@ -408,7 +398,7 @@ TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_
     EXPECT_TRUE(t.unchanged());
     load_options o;
     o.allow_non_finite = true;
-    ASSERT_TRUE(t.tc.load(save, o).ok());
+    EMBCACHE_ASSERT_OK(t.tc.load(save, o));
     EXPECT_EQ(store_model(t.tc, 0).at(k3)[dim + 1], inf);
   }
 }
@@ -426,11 +416,11 @@ const std::vector<std::int64_t> slot_keys = {-9, 2, 40, std::int64_t{1} << 50};
 
 // Trained rows of `slot_keys` in a cache of table `o`: every float of the row distinct.
 void fill_rows(training_cache<std::int64_t>& tc) {
-  ASSERT_TRUE(tc.begin_pass({slot_keys}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({slot_keys}));
   const std::size_t w = tc.row_width(0);
   std::vector<float> rows(slot_keys.size() * w);
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f + float(i);
-  ASSERT_TRUE(tc.assign(0, slot_keys.data(), slot_keys.size(), rows.data()).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, slot_keys.data(), slot_keys.size(), rows.data()));
 }
 
 template <class T>
@@ -451,7 +441,7 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
     temp_dir dir;
     training_cache<std::int64_t> tc({}, {table_of(x.kind)});
     fill_rows(tc);
-    ASSERT_TRUE(tc.save(dir.path + "/save").ok());
+    EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
     const std::string folder = dir.path + "/save/emb/";
     const auto rows = store_model(tc, 0);
     const json files = read_json(dir.path + "/save/manifest.json")["tables"][0]["files"];
@@ -470,7 +460,7 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
       EXPECT_EQ(files[x.files[p]]["xxh64"], xxh64_of(path));
     }
     training_cache<std::int64_t> back({}, {table_of(x.kind)});
-    ASSERT_TRUE(back.load(dir.path + "/save").ok());
+    EMBCACHE_ASSERT_OK(back.load(dir.path + "/save"));
     EXPECT_TRUE(store_model(back, 0) == rows);
   }
 }
@@ -480,7 +470,7 @@ TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_l
   const std::string save = dir.path + "/save";
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   fill_rows(tc);
-  ASSERT_TRUE(tc.save(save).ok());
+  EMBCACHE_ASSERT_OK(tc.save(save));
   const auto rows = store_model(tc, 0);
   // The earlier layout: the whole state of each row in one file, float32[n][2 * dim].
   std::vector<float> state;
@@ -497,7 +487,7 @@ TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_l
   target t;
   training_cache<std::int64_t> back({}, {table_of(optimizer_kind::adam)});
   const status s = back.load(save);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   EXPECT_TRUE(store_model(back, 0) == rows);
   // Its size is checked like every file's.
   fs::resize_file(save + "/emb/opt_state", state.size() * 4 - 4);
@@ -517,10 +507,10 @@ TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
   // Given in another order than the keys': the file is in key order.
   const std::vector<std::int64_t> rev(slot_keys.rbegin(), slot_keys.rend());
   const std::vector<std::uint64_t> rev_ids(ids.rbegin(), ids.rend());
-  ASSERT_TRUE(tc.set_slot_ids(0, rev.data(), rev_ids.data(), rev.size()).ok());
+  EMBCACHE_ASSERT_OK(tc.set_slot_ids(0, rev.data(), rev_ids.data(), rev.size()));
   EXPECT_EQ(tc.set_slot_ids(1, rev.data(), rev_ids.data(), 1).code(),
             status_code::invalid_argument);
-  ASSERT_TRUE(tc.save(dir.path + "/a").ok());
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/a"));
   const std::string a = read_bytes(dir.path + "/a/emb/slot_id");
   EXPECT_TRUE(a == bytes_of(ids));
   const json ma = read_json(dir.path + "/a/manifest.json");
@@ -528,22 +518,22 @@ TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
 
   training_cache<std::int64_t> back({}, {table_of(optimizer_kind::adam)});
   EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
-  ASSERT_TRUE(back.load(dir.path + "/a").ok());
+  EMBCACHE_ASSERT_OK(back.load(dir.path + "/a"));
   EXPECT_EQ(back.slot_id(0, 40).value(), 25u);
-  ASSERT_TRUE(back.save(dir.path + "/b").ok());
+  EMBCACHE_ASSERT_OK(back.save(dir.path + "/b"));
   for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
     EXPECT_TRUE(read_bytes(dir.path + "/a/emb/" + file) == read_bytes(dir.path + "/b/emb/" + file))
         << file;
   }
   // A folder without `slot_id` loaded over them forgets them.
-  ASSERT_TRUE(tc.save(dir.path + "/c").ok());
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/c"));
   fs::remove(dir.path + "/c/emb/slot_id");
   json mc = read_json(dir.path + "/c/manifest.json");
   mc["tables"][0]["files"].erase("slot_id");
   write_json(dir.path + "/c/manifest.json", mc);
-  ASSERT_TRUE(back.load(dir.path + "/c").ok());
+  EMBCACHE_ASSERT_OK(back.load(dir.path + "/c"));
   EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
-  ASSERT_TRUE(back.save(dir.path + "/d").ok());
+  EMBCACHE_ASSERT_OK(back.save(dir.path + "/d"));
   EXPECT_FALSE(fs::exists(dir.path + "/d/emb/slot_id"));
 }
 
@@ -553,8 +543,8 @@ TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
   fill_rows(tc);
   const std::int64_t some[2] = {2, 40};
   const std::uint64_t some_ids[2] = {11, 12};
-  ASSERT_TRUE(tc.set_slot_ids(0, some, some_ids, 2).ok());
-  ASSERT_TRUE(tc.save(dir.path + "/partial").ok());
+  EMBCACHE_ASSERT_OK(tc.set_slot_ids(0, some, some_ids, 2));
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/partial"));
   EXPECT_FALSE(fs::exists(dir.path + "/partial/emb/slot_id"));
   const json m = read_json(dir.path + "/partial/manifest.json")["tables"][0];
   EXPECT_FALSE(m["files"].contains("slot_id"));
@@ -565,9 +555,9 @@ TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
   o.slot_of = [](std::int64_t k) { return static_cast<std::uint64_t>(k & 0xff) + 100; };
   training_cache<std::int64_t> derived({}, {o});
   fill_rows(derived);
-  ASSERT_TRUE(derived.set_slot_ids(0, some, some_ids, 2).ok());
+  EMBCACHE_ASSERT_OK(derived.set_slot_ids(0, some, some_ids, 2));
   EXPECT_EQ(derived.slot_id(0, -9).value(), std::uint64_t(0xf7 + 100));
-  ASSERT_TRUE(derived.save(dir.path + "/full").ok());
+  EMBCACHE_ASSERT_OK(derived.save(dir.path + "/full"));
   const std::vector<std::uint64_t> want = {0xf7 + 100, 11, 12, 100};
   EXPECT_TRUE(read_bytes(dir.path + "/full/emb/slot_id") == bytes_of(want));
   EXPECT_FALSE(
@@ -601,7 +591,7 @@ TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resav
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   load_options o;
   o.allow_hugectr_folder = true;
-  ASSERT_TRUE(tc.load(f.dir, o).ok());
+  EMBCACHE_ASSERT_OK(tc.load(f.dir, o));
   const auto rows = store_model(tc, 0);
   ASSERT_EQ(rows.size(), slot_keys.size());
   for (std::size_t i = 0; i < slot_keys.size(); ++i) {
@@ -611,14 +601,14 @@ TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resav
     EXPECT_EQ(rows.at(slot_keys[i]), want) << slot_keys[i];
     EXPECT_EQ(tc.slot_id(0, slot_keys[i]).value(), f.slots[i]);
   }
-  ASSERT_TRUE(tc.save(dir.path + "/save").ok());
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
   for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
     EXPECT_TRUE(read_bytes(f.table + "/" + file) == read_bytes(dir.path + "/save/emb/" + file))
         << file;
   }
   // An AdaGrad table ignores Adam's files: its state is initialized.
   training_cache<std::int64_t> ada({}, {table_of(optimizer_kind::adagrad)});
-  ASSERT_TRUE(ada.load(f.dir, o).ok());
+  EMBCACHE_ASSERT_OK(ada.load(f.dir, o));
   EXPECT_EQ(store_model(ada, 0).at(2),
             (std::vector<float>{4.5f, 5.5f, 6.5f, 7.5f, 0.5f, 0.5f, 0.5f, 0.5f}));
 }
@@ -647,8 +637,8 @@ TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
     else
       write_bytes(path, std::string(c.size, '\0'));
     training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
-    ASSERT_TRUE(tc.begin_pass({{1000, 1001}}).ok());
-    ASSERT_TRUE(tc.end_training().ok());
+    EMBCACHE_ASSERT_OK(tc.begin_pass({{1000, 1001}}));
+    EMBCACHE_ASSERT_OK(tc.end_training());
     const auto before = store_model(tc, 0);
     const status s = tc.load(fresh.dir, o);
     EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
@@ -658,9 +648,9 @@ TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
   // In a save, against the manifest.
   const hugectr_adam_folder whole_folder(dir.path);
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
-  ASSERT_TRUE(tc.load(whole_folder.dir, o).ok());
+  EMBCACHE_ASSERT_OK(tc.load(whole_folder.dir, o));
   const std::string save = dir.path + "/save";
-  ASSERT_TRUE(tc.save(save).ok());
+  EMBCACHE_ASSERT_OK(tc.save(save));
   for (const char* file : {"slot_id", "Adam.v"}) {
     SCOPED_TRACE(file);
     const std::string path = save + "/emb/" + file;
@@ -690,22 +680,22 @@ TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
   auto run = [&](training_cache<std::int64_t>& tc, int from, int to) {
     for (int p = from; p < to; ++p) {
       const auto keys = keys_of_pass(p);
-      ASSERT_TRUE(tc.begin_pass({keys}).ok());
+      EMBCACHE_ASSERT_OK(tc.begin_pass({keys}));
       train(tc, keys, p);
     }
   };
   // A cache smaller than the key space, so rows are evicted and written back.
   training_cache<std::int64_t> whole({}, {emb_table(30)});
   run(whole, 0, passes);
-  ASSERT_TRUE(whole.save(dir.path + "/whole").ok());
+  EMBCACHE_ASSERT_OK(whole.save(dir.path + "/whole"));
 
   training_cache<std::int64_t> first({}, {emb_table(30)});
   run(first, 0, split);
-  ASSERT_TRUE(first.save(dir.path + "/half").ok());
+  EMBCACHE_ASSERT_OK(first.save(dir.path + "/half"));
   training_cache<std::int64_t> rest({}, {emb_table(30)});
-  ASSERT_TRUE(rest.load(dir.path + "/half").ok());
+  EMBCACHE_ASSERT_OK(rest.load(dir.path + "/half"));
   run(rest, split, passes);
-  ASSERT_TRUE(rest.save(dir.path + "/rest").ok());
+  EMBCACHE_ASSERT_OK(rest.save(dir.path + "/rest"));
 
   for (const char* file : {"key", "emb_vector", "AdaGrad.accm"}) {
     const std::string a = read_bytes(dir.path + "/whole/emb/" + file);

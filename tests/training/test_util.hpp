@@ -2,15 +2,38 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/training_cache.hpp"
 
 namespace embcache::testing {
+
+/// A fresh folder under the temporary directory, removed with everything in it at destruction.
+struct temp_dir {
+  std::string path;
+  explicit temp_dir(const std::string& prefix = "embcache_training") {
+    std::string templ = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path = buf.data();
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+};
 
 /// Rows by key.
 template <class Key>
@@ -21,15 +44,13 @@ template <class Key, class Space>
 model<Key> store_model(training_cache<Key, Space>& tc, std::size_t t) {
   model<Key> m;
   const std::size_t w = tc.row_width(t);
-  EXPECT_TRUE(tc.store(t)
-                  .for_each(1000,
-                            [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
-                              for (std::size_t i = 0; i < n; ++i) {
-                                m[k[i]].assign(r + i * w, r + (i + 1) * w);
-                              }
-                              return status{};
-                            })
-                  .ok());
+  EMBCACHE_EXPECT_OK(tc.store(t).for_each(
+      1000, [&](const Key* k, const float* r, const std::uint64_t*, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) {
+          m[k[i]].assign(r + i * w, r + (i + 1) * w);
+        }
+        return status{};
+      }));
   return m;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status_assertions.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/trainer/trainer.hpp"
 
@@ -62,10 +63,10 @@ void leave_rows(const std::string& db, std::size_t dim, const std::string& optim
   o.dim = dim;
   o.optimizer = optimizer;
   auto s = rocksdb_store<std::int64_t>::open(o);
-  ASSERT_TRUE(s.ok()) << s.get_status().to_string();
+  EMBCACHE_ASSERT_OK(s);
   std::vector<std::int64_t> keys = {3, 5, 9};
   std::vector<float> rows(keys.size() * 48, 0.25f);
-  ASSERT_TRUE(s.value()->push(keys.data(), keys.size(), rows.data()).ok());
+  EMBCACHE_ASSERT_OK(s.value()->push(keys.data(), keys.size(), rows.data()));
 }
 
 TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_store) {
@@ -89,7 +90,7 @@ TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_sto
   }
   c.tables[d].reuse_store = true;
   auto t = trainer::create(c);
-  ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+  EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->cache().store(d).size(), 3u);
 }
 
@@ -100,7 +101,7 @@ TEST(trainer_store, reuse_store_is_a_table_field_read_and_written_by_the_config)
        {{{"name", "wide"}},
         {{"name", "deep"}, {"store", "rocksdb"}, {"store_path", "/x"}, {"reuse_store", true}}}}};
   auto c = trainer_config_from_json(j);
-  ASSERT_TRUE(c.ok()) << c.get_status().to_string();
+  EMBCACHE_ASSERT_OK(c);
   EXPECT_FALSE(c.value().tables[0].reuse_store);  // the default
   EXPECT_TRUE(c.value().tables[1].reuse_store);
   nlohmann::json back;
@@ -138,16 +139,16 @@ TEST(trainer_store, a_resume_reuses_the_store_and_refuses_a_save_without_its_man
   const std::string db = dir.path + "/db", save = dir.path + "/save";
   {
     auto t = trainer::create(rocksdb_config(db));
-    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
-    ASSERT_TRUE(t.value()->cache().begin_pass({{1, 2}, {1, 2, 3}}).ok());  // new rows
-    ASSERT_TRUE(t.value()->save(save).ok());  // writes them to the stores too
+    EMBCACHE_ASSERT_OK(t);
+    EMBCACHE_ASSERT_OK(t.value()->cache().begin_pass({{1, 2}, {1, 2, 3}}));  // new rows
+    EMBCACHE_ASSERT_OK(t.value()->save(save));  // writes them to the stores too
   }
   trainer_config c = rocksdb_config(db);
   EXPECT_EQ(trainer::create(c).get_status().code(), status_code::invalid_argument);
   c.resume_from = save;
   {
     auto t = trainer::create(c);  // the stores hold the saved run's rows: a resume may use them
-    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    EMBCACHE_ASSERT_OK(t);
     EXPECT_EQ(t.value()->cache().store(deep_index(c)).size(), 3u);
   }
   fs::remove(save + "/sparse/manifest.json");

@@ -23,7 +23,9 @@
 #include <set>
 #include <thread>
 
+#include "common/status_assertions.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/json.hpp"
 #include "test_util.hpp"
 #ifdef EMBCACHE_TEST_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
@@ -36,20 +38,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string templ = (fs::temp_directory_path() / "embcache_training_XXXXXX").string();
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using testing::temp_dir;
 
 constexpr std::size_t dim = 4;
 
@@ -119,14 +108,14 @@ void train_pass(training_cache<Key>& tc, const std::vector<std::vector<Key>>& ks
     const std::size_t w = tc.row_width(t);
     std::vector<float> rows(keys.size() * w);
     std::unique_ptr<bool[]> found(new bool[keys.size() + 1]);
-    ASSERT_TRUE(tc.read(t, keys.data(), keys.size(), rows.data(), found.get()).ok());
+    EMBCACHE_ASSERT_OK(tc.read(t, keys.data(), keys.size(), rows.data(), found.get()));
     for (std::size_t i = 0; i < keys.size(); ++i) {
       ASSERT_TRUE(found[i]);
       for (std::size_t j = 0; j < w; ++j) {
         rows[i * w + j] = rows[i * w + j] * 0.5f + 0.25f * float(pass + 1) + float(j) * 1e-3f;
       }
     }
-    ASSERT_TRUE(tc.assign(t, keys.data(), keys.size(), rows.data()).ok());
+    EMBCACHE_ASSERT_OK(tc.assign(t, keys.data(), keys.size(), rows.data()));
   }
 }
 
@@ -146,17 +135,17 @@ std::vector<std::vector<std::vector<Key>>> script(std::size_t key_space, std::si
 }
 
 template <class Kind>
-class training_typed : public ::testing::Test {};
+class training_cache_typed : public ::testing::Test {};
 using kinds = ::testing::Types<host_kind<std::int64_t>, host_kind<std::uint32_t>
 #ifdef EMBCACHE_TEST_ROCKSDB
                                ,
                                rocksdb_kind<std::int64_t>
 #endif
                                >;
-TYPED_TEST_SUITE(training_typed, kinds);
+TYPED_TEST_SUITE(training_cache_typed, kinds);
 
 // Swap transparency: a cache of 10% of the key space ends with the same store as one of 100%.
-TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
+TYPED_TEST(training_cache_typed, swap_transparency_small_cache_equals_full_cache) {
   using Key = typename TypeParam::key;
   temp_dir dir;
   const std::size_t space = 2000;
@@ -170,15 +159,15 @@ TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
     for (auto& o : opts) o.max_resident = tight ? cap : 0;
     training_cache<Key> tc({}, opts);
     for (std::size_t p = 0; p < passes.size(); ++p) {
-      EXPECT_TRUE(tc.begin_pass(passes[p]).ok());
-      if (use_prefetch && p + 1 < passes.size()) EXPECT_TRUE(tc.prefetch(passes[p + 1]).ok());
+      EMBCACHE_EXPECT_OK(tc.begin_pass(passes[p]));
+      if (use_prefetch && p + 1 < passes.size()) EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
       train_pass(tc, passes[p], int(p));
       if (p == 4) {
         std::vector<Key> gone(passes[p][0].begin(), passes[p][0].begin() + 10);
-        EXPECT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+        EMBCACHE_EXPECT_OK(tc.erase(0, gone.data(), gone.size()));
       }
     }
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.end_training());
     return std::make_tuple(store_model(tc, 0), store_model(tc, 1), tc.counters());
   };
   const auto [a_full, b_full, c_full] = run(space, "full", false);
@@ -201,22 +190,22 @@ TYPED_TEST(training_typed, swap_transparency_small_cache_equals_full_cache) {
 
 // Export completeness: base + every delta, applied in order, equals the current model, and keys
 // left untouched since the base never appear in a delta.
-TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
+TYPED_TEST(training_cache_typed, export_base_plus_deltas_equals_model) {
   using Key = typename TypeParam::key;
   temp_dir dir;
   const auto passes = script<Key>(1500, 150, 7);
   auto sa = TypeParam::make(dir.path, "a", dim * 3);
   auto sb = TypeParam::make(dir.path, "b", dim * 2);
   training_cache<Key> tc({}, two_tables<Key>(200, 160, sa, sb));
-  ASSERT_TRUE(tc.begin_pass(passes[0]).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass(passes[0]));
   train_pass(tc, passes[0], 0);
-  ASSERT_TRUE(tc.end_training().ok());
+  EMBCACHE_ASSERT_OK(tc.end_training());
   model<Key> base[2] = {store_model(tc, 0), store_model(tc, 1)};
   model<Key> applied[2] = {base[0], base[1]};
-  ASSERT_TRUE(tc.export_incremental().ok());  // the base is the reference from here on
+  EMBCACHE_ASSERT_OK(tc.export_incremental());  // the base is the reference from here on
   std::set<Key> touched[2];
   for (std::size_t p = 1; p < passes.size(); ++p) {
-    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    EMBCACHE_ASSERT_OK(tc.begin_pass(passes[p]));
     train_pass(tc, passes[p], int(p));
     for (int t = 0; t < 2; ++t) {
       for (Key k : passes[p][t]) {
@@ -227,14 +216,14 @@ TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
     }
     if (p == 3) {
       std::vector<Key> gone = {passes[1][0][0], passes[1][0][1]};
-      ASSERT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+      EMBCACHE_ASSERT_OK(tc.erase(0, gone.data(), gone.size()));
       touched[0].insert(gone.begin(), gone.end());
     }
     if (p % 2 == 0 || p + 1 == passes.size()) {
       std::string path;
       if (p == 4) {
         auto r = tc.export_incremental_to(dir.path + "/deltas", true);
-        ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+        EMBCACHE_ASSERT_OK(r);
         path = r.value();
         EXPECT_TRUE(fs::exists(path + "/manifest.json"));
         EXPECT_TRUE(fs::exists(path + "/a/key") && fs::exists(path + "/a/emb_vector"));
@@ -242,7 +231,7 @@ TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
         // Applied below from the folder; the in-memory export right after it is empty.
       }
       auto r = tc.export_incremental(true);
-      ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+      EMBCACHE_ASSERT_OK(r);
       if (p == 4) EXPECT_EQ(r.value()[0].keys.size(), 0u);
       for (int t = 0; t < 2; ++t) {
         const auto& d = r.value()[t];
@@ -288,12 +277,12 @@ TYPED_TEST(training_typed, export_base_plus_deltas_equals_model) {
       }
     }
   }
-  ASSERT_TRUE(tc.end_training().ok());
+  EMBCACHE_ASSERT_OK(tc.end_training());
   EXPECT_TRUE(applied[0] == store_model(tc, 0));
   EXPECT_TRUE(applied[1] == store_model(tc, 1));
   // Nothing changed since the last export: the next one is empty.
   auto again = tc.export_incremental();
-  ASSERT_TRUE(again.ok());
+  EMBCACHE_ASSERT_OK(again);
   EXPECT_EQ(again.value()[0].keys.size(), 0u);
   EXPECT_EQ(again.value()[0].erased.size(), 0u);
 }
@@ -314,15 +303,15 @@ TEST(training_cache, a_failed_delta_write_loses_no_row) {
   } unmount{disk};
   const auto passes = script<Key>(3000, 1200, 3);
   training_cache<Key> tc({}, two_tables<Key>(2500, 2500));
-  ASSERT_TRUE(tc.begin_pass(passes[0]).ok());
-  ASSERT_TRUE(tc.end_training().ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass(passes[0]));
+  EMBCACHE_ASSERT_OK(tc.end_training());
   model<Key> applied[2] = {store_model(tc, 0), store_model(tc, 1)};
-  ASSERT_TRUE(tc.export_incremental().ok());  // the base
+  EMBCACHE_ASSERT_OK(tc.export_incremental());  // the base
   for (int p = 1; p < 3; ++p) {
-    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    EMBCACHE_ASSERT_OK(tc.begin_pass(passes[p]));
     train_pass(tc, passes[p], p);
     std::vector<Key> gone = {passes[p][0][0]};
-    ASSERT_TRUE(tc.erase(0, gone.data(), gone.size()).ok());
+    EMBCACHE_ASSERT_OK(tc.erase(0, gone.data(), gone.size()));
     // About 1,200 rows of 12 floats with state: far more than 64 KiB.
     auto failed = tc.export_incremental_to(disk + "/deltas", true);
     ASSERT_FALSE(failed.ok());
@@ -331,7 +320,7 @@ TEST(training_cache, a_failed_delta_write_loses_no_row) {
     EXPECT_FALSE(fs::exists(disk + "/deltas/delta-000001"));
   }
   auto r = tc.export_incremental(true);
-  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EMBCACHE_ASSERT_OK(r);
   for (int t = 0; t < 2; ++t) {
     const auto& d = r.value()[t];
     const std::size_t sw = d.state_width;
@@ -343,7 +332,7 @@ TEST(training_cache, a_failed_delta_write_loses_no_row) {
     for (Key k : d.erased) applied[t].erase(k);
   }
   EXPECT_EQ(r.value()[0].erased.size(), 2u);
-  ASSERT_TRUE(tc.end_training().ok());
+  EMBCACHE_ASSERT_OK(tc.end_training());
   EXPECT_TRUE(applied[0] == store_model(tc, 0));
   EXPECT_TRUE(applied[1] == store_model(tc, 1));
 }
@@ -355,13 +344,13 @@ TEST(training_cache, save_reports_its_progress_by_rows) {
   const auto passes = script<Key>(1500, 150, 2);
   training_cache<Key> tc({}, two_tables<Key>(200, 160));
   for (const auto& p : passes) {
-    ASSERT_TRUE(tc.begin_pass(p).ok());
+    EMBCACHE_ASSERT_OK(tc.begin_pass(p));
     train_pass(tc, p, 0);
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
-  ASSERT_TRUE(tc.save(dir.path + "/save", [&](std::uint64_t done, std::uint64_t total) {
-                  calls.emplace_back(done, total);
-                }).ok());
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save", [&](std::uint64_t done, std::uint64_t total) {
+    calls.emplace_back(done, total);
+  }));
   const std::uint64_t a = tc.store(0).size(), b = tc.store(1).size();
   ASSERT_GT(a, 0u);
   ASSERT_GT(b, 0u);
@@ -369,7 +358,7 @@ TEST(training_cache, save_reports_its_progress_by_rows) {
   EXPECT_EQ(calls, (std::vector<call>{{0, a + b}, {a, a + b}, {a + b, a + b}}));
 }
 
-TYPED_TEST(training_typed, save_load_round_trip_and_refusals) {
+TYPED_TEST(training_cache_typed, save_load_round_trip_and_refusals) {
   using Key = typename TypeParam::key;
   temp_dir dir;
   const auto passes = script<Key>(800, 100, 3);
@@ -377,26 +366,26 @@ TYPED_TEST(training_typed, save_load_round_trip_and_refusals) {
                          two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s1", "a", dim * 3),
                                          TypeParam::make(dir.path + "/s1", "b", dim * 2)));
   for (std::size_t p = 0; p < passes.size(); ++p) {
-    ASSERT_TRUE(tc.begin_pass(passes[p]).ok());
+    EMBCACHE_ASSERT_OK(tc.begin_pass(passes[p]));
     train_pass(tc, passes[p], int(p));
   }
   const std::string ckpt = dir.path + "/ckpt";
-  ASSERT_TRUE(tc.save(ckpt).ok());
+  EMBCACHE_ASSERT_OK(tc.save(ckpt));
   const auto a = store_model(tc, 0), b = store_model(tc, 1);
   training_cache<Key> other(
       {}, two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s2", "a", dim * 3),
                           TypeParam::make(dir.path + "/s2", "b", dim * 2)));
-  ASSERT_TRUE(other.begin_pass(passes[0]).ok());  // rows that load must replace
-  ASSERT_TRUE(other.end_training().ok());
+  EMBCACHE_ASSERT_OK(other.begin_pass(passes[0]));  // rows that load must replace
+  EMBCACHE_ASSERT_OK(other.end_training());
   const status s = other.load(ckpt);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   EXPECT_EQ(other.cache(0).size(), 0u);
   EXPECT_TRUE(store_model(other, 0) == a);
   EXPECT_TRUE(store_model(other, 1) == b);
   // Training continues from the loaded rows, optimizer state included.
-  ASSERT_TRUE(other.begin_pass(passes[1]).ok());
+  EMBCACHE_ASSERT_OK(other.begin_pass(passes[1]));
   std::vector<float> row(dim * 3);
-  ASSERT_TRUE(other.read(0, &passes[1][0][0], 1, row.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(other.read(0, &passes[1][0][0], 1, row.data(), nullptr));
   EXPECT_TRUE(row == a.at(passes[1][0][0]));
 
   // Mismatched dim.
@@ -451,7 +440,7 @@ TEST(training_cache, loads_a_plain_hugectr_folder) {
   load_options hugectr;
   hugectr.allow_hugectr_folder = true;
   const status s = tc.load(dir.path + "/model", hugectr);
-  ASSERT_TRUE(s.ok()) << s.to_string();
+  EMBCACHE_ASSERT_OK(s);
   auto m = store_model(tc, 0);
   ASSERT_EQ(m.size(), 3u);
   EXPECT_EQ(m[-3], (std::vector<float>{5, 6, 7, 8, 0.5f, 0.5f, 0.5f, 0.5f}));
@@ -469,12 +458,12 @@ TEST(training_cache, keyset_errors_are_clear_and_change_nothing) {
   for (std::size_t i = 0; i < k1.size(); ++i) k1[i] = std::int64_t(i) * 7;
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = std::int64_t(i);
   const std::string p1 = dir.path + "/k1", pbig = dir.path + "/big", praw = dir.path + "/raw";
-  ASSERT_TRUE(write_keyset(p1, k1.data(), k1.size()).ok());
-  ASSERT_TRUE(write_keyset(pbig, big.data(), big.size()).ok());
-  ASSERT_TRUE(write_keyset(praw, k1.data(), k1.size(), keyset_format::hugectr_raw).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(p1, k1.data(), k1.size()));
+  EMBCACHE_ASSERT_OK(write_keyset(pbig, big.data(), big.size()));
+  EMBCACHE_ASSERT_OK(write_keyset(praw, k1.data(), k1.size(), keyset_format::hugectr_raw));
   std::vector<std::uint32_t> k32 = {1, 2, 3};
   const std::string p32 = dir.path + "/k32";
-  ASSERT_TRUE(write_keyset(p32, k32.data(), k32.size()).ok());
+  EMBCACHE_ASSERT_OK(write_keyset(p32, k32.data(), k32.size()));
   const std::string ptrunc = dir.path + "/trunc";
   fs::copy_file(p1, ptrunc);
   fs::resize_file(ptrunc, fs::file_size(p1) - 5);
@@ -484,7 +473,7 @@ TEST(training_cache, keyset_errors_are_clear_and_change_nothing) {
   o.dim = dim;
   o.capacity = 200;
   training_cache<std::int64_t> tc({}, {o});
-  ASSERT_TRUE(tc.begin_pass_files({p1}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass_files({p1}));
   EXPECT_EQ(tc.cache(0).size(), 100u);
 
   status s = tc.begin_pass_files({pbig});
@@ -509,7 +498,7 @@ TEST(training_cache, keyset_errors_are_clear_and_change_nothing) {
   training_cache_options raw_opts;
   raw_opts.keyset_fmt = keyset_format::hugectr_raw;
   training_cache<std::int64_t> raw(raw_opts, {o});
-  ASSERT_TRUE(raw.begin_pass_files({praw}).ok());
+  EMBCACHE_ASSERT_OK(raw.begin_pass_files({praw}));
   EXPECT_EQ(raw.cache(0).size(), 100u);
 }
 
@@ -525,11 +514,11 @@ TEST(training_cache, begin_pass_moves_only_the_difference) {
   std::vector<std::int64_t> k1, k2;
   for (int i = 0; i < 100; ++i) k1.push_back(i);
   for (int i = 60; i < 160; ++i) k2.push_back(i);
-  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
   EXPECT_EQ(tc.counters().last[0].rows_initialized, 100u);
   std::vector<float> row(dim * 3, 1.0f);
-  ASSERT_TRUE(tc.assign(0, &k1[0], 1, row.data()).ok());  // key 0 dirty
-  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, &k1[0], 1, row.data()));  // key 0 dirty
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k2}));
   const auto& c = tc.counters().last[0];
   EXPECT_EQ(c.hits, 40u);
   EXPECT_EQ(c.misses, 60u);
@@ -553,9 +542,9 @@ TEST(training_cache, begin_pass_moves_only_the_difference) {
 template <class Key>
 class gated_store final : public param_store<Key> {
  public:
-  explicit gated_store(std::size_t width) {
+  explicit gated_store(std::size_t width, std::string name = "t") {
     host_store_options o;
-    o.table_name = "t";
+    o.table_name = std::move(name);
     o.row_width = width;
     inner_ = std::make_unique<host_store<Key>>(o);
   }
@@ -570,10 +559,11 @@ class gated_store final : public param_store<Key> {
     }
     cv_.notify_all();
   }
-  // Waits (up to a minute, against a hang) until a pull waits at the closed gate.
-  bool wait_for_blocked_pull() {
+  // Waits (up to `limit`; by default a minute, against a hang) until a pull waits at the closed
+  // gate.
+  bool wait_for_blocked_pull(std::chrono::milliseconds limit = std::chrono::minutes(1)) {
     std::unique_lock<std::mutex> l(m_);
-    return cv_.wait_for(l, std::chrono::minutes(1), [&] { return blocked_ > 0; });
+    return cv_.wait_for(l, limit, [&] { return blocked_ > 0; });
   }
   std::thread::id last_pull_thread() {
     std::lock_guard<std::mutex> l(m_);
@@ -699,26 +689,26 @@ TEST(training_cache, prefetch_stages_in_the_background_while_the_caller_trains) 
   std::vector<std::int64_t> k1, k2;
   for (int i = 0; i < 100; ++i) k1.push_back(i);
   for (int i = 50; i < 200; ++i) k2.push_back(i);
-  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
   train_pass(tc, {k1}, 0);
-  ASSERT_TRUE(tc.end_training().ok());
+  EMBCACHE_ASSERT_OK(tc.end_training());
   // Put rows 100..149 in the store so that staging pulls real rows.
   std::vector<float> rows(50 * dim * 3, 2.5f);
   std::vector<std::int64_t> pre;
   for (int i = 100; i < 150; ++i) pre.push_back(i);
   std::vector<std::uint64_t> ones(pre.size(), 1);
-  ASSERT_TRUE(store->push(pre.data(), pre.size(), rows.data(), ones.data()).ok());
+  EMBCACHE_ASSERT_OK(store->push(pre.data(), pre.size(), rows.data(), ones.data()));
 
   store->close_gate();
   const std::size_t pulls_before = store->pulls();
-  ASSERT_TRUE(tc.prefetch({k2}).ok());  // returns while the staging pull waits at the gate
+  EMBCACHE_ASSERT_OK(tc.prefetch({k2}));  // returns while the staging pull waits at the gate
   ASSERT_TRUE(store->wait_for_blocked_pull());
   EXPECT_NE(store->last_pull_thread(), std::this_thread::get_id());
   // The caller keeps training pass 1 while staging is blocked in the store.
   train_pass(tc, {k1}, 1);
   EXPECT_TRUE(tc.prefetch_pending());
   store->open_gate();
-  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k2}));
   EXPECT_EQ(store->pulls(), pulls_before + 1);  // begin_pass itself pulled nothing
   const auto& c = tc.counters().last[0];
   EXPECT_EQ(c.rows_staged, 100u);
@@ -727,13 +717,63 @@ TEST(training_cache, prefetch_stages_in_the_background_while_the_caller_trains) 
   EXPECT_EQ(c.hits, 50u);
   std::vector<float> row(dim * 3);
   std::int64_t k = 120;
-  ASSERT_TRUE(tc.read(0, &k, 1, row.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, &k, 1, row.data(), nullptr));
   EXPECT_EQ(row[0], 2.5f);
 }
 
-// Prefetch hazard: a key staged early, then trained and written back by later passes, must come
-// in with its written-back row, not the older staged one.
+// Prefetch hazard (docs/training_cache.md): rows staged for pass k+1 are never older than a
+// write-back of the same key at the pass k boundary. The race made reproducible: table "a"'s
+// write-behind push is held at its store's gate, so the flusher has not reached table "b", whose
+// key 10 left at the same boundary; then pass k+1, which brings key 10 back, is prefetched with
+// "b"'s pull gate closed. A worker that staged before the write-behind is in would pull key 10
+// at once (the pull shows up at the gate, holding "b"'s store until the gate opens, so the stale
+// row is what it reads); the cache must make it wait for the flusher instead.
 TEST(training_cache, staged_rows_are_never_older_than_a_write_back) {
+  auto store_a = std::make_shared<gated_store<std::int64_t>>(dim, "a");
+  auto store_b = std::make_shared<gated_store<std::int64_t>>(dim, "b");
+  std::vector<table_options<std::int64_t>> opts(2);
+  for (std::size_t t = 0; t < 2; ++t) {
+    opts[t].name = t == 0 ? "a" : "b";
+    opts[t].dim = dim;
+    opts[t].capacity = 8;
+    opts[t].max_resident = opts[t].capacity;  // every leaving row is evicted at its boundary
+    opts[t].store = t == 0 ? store_a : store_b;
+  }
+  training_cache<std::int64_t> tc({}, opts);  // write-behind on (the default)
+  const std::vector<std::int64_t> a1 = {1, 2, 3, 4, 5}, a2 = {11, 12, 13, 14, 15};
+  const std::vector<std::int64_t> b1 = {10, 20, 21}, b2 = {20, 21, 22, 23, 24, 25, 26, 27};
+  std::vector<std::int64_t> b3 = b2;
+  b3.back() = 10;  // key 10 comes back at the next pass
+  EMBCACHE_ASSERT_OK(tc.begin_pass({a1, b1}));
+  const std::int64_t ten = 10;
+  const std::vector<float> trained(dim, 9.0f);
+  EMBCACHE_ASSERT_OK(tc.assign(1, &ten, 1, trained.data()));
+  // Every row of both tables leaves (the new rows are dirty): the flusher pushes "a", then "b".
+  store_a->close_push_gate();
+  EMBCACHE_ASSERT_OK(tc.begin_pass({a2, b2}));
+  ASSERT_TRUE(store_a->wait_for_blocked_push());
+  std::int64_t absent = 10;
+  bool in_b = true;
+  EMBCACHE_ASSERT_OK(store_b->contains(&absent, 1, &in_b));
+  ASSERT_FALSE(in_b);  // key 10's trained row is still on its way to "b"
+  store_b->close_gate();
+  EMBCACHE_ASSERT_OK(tc.prefetch({a2, b3}));  // "a": nothing to stage; "b": key 10
+  // A pull of "b" before "b"'s write-behind is the hazard; the worker must wait for the flusher.
+  const bool staged_too_early = store_b->wait_for_blocked_pull(std::chrono::milliseconds(500));
+  EXPECT_FALSE(staged_too_early) << "staging pulled key 10 while its write-back was pending";
+  store_a->open_push_gate();
+  ASSERT_TRUE(store_b->wait_for_blocked_pull());  // the staging pull, now after the push
+  store_b->open_gate();
+  EMBCACHE_ASSERT_OK(tc.begin_pass({a2, b3}));
+  EXPECT_EQ(tc.counters().last[1].rows_staged, 1u);
+  std::vector<float> row(dim);
+  EMBCACHE_ASSERT_OK(tc.read(1, &ten, 1, row.data(), nullptr));
+  EXPECT_EQ(row, trained);
+}
+
+// A key staged early, then trained and written back by later passes, comes in with its
+// written-back row, not the older staged one.
+TEST(training_cache, a_key_staged_again_after_its_write_back_comes_back_with_it) {
   table_options<std::int64_t> o;
   o.name = "t";
   o.dim = dim;
@@ -741,31 +781,31 @@ TEST(training_cache, staged_rows_are_never_older_than_a_write_back) {
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t> tc({}, {o});
   std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {10, 11, 12}, k3 = {20, 21}, k4 = {10, 30};
-  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
   // Stage pass 4 far ahead: keys 10 and 30 are not resident, so both are staged (initialized).
-  ASSERT_TRUE(tc.prefetch({k4}).ok());
+  EMBCACHE_ASSERT_OK(tc.prefetch({k4}));
   // Fill the cache so that key 10 is evicted (written back) before pass 4.
-  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k2}));
   std::vector<float> trained(dim, 9.0f);
   std::int64_t ten = 10;
-  ASSERT_TRUE(tc.assign(0, &ten, 1, trained.data()).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, &ten, 1, trained.data()));
   std::vector<std::int64_t> fill;
   for (int i = 100; i < 228; ++i) fill.push_back(i);
-  ASSERT_TRUE(tc.begin_pass({fill}).ok());  // evicts everything else: key 10 written back
+  EMBCACHE_ASSERT_OK(tc.begin_pass({fill}));  // evicts everything else: key 10 written back
   std::vector<float> row(dim);
   bool found = false;
-  ASSERT_TRUE(tc.store(0).pull(&ten, 1, row.data(), &found, nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.store(0).pull(&ten, 1, row.data(), &found, nullptr));
   ASSERT_TRUE(found);
   ASSERT_EQ(row, trained);
   // This pass does not use the staging (it was consumed by the pass above): re-prefetch the
   // same keyset now, then write key 10 again at the next boundary.
-  ASSERT_TRUE(tc.prefetch({k4}).ok());
-  ASSERT_TRUE(tc.begin_pass({k2}).ok());  // key 10 resident again, from the store
+  EMBCACHE_ASSERT_OK(tc.prefetch({k4}));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k2}));  // key 10 resident again, from the store
   std::vector<float> trained2(dim, 11.0f);
-  ASSERT_TRUE(tc.assign(0, &ten, 1, trained2.data()).ok());
-  ASSERT_TRUE(tc.begin_pass({fill}).ok());  // key 10 written back again
-  ASSERT_TRUE(tc.begin_pass({k4}).ok());    // no staging left: pulls
-  ASSERT_TRUE(tc.read(0, &ten, 1, row.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, &ten, 1, trained2.data()));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({fill}));  // key 10 written back again
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k4}));    // no staging left: pulls
+  EMBCACHE_ASSERT_OK(tc.read(0, &ten, 1, row.data(), nullptr));
   EXPECT_EQ(row, trained2);
 }
 
@@ -779,25 +819,25 @@ TEST(training_cache, write_back_after_staging_forces_a_re_pull) {
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t> tc({}, {o});
   std::vector<std::int64_t> k1 = {10, 11, 12};
-  ASSERT_TRUE(tc.begin_pass({k1}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
   std::vector<std::int64_t> next = {10, 40, 41};
   std::vector<float> old_row(dim);
   std::int64_t ten = 10;
   // Make key 10 non-resident, with a store row, then stage it.
   std::vector<float> v1(dim, 1.0f);
-  ASSERT_TRUE(tc.assign(0, &ten, 1, v1.data()).ok());
+  EMBCACHE_ASSERT_OK(tc.assign(0, &ten, 1, v1.data()));
   std::vector<std::int64_t> fill;
   for (int i = 100; i < 228; ++i) fill.push_back(i);
-  ASSERT_TRUE(tc.begin_pass({fill}).ok());
-  ASSERT_TRUE(tc.prefetch({next}).ok());  // stages key 10 with row v1
+  EMBCACHE_ASSERT_OK(tc.begin_pass({fill}));
+  EMBCACHE_ASSERT_OK(tc.prefetch({next}));  // stages key 10 with row v1
   // Before begin_pass(next), key 10 is written to the store again (erase + tombstone here).
-  ASSERT_TRUE(tc.erase(0, &ten, 1).ok());
-  ASSERT_TRUE(tc.begin_pass({next}).ok());
+  EMBCACHE_ASSERT_OK(tc.erase(0, &ten, 1));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({next}));
   const auto& c = tc.counters().last[0];
   EXPECT_EQ(c.rows_restaged, 1u);
   EXPECT_EQ(c.rows_staged, 2u);
   std::vector<float> row(dim);
-  ASSERT_TRUE(tc.read(0, &ten, 1, row.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, &ten, 1, row.data(), nullptr));
   EXPECT_NE(row, v1);  // erased: re-initialized, the staged copy was not used
 }
 
@@ -810,18 +850,18 @@ TEST(training_cache, a_key_erased_after_prefetch_is_resident_after_begin_pass) {
   o.capacity = 16;
   training_cache<std::int64_t> tc({}, {o});
   const std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {1, 2, 3, 4};
-  ASSERT_TRUE(tc.begin_pass({k1}).ok());
-  ASSERT_TRUE(tc.prefetch({k2}).ok());  // hits 1, 2, 3; stages 4
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
+  EMBCACHE_ASSERT_OK(tc.prefetch({k2}));  // hits 1, 2, 3; stages 4
   const std::int64_t two = 2;
-  ASSERT_TRUE(tc.erase(0, &two, 1).ok());
-  ASSERT_TRUE(tc.begin_pass({k2}).ok());
+  EMBCACHE_ASSERT_OK(tc.erase(0, &two, 1));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({k2}));
   const auto& c = tc.counters().last[0];
   EXPECT_EQ(c.hits, 2u);
   EXPECT_EQ(c.misses, 2u);
   EXPECT_EQ(c.rows_staged, 1u);
   EXPECT_EQ(c.rows_initialized, 2u);
   std::vector<std::int64_t> slots(k2.size());
-  ASSERT_TRUE(tc.cache(0).lookup_slots(k2.data(), k2.size(), slots.data()).ok());
+  EMBCACHE_ASSERT_OK(tc.cache(0).lookup_slots(k2.data(), k2.size(), slots.data()));
   for (std::size_t i = 0; i < k2.size(); ++i) EXPECT_GE(slots[i], 0) << "key " << k2[i];
   EXPECT_EQ(tc.cache(0).size(), 4u);
 }
@@ -850,8 +890,8 @@ struct wb_fixture {
     for (int i = 40; i < 80; ++i) b.push_back(i);
     rows.resize(a.size() * dim * 3);
     for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.5f + float(i);
-    EXPECT_TRUE(tc->begin_pass({a}).ok());
-    EXPECT_TRUE(tc->assign(0, a.data(), a.size(), rows.data()).ok());
+    EMBCACHE_EXPECT_OK(tc->begin_pass({a}));
+    EMBCACHE_EXPECT_OK(tc->assign(0, a.data(), a.size(), rows.data()));
   }
   // Opens the push gate from another thread after a while, so that a call of the caller's thread
   // that wrongly touches the store before the pending push shows up in
@@ -865,7 +905,7 @@ struct wb_fixture {
   // begin_pass(b) with the push gate closed: returns with the write-back of a held at the gate.
   void leave_with_push_held() {
     store->close_push_gate();
-    ASSERT_TRUE(tc->begin_pass({b}).ok());
+    EMBCACHE_ASSERT_OK(tc->begin_pass({b}));
     ASSERT_TRUE(store->wait_for_blocked_push());
     EXPECT_NE(store->last_push_thread(), std::this_thread::get_id());
     EXPECT_EQ(tc->counters().last[0].rows_evicted, 16u);  // 40 + 40 - 64
@@ -881,7 +921,7 @@ TEST(training_cache, begin_pass_returns_while_the_write_back_is_pushed_behind) {
   EXPECT_TRUE(f.store->push_held());
   EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
   auto opener = f.open_later();
-  ASSERT_TRUE(f.tc->end_training().ok());  // waits for the push
+  EMBCACHE_ASSERT_OK(f.tc->end_training());  // waits for the push
   opener.join();
   EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
   const auto m = store_model(*f.tc, 0);
@@ -900,11 +940,11 @@ TEST(training_cache, a_row_written_behind_comes_back_with_its_latest_value) {
     wb_fixture f;
     f.leave_with_push_held();
     if (prefetch) {
-      ASSERT_TRUE(f.tc->prefetch({f.a}).ok());  // staging must wait for the held push ...
-      EXPECT_TRUE(f.store->push_held());        // ... but not the caller
+      EMBCACHE_ASSERT_OK(f.tc->prefetch({f.a}));  // staging must wait for the held push ...
+      EXPECT_TRUE(f.store->push_held());          // ... but not the caller
     }
     auto opener = f.open_later();
-    ASSERT_TRUE(f.tc->begin_pass({f.a}).ok());
+    EMBCACHE_ASSERT_OK(f.tc->begin_pass({f.a}));
     opener.join();
     EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
     const auto& c = f.tc->counters().last[0];
@@ -914,7 +954,7 @@ TEST(training_cache, a_row_written_behind_comes_back_with_its_latest_value) {
     EXPECT_EQ(c.rows_pulled, prefetch ? 0u : 16u);
     EXPECT_EQ(c.rows_initialized, 0u);
     std::vector<float> got(f.rows.size());
-    ASSERT_TRUE(f.tc->read(0, f.a.data(), f.a.size(), got.data(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(f.tc->read(0, f.a.data(), f.a.size(), got.data(), nullptr));
     EXPECT_EQ(got, f.rows);
   }
 }
@@ -928,7 +968,7 @@ TEST(training_cache, reads_exports_and_erases_wait_for_a_pending_write_behind) {
     std::vector<float> got(dim * 3);
     bool found = false;
     const std::int64_t k = 3;
-    ASSERT_TRUE(f.tc->read(0, &k, 1, got.data(), &found).ok());
+    EMBCACHE_ASSERT_OK(f.tc->read(0, &k, 1, got.data(), &found));
     opener.join();
     EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
     EXPECT_TRUE(found);
@@ -940,7 +980,7 @@ TEST(training_cache, reads_exports_and_erases_wait_for_a_pending_write_behind) {
     auto opener = f.open_later();
     auto d = f.tc->export_incremental(true);
     opener.join();
-    ASSERT_TRUE(d.ok());
+    EMBCACHE_ASSERT_OK(d);
     EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
     // The 40 assigned rows and the 40 new rows of b changed; 0..15 come from the store.
     ASSERT_EQ(d.value()[0].keys.size(), 80u);
@@ -953,13 +993,13 @@ TEST(training_cache, reads_exports_and_erases_wait_for_a_pending_write_behind) {
     f.leave_with_push_held();
     auto opener = f.open_later();
     const std::int64_t k = 5;  // left at the boundary, its push is held
-    ASSERT_TRUE(f.tc->erase(0, &k, 1).ok());
+    EMBCACHE_ASSERT_OK(f.tc->erase(0, &k, 1));
     opener.join();
     EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
-    ASSERT_TRUE(f.tc->end_training().ok());
+    EMBCACHE_ASSERT_OK(f.tc->end_training());
     bool found = true;
     std::vector<float> got(dim * 3);
-    ASSERT_TRUE(f.tc->read(0, &k, 1, got.data(), &found).ok());
+    EMBCACHE_ASSERT_OK(f.tc->read(0, &k, 1, got.data(), &found));
     EXPECT_FALSE(found);  // the held push did not bring it back
     EXPECT_EQ(store_model(*f.tc, 0).count(5), 0u);
   }
@@ -969,13 +1009,13 @@ TEST(training_cache, reads_exports_and_erases_wait_for_a_pending_write_behind) {
 TEST(training_cache, load_while_a_write_behind_is_pending_keeps_the_loaded_model) {
   temp_dir dir;
   wb_fixture f;
-  ASSERT_TRUE(f.tc->save(dir.path + "/ckpt").ok());
+  EMBCACHE_ASSERT_OK(f.tc->save(dir.path + "/ckpt"));
   const auto saved = store_model(*f.tc, 0);
   std::vector<float> other(f.rows.size(), -3.0f);
-  ASSERT_TRUE(f.tc->assign(0, f.a.data(), f.a.size(), other.data()).ok());
+  EMBCACHE_ASSERT_OK(f.tc->assign(0, f.a.data(), f.a.size(), other.data()));
   f.leave_with_push_held();
   auto opener = f.open_later();
-  ASSERT_TRUE(f.tc->load(dir.path + "/ckpt").ok());
+  EMBCACHE_ASSERT_OK(f.tc->load(dir.path + "/ckpt"));
   opener.join();
   EXPECT_TRUE(store_model(*f.tc, 0) == saved);
 }
@@ -985,11 +1025,11 @@ TEST(training_cache, load_while_a_write_behind_is_pending_keeps_the_loaded_model
 TEST(training_cache, a_failed_write_behind_is_reported_and_retried) {
   wb_fixture f;
   f.store->fail_pushes(2);  // the background push and the first retry
-  ASSERT_TRUE(f.tc->begin_pass({f.b}).ok());
+  EMBCACHE_ASSERT_OK(f.tc->begin_pass({f.b}));
   const status s = f.tc->end_training();
   EXPECT_EQ(s.code(), status_code::io_error);
   EXPECT_NE(s.to_string().find("write-behind of table 't'"), std::string::npos) << s.to_string();
-  ASSERT_TRUE(f.tc->end_training().ok());
+  EMBCACHE_ASSERT_OK(f.tc->end_training());
   const auto m = store_model(*f.tc, 0);
   for (int i = 0; i < 16; ++i) {
     ASSERT_EQ(m.count(i), 1u);
@@ -1007,11 +1047,11 @@ TEST(training_cache, write_behind_and_prefetch_leave_the_same_store_as_synchrono
     opts.write_behind = write_behind;
     training_cache<std::int64_t> tc(opts, two_tables<std::int64_t>(150, 130));
     for (std::size_t p = 0; p < passes.size(); ++p) {
-      EXPECT_TRUE(tc.begin_pass(passes[p]).ok());
-      if (prefetch && p + 1 < passes.size()) EXPECT_TRUE(tc.prefetch(passes[p + 1]).ok());
+      EMBCACHE_EXPECT_OK(tc.begin_pass(passes[p]));
+      if (prefetch && p + 1 < passes.size()) EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
       train_pass(tc, passes[p], int(p));
     }
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.end_training());
     EXPECT_GT(tc.counters().total[0].rows_pushed, 0u);
     return std::make_pair(store_model(tc, 0), store_model(tc, 1));
   };
@@ -1033,7 +1073,7 @@ std::shared_ptr<host_store<std::int64_t>> filled_store(std::int64_t n, std::int6
     std::vector<float> row(dim * 3);
     for (std::size_t j = 0; j < row.size(); ++j) row[j] = float(k) + float(j) * 0.01f;
     const std::uint64_t v = 1;
-    EXPECT_TRUE(s->push(&k, 1, row.data(), &v).ok());
+    EMBCACHE_EXPECT_OK(s->push(&k, 1, row.data(), &v));
   }
   return s;
 }
@@ -1063,9 +1103,9 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   o.store = filled_store(200);
   training_cache<std::int64_t> tc({}, {o});
   const auto a = range_keys(0, 60), b = range_keys(40, 100), c = range_keys(80, 140);
-  ASSERT_TRUE(tc.begin_pass({a}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({a}));
   train_pass(tc, {a}, 0);
-  ASSERT_TRUE(tc.begin_pass({b}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({b}));
   train_pass(tc, {b}, 1);
   const auto first = range_keys(0, 100);
   ASSERT_EQ(resident_keys(tc), std::set<std::int64_t>(first.begin(), first.end()));
@@ -1088,9 +1128,9 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   std::vector<float> frozen_rows(30 * dim * 3);
   {
     std::vector<std::int64_t> ek(evicted.begin(), evicted.end());
-    ASSERT_TRUE(tc.read(0, ek.data(), ek.size(), frozen_rows.data(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(tc.read(0, ek.data(), ek.size(), frozen_rows.data(), nullptr));
   }
-  ASSERT_TRUE(tc.prefetch({c}).ok());
+  EMBCACHE_ASSERT_OK(tc.prefetch({c}));
   (void)tc.store(0);  // joins the worker
   std::set<std::int64_t> want;
   for (std::int64_t k = 0; k < 140; ++k) {
@@ -1102,10 +1142,10 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
     std::vector<std::int64_t> ek(evicted.begin(), evicted.end());
     std::vector<float> got(ek.size() * dim * 3);
     std::unique_ptr<bool[]> found(new bool[ek.size()]);
-    ASSERT_TRUE(tc.store(0).pull(ek.data(), ek.size(), got.data(), found.get(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(tc.store(0).pull(ek.data(), ek.size(), got.data(), found.get(), nullptr));
     EXPECT_EQ(got, frozen_rows);
   }
-  ASSERT_TRUE(tc.begin_pass({c}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({c}));
   const auto& k = tc.counters().last[0];
   EXPECT_EQ(k.hits, 20u);
   EXPECT_EQ(k.misses, 40u);
@@ -1118,7 +1158,7 @@ TEST(training_cache, prefetch_inserts_exactly_the_next_keysets_missing_rows_earl
   // The early rows are the store's rows, byte for byte.
   std::vector<float> got(40 * dim * 3), ref(40 * dim * 3);
   const auto fresh = range_keys(100, 140);
-  ASSERT_TRUE(tc.read(0, fresh.data(), fresh.size(), got.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, fresh.data(), fresh.size(), got.data(), nullptr));
   for (std::size_t i = 0; i < fresh.size(); ++i) {
     for (std::size_t j = 0; j < dim * 3; ++j) {
       ref[i * dim * 3 + j] = float(fresh[i]) + float(j) * 0.01f;
@@ -1143,17 +1183,17 @@ TEST(training_cache, leaving_rows_wait_in_the_slack_and_leave_in_the_background)
   const auto a = range_keys(0, 100), b = range_keys(10, 110), c = range_keys(20, 120);
   auto train_all = [&](const std::vector<std::int64_t>& keys) {  // every row updated: dirty
     std::vector<float> rows(keys.size() * dim * 3);
-    ASSERT_TRUE(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr).ok());
+    EMBCACHE_ASSERT_OK(tc.read(0, keys.data(), keys.size(), rows.data(), nullptr));
     for (auto& x : rows) x += 1.0f;
-    ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+    EMBCACHE_ASSERT_OK(tc.assign(0, keys.data(), keys.size(), rows.data()));
   };
-  ASSERT_TRUE(tc.begin_pass({a}).ok());
-  ASSERT_TRUE(tc.prefetch({b}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({a}));
+  EMBCACHE_ASSERT_OK(tc.prefetch({b}));
   train_all(a);
   const auto left = range_keys(0, 10);
   std::vector<float> trained(left.size() * dim * 3);
-  ASSERT_TRUE(tc.read(0, left.data(), left.size(), trained.data(), nullptr).ok());
-  ASSERT_TRUE(tc.begin_pass({b}).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, left.data(), left.size(), trained.data(), nullptr));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({b}));
   {
     const auto& k = tc.counters().last[0];
     EXPECT_EQ(k.misses, 10u);
@@ -1166,17 +1206,18 @@ TEST(training_cache, leaving_rows_wait_in_the_slack_and_leave_in_the_background)
   EXPECT_EQ(resident_keys(tc), std::set<std::int64_t>(first.begin(), first.end()));
   // The rows that left are still the newest copies: on the device, not in the store yet.
   std::vector<float> got(trained.size());
-  ASSERT_TRUE(tc.read(0, left.data(), left.size(), got.data(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.read(0, left.data(), left.size(), got.data(), nullptr));
   EXPECT_EQ(got, trained);
   std::vector<float> stored(trained.size());
   std::unique_ptr<bool[]> found(new bool[left.size()]);
-  ASSERT_TRUE(tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(
+      tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr));
   EXPECT_NE(stored, trained);
   // The next worker evicts them (oldest version first, then smallest key: 0..4) as far as pass
   // c's new rows need room, 110 + 10 - 115 = 5, and pushes them to the store first.
-  ASSERT_TRUE(tc.prefetch({c}).ok());
+  EMBCACHE_ASSERT_OK(tc.prefetch({c}));
   train_all(b);
-  ASSERT_TRUE(tc.begin_pass({c}).ok());
+  EMBCACHE_ASSERT_OK(tc.begin_pass({c}));
   {
     const auto& k = tc.counters().last[0];
     EXPECT_EQ(k.rows_evicted, 5u);
@@ -1186,10 +1227,11 @@ TEST(training_cache, leaving_rows_wait_in_the_slack_and_leave_in_the_background)
   EXPECT_EQ(tc.cache(0).size(), 115u);
   const auto now = range_keys(5, 120);
   EXPECT_EQ(resident_keys(tc), std::set<std::int64_t>(now.begin(), now.end()));
-  ASSERT_TRUE(tc.store(0).pull(left.data(), 5, stored.data(), found.get(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.store(0).pull(left.data(), 5, stored.data(), found.get(), nullptr));
   EXPECT_TRUE(std::equal(stored.begin(), stored.begin() + 5 * dim * 3, trained.begin()));
-  ASSERT_TRUE(tc.end_training().ok());
-  ASSERT_TRUE(tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr).ok());
+  EMBCACHE_ASSERT_OK(tc.end_training());
+  EMBCACHE_ASSERT_OK(
+      tc.store(0).pull(left.data(), left.size(), stored.data(), found.get(), nullptr));
   EXPECT_EQ(stored, trained);  // rows 0..9 were not trained after pass a
 }
 
@@ -1231,12 +1273,12 @@ TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
     auto keyset = [](int p) { return range_keys(p * 37, p * 37 + 100); };
     const int passes = 12;
     for (int p = 0; p < passes; ++p) {
-      EXPECT_TRUE(tc.begin_pass({keyset(p)}).ok());
-      if (prefetch && p + 1 < passes) EXPECT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+      EMBCACHE_EXPECT_OK(tc.begin_pass({keyset(p)}));
+      if (prefetch && p + 1 < passes) EMBCACHE_EXPECT_OK(tc.prefetch({keyset(p + 1)}));
       train_pass(tc, {keyset(p)}, p);
       if (p % 3 == 1) {
         auto d = tc.export_incremental(true);
-        EXPECT_TRUE(d.ok());
+        EMBCACHE_EXPECT_OK(d);
         const auto& t = d.value()[0];
         for (std::size_t i = 0; i < t.keys.size(); ++i) {
           auto& row = exported[t.keys[i]];
@@ -1247,14 +1289,14 @@ TEST(training_cache, early_install_keeps_the_model_and_the_exports) {
       }
     }
     auto d = tc.export_incremental(true);
-    EXPECT_TRUE(d.ok());
+    EMBCACHE_EXPECT_OK(d);
     const auto& t = d.value()[0];
     for (std::size_t i = 0; i < t.keys.size(); ++i) {
       auto& row = exported[t.keys[i]];
       row.assign(t.vectors.begin() + i * dim, t.vectors.begin() + (i + 1) * dim);
       row.insert(row.end(), t.states.begin() + i * 2 * dim, t.states.begin() + (i + 1) * 2 * dim);
     }
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.end_training());
     const auto m = store_model(tc, 0);
     EXPECT_TRUE(exported == m) << "cap " << cap << " prefetch " << prefetch;
     return std::make_pair(m, tc.counters().total[0]);
@@ -1291,14 +1333,14 @@ TEST(training_cache, replaced_and_unused_prefetches_keep_the_model) {
     training_cache<std::int64_t> tc({}, {o});
     auto keyset = [](int p) { return range_keys(p * 41, p * 41 + 100); };
     for (int p = 0; p < 12; ++p) {
-      EXPECT_TRUE(tc.begin_pass({keyset(p)}).ok());
+      EMBCACHE_EXPECT_OK(tc.begin_pass({keyset(p)}));
       if (prefetch) {
-        EXPECT_TRUE(tc.prefetch({keyset(p + 3)}).ok());  // a decoy, replaced below or unused
-        if (p % 3 != 2) EXPECT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+        EMBCACHE_EXPECT_OK(tc.prefetch({keyset(p + 3)}));  // a decoy, replaced below or unused
+        if (p % 3 != 2) EMBCACHE_EXPECT_OK(tc.prefetch({keyset(p + 1)}));
       }
       train_pass(tc, {keyset(p)}, p);
     }
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.end_training());
     return store_model(tc, 0);
   };
   const auto sync = run(false);
@@ -1323,7 +1365,7 @@ TEST(training_cache, on_demand_small_cache_equals_full_cache) {
       std::vector<std::int64_t> keys(60);
       for (auto& k : keys) k = std::int64_t(rng() % 1000);
       std::vector<std::int64_t> slots(keys.size());
-      EXPECT_TRUE(tc.lookup(0, keys.data(), keys.size(), slots.data()).ok());
+      EMBCACHE_EXPECT_OK(tc.lookup(0, keys.data(), keys.size(), slots.data()));
       std::vector<std::int64_t> uniq;
       for (std::size_t i = 0; i < keys.size(); ++i) {
         EXPECT_GE(slots[i], 0);
@@ -1335,7 +1377,7 @@ TEST(training_cache, on_demand_small_cache_equals_full_cache) {
       }
       tc.cache(0).mark_updated(uniq.data(), uniq.size());
     }
-    EXPECT_TRUE(tc.end_training().ok());
+    EMBCACHE_EXPECT_OK(tc.end_training());
     return std::make_pair(store_model(tc, 0), tc.counters().total[0]);
   };
   const auto [full, cf] = run(2048);
@@ -1388,11 +1430,11 @@ TEST(training_cache, kill_during_save_keeps_previous_save) {
   const std::string ckpt = dir.path + "/ckpt";
   {
     auto tc = make_crash_model();
-    ASSERT_TRUE(tc->save(ckpt).ok());
+    EMBCACHE_ASSERT_OK(tc->save(ckpt));
   }
   auto reference = [&] {
     auto tc = make_crash_model();
-    EXPECT_TRUE(tc->end_training().ok());
+    EMBCACHE_EXPECT_OK(tc->end_training());
     return store_model(*tc, 0);
   }();
   const std::string env = "EMBCACHE_SAVE_LOOP_DIR=" + ckpt;
@@ -1419,7 +1461,7 @@ TEST(training_cache, kill_during_save_keeps_previous_save) {
     o.capacity = 128;
     training_cache<std::int64_t> loaded({}, {o});
     const status s = loaded.load(ckpt);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s.to_string();
+    EMBCACHE_ASSERT_OK(s) << "round " << round << ": " << s.to_string();
     EXPECT_TRUE(store_model(loaded, 0) == reference);
   }
 }

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "embcache/json.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/status.hpp"
 #include "embcache/trainer/dense_backend.hpp"

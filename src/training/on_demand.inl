@@ -1,0 +1,129 @@
+// On-demand mode: a lookup batch makes its keys resident, pulling or initializing the misses and
+// inserting them with eviction by score; the dirty victims are written back at once.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "training/training_cache_core.hpp"
+
+namespace embcache::detail {
+
+template <class Key, class Space>
+status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, std::size_t n,
+                                               std::int64_t* slots_out) {
+  table_counters c;
+  std::vector<Key> u(keys, keys + n);
+  std::sort(u.begin(), u.end());
+  u.erase(std::unique(u.begin(), u.end()), u.end());
+  const std::size_t m = u.size(), w = tb.row_width;
+  if (m > tb.opt.capacity) {
+    return status::capacity_exceeded("lookup batch of table '" + tb.opt.name + "' has " +
+                                     std::to_string(m) + " distinct keys, more than the capacity " +
+                                     std::to_string(tb.opt.capacity));
+  }
+  std::vector<std::int64_t> slots(m);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(u.data(), m, slots.data()));
+  std::vector<Key> miss;
+  std::vector<std::size_t> miss_at;
+  for (std::size_t i = 0; i < m; ++i) {
+    if (slots[i] < 0) {
+      miss.push_back(u[i]);
+      miss_at.push_back(i);
+    }
+  }
+  c.misses = miss.size();
+  c.hits = m - miss.size();
+  const auto t0 = clock_type::now();
+  std::vector<float> rows(m * w, 0.0f);
+  std::vector<std::uint64_t> vers(m, 0);
+  std::vector<std::uint8_t> fresh(m, 0);
+  if (!miss.empty()) {
+    std::vector<float> r(miss.size() * w);
+    std::vector<std::uint64_t> v(miss.size());
+    std::unique_ptr<bool[]> f(new bool[miss.size()]);
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, miss.data(), miss.size(), r.data(), f.get(), v.data()));
+    c.rows_pulled += miss.size();
+    std::uint64_t init_version = 0;
+    for (std::size_t i = 0; i < miss.size(); ++i) {
+      const std::size_t d = miss_at[i];
+      if (f[i]) {
+        std::memcpy(rows.data() + d * w, r.data() + i * w, w * sizeof(float));
+        vers[d] = v[i];
+        c.bytes_store_to_cache += w * sizeof(float);
+      } else {
+        if (!init_version) init_version = fresh_version(tb);
+        initialize_row(tb, miss[i], rows.data() + d * w);
+        vers[d] = init_version;
+        fresh[d] = 1;
+        ++c.rows_initialized;
+      }
+    }
+  }
+  c.seconds_swap_in += seconds_since(t0);
+  // Every distinct key goes in, hits included, so that no key of this batch is a victim.
+  std::vector<Key> ev_keys(m);
+  std::vector<float> ev_rows(m * w);
+  std::vector<std::uint64_t> ev_vers(m);
+  std::size_t ev_count = 0;
+  std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(m, 1)]);
+  std::vector<std::int64_t> placed(m);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_and_evict(
+      u.data(), m, rows.data(), vers.data(), ev_keys.data(), ev_rows.data(), ev_vers.data(),
+      &ev_count, found.get(), placed.data()));
+  // A victim leaves the slot its displacer now holds; displacers come in batch order.
+  std::vector<std::uint8_t> dirty(ev_count, 1);
+  {
+    std::size_t j = 0;
+    std::vector<std::uint64_t> synced_before;
+    for (std::size_t i = 0; i < m; ++i) {
+      if (found[i]) continue;
+      const auto s = placed[i];
+      if (s >= 0 && tb.book.slot_used[s]) {
+        if (j < ev_count) dirty[j] = ev_vers[j] > tb.book.slot_synced[s];
+        ++j;
+      }
+    }
+    // Should the pairing not hold, every victim is written back (correct, only slower).
+    if (j != ev_count) std::fill(dirty.begin(), dirty.end(), 1);
+  }
+  for (std::size_t i = 0; i < m; ++i) {
+    if (found[i] || placed[i] < 0) continue;
+    tb.book.slot_used[placed[i]] = 1;
+    tb.book.slot_synced[placed[i]] = fresh[i] ? 0 : vers[i];
+  }
+  const auto t1 = clock_type::now();
+  std::vector<Key> pk;
+  std::vector<float> pr;
+  std::vector<std::uint64_t> pv;
+  for (std::size_t j = 0; j < ev_count; ++j) {
+    if (!dirty[j]) continue;
+    pk.push_back(ev_keys[j]);
+    pr.insert(pr.end(), ev_rows.begin() + j * w, ev_rows.begin() + (j + 1) * w);
+    pv.push_back(ev_vers[j]);
+  }
+  EMBCACHE_RETURN_IF_ERROR(push(tb, pk.data(), pk.size(), pr.data(), pv.data()));
+  tb.exports.written.insert(tb.exports.written.end(), pk.begin(), pk.end());
+  c.rows_pushed += pk.size();
+  c.rows_evicted += ev_count;
+  c.bytes_cache_to_store += pk.size() * w * sizeof(float);
+  c.seconds_write_back += seconds_since(t1);
+  if (slots_out) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto d = std::lower_bound(u.begin(), u.end(), keys[i]) - u.begin();
+      slots_out[i] = placed[d];
+    }
+  }
+  counters.last[tb.index] = c;
+  counters.total[tb.index] += c;
+  for (std::size_t i = 0; i < m; ++i) {
+    if (placed[i] < 0) {
+      return status::capacity_exceeded("lookup: no room for key " + std::to_string(u[i]) +
+                                       " in table '" + tb.opt.name + "'");
+    }
+  }
+  return {};
+}
+
+}  // namespace embcache::detail

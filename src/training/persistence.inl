@@ -1,0 +1,145 @@
+// Save and load of the training cache, through the model-folder module (model_folder.hpp): the
+// cache contributes its stores, version clocks and known slot ids to a save, and on load checks
+// the folder against its tables and replaces every store's rows once everything is validated.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "common/durable_file.hpp"
+#include "store/store_io.hpp"
+#include "training/model_folder.hpp"
+#include "training/training_cache_core.hpp"
+
+namespace embcache::detail {
+
+template <class Key, class Space>
+status training_cache_core<Key, Space>::save(const std::string& dir,
+                                             const save_progress& on_progress) {
+  std::vector<stored_table<Key>> stored;
+  // The worker is joined and the write-behind done (end_training): the stores hold still.
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (auto& tb : tables) {
+    locks.emplace_back(*tb.sync.store_mutex);
+    stored.push_back({tb.opt.name, tb.opt.dim, tb.opt.optimizer.kind, tb.sync.store.get(),
+                      tb.cache->version(), &tb.slot_ids, tb.opt.slot_of});
+  }
+  return write_model_folder(dir, stored, on_progress);
+}
+
+// Reads every table of `dir` (a save, or a plain HugeCTR folder when allowed) and checks it
+// against `tables` before anything changes.
+template <class Key, class Space>
+status read_model_for(const std::vector<table_state<Key, Space>>& tables, const std::string& dir,
+                      const load_options& options, std::vector<table_rows>* data) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return status::not_found("load: folder '" + dir + "' does not exist");
+  }
+  const std::string manifest_path = dir + "/manifest.json";
+  data->assign(tables.size(), table_rows{});
+  if (fs::exists(manifest_path, ec)) {
+    auto m = read_folder_manifest(dir, folder_kind::model);
+    if (!m.ok()) return m.get_status().with_context("load");
+    std::vector<table_schema> schemas;
+    for (const auto& tb : tables) {
+      schemas.push_back({tb.opt.name, tb.opt.dim, tb.state_width, tb.opt.optimizer.kind});
+    }
+    std::vector<std::size_t> order;
+    EMBCACHE_RETURN_IF_ERROR(match_schema(m.value(), to_string(key_type_of<Key>()), schemas, &order)
+                                 .with_context("load"));
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      EMBCACHE_RETURN_IF_ERROR(read_listed_table(m.value(), m.value().tables[order[t]], &(*data)[t])
+                                   .with_context("load"));
+    }
+  } else if (!options.allow_hugectr_folder) {
+    return status::not_found(
+        "load: '" + manifest_path +
+        "' is missing; a folder written by save() always has it (without it the optimizer state "
+        "and the checksums would be dropped). To load a plain HugeCTR folder, pass "
+        "load_options::allow_hugectr_folder");
+  } else {
+    // A plain HugeCTR sparse model folder per table.
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      const auto& tb = tables[t];
+      std::string folder = dir + "/" + tb.opt.name;
+      if (!fs::exists(folder + "/key") && tables.size() == 1 && fs::exists(dir + "/key")) {
+        folder = dir;
+      }
+      EMBCACHE_RETURN_IF_ERROR(
+          read_hugectr_table(folder, tb.opt.dim, tb.opt.optimizer.kind, &(*data)[t])
+              .with_context("load: table '" + tb.opt.name + "'"));
+    }
+  }
+  row_rules rules;
+  rules.allow_duplicate_keys = options.allow_duplicate_keys;
+  rules.allow_non_finite = options.allow_non_finite;
+  rules.key_type = to_string(key_type_of<Key>());
+  rules.duplicate_hint = " (load_options::allow_duplicate_keys keeps the last occurrence)";
+  rules.non_finite_hint = " (load_options::allow_non_finite accepts them)";
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    EMBCACHE_RETURN_IF_ERROR(check_table_rows((*data)[t], tables[t].opt.dim, rules)
+                                 .with_context("load: table '" + tables[t].opt.name + "'"));
+  }
+  return {};
+}
+
+template <class Key, class Space>
+status training_cache_core<Key, Space>::load(const std::string& dir_in,
+                                             const load_options& options) {
+  // A save interrupted between its two renames left the complete folder as `dir.old`.
+  const std::string dir = published_folder(strip_slashes(dir_in), "manifest.json");
+  std::vector<table_rows> data;
+  EMBCACHE_RETURN_IF_ERROR(read_model_for(tables, dir, options, &data));
+  // Validated: replace the rows (write-behind rows of the old model would land on the new one).
+  drop_staging();
+  discard_write_behind();
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& tb = tables[t];
+    const table_rows& L = data[t];
+    ++tb.book.residency;
+    tb.cache->clear();
+    std::fill(tb.book.slot_used.begin(), tb.book.slot_used.end(), 0);
+    std::vector<Key> old;
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->for_each(
+          65536, [&](const Key* k, const float*, const std::uint64_t*, std::size_t n) {
+            old.insert(old.end(), k, k + n);
+            return status{};
+          }));
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(old.data(), old.size()));
+    }
+    const std::size_t n = L.keys.size(), w = tb.row_width, dim = tb.opt.dim;
+    std::vector<Key> keys(L.keys.begin(), L.keys.end());
+    std::vector<float> rows(n * w);
+    std::uint64_t maxv = L.version;
+    for (std::size_t i = 0; i < n; ++i) {
+      float* row = rows.data() + i * w;
+      std::memcpy(row, L.vectors.data() + i * dim, dim * sizeof(float));
+      if (L.parts.empty()) {
+        if (tb.state_width) initialize_state(tb.opt.optimizer, dim, row + dim);
+      } else {
+        std::memcpy(row + dim, L.states.data() + i * L.state_width, L.state_width * sizeof(float));
+      }
+      maxv = std::max(maxv, L.versions[i]);
+    }
+    tb.slot_ids.clear();
+    for (std::size_t i = 0; L.has_slot_ids && i < n; ++i) tb.slot_ids[keys[i]] = L.slot_ids[i];
+    EMBCACHE_RETURN_IF_ERROR(push(tb, keys.data(), n, rows.data(), L.versions.data()));
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
+    }
+    tb.cache->advance_version(maxv);
+    tb.exports.last_version = tb.cache->version();
+    tb.exports.written.clear();
+    tb.exports.erased.clear();
+  }
+  return {};
+}
+
+}  // namespace embcache::detail

@@ -1,0 +1,326 @@
+// The prefetch worker: stages the next pass's rows in a background thread while the current pass
+// trains and, in keyset mode, installs what it can of the next pass early (evicting residents
+// outside both keysets, inserting staged rows while there is room), so that begin_pass moves
+// only what is left.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "training/training_cache_core.hpp"
+
+namespace embcache::detail {
+
+template <class Key, class Space>
+void training_cache_core<Key, Space>::wait_worker() {
+  if (worker.joinable()) worker.join();
+}
+
+template <class Key, class Space>
+void training_cache_core<Key, Space>::drop_staging() {
+  wait_worker();
+  staged_valid = false;
+  for (auto& tb : tables) {
+    // The log belongs to the caller's thread (the worker only pulls, the flusher's pushes are
+    // not logged), so no lock: taking the store's would wait for a running write-behind.
+    tb.sync.log_writes = false;
+    tb.sync.writes_log.clear();
+    if (tb.staged.next_mark_epoch != 0) {
+      // Unused marks of a replaced prefetch would match the next one's epoch.
+      for (const auto s : tb.staged.hit_slots) tb.book.next_mark[s] = 0;
+    }
+    // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
+    auto rows = std::move(tb.staged.rows);
+    tb.staged = staged_pass<Key, Space>{};
+    tb.staged.rows = std::move(rows);
+  }
+}
+
+// The prefetch worker's early install (keyset mode). The caller's pass updates rows of its own
+// keyset in place and changes no residency, so what the next boundary decides from the resident
+// set and the next keyset alone can be done during the pass: residents outside both keysets
+// (frozen: nothing touches them before the boundary) are evicted first, as far as the next
+// keyset's misses need the room; then each staged batch is inserted as far as it fits, right
+// after its pull (while it is still in the processor's cache). begin_pass only handles what is
+// left, with the eviction candidates listed here. Everything stops as soon as the residency or
+// the store changed behind the worker (the boundary then does the rest).
+template <class Key, class Space>
+bool training_cache_core<Key, Space>::staging_matches_residency(const table_type& tb) const {
+  return tb.staged.residency == tb.book.residency && tb.staged.resident_rows == tb.cache->size();
+}
+
+template <class Key, class Space>
+void training_cache_core<Key, Space>::note_worker_residency_change(table_type& tb) {
+  ++tb.book.residency;
+  tb.staged.residency = tb.book.residency;
+  tb.staged.resident_rows = tb.cache->size();
+}
+
+template <class Key, class Space>
+status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on) {
+  *go_on = false;
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  auto& st = tb.staged;
+  if (!staging_matches_residency(tb)) return {};
+  const auto ref = tb.bridge.meta();
+  const std::size_t slots = tb.cache->capacity(), w = tb.row_width;
+  std::vector<std::uint8_t> keep(slots, 0);  // 1: a hit of the next keyset; 2: evicted here
+  for (const auto s : st.hit_slots) keep[s] = 1;
+  // The slots of the current pass's keyset carry mark_epoch (set by its begin_pass).
+  const bool know_current = tb.book.mark_epoch != 0 && tb.book.slot_mark.size() == slots;
+  std::vector<std::int64_t> leave, frozen;
+  for (std::size_t s = 0; s < slots; ++s) {
+    if (ref.states[s] <= detail::state_busy || keep[s]) continue;
+    leave.push_back(static_cast<std::int64_t>(s));
+    if (know_current && tb.book.slot_mark[s] != tb.book.mark_epoch)
+      frozen.push_back(std::int64_t(s));
+  }
+  const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
+  const std::size_t need = resident + st.keys.size() > cap ? resident + st.keys.size() - cap : 0;
+  const std::size_t ev = std::min(need, frozen.size());
+  if (ev > 0) {
+    pick_oldest(ref, frozen, ev);
+    std::vector<Key> keys(ev);
+    const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
+    std::vector<std::int64_t> dirty_slots;
+    std::vector<Key> dirty_keys;
+    std::vector<std::uint64_t> dirty_vers;
+    std::vector<float> rows;
+    std::size_t pushed = 0;
+    for (std::size_t b = 0; b < ev; b += batch) {
+      const std::size_t m = std::min(batch, ev - b);
+      dirty_slots.clear();
+      dirty_keys.clear();
+      dirty_vers.clear();
+      for (std::size_t i = b; i < b + m; ++i) {
+        const auto s = frozen[i];
+        keys[i] = ref.keys[s];
+        const std::uint64_t v = ref.versions[s];
+        if (!tb.book.slot_used[s] || v > tb.book.slot_synced[s]) {
+          dirty_slots.push_back(s);
+          dirty_keys.push_back(keys[i]);
+          dirty_vers.push_back(v);
+        }
+      }
+      const std::size_t d = dirty_slots.size();
+      if (d == 0) continue;
+      rows.resize(d * w);
+      EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(dirty_slots.data(), d, rows.data()));
+      {
+        // Not logged for the prefetch hazard: these keys are outside the staged keyset.
+        std::lock_guard<std::mutex> store_lock(*tb.sync.store_mutex);
+        EMBCACHE_RETURN_IF_ERROR(
+            tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
+                .with_context("early write-back of table '" + tb.opt.name + "'"));
+      }
+      tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
+      pushed += d;
+    }
+    // Pushed first, erased after: a row is always in the device or in the store.
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), ev));
+    for (std::size_t i = 0; i < ev; ++i) {
+      tb.book.slot_used[frozen[i]] = 0;
+      keep[frozen[i]] = 2;
+    }
+    tb.worker_counters.rows_evicted += ev;
+    tb.worker_counters.rows_pushed += pushed;
+    tb.worker_counters.bytes_cache_to_store += pushed * w * sizeof(float);
+    leave.erase(
+        std::remove_if(leave.begin(), leave.end(), [&](std::int64_t s) { return keep[s] == 2; }),
+        leave.end());
+    note_worker_residency_change(tb);
+  }
+  st.leave_slots = std::move(leave);
+  *go_on = true;
+  return {};
+}
+
+// Inserts the staged rows [b, b + m) found in the store as far as they fit; `taken` marks them.
+// Rows the initializer made wait for the boundary, which gives them a fresh version (until then
+// the key does not exist). A store write since staging began (erase, write-back) stops it.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t b, std::size_t m,
+                                                     std::vector<std::uint8_t>& taken,
+                                                     bool* go_on) {
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  auto& st = tb.staged;
+  const std::size_t cap = tb.max_resident, w = tb.row_width;
+  bool logged = false;
+  {
+    // The caller's pushes append to the log under the store's mutex (finish_write_behind() may push
+    // while this runs), so it is read under it too.
+    std::lock_guard<std::mutex> store_lock(*tb.sync.store_mutex);
+    logged = !tb.sync.writes_log.empty();
+  }
+  if (!staging_matches_residency(tb) || logged || tb.cache->size() >= cap) {
+    *go_on = false;
+    return {};
+  }
+  const std::size_t room = cap - tb.cache->size();
+  std::vector<std::size_t> pick;
+  for (std::size_t i = b; i < b + m && pick.size() < room; ++i) {
+    if (st.found[i]) pick.push_back(i);
+  }
+  const std::size_t k = pick.size();
+  if (k == 0) return {};
+  const bool whole = k == m;  // the batch as it lies in the staging
+  std::vector<Key> keys(k);
+  std::vector<std::uint64_t> vers(k);
+  std::vector<float> gathered(whole ? 0 : k * w);
+  for (std::size_t i = 0; i < k; ++i) {
+    keys[i] = st.keys[pick[i]];
+    vers[i] = st.versions[pick[i]];
+    if (!whole) {
+      std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
+    }
+  }
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_or_assign(
+      keys.data(), k, whole ? st.rows.data() + b * w : gathered.data(), vers.data()));
+  std::vector<std::int64_t> placed(k);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), k, placed.data()));
+  for (std::size_t i = 0; i < k; ++i) {
+    if (placed[i] < 0) return status::internal("early-inserted key is absent from the cache");
+    tb.book.slot_used[placed[i]] = 1;
+    tb.book.slot_synced[placed[i]] = vers[i];
+    st.hit_slots.push_back(placed[i]);
+    taken[pick[i]] = 1;
+  }
+  st.early_inserted += k;
+  tb.worker_counters.rows_staged += k;
+  tb.worker_counters.bytes_store_to_cache += k * w * sizeof(float);
+  note_worker_residency_change(tb);
+  return {};
+}
+
+// Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time), with the
+// early install in keyset mode.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> keys,
+                                              std::size_t spare_floats) {
+  const auto t0 = clock_type::now();
+  auto& st = tb.staged;
+  st.keys = std::move(keys);
+  const std::size_t n = st.keys.size(), w = tb.row_width;
+  st.rows.resize(n * w);
+  st.versions.assign(n, 0);
+  st.found.assign(n, 0);
+  bool early = false;
+  if (options.mode == cache_mode::keyset) EMBCACHE_RETURN_IF_ERROR(early_evict(tb, &early));
+  {
+    // Rows the boundary will still have to gather (at most); its write-behind buffer is sized,
+    // and its pages touched, here rather than at the boundary.
+    const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
+    const std::size_t need = resident + n > cap ? resident + n - cap : 0;
+    const std::size_t leaving = std::min(need, resident - std::min(resident, st.hit_slots.size()));
+    if (spare_floats < leaving * w) st.gather.resize(leaving * w);
+  }
+  const bool planned = early;
+  std::vector<std::uint8_t> taken(early ? n : 0, 0);
+  const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
+  std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
+  for (std::size_t b = 0; b < n; b += batch) {
+    const std::size_t m = std::min(batch, n - b);
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + b, m, st.rows.data() + b * w, found.get(),
+                                  st.versions.data() + b));
+    for (std::size_t i = 0; i < m; ++i) {
+      st.found[b + i] = found[i];
+      if (!found[i]) initialize_row(tb, st.keys[b + i], st.rows.data() + (b + i) * w);
+    }
+    if (early) EMBCACHE_RETURN_IF_ERROR(early_insert(tb, b, m, taken, &early));
+  }
+  if (st.early_inserted > 0) {
+    // Keep in the staging only the rows still missing, in key order.
+    std::size_t out = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (taken[i]) continue;
+      if (out != i) {
+        st.keys[out] = st.keys[i];
+        st.versions[out] = st.versions[i];
+        st.found[out] = st.found[i];
+        std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
+      }
+      ++out;
+    }
+    st.keys.resize(out);
+    st.versions.resize(out);
+    st.found.resize(out);
+  }
+  if (planned) {
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    st.leave_valid = staging_matches_residency(tb);
+    const std::uint32_t e = tb.book.mark_epoch + 1;
+    if (st.leave_valid && e != 0 && tb.book.slot_mark.size() == tb.cache->capacity()) {
+      if (tb.book.next_mark.size() != tb.book.slot_mark.size())
+        tb.book.next_mark.assign(tb.book.slot_mark.size(), 0);
+      for (const auto s : st.hit_slots) tb.book.next_mark[s] = e;
+      st.next_mark_epoch = e;
+    }
+  }
+  st.seconds = seconds_since(t0);
+  return {};
+}
+
+// Plans the next pass from the current residency (hits, misses) and starts the worker on it.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<Key>>& keysets) {
+  auto& im = *this;
+  if (keysets.size() != im.tables.size()) {
+    return status::invalid_argument("prefetch: " + std::to_string(keysets.size()) +
+                                    " keysets for " + std::to_string(im.tables.size()) + " tables");
+  }
+  im.drop_staging();
+  im.staging_status = {};
+  std::vector<std::vector<Key>> todo(im.tables.size());
+  std::vector<std::size_t> spare(im.tables.size(), 0);
+  for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    auto& tb = im.tables[t];
+    std::vector<Key> scratch;
+    const auto& keys = sorted_unique(keysets[t], scratch);
+    std::vector<std::int64_t> slots(keys.size());
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), keys.size(), slots.data()));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (slots[i] < 0) todo[t].push_back(keys[i]);
+    }
+    auto& st = tb.staged;
+    st.keyset.assign(keys.begin(), keys.end());
+    st.hit_slots.clear();
+    st.hit_slots.reserve(keys.size() - todo[t].size());
+    for (const auto s : slots) {
+      if (s >= 0) st.hit_slots.push_back(s);
+    }
+    st.residency = tb.book.residency;
+    st.resident_rows = tb.cache->size();
+    // The worker sizes the gather buffer of the boundary's write-behind, past what is spare.
+    spare[t] = im.options.write_behind ? tb.wb.spare_rows.size() : ~std::size_t{0};
+    tb.sync.log_writes = true;
+  }
+  im.staged_valid = true;
+  im.worker = std::thread([&im, todo = std::move(todo), spare]() mutable {
+    // Rows written behind at the last boundary must be in the store before staging reads it.
+    im.wait_flush();
+    std::size_t t = 0;
+    try {
+      // The worker's cache calls run on the device the cache was built on (a new thread starts
+      // on device 0).
+      if constexpr (is_cuda_space_v<Space>) detail::cuda_set_device(im.device);
+      for (; t < im.tables.size(); ++t) {
+        status s = im.stage(im.tables[t], std::move(todo[t]), spare[t]);
+        if (!s.ok()) {
+          im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
+          return;
+        }
+      }
+    } catch (const std::exception& e) {
+      // A device or allocation failure: reported by the next begin_pass, never std::terminate.
+      const std::string where =
+          t < im.tables.size() ? "staging table '" + im.tables[t].opt.name + "'" : "staging";
+      im.staging_status = status_of(e).with_context(where);
+    }
+  });
+  return {};
+}
+
+}  // namespace embcache::detail

@@ -1,0 +1,169 @@
+// What the training cache keeps per table, in named parts: the device cache and its bridge, the
+// per-slot residency bookkeeping, the store and the locks around it, the prefetch staging, the
+// write-behind rows, the export logs and the boundary's scratch arrays. Plus the small helpers
+// every part of the orchestration shares. Private to src/training.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "embcache/training_cache.hpp"
+#include "training/cache_bridge.hpp"
+
+namespace embcache::detail {
+
+using clock_type = std::chrono::steady_clock;
+inline double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// The initializer seed of table `table`: equal options give every table its own rows.
+inline std::uint64_t fold_seed(std::uint64_t seed, std::size_t table) {
+  std::uint64_t x = seed ^ (0x9e3779b97f4a7c15ULL * (table + 1));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  return x ^ (x >> 29);
+}
+
+// Sorted unique copy, or the input itself when it already is (keyset files are).
+template <class Key>
+const std::vector<Key>& sorted_unique(const std::vector<Key>& in, std::vector<Key>& scratch) {
+  bool ok = true;
+  for (std::size_t i = 1; i < in.size() && ok; ++i) ok = in[i - 1] < in[i];
+  if (ok) return in;
+  scratch = in;
+  std::sort(scratch.begin(), scratch.end());
+  scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+  return scratch;
+}
+
+// Keeps in `slots` the `need` rows to evict first: oldest version (least recently updated), then
+// smallest key, so that the choice is deterministic.
+template <class Ref>
+void pick_oldest(const Ref& ref, std::vector<std::int64_t>& slots, std::size_t need) {
+  if (need >= slots.size()) return;
+  std::nth_element(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(need), slots.end(),
+                   [&](std::int64_t a, std::int64_t b) {
+                     return ref.versions[a] != ref.versions[b] ? ref.versions[a] < ref.versions[b]
+                                                               : ref.keys[a] < ref.keys[b];
+                   });
+  slots.resize(need);
+}
+
+// Per slot: which rows we put there, whether they are dirty, which keyset they belong to; and
+// how often the set of resident keys changed.
+struct residency_book {
+  // Whether the slot holds a row inserted by us, and the version that row had when last in sync
+  // with the store (a row is dirty while its version is greater).
+  std::vector<std::uint8_t> slot_used;
+  std::vector<std::uint64_t> slot_synced;
+  std::vector<std::uint32_t> slot_mark;  // == mark_epoch: the slot holds a key of the keyset
+  std::uint32_t mark_epoch = 0;
+  // The prefetch worker marks the next keyset's resident slots here (with the staging's
+  // next_mark_epoch, a later epoch); the boundary swaps it with slot_mark instead of marking them
+  // itself. Epochs only grow, so stale marks in either array never match a current one.
+  std::vector<std::uint32_t> next_mark;
+  // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
+  std::uint64_t residency = 0;
+};
+
+// The table's store and the locks that order the caller, the prefetch worker and the flusher.
+template <class Key>
+struct store_sync {
+  std::shared_ptr<param_store<Key>> store;
+  std::unique_ptr<std::mutex> store_mutex = std::make_unique<std::mutex>();
+  // Held by the prefetch worker while it changes the table's residency during a pass
+  // (early_evict, early_insert), and by the caller's calls that read or change residency or the
+  // slot bookkeeping while a worker may run. Taken before store_mutex, never after it.
+  std::unique_ptr<std::mutex> install_mutex = std::make_unique<std::mutex>();
+  // Keys pushed to or erased from the store while a staging exists (prefetch hazard).
+  std::vector<Key> writes_log;
+  bool log_writes = false;
+};
+
+// The rows the prefetch worker staged for the next pass, and what it planned for its boundary.
+template <class Key, class Space>
+struct staged_pass {
+  std::vector<Key> keys;  // sorted
+  staging_rows<Space> rows;
+  std::vector<std::uint64_t> versions;
+  std::vector<std::uint8_t> found;  // 0 = initialized by staging
+  // Gather buffer for the rows the next begin_pass writes behind, sized (and its pages touched)
+  // by the worker so that the boundary does not pay for page faults.
+  staging_rows<Space> gather;
+  // The prefetched keyset (sorted, unique) and the slots of its keys resident at prefetch time:
+  // begin_pass of the same keyset with the residency unchanged needs no lookup.
+  std::vector<Key> keyset;
+  std::vector<std::int64_t> hit_slots;
+  std::uint64_t residency = 0;
+  std::size_t resident_rows = 0;
+  // Filled by the worker once it has settled the residency for the next pass (early_evict): the
+  // resident slots outside the prefetched keyset, i.e. the eviction candidates of the next
+  // begin_pass, and how many of the keyset's missing rows it already inserted.
+  std::vector<std::int64_t> leave_slots;
+  bool leave_valid = false;
+  std::size_t early_inserted = 0;
+  // Epoch of the marks the worker left in residency_book::next_mark for the next keyset's
+  // resident slots; 0 = none.
+  std::uint32_t next_mark_epoch = 0;
+  double seconds = 0;
+};
+
+// Write-behind: dirty rows that left the device at the last boundary, pushed by the flusher
+// thread. Owned by the caller's thread; the flusher only reads them until it is joined.
+template <class Key, class Space>
+struct write_behind_rows {
+  std::vector<Key> keys;
+  staging_rows<Space> rows;  // at least keys.size() rows
+  std::vector<std::uint64_t> versions;
+  bool pushed = false;             // set by the flusher once they are in the store
+  double seconds = 0;              // the flusher's push time (set by the flusher)
+  double seconds_done = 0;         // pushes over, not yet in a pass's counters
+  staging_rows<Space> spare_rows;  // recycled gather buffer (its pages already touched)
+};
+
+// What the next incremental export must cover besides the resident rows changed since.
+template <class Key>
+struct export_log {
+  std::uint64_t last_version = 0;  // versions above this are not exported yet
+  std::vector<Key> written;        // keys written back to the store since the last export
+  std::vector<Key> erased;         // keys erased since the last export
+};
+
+// begin_pass scratch, kept to avoid allocating per pass.
+template <class Key>
+struct boundary_scratch {
+  std::vector<std::int64_t> slots;
+  std::vector<Key> keys;
+};
+
+// One table of the training cache.
+template <class Key, class Space>
+struct table_state {
+  table_options<Key> opt;
+  std::size_t index = 0;
+  std::size_t state_width = 0;
+  std::size_t row_width = 0;
+  std::size_t max_resident = 0;  // table_options::max_resident, resolved
+  std::unique_ptr<embedding_cache<Key, Space>> cache;
+  device_cache_bridge<Key, Space> bridge;  // the cache's calls with host-memory arguments
+  residency_book book;
+  store_sync<Key> sync;
+  staged_pass<Key, Space> staged;
+  write_behind_rows<Key, Space> wb;
+  export_log<Key> exports;
+  boundary_scratch<Key> scratch;
+  // Work of the prefetch worker's early install not yet in a pass's counters.
+  table_counters worker_counters;
+  // Slot ids loaded from a folder's `slot_id` file or given to set_slot_ids(), for save().
+  std::unordered_map<Key, std::uint64_t> slot_ids;
+};
+
+}  // namespace embcache::detail

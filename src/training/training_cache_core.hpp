@@ -1,0 +1,104 @@
+// The state behind a training_cache<Key, Space> and the operations its public calls are made of.
+// Each group of operations is defined in its own file of src/training (see
+// training_cache_definitions.hpp); this header is the map.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "training/table_state.hpp"
+
+namespace embcache::detail {
+
+/// Where an export stands in one table's logs: the export point it reached and how many
+/// written-back and erased keys it consumed. Applied only once the export is delivered, so a
+/// failed delta write loses nothing: the next export covers the same rows again.
+struct export_mark {
+  std::uint64_t until_version = 0;
+  std::size_t written = 0;
+  std::size_t erased = 0;
+};
+
+template <class Key, class Space>
+struct training_cache_core {
+  using table_type = table_state<Key, Space>;
+  using cache_type = embedding_cache<Key, Space>;
+
+  training_cache_options options;
+  int device = 0;  // cuda space: the device the caches live on
+  std::vector<table_type> tables;
+  cache_counters counters;
+
+  // The prefetch worker (prefetch.inl): stages the next pass's rows and installs what it can.
+  std::thread worker;
+  bool staged_valid = false;
+  status staging_status;
+
+  // The flusher (write_behind.inl) pushes every table's write-behind rows; `flushing` is cleared
+  // when it is done, so that the staging worker can wait for it without joining it.
+  std::thread flusher;
+  std::mutex flush_mutex;
+  std::condition_variable flush_cv;
+  bool flushing = false;
+
+  // --- store access and write-behind (write_behind.inl) ---
+  status push(table_type& tb, const Key* keys, std::size_t n, const float* rows,
+              const std::uint64_t* versions);
+  status pull(table_type& tb, const Key* keys, std::size_t n, float* rows, bool* found,
+              std::uint64_t* versions);
+  bool write_behind_pending() const;
+  void start_flusher();
+  void wait_flush();
+  // Waits for the write-behind and retires its rows (pushing what the flusher did not).
+  status finish_write_behind();
+  void discard_write_behind();
+  void initialize_row(const table_type& tb, Key k, float* dst) const;
+  std::uint64_t fresh_version(table_type& tb);
+  status residents(table_type& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers);
+  status write_back(table_type& tb, const std::vector<Key>& keys,
+                    const std::vector<std::uint64_t>& vers, bool evict, table_counters& c);
+
+  // --- prefetch worker and staging (prefetch.inl) ---
+  status prefetch(const std::vector<std::vector<Key>>& keysets);
+  status stage(table_type& tb, std::vector<Key> keys, std::size_t spare_floats);
+  // Whether the residency is still the one the staging was planned on.
+  bool staging_matches_residency(const table_type& tb) const;
+  // The worker changed the residency itself: count it and keep the staging's plan current.
+  void note_worker_residency_change(table_type& tb);
+  status early_evict(table_type& tb, bool* go_on);
+  status early_insert(table_type& tb, std::size_t b, std::size_t m,
+                      std::vector<std::uint8_t>& taken, bool* go_on);
+  void wait_worker();
+  void drop_staging();
+
+  // --- the pass boundary (boundary.inl) ---
+  status begin_pass(const std::vector<std::vector<Key>>& keysets);
+  // One table's boundary: from the resident rows to exactly those the keyset needs resident.
+  status move_table_to_keyset(table_type& tb, const std::vector<Key>& keys, bool use_staging,
+                              table_counters& c);
+  status swap_in(table_type& tb, const std::vector<Key>& missing, bool use_staging,
+                 table_counters& c);
+  status swap_in_staged(table_type& tb, const std::vector<Key>& missing, table_counters& c);
+  status evict(table_type& tb, const std::vector<std::int64_t>& victims, const slot_meta<Key>& meta,
+               table_counters& c);
+
+  // --- on-demand mode (on_demand.inl) ---
+  status lookup(table_type& tb, const Key* keys, std::size_t n, std::int64_t* slots_out);
+
+  // --- incremental export (export.inl) ---
+  result<std::vector<table_delta<Key>>> collect_deltas(bool with_state,
+                                                       std::vector<export_mark>* marks);
+  void commit_deltas(const std::vector<export_mark>& marks);
+  result<std::string> export_to_folder(const std::string& dir, bool with_state);
+
+  // --- save and load (persistence.inl) ---
+  status save(const std::string& dir, const save_progress& on_progress);
+  status load(const std::string& dir, const load_options& options);
+};
+
+}  // namespace embcache::detail

@@ -1,0 +1,350 @@
+// The public members of training_cache<Key, Space> (include/embcache/training_cache.hpp): the
+// constructor, which resolves each table's options into its table_state, and thin entry points
+// into the core's operations, defined in the other files of src/training.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "embcache/host_store.hpp"
+#include "embcache/training_cache.hpp"
+#include "training/training_cache_core.hpp"
+
+namespace embcache {
+
+template <class Key, class Space>
+training_cache<Key, Space>::training_cache(training_cache_options options,
+                                           std::vector<table_options<Key>> tables, Space space)
+    : core_(std::make_unique<detail::training_cache_core<Key, Space>>()) {
+  core_->options = options;
+  if constexpr (is_cuda_space_v<Space>) {
+    if (!cuda_device_available()) {
+      throw error(status_code::unsupported, "training_cache: the cuda space needs a CUDA device");
+    }
+    core_->device = detail::cuda_current_device();
+  }
+  if (tables.empty()) throw error(status_code::invalid_argument, "training_cache: no tables");
+  std::unordered_set<std::string> names;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& o = tables[t];
+    const std::string who = "training_cache: table " + std::to_string(t) + " '" + o.name + "'";
+    if (o.name.empty() || !names.insert(o.name).second) {
+      throw error(status_code::invalid_argument, who + ": empty or repeated name");
+    }
+    if (o.dim == 0 || o.capacity == 0) {
+      throw error(status_code::invalid_argument, who + ": dim and capacity must be >= 1");
+    }
+    check_options(o.optimizer).with_context(who).throw_if_error();
+    detail::table_state<Key, Space> tb;
+    tb.index = t;
+    tb.state_width = state_width(o.optimizer.kind, o.dim);
+    tb.row_width = o.dim + tb.state_width;
+    cache_options co;
+    co.capacity = o.slots ? std::max(o.slots, o.capacity) : o.capacity + o.capacity / 4;
+    co.dim = o.dim;
+    co.state_width = tb.state_width;
+    co.init = o.init;
+    co.init.seed = detail::fold_seed(o.init.seed, t);
+    co.init.state_value = initial_state_value(o.optimizer);
+    co.scores = o.scores;
+    tb.cache = std::make_unique<cache_type>(co, space);
+    tb.bridge = detail::device_cache_bridge<Key, Space>(tb.cache.get());
+    const std::size_t slots = tb.cache->capacity();
+    // Default: the slack of the default slots (capacity / 8 above capacity, 90% of capacity * 5 /
+    // 4), never more than 90% of the slots (a user who asked for more slots for short probing
+    // keeps them short).
+    tb.max_resident = o.max_resident
+                          ? o.max_resident
+                          : std::max(o.capacity, std::min(slots / 10 * 9, o.capacity / 8 * 9));
+    if (tb.max_resident < o.capacity || tb.max_resident > slots) {
+      throw error(status_code::invalid_argument,
+                  who + ": max_resident " + std::to_string(tb.max_resident) +
+                      " must lie between the capacity " + std::to_string(o.capacity) +
+                      " and the table's slots " + std::to_string(slots));
+    }
+    tb.book.slot_used.assign(tb.cache->capacity(), 0);
+    tb.book.slot_synced.assign(tb.cache->capacity(), 0);
+    if (o.store) {
+      if (o.store->row_width() != tb.row_width) {
+        throw error(status_code::invalid_argument,
+                    who + ": store row width " + std::to_string(o.store->row_width()) +
+                        " differs from dim + state width " + std::to_string(tb.row_width));
+      }
+      tb.sync.store = o.store;
+    } else {
+      host_store_options ho;
+      ho.table_name = o.name;
+      ho.row_width = tb.row_width;
+      tb.sync.store = std::make_shared<host_store<Key>>(ho);
+    }
+    // Versions of rows already in the store stay below every version the cache hands out.
+    tb.cache->advance_version(tb.sync.store->max_version());
+    tb.exports.last_version = tb.sync.store->max_version();
+    tb.opt = std::move(o);
+    core_->tables.push_back(std::move(tb));
+    core_->counters.tables.push_back(core_->tables.back().opt.name);
+  }
+  core_->counters.last.resize(tables.size());
+  core_->counters.total.resize(tables.size());
+}
+
+template <class Key, class Space>
+training_cache<Key, Space>::~training_cache() {
+  if (core_) {
+    core_->wait_worker();
+    if (core_->flusher.joinable()) core_->flusher.join();
+  }
+}
+
+template <class Key, class Space>
+std::size_t training_cache<Key, Space>::num_tables() const noexcept {
+  return core_->tables.size();
+}
+
+template <class Key, class Space>
+result<std::size_t> training_cache<Key, Space>::table_index(const std::string& name) const {
+  for (std::size_t t = 0; t < core_->tables.size(); ++t) {
+    if (core_->tables[t].opt.name == name) return t;
+  }
+  return status::not_found("no table named '" + name + "'");
+}
+
+template <class Key, class Space>
+const table_options<Key>& training_cache<Key, Space>::table(std::size_t t) const {
+  return core_->tables.at(t).opt;
+}
+template <class Key, class Space>
+std::size_t training_cache<Key, Space>::row_width(std::size_t t) const {
+  return core_->tables.at(t).row_width;
+}
+template <class Key, class Space>
+typename training_cache<Key, Space>::cache_type& training_cache<Key, Space>::cache(std::size_t t) {
+  return *core_->tables.at(t).cache;
+}
+template <class Key, class Space>
+param_store<Key>& training_cache<Key, Space>::store(std::size_t t) {
+  auto& tb = core_->tables.at(t);
+  core_->wait_worker();  // its early evictions push to the store
+  // A failed push keeps its rows pending; the next call returning a status reports it.
+  (void)core_->finish_write_behind();
+  return *tb.sync.store;
+}
+template <class Key, class Space>
+const cache_counters& training_cache<Key, Space>::counters() const noexcept {
+  return core_->counters;
+}
+template <class Key, class Space>
+const training_cache_options& training_cache<Key, Space>::options() const noexcept {
+  return core_->options;
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::begin_pass(const std::vector<std::vector<Key>>& keysets) {
+  if (core_->options.mode != cache_mode::keyset) {
+    throw error(status_code::invalid_argument, "begin_pass needs cache_mode::keyset");
+  }
+  return core_->begin_pass(keysets);
+}
+
+namespace detail {
+// One keyset per file, in the given format; the first read error is returned.
+template <class Key>
+status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
+                    std::vector<std::vector<Key>>* out) {
+  out->clear();
+  for (const auto& p : paths) {
+    auto ks = read_keyset<Key>(p, fmt);
+    if (!ks.ok()) return ks.get_status();
+    out->push_back(std::move(ks).value());
+  }
+  return {};
+}
+}  // namespace detail
+
+template <class Key, class Space>
+status training_cache<Key, Space>::begin_pass_files(const std::vector<std::string>& paths) {
+  std::vector<std::vector<Key>> ks;
+  EMBCACHE_RETURN_IF_ERROR(detail::read_keysets(paths, core_->options.keyset_fmt, &ks));
+  return begin_pass(ks);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>& keysets) {
+  return core_->prefetch(keysets);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::prefetch_files(const std::vector<std::string>& paths) {
+  std::vector<std::vector<Key>> ks;
+  EMBCACHE_RETURN_IF_ERROR(detail::read_keysets(paths, core_->options.keyset_fmt, &ks));
+  return prefetch(ks);
+}
+
+template <class Key, class Space>
+bool training_cache<Key, Space>::prefetch_pending() const noexcept {
+  return core_->staged_valid;
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::lookup(std::size_t t, const Key* keys, std::size_t n,
+                                          std::int64_t* slots_out) {
+  if (core_->options.mode != cache_mode::on_demand) {
+    throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
+  }
+  EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+  auto& tb = core_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  ++tb.book.residency;
+  return core_->lookup(tb, keys, n, slots_out);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::assign(std::size_t t, const Key* keys, std::size_t n,
+                                          const float* rows) {
+  auto& tb = core_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) {
+      return status::not_found("assign: key " + std::to_string(keys[i]) +
+                               " is not resident in table '" + tb.opt.name + "'");
+    }
+  }
+  return tb.bridge.assign_slots(slots.data(), n, rows);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::read(std::size_t t, const Key* keys, std::size_t n,
+                                        float* rows_out, bool* found_out) {
+  auto& tb = core_->tables.at(t);
+  // Slots found here must not change owner before they are read.
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(slots.data(), n, rows_out));
+  bool all_resident = true;
+  for (std::size_t i = 0; i < n && all_resident; ++i) all_resident = slots[i] >= 0;
+  // A row that left at the last boundary may still be on its way to the store.
+  if (!all_resident) EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+  std::vector<Key> rest;
+  std::vector<std::size_t> at;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (found_out) found_out[i] = slots[i] >= 0;
+    if (slots[i] < 0) {
+      rest.push_back(keys[i]);
+      at.push_back(i);
+    }
+  }
+  if (rest.empty()) return {};
+  const std::size_t w = tb.row_width;
+  std::vector<float> r(rest.size() * w);
+  std::unique_ptr<bool[]> f(new bool[rest.size()]);
+  EMBCACHE_RETURN_IF_ERROR(core_->pull(tb, rest.data(), rest.size(), r.data(), f.get(), nullptr));
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    if (f[i]) std::memcpy(rows_out + at[i] * w, r.data() + i * w, w * sizeof(float));
+    if (found_out) found_out[at[i]] = f[i];
+  }
+  return {};
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::size_t n) {
+  auto& tb = core_->tables.at(t);
+  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+  // A pending write-behind of these keys must not land after the erase and revive them.
+  EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
+  for (auto s : slots) {
+    if (s >= 0) tb.book.slot_used[s] = 0;
+  }
+  ++tb.book.residency;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys, n));
+  {
+    std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+    if (tb.sync.log_writes) tb.sync.writes_log.insert(tb.sync.writes_log.end(), keys, keys + n);
+    EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(keys, n));
+  }
+  tb.exports.erased.insert(tb.exports.erased.end(), keys, keys + n);
+  return {};
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::end_training() {
+  auto& im = *core_;
+  // No early eviction of the worker may push after the flush.
+  im.wait_worker();
+  EMBCACHE_RETURN_IF_ERROR(im.finish_write_behind());
+  for (auto& tb : im.tables) {
+    im.counters.total[tb.index] += tb.worker_counters;
+    tb.worker_counters = {};
+    std::vector<Key> rk;
+    std::vector<std::uint64_t> rv;
+    EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
+    EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, rv, false, im.counters.total[tb.index]));
+    std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+    EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
+  }
+  return {};
+}
+
+template <class Key, class Space>
+result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
+    bool with_state) {
+  std::vector<detail::export_mark> marks;
+  auto out = core_->collect_deltas(with_state, &marks);
+  if (out.ok()) core_->commit_deltas(marks);
+  return out;
+}
+
+template <class Key, class Space>
+result<std::string> training_cache<Key, Space>::export_incremental_to(const std::string& dir,
+                                                                      bool with_state) {
+  return core_->export_to_folder(dir, with_state);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::save(const std::string& dir, const save_progress& on_progress) {
+  core_->wait_worker();  // the store must not change between the write-back and the save
+  EMBCACHE_RETURN_IF_ERROR(end_training());
+  return core_->save(dir, on_progress);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::load(const std::string& dir, const load_options& options) {
+  return core_->load(dir, options);
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::set_slot_ids(std::size_t t, const Key* keys,
+                                                const std::uint64_t* slot_ids, std::size_t n) {
+  if (t >= core_->tables.size()) {
+    return status::invalid_argument("set_slot_ids: table " + std::to_string(t) + " of " +
+                                    std::to_string(core_->tables.size()));
+  }
+  auto& ids = core_->tables[t].slot_ids;
+  for (std::size_t i = 0; i < n; ++i) ids[keys[i]] = slot_ids[i];
+  return {};
+}
+
+template <class Key, class Space>
+result<std::uint64_t> training_cache<Key, Space>::slot_id(std::size_t t, Key key) const {
+  if (t >= core_->tables.size()) {
+    return status::not_found("slot_id: table " + std::to_string(t) + " of " +
+                             std::to_string(core_->tables.size()));
+  }
+  const auto& tb = core_->tables[t];
+  const auto it = tb.slot_ids.find(key);
+  if (it != tb.slot_ids.end()) return it->second;
+  if (tb.opt.slot_of) return tb.opt.slot_of(key);
+  return status::not_found("slot_id: key " + std::to_string(key) + " of table '" + tb.opt.name +
+                           "' has no slot id");
+}
+
+}  // namespace embcache

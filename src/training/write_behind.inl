@@ -1,0 +1,184 @@
+// Store access and write-behind: every push and pull of the orchestration (serialized with the
+// prefetch worker, logged for the prefetch hazard), the flusher that pushes the rows a boundary
+// wrote behind while the next pass trains, and the synchronous write-back of end_training().
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "training/training_cache_core.hpp"
+
+namespace embcache::detail {
+
+template <class Key, class Space>
+bool training_cache_core<Key, Space>::write_behind_pending() const {
+  for (const auto& tb : tables) {
+    if (!tb.wb.keys.empty()) return true;
+  }
+  return false;
+}
+
+template <class Key, class Space>
+void training_cache_core<Key, Space>::start_flusher() {
+  {
+    std::lock_guard<std::mutex> l(flush_mutex);
+    flushing = true;
+  }
+  flusher = std::thread([this] {
+    status s;
+    for (auto& tb : tables) {
+      if (tb.wb.keys.empty()) continue;
+      const auto t0 = clock_type::now();
+      {
+        // Not logged for the prefetch hazard: staging starts pulling only after this push is
+        // over (wait_flush), so no staged row can predate it.
+        std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+        s = tb.sync.store->push(tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(),
+                                tb.wb.versions.data());
+      }
+      tb.wb.seconds = seconds_since(t0);
+      if (!s.ok()) break;  // finish_write_behind() pushes what is left and reports the error
+      tb.wb.pushed = true;
+    }
+    std::lock_guard<std::mutex> l(flush_mutex);
+    flushing = false;
+    flush_cv.notify_all();
+  });
+}
+
+// For the staging worker: returns once no write-behind push is running.
+template <class Key, class Space>
+void training_cache_core<Key, Space>::wait_flush() {
+  std::unique_lock<std::mutex> l(flush_mutex);
+  flush_cv.wait(l, [&] { return !flushing; });
+}
+
+// Waits for the write-behind and retires its rows. Rows the flusher did not push (its push
+// failed, or begin_pass failed before starting it) are pushed here, logged like every push of
+// the caller; while that fails they stay pending and every call that needs the store returns
+// the error.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::finish_write_behind() {
+  if (flusher.joinable()) flusher.join();
+  for (auto& tb : tables) {
+    if (tb.wb.keys.empty()) continue;
+    if (!tb.wb.pushed) {
+      EMBCACHE_RETURN_IF_ERROR(
+          push(tb, tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(), tb.wb.versions.data())
+              .with_context("write-behind of table '" + tb.opt.name + "'"));
+    }
+    tb.wb.seconds_done += tb.wb.seconds;
+    tb.wb.seconds = 0;
+    tb.wb.pushed = false;
+    tb.wb.keys.clear();
+    tb.wb.versions.clear();
+    if (tb.wb.rows.size() > tb.wb.spare_rows.size()) tb.wb.spare_rows.swap(tb.wb.rows);
+  }
+  return {};
+}
+
+// Drops the write-behind rows unpushed (load() replaces the whole store).
+template <class Key, class Space>
+void training_cache_core<Key, Space>::discard_write_behind() {
+  if (flusher.joinable()) flusher.join();
+  for (auto& tb : tables) {
+    tb.wb.keys.clear();
+    tb.wb.versions.clear();
+    tb.wb.seconds = 0;
+    tb.wb.pushed = false;
+  }
+}
+
+// Store access, serialized with the prefetch worker.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::push(table_type& tb, const Key* keys, std::size_t n,
+                                             const float* rows, const std::uint64_t* versions) {
+  if (n == 0) return {};
+  std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+  if (tb.sync.log_writes) tb.sync.writes_log.insert(tb.sync.writes_log.end(), keys, keys + n);
+  return tb.sync.store->push(keys, n, rows, versions);
+}
+template <class Key, class Space>
+status training_cache_core<Key, Space>::pull(table_type& tb, const Key* keys, std::size_t n,
+                                             float* rows, bool* found, std::uint64_t* versions) {
+  if (n == 0) return {};
+  std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+  return tb.sync.store->pull(keys, n, rows, found, versions);
+}
+
+template <class Key, class Space>
+void training_cache_core<Key, Space>::initialize_row(const table_type& tb, Key k,
+                                                     float* dst) const {
+  tb.cache->ref().initialize_row(k, dst);
+  if (tb.state_width) initialize_state(tb.opt.optimizer, tb.opt.dim, dst + tb.opt.dim);
+}
+
+template <class Key, class Space>
+std::uint64_t training_cache_core<Key, Space>::fresh_version(table_type& tb) {
+  const std::uint64_t v = tb.cache->version() + 1;
+  tb.cache->advance_version(v);
+  return v;
+}
+
+// Resident keys (sorted) and their versions.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::residents(table_type& tb, std::vector<Key>* keys,
+                                                  std::vector<std::uint64_t>* vers) {
+  const auto all = export_filter::all();
+  const std::size_t n = tb.cache->size();
+  keys->resize(n);
+  vers->resize(n);
+  std::size_t count = 0;
+  EMBCACHE_RETURN_IF_ERROR(
+      tb.bridge.export_if(all, keys->data(), nullptr, vers->data(), n, &count));
+  keys->resize(count);
+  vers->resize(count);
+  return {};
+}
+
+// Writes back the dirty rows among resident `keys` (versions `vers`), then erases all of them
+// from the cache when `evict`.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::write_back(table_type& tb, const std::vector<Key>& keys,
+                                                   const std::vector<std::uint64_t>& vers,
+                                                   bool evict, table_counters& c) {
+  const auto t0 = clock_type::now();
+  const std::size_t n = keys.size();
+  std::vector<std::int64_t> slots(n);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), n, slots.data()));
+  std::vector<std::int64_t> dirty_slots;
+  std::vector<Key> dirty_keys;
+  std::vector<std::uint64_t> dirty_vers;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = slots[i];
+    if (s < 0) return status::internal("resident key vanished during write-back");
+    if (!tb.book.slot_used[s] || vers[i] > tb.book.slot_synced[s]) {
+      dirty_slots.push_back(s);
+      dirty_keys.push_back(keys[i]);
+      dirty_vers.push_back(vers[i]);
+    }
+  }
+  std::vector<float> rows(dirty_slots.size() * tb.row_width);
+  EMBCACHE_RETURN_IF_ERROR(
+      tb.bridge.read_slots(dirty_slots.data(), dirty_slots.size(), rows.data()));
+  EMBCACHE_RETURN_IF_ERROR(
+      push(tb, dirty_keys.data(), dirty_keys.size(), rows.data(), dirty_vers.data())
+          .with_context("write-back of table '" + tb.opt.name + "'"));
+  tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
+  for (std::size_t i = 0; i < dirty_slots.size(); ++i) {
+    tb.book.slot_synced[dirty_slots[i]] = dirty_vers[i];
+    tb.book.slot_used[dirty_slots[i]] = 1;
+  }
+  c.rows_pushed += dirty_keys.size();
+  c.bytes_cache_to_store += dirty_keys.size() * tb.row_width * sizeof(float);
+  if (evict) {
+    for (auto s : slots) tb.book.slot_used[s] = 0;
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), n));
+    c.rows_evicted += n;
+  }
+  c.seconds_write_back += seconds_since(t0);
+  return {};
+}
+
+}  // namespace embcache::detail
