@@ -6,6 +6,7 @@
 #include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embedding_path.hpp"
+#include "training/model_folder.hpp"
 
 namespace embcache::detail {
 namespace {
@@ -55,10 +56,12 @@ class host_hybrid_path final : public embedding_path {
   result<std::string> export_incremental_to(const std::string&, bool) override {
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   }
-  // The one-row cache writes the stores' rows in the save layout. A module that saves
-  // param_stores directly replaces this call and the cache it needs (src/training).
+  // The stores are written straight into the save layout (the cache holds none of their rows).
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
-    return tables_.cache->save(dir, on_progress);
+    std::vector<table_options<trainer_key>> tables;
+    for (std::size_t t = 0; t < tables_.cache->num_tables(); ++t)
+      tables.push_back(tables_.cache->table(t));
+    return detail::save_stores<trainer_key>(dir, tables, on_progress);
   }
   status load_sparse(const std::string& dir) override { return tables_.cache->load(dir); }
   void set_step(std::uint64_t step) override {

@@ -48,6 +48,33 @@ TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
       << bad.get_status().to_string();
 }
 
+// Host-hybrid saves are written from the stores directly (no training cache involved): resuming
+// from one gives the model of an uninterrupted host-hybrid run, which is the cache's model.
+TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
+  trainer_config whole = small_config("hybrid_whole");
+  size_to_largest_shard(whole);
+  whole.mode = trainer_mode::host_hybrid;
+  const run_result rw = run(whole);
+
+  trainer_config first = whole;
+  first.passes = {whole.passes[0]};
+  first.save_dir = temp_dir("hybrid_first") + "/save";
+  run(first);
+
+  trainer_config rest = whole;
+  rest.passes = {whole.passes[1], whole.passes[2]};
+  rest.resume_from = first.save_dir;
+  rest.save_dir = temp_dir("hybrid_rest") + "/save";
+  auto t = trainer::create(rest);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_EQ(t.value()->passes_done(), 1u);
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  EXPECT_EQ(t.value()->step(), rw.step);
+  ASSERT_EQ(t.value()->history().size(), 3u);
+  EXPECT_EQ(t.value()->history()[2].train_loss, rw.history[2].train_loss);
+  expect_same_model(whole.save_dir, rest.save_dir);
+}
+
 // Copies the files of a save (to compare it with what a later save or load left).
 std::map<std::string, std::string> files_of(const std::string& dir) {
   std::map<std::string, std::string> files;
