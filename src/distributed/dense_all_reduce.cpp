@@ -27,8 +27,10 @@ status all_reduce_blocks(communicator& comm, const float* partials, std::size_t 
   for (std::size_t s = 0; s < world; ++s) {
     sd[s] = at * sizeof(float);
     for (std::size_t j = 0; j < blocks_per_rank; ++j) {
-      std::memcpy(send.data() + at, partials + j * n + range_begin(s),
-                  range_size(s) * sizeof(float));
+      // An empty range may have no storage behind it (memcpy's pointers must not be null).
+      if (range_size(s) > 0)
+        std::memcpy(send.data() + at, partials + j * n + range_begin(s),
+                    range_size(s) * sizeof(float));
       at += range_size(s);
     }
     sc[s] = blocks_per_rank * range_size(s) * sizeof(float);
@@ -52,7 +54,8 @@ status all_reduce_blocks(communicator& comm, const float* partials, std::size_t 
   std::vector<float> gathered(world * chunk);
   EMBCACHE_RETURN_IF_ERROR(comm.all_gather(sum.data(), chunk * sizeof(float), gathered.data()));
   for (std::size_t s = 0; s < world; ++s)
-    std::memcpy(out + range_begin(s), gathered.data() + s * chunk, range_size(s) * sizeof(float));
+    if (range_size(s) > 0)
+      std::memcpy(out + range_begin(s), gathered.data() + s * chunk, range_size(s) * sizeof(float));
   return {};
 }
 

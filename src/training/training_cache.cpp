@@ -1,47 +1,44 @@
 // Host-space instantiations of the training cache, and its counters (their JSON form is declared
 // in embcache/json.hpp).
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "embcache/json.hpp"
 #include "training/training_cache_definitions.hpp"
 
 namespace embcache {
 
+namespace {
+// The counters' fields, once: operator+= and to_json walk these lists.
+constexpr std::pair<const char*, std::uint64_t table_counters::*> count_fields[] = {
+    {"hits", &table_counters::hits},
+    {"misses", &table_counters::misses},
+    {"rows_pulled", &table_counters::rows_pulled},
+    {"rows_staged", &table_counters::rows_staged},
+    {"rows_restaged", &table_counters::rows_restaged},
+    {"rows_initialized", &table_counters::rows_initialized},
+    {"rows_pushed", &table_counters::rows_pushed},
+    {"rows_evicted", &table_counters::rows_evicted},
+    {"bytes_store_to_cache", &table_counters::bytes_store_to_cache},
+    {"bytes_cache_to_store", &table_counters::bytes_cache_to_store}};
+constexpr std::pair<const char*, double table_counters::*> seconds_fields[] = {
+    {"seconds_swap_in", &table_counters::seconds_swap_in},
+    {"seconds_write_back", &table_counters::seconds_write_back},
+    {"seconds_prefetch_wait", &table_counters::seconds_prefetch_wait},
+    {"seconds_staging", &table_counters::seconds_staging},
+    {"seconds_write_behind", &table_counters::seconds_write_behind}};
+}  // namespace
+
 table_counters& table_counters::operator+=(const table_counters& o) {
-  hits += o.hits;
-  misses += o.misses;
-  rows_pulled += o.rows_pulled;
-  rows_staged += o.rows_staged;
-  rows_restaged += o.rows_restaged;
-  rows_initialized += o.rows_initialized;
-  rows_pushed += o.rows_pushed;
-  rows_evicted += o.rows_evicted;
-  bytes_store_to_cache += o.bytes_store_to_cache;
-  bytes_cache_to_store += o.bytes_cache_to_store;
-  seconds_swap_in += o.seconds_swap_in;
-  seconds_write_back += o.seconds_write_back;
-  seconds_prefetch_wait += o.seconds_prefetch_wait;
-  seconds_staging += o.seconds_staging;
-  seconds_write_behind += o.seconds_write_behind;
+  for (const auto& [name, field] : count_fields) this->*field += o.*field;
+  for (const auto& [name, field] : seconds_fields) this->*field += o.*field;
   return *this;
 }
 
 void to_json(nlohmann::json& j, const table_counters& c) {
-  j = nlohmann::json{{"hits", c.hits},
-                     {"misses", c.misses},
-                     {"rows_pulled", c.rows_pulled},
-                     {"rows_staged", c.rows_staged},
-                     {"rows_restaged", c.rows_restaged},
-                     {"rows_initialized", c.rows_initialized},
-                     {"rows_pushed", c.rows_pushed},
-                     {"rows_evicted", c.rows_evicted},
-                     {"bytes_store_to_cache", c.bytes_store_to_cache},
-                     {"bytes_cache_to_store", c.bytes_cache_to_store},
-                     {"seconds_swap_in", c.seconds_swap_in},
-                     {"seconds_write_back", c.seconds_write_back},
-                     {"seconds_prefetch_wait", c.seconds_prefetch_wait},
-                     {"seconds_staging", c.seconds_staging},
-                     {"seconds_write_behind", c.seconds_write_behind}};
+  j = nlohmann::json::object();
+  for (const auto& [name, field] : count_fields) j[name] = c.*field;
+  for (const auto& [name, field] : seconds_fields) j[name] = c.*field;
 }
 
 void to_json(nlohmann::json& j, const cache_counters& c) {
