@@ -42,7 +42,7 @@ std::string copy_of(const std::string& dir, const std::string& to) {
   return to;
 }
 
-TEST(ApplyDeltas, BaseAndDeltasEqualTheFinalSave) {
+TEST(apply_deltas, BaseAndDeltasEqualTheFinalSave) {
   const std::string root = scratch("equal");
   const history h = test::make_history(root, /*with_state=*/true);
   auto r = apply_deltas(h.base, h.deltas);
@@ -74,7 +74,7 @@ TEST(ApplyDeltas, BaseAndDeltasEqualTheFinalSave) {
   EXPECT_EQ(folder_bytes(h.base), before);
 }
 
-TEST(ApplyDeltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
+TEST(apply_deltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
   const std::string root = scratch("until");
   const history h = test::make_history(root, /*with_state=*/false);
   apply_options one;
@@ -103,7 +103,7 @@ TEST(ApplyDeltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
   EXPECT_NE(back.message().find("at delta 2, past --until 1"), std::string::npos) << back.message();
 }
 
-TEST(ApplyDeltas, GapsAreRefused) {
+TEST(apply_deltas, GapsAreRefused) {
   const std::string root = scratch("gaps");
   const history h = test::make_history(root, true);
   const auto before = folder_bytes(h.base);
@@ -126,7 +126,7 @@ TEST(ApplyDeltas, GapsAreRefused) {
   EXPECT_NE(n.message().find("delta-2 is missing"), std::string::npos) << n.message();
 }
 
-TEST(ApplyDeltas, ACorruptedDeltaLeavesTheBaseUntouched) {
+TEST(apply_deltas, ACorruptedDeltaLeavesTheBaseUntouched) {
   const std::string root = scratch("corrupt");
   const history h = test::make_history(root, true);
   const auto before = folder_bytes(h.base);
@@ -141,7 +141,7 @@ TEST(ApplyDeltas, ACorruptedDeltaLeavesTheBaseUntouched) {
   EXPECT_FALSE(fs::exists(h.base + ".tmp"));
 }
 
-TEST(ApplyDeltas, ATrainerSaveIsAppliedThroughItsSparseFolder) {
+TEST(apply_deltas, ATrainerSaveIsAppliedThroughItsSparseFolder) {
   const std::string root = scratch("trainer_save");
   const history h = test::make_history(root, true);
   fs::create_directories(root + "/save");
@@ -157,7 +157,7 @@ std::pair<int, std::string> run_tool(const std::string& args) {
   return test::run_tool(std::string(EMBCACHE_APPLY_EXE) + " " + args);
 }
 
-TEST(ApplyTool, ExitCodesAndResult) {
+TEST(apply_tool, ExitCodesAndResult) {
   const std::string root = scratch("tool");
   const history h = test::make_history(root, true);
   const std::string copy = copy_of(h.base, root + "/copy");

@@ -166,7 +166,7 @@ std::pair<std::vector<std::int64_t>, std::vector<float>> saved_rows(const std::s
   return {};
 }
 
-TEST(RedisStore, BaseAndDeltasLandInTheDocumentedLayout) {
+TEST(redis_store, BaseAndDeltasLandInTheDocumentedLayout) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const std::string root = scratch("layout");
@@ -206,7 +206,7 @@ TEST(RedisStore, BaseAndDeltasLandInTheDocumentedLayout) {
   EXPECT_EQ(srv.command({"GET", "h:applied"}), "2");
 }
 
-TEST(RedisStore, AGapStopsThePushAtTheLastDeltaPushed) {
+TEST(redis_store, AGapStopsThePushAtTheLastDeltaPushed) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const std::string root = scratch("gap");
@@ -270,7 +270,7 @@ const trained& trained_model() {
   return t;
 }
 
-TEST(ServingTrainer, TheTrainersDeltasApplyToItsFinalSave) {
+TEST(serving_trainer, TheTrainersDeltasApplyToItsFinalSave) {
   const trained& t = trained_model();
   const std::string copy = scratch("trained_apply") + "/base";
   fs::copy(t.base, copy, fs::copy_options::recursive);
@@ -301,7 +301,7 @@ TEST(ServingTrainer, TheTrainersDeltasApplyToItsFinalSave) {
     EXPECT_GT(e.value("rows_without_slot_id", 0), 0) << e.at("name");
 }
 
-TEST(ServingTrainer, ScoresFromRedisEqualTheTrainersEvaluation) {
+TEST(serving_trainer, ScoresFromRedisEqualTheTrainersEvaluation) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const trained& t = trained_model();
@@ -331,7 +331,7 @@ TEST(ServingTrainer, ScoresFromRedisEqualTheTrainersEvaluation) {
 #if defined(EMBCACHE_APPLY_EXE) && defined(EMBCACHE_SERVE_EXE)
 using test::run_tool;
 
-TEST(ServingTools, ApplyIntoRedisThenServeGiveTheTrainersMetrics) {
+TEST(serving_tools, ApplyIntoRedisThenServeGiveTheTrainersMetrics) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const trained& t = trained_model();
