@@ -12,26 +12,14 @@
 #include "common/status_assertions.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "test_util.hpp"
 
 namespace embcache {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string templ = (fs::temp_directory_path() / "embcache_trainer_store_XXXXXX").string();
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using embcache::testing::temp_dir;
 
 // Both tables on one RocksDB database; nothing is trained (create() opens the stores).
 trainer_config rocksdb_config(const std::string& db) {
@@ -70,7 +58,7 @@ void leave_rows(const std::string& db, std::size_t dim, const std::string& optim
 }
 
 TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_store) {
-  temp_dir dir;
+  temp_dir dir("embcache_trainer_store");
   const std::string db = dir.path + "/db";
   leave_rows(db, 16, "adam");
   trainer_config c = rocksdb_config(db);
@@ -117,7 +105,7 @@ TEST(trainer_store, reuse_store_is_a_table_field_read_and_written_by_the_config)
 }
 
 TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused) {
-  temp_dir dir;
+  temp_dir dir("embcache_trainer_store");
   const std::string db = dir.path + "/db";
   leave_rows(db, 24, "adagrad");  // 24 + 24 = 48 floats, like dim 16 with Adam
   trainer_config c = rocksdb_config(db);
@@ -135,7 +123,7 @@ TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused
 }
 
 TEST(trainer_store, a_resume_reuses_the_store_and_refuses_a_save_without_its_manifest) {
-  temp_dir dir;
+  temp_dir dir("embcache_trainer_store");
   const std::string db = dir.path + "/db", save = dir.path + "/save";
   {
     auto t = trainer::create(rocksdb_config(db));
