@@ -54,6 +54,17 @@ class cuda_dense_backend final : public dense_backend {
     // The step's kernels are asynchronous; a failure surfaces here rather than in a later batch.
     detail::synchronize(space_);
   }
+  std::size_t num_gradients() const noexcept override { return model_.num_gradients(); }
+  void get_gradients(float* out) override {
+    const auto t0 = clock_type::now();
+    model_.get_gradients(out);  // synchronizes
+    transfer_ += std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+  void set_gradients(const float* in) override {
+    const auto t0 = clock_type::now();
+    model_.set_gradients(in);  // synchronizes
+    transfer_ += std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
   std::vector<std::uint8_t> save() const override { return model_.save(); }
   status load(const std::uint8_t* data, std::size_t size) override {
     return model_.load(data, size);

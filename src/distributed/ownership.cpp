@@ -35,6 +35,19 @@ result<block_range> blocks_of_rank(std::size_t num_blocks, int rank, int world) 
   return block_range{static_cast<std::size_t>(rank) * per, per};
 }
 
+namespace {
+// floor(g * n / blocks) without forming g * n.
+std::size_t block_start(std::size_t blocks, std::size_t n, std::size_t g) noexcept {
+  return g * (n / blocks) + (g * (n % blocks)) / blocks;
+}
+}  // namespace
+
+sample_range block_samples(std::size_t num_blocks, std::size_t batch_size, std::size_t first_block,
+                           std::size_t count) noexcept {
+  return {block_start(num_blocks, batch_size, first_block),
+          block_start(num_blocks, batch_size, first_block + count)};
+}
+
 template std::vector<std::vector<std::int64_t>> partition_by_owner(const std::int64_t*, std::size_t,
                                                                    int);
 template std::vector<std::vector<std::uint32_t>> partition_by_owner(const std::uint32_t*,

@@ -13,13 +13,19 @@
 namespace embcache {
 namespace {
 
+// The batch's shape, and its samples against those of the rank's blocks.
 template <class Key>
-status check_sharded_batch(const key_batch<Key>& batch, std::size_t blocks) {
+status check_sharded_batch(const key_batch<Key>& batch, std::size_t blocks,
+                           std::size_t expected_samples) {
   const std::size_t bags = batch.num_bags();
-  if (batch.batch_size % blocks != 0)
+  if (expected_samples == SIZE_MAX && batch.batch_size % blocks != 0)
     return status::invalid_argument("batch of " + std::to_string(batch.batch_size) +
                                     " samples does not split into this rank's " +
                                     std::to_string(blocks) + " blocks of equal size");
+  if (expected_samples != SIZE_MAX && batch.batch_size != expected_samples)
+    return status::invalid_argument("batch of " + std::to_string(batch.batch_size) +
+                                    " samples, but this rank's blocks of the global batch hold " +
+                                    std::to_string(expected_samples));
   if (bags == 0) {
     if (batch.num_keys != 0)
       return status::invalid_argument("batch without bags has " + std::to_string(batch.num_keys) +
@@ -63,36 +69,48 @@ sharded_table<Key>::sharded_table(communicator& comm, param_store<Key>& shard,
 }
 
 template <class Key>
-status sharded_table<Key>::forward(const key_batch<Key>& batch, float* out) {
+status sharded_table<Key>::forward(const key_batch<Key>& batch, float* out,
+                                  std::size_t global_batch) {
   pending_ = false;
   stats_ = {};
   const std::string who = "sharded_table::forward on rank " + std::to_string(comm_.rank());
-  EMBCACHE_RETURN_IF_ERROR(agree(comm_, check_sharded_batch(batch, blocks_.count).with_context(who),
-                                 "sharded_table::forward"));
+  // The samples of each of the rank's blocks, relative to its first.
+  block_start_.assign(blocks_.count + 1, 0);
+  std::size_t expected = SIZE_MAX;
+  if (global_batch != 0) {
+    const sample_range mine =
+        block_samples(options_.num_blocks, global_batch, blocks_.first, blocks_.count);
+    expected = mine.size();
+    for (std::size_t j = 0; j <= blocks_.count; ++j)
+      block_start_[j] =
+          block_samples(options_.num_blocks, global_batch, blocks_.first + j).begin - mine.begin;
+  } else if (blocks_.count > 0) {
+    const std::size_t per = batch.batch_size / blocks_.count;
+    for (std::size_t j = 0; j <= blocks_.count; ++j) block_start_[j] = j * per;
+  }
+  EMBCACHE_RETURN_IF_ERROR(
+      agree(comm_, check_sharded_batch(batch, blocks_.count, expected).with_context(who),
+            "sharded_table::forward"));
   EMBCACHE_RETURN_IF_ERROR(forward_impl(batch, out));
   pending_ = true;
   return {};
 }
 
 template <class Key>
-status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out) {
+result<std::size_t> sharded_table<Key>::send_to_owners(const Key* keys, std::size_t n,
+                                                       std::vector<Key>& recv_keys,
+                                                       std::vector<std::size_t>& counts,
+                                                       std::vector<std::size_t>& recv_counts) {
   const host_space space{options_.table.max_threads};
   const int world = comm_.size();
-  const std::size_t dim = options_.table.dim;
-  const std::size_t n = batch.num_keys;
-  const std::size_t bags = batch.num_bags();
-  batch_size_ = batch.batch_size;
-  num_slots_ = batch.num_slots;
-  offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
-
-  // Unique keys of the batch (ascending) and the unique index of every occurrence.
+  // Unique keys (ascending) and the unique index of every occurrence.
   inverse_.resize(n);
   std::vector<Key> unique;
-  const std::size_t m = grouping_.group(space, batch.keys, n, unique, inverse_.data());
+  const std::size_t m = grouping_.group(space, keys, n, unique, inverse_.data());
 
   // Group the unique keys by owner (a stable counting sort keeps them ascending in each group).
   std::vector<int> owner(m);
-  std::vector<std::size_t> counts(static_cast<std::size_t>(world), 0);
+  counts.assign(static_cast<std::size_t>(world), 0);
   for (std::size_t u = 0; u < m; ++u) {
     owner[u] = owner_of(unique[u], world);
     ++counts[static_cast<std::size_t>(owner[u])];
@@ -110,11 +128,27 @@ status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out)
   occurrence_rows_.resize(n);
   for (std::size_t i = 0; i < n; ++i)
     occurrence_rows_[i] = slot_of[static_cast<std::size_t>(inverse_[i])];
+  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, sent_keys_, counts, recv_keys, recv_counts));
+  return m;
+}
+
+template <class Key>
+status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out) {
+  const host_space space{options_.table.max_threads};
+  const int world = comm_.size();
+  const std::size_t dim = options_.table.dim;
+  const std::size_t n = batch.num_keys;
+  const std::size_t bags = batch.num_bags();
+  batch_size_ = batch.batch_size;
+  num_slots_ = batch.num_slots;
+  offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
 
   // Keys to their owners.
   std::vector<Key> recv_keys;
-  std::vector<std::size_t> recv_counts;
-  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, sent_keys_, counts, recv_keys, recv_counts));
+  std::vector<std::size_t> counts, recv_counts;
+  auto sent = send_to_owners(batch.keys, n, recv_keys, counts, recv_counts);
+  if (!sent.ok()) return sent.get_status();
+  const std::size_t m = sent.value();
   stats_.unique_keys = m;
   stats_.remote_keys = m - counts[static_cast<std::size_t>(comm_.rank())];
   stats_.min_bytes = std::uint64_t{m} * dim * sizeof(float);
@@ -185,11 +219,13 @@ status sharded_table<Key>::backward_impl(const float* d_out) {
   // occurrences in batch order. Each owner's records are kept block by block, so an owner that
   // reads its senders in rank order meets a key's partials in global block order.
   std::vector<std::vector<unsigned char>> to_owner(static_cast<std::size_t>(world));
-  const std::size_t samples = blocks_.count > 0 ? batch_size_ / blocks_.count : 0;
-  const std::size_t block_bags = samples * num_slots_;
-  std::vector<std::int64_t> block_offsets(block_bags + 1);
-  for (std::size_t j = 0; j < blocks_.count && block_bags > 0; ++j) {
-    const std::size_t b0 = j * block_bags;
+  std::vector<std::int64_t> block_offsets;
+  for (std::size_t j = 0; j < blocks_.count; ++j) {
+    const std::size_t samples = block_start_[j + 1] - block_start_[j];
+    const std::size_t block_bags = samples * num_slots_;
+    if (block_bags == 0) continue;
+    block_offsets.resize(block_bags + 1);
+    const std::size_t b0 = block_start_[j] * num_slots_;
     const std::int64_t base = offsets_[b0];
     for (std::size_t b = 0; b <= block_bags; ++b) block_offsets[b] = offsets_[b0 + b] - base;
     const std::size_t occ = static_cast<std::size_t>(block_offsets[block_bags]);
@@ -249,6 +285,59 @@ status sharded_table<Key>::backward_impl(const float* d_out) {
   return agree(
       comm_, local.with_context("sharded_table::backward on rank " + std::to_string(comm_.rank())),
       "sharded_table::backward");
+}
+
+template <class Key>
+status sharded_table<Key>::read(const Key* keys, std::size_t n, float* rows, bool* found) {
+  const status local = n > 0 && (keys == nullptr || rows == nullptr || found == nullptr)
+                           ? status::invalid_argument("a read of " + std::to_string(n) +
+                                                      " keys without keys, rows or flags")
+                           : status{};
+  const std::string who = "sharded_table::read on rank " + std::to_string(comm_.rank());
+  EMBCACHE_RETURN_IF_ERROR(agree(comm_, local.with_context(who), "sharded_table::read"));
+  return read_impl(keys, n, rows, found);
+}
+
+template <class Key>
+status sharded_table<Key>::read_impl(const Key* keys, std::size_t n, float* rows, bool* found) {
+  const std::size_t width = shard_.row_width();
+  std::vector<Key> recv_keys;
+  std::vector<std::size_t> counts, recv_counts;
+  auto sent = send_to_owners(keys, n, recv_keys, counts, recv_counts);
+  if (!sent.ok()) return sent.get_status();
+  // The owner's side: a flag, then the row, per key asked for (in the order asked).
+  const std::size_t r = recv_keys.size();
+  const std::size_t record = width + 1;
+  std::vector<float> pulled(r * width);
+  std::unique_ptr<bool[]> have(new bool[r > 0 ? r : 1]);
+  status local = r > 0 ? shard_.pull(recv_keys.data(), r, pulled.data(), have.get()) : status{};
+  std::vector<float> send_rows(local.ok() ? r * record : 0);
+  for (std::size_t j = 0; local.ok() && j < r; ++j) {
+    send_rows[j * record] = have[j] ? 1.0f : 0.0f;
+    std::memcpy(send_rows.data() + j * record + 1, pulled.data() + j * width,
+                width * sizeof(float));
+  }
+  EMBCACHE_RETURN_IF_ERROR(agree(
+      comm_, local.with_context("sharded_table::read on rank " + std::to_string(comm_.rank())),
+      "sharded_table::read"));
+  std::vector<std::size_t> row_counts(recv_counts), back_counts;
+  for (auto& c : row_counts) c *= record;
+  std::vector<float> back;
+  EMBCACHE_RETURN_IF_ERROR(exchange(comm_, send_rows, row_counts, back, back_counts));
+  if (back.size() != sent.value() * record)
+    return status::internal("sharded_table::read on rank " + std::to_string(comm_.rank()) +
+                            ": " + std::to_string(back.size()) + " floats came back for " +
+                            std::to_string(sent.value()) + " keys of row width " +
+                            std::to_string(width));
+  for (std::size_t i = 0; i < n; ++i) {
+    const float* rec = back.data() + static_cast<std::size_t>(occurrence_rows_[i]) * record;
+    found[i] = rec[0] != 0.0f;
+    if (found[i])
+      std::memcpy(rows + i * width, rec + 1, width * sizeof(float));
+    else
+      std::fill(rows + i * width, rows + (i + 1) * width, 0.0f);
+  }
+  return {};
 }
 
 template <class Key>

@@ -21,6 +21,9 @@ class host_dense_backend final : public dense_backend {
     return model_.forward_backward(batch, dropout_step, d_wide, d_deep, logits);
   }
   void apply_dense_update() override { model_.apply_dense_update(); }
+  std::size_t num_gradients() const noexcept override { return model_.num_gradients(); }
+  void get_gradients(float* out) override { model_.get_gradients(out); }
+  void set_gradients(const float* in) override { model_.set_gradients(in); }
   std::vector<std::uint8_t> save() const override { return model_.save(); }
   status load(const std::uint8_t* data, std::size_t size) override {
     return model_.load(data, size);

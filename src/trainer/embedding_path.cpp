@@ -2,6 +2,8 @@
 // RocksDB) and the training cache over them; and the one place that picks the path by mode.
 #include "embedding_path.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "embcache/criteo.hpp"
@@ -62,6 +64,12 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
 
 }  // namespace
 
+std::string rank_folder_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d", rank);
+  return name;
+}
+
 table_roles roles_of(const trainer_config& config) {
   table_roles r;
   for (std::size_t t = 0; t < config.tables.size(); ++t) {
@@ -117,9 +125,36 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
   return tables;
 }
 
+embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>& cache,
+                                                     std::size_t t) {
+  const auto ref = cache.cache(t).ref();
+  const std::size_t width = cache.row_width(t);
+  return [ref, width](trainer_key k, float* emb, std::size_t dim) {
+    float row[64];
+    std::vector<float> big;
+    float* dst = row;
+    if (width > 64) {
+      big.resize(width);
+      dst = big.data();
+    }
+    ref.initialize_row(k, dst);
+    std::copy(dst, dst + dim, emb);
+  };
+}
+
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
                                                             host_space space,
+                                                            communicator* comm,
                                                             std::string* building) {
+  if (comm != nullptr) {
+    // Each rank its own stores: a RocksDB folder per rank under the configured one.
+    trainer_config mine = config;
+    for (auto& tc : mine.tables)
+      if (tc.store == "rocksdb") tc.store_path += "/" + rank_folder_name(comm->rank());
+    auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/true, building);
+    if (!tables.ok()) return tables.get_status();
+    return make_sharded_path(mine, *comm, std::move(tables).value(), building);
+  }
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
   auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid, building);
   if (!tables.ok()) return tables.get_status();

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "embcache/distributed/communicator.hpp"
+#include "embcache/host_hybrid.hpp"
 #include "embcache/param_store.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
@@ -37,6 +39,8 @@ struct batch_keys {
   const trainer_key* deep = nullptr;      ///< B * deep_slots keys
   std::size_t deep_slots = 0;             ///< slot keys
   const std::int64_t* offsets = nullptr;  ///< 0, 1, 2, ...: every bag holds one key
+  /// Samples of the global batch these are this rank's part of (sharded runs; 0: batch_size).
+  std::size_t global_batch_size = 0;
 };
 
 /// What a path did since it was last asked (embedding_path::take_activity).
@@ -110,11 +114,20 @@ class embedding_path {
   virtual training_cache<trainer_key>& cache() = 0;
 };
 
-/// Builds the path `config.mode` names, with its stores and cache. While it allocates,
-/// `*building` names the part (for an out-of-memory message).
+/// Builds the path `config.mode` names, with its stores and cache; with a communicator, the
+/// sharded path over its ranks. While it allocates, `*building` names the part (for an
+/// out-of-memory message).
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
-                                                            host_space space,
+                                                            host_space space, communicator* comm,
                                                             std::string* building);
+
+/// "rank-00003": a rank's folder (its RocksDB stores under a table's store_path).
+std::string rank_folder_name(int rank);
+
+/// The initializer of `cache`'s table `t` as a function of the key: the rows every mode starts
+/// from, whether or not they pass through the cache.
+embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>& cache,
+                                                     std::size_t t);
 
 // The parts make_embedding_path puts together (embedding_path.cpp).
 
@@ -131,6 +144,11 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
 /// The training-cache path, keyset or on-demand by config.mode (cache_path.cpp).
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
+/// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
+/// rank's rows in its own stores (`tables`, built with a save-only cache).
+std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config,
+                                                  communicator& comm, embedding_tables tables,
+                                                  std::string* building);
 /// The host-hybrid path (host_hybrid_path.cpp).
 std::unique_ptr<embedding_path> make_host_hybrid_path(const trainer_config& config,
                                                       embedding_tables tables,

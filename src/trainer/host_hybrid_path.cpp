@@ -1,9 +1,7 @@
 // The host-hybrid embedding path (MindSpore's host+device hybrid): no cache in the step; each
 // table's lookup and sparse optimizer run on its parameter store through host_hybrid_table.
-#include <algorithm>
 #include <vector>
 
-#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embedding_path.hpp"
 #include "training/model_folder.hpp"
@@ -71,21 +69,8 @@ class host_hybrid_path final : public embedding_path {
   training_cache<trainer_key>& cache() override { return *tables_.cache; }
 
  private:
-  // The cache's own initializer, so that every mode starts from the same rows.
   embedding_initializer<trainer_key> initializer_of(std::size_t t) {
-    const auto ref = tables_.cache->cache(t).ref();
-    const std::size_t width = tables_.cache->row_width(t);
-    return [ref, width](trainer_key k, float* emb, std::size_t dim) {
-      float row[64];
-      std::vector<float> big;
-      float* dst = row;
-      if (width > 64) {
-        big.resize(width);
-        dst = big.data();
-      }
-      ref.initialize_row(k, dst);
-      std::copy(dst, dst + dim, emb);
-    };
+    return cache_initializer(*tables_.cache, t);
   }
 
   embedding_tables tables_;

@@ -78,7 +78,7 @@ status trainer::impl::build() {
     space.max_threads = config.threads;
     roles = detail::roles_of(config);
     num_wide_slots = criteo_slot_count + (config.crossed ? criteo_cross_count : 0);
-    auto p = detail::make_embedding_path(config, space, &building);
+    auto p = detail::make_embedding_path(config, space, comm, &building);
     if (!p.ok()) return p.get_status();
     path = std::move(p).value();
     wide_deep_options mo = config.model;
@@ -102,15 +102,16 @@ status trainer::impl::build() {
   }
 }
 
-void trainer::impl::fill_keys(const shard_batch& b) {
-  const std::size_t n = b.size, ws = num_wide_slots;
+void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size_t count) {
+  const std::size_t n = std::min(count, b.size - first), ws = num_wide_slots;
   wide_keys.resize(n * ws);
   for (std::size_t i = 0; i < n; ++i) {
-    std::copy(b.keys.begin() + i * criteo_slot_count, b.keys.begin() + (i + 1) * criteo_slot_count,
-              wide_keys.begin() + i * ws);
+    const std::size_t at = first + i;
+    std::copy(b.keys.begin() + at * criteo_slot_count,
+              b.keys.begin() + (at + 1) * criteo_slot_count, wide_keys.begin() + i * ws);
     if (config.crossed)
-      std::copy(b.crossed.begin() + i * b.num_crossed,
-                b.crossed.begin() + i * b.num_crossed + criteo_cross_count,
+      std::copy(b.crossed.begin() + at * b.num_crossed,
+                b.crossed.begin() + at * b.num_crossed + criteo_cross_count,
                 wide_keys.begin() + i * ws + criteo_slot_count);
   }
   const std::size_t need = n * std::max(ws, criteo_slot_count) + 1;
@@ -120,6 +121,7 @@ void trainer::impl::fill_keys(const shard_batch& b) {
 
 status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
                                  double* loss) {
+  if (comm != nullptr) return train_step_sharded(b, pass, pass_step, loss);
   const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b);
@@ -154,18 +156,41 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
 trainer::trainer(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 trainer::~trainer() = default;
 
-result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given) {
+result<std::unique_ptr<trainer>> trainer::create_with(const trainer_config& given,
+                                                      communicator* comm) {
   EMBCACHE_RETURN_IF_ERROR(validate(given));
   auto resolved = resolve_trainer_config(given);  // dataset passes, capacity "auto"
   if (!resolved.ok()) return resolved.get_status();
   const trainer_config& config = resolved.value();
   auto p = std::make_unique<impl>();
   p->config = config;
-  EMBCACHE_RETURN_IF_ERROR(p->build());
+  p->comm = comm;
+  if (comm != nullptr) {
+    EMBCACHE_RETURN_IF_ERROR(detail::check_sharded_config(config, *comm));
+    p->blocks = blocks_of_rank(config.num_blocks, comm->rank(), comm->size()).value();
+    if (comm->rank() != 0) p->log = [](const std::string&) {};  // rank 0 speaks for the run
+  }
+  status built = p->build();
+  if (comm != nullptr) built = agree(*comm, built, "trainer::create");
+  EMBCACHE_RETURN_IF_ERROR(built);
   std::unique_ptr<trainer> t(new trainer(std::move(p)));
   if (!config.resume_from.empty())
     EMBCACHE_RETURN_IF_ERROR(t->load(config.resume_from).with_context("config.resume_from"));
   return t;
+}
+
+result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given) {
+  if (given.world > 1)
+    return status::invalid_argument(
+        "config.world: " + std::to_string(given.world) +
+        " ranks need a launcher: run embcache-train under mpirun -np " +
+        std::to_string(given.world) + ", or pass a communicator to trainer::create");
+  return create_with(given, nullptr);
+}
+
+result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given,
+                                                 communicator& comm) {
+  return create_with(given, &comm);
 }
 
 std::uint64_t trainer::step() const noexcept { return impl_->step; }
@@ -184,7 +209,7 @@ status trainer::run() {
     impl_->dense_note_logged = true;
   }
   if (!impl_->diverged.ok()) return impl_->diverged;
-  if (!impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
+  if (impl_->leader() && !impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
     EMBCACHE_RETURN_IF_ERROR(detail::start_metrics_files(impl_->config.output_dir));
   }
@@ -305,7 +330,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
       p.loss = interval_loss / double(interval_steps);
       p.hit_rate = rate;
       s.log(detail::training_progress_line(p));
-      if (!c.output_dir.empty()) {
+      if (s.leader() && !c.output_dir.empty()) {
         detail::step_metrics sm;
         sm.step = s.step;
         sm.pass = m.pass;
@@ -362,11 +387,40 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
   }
   s.history.push_back(m);
   s.log(detail::pass_summary_line(m));
-  if (!c.output_dir.empty()) {
+  if (s.leader() && !c.output_dir.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
     EMBCACHE_RETURN_IF_ERROR(detail::append_pass_metrics(c.output_dir, m));
   }
   return m;
+}
+
+status trainer::impl::predict_batch(const shard_batch& b, std::size_t n) {
+  if (comm != nullptr) return predict_batch_sharded(b, n);
+  const std::size_t ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t dim = config.tables[roles.deep].dim;
+  fill_keys(b, 0, n);
+  in_wide.assign(n * ws, 0.0f);
+  in_deep.assign(n * ds * dim, 0.0f);
+  for (const detail::table_read& p : {detail::table_read{roles.wide, wide_keys.data(), n * ws, 1,
+                                                         in_wide.data()},
+                                      detail::table_read{roles.deep, b.keys.data(), n * ds, dim,
+                                                         in_deep.data()}})
+    EMBCACHE_RETURN_IF_ERROR(read_embeddings(p));
+  model->predict({n, in_wide.data(), in_deep.data(), b.dense.data(), nullptr}, logits);
+  return {};
+}
+
+// One-hot slots: each pooled value is the key's row, or zeros for a key never trained.
+status trainer::impl::read_embeddings(const detail::table_read& p) {
+  const std::size_t width = path->row_width(p.table);
+  rows_buf.resize(p.count * width);
+  bool* found = found_buffer(p.count);
+  EMBCACHE_RETURN_IF_ERROR(path->read(p.table, p.keys, p.count, rows_buf.data(), found));
+  for (std::size_t i = 0; i < p.count; ++i)
+    if (found[i])
+      std::copy(rows_buf.begin() + i * width, rows_buf.begin() + i * width + p.dim,
+                p.out + i * p.dim);
+  return {};
 }
 
 result<eval_metrics> trainer::evaluate(const std::string& shard) {
@@ -381,8 +435,6 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
   if (!reader.ok()) return reader.get_status().with_context("eval shard");
   if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
     return status::invalid_argument("config.eval_shard: " + path + " has no crossed keys");
-  const std::size_t ws = s.num_wide_slots, ds = criteo_slot_count;
-  const std::size_t dim = c.tables[s.roles.deep].dim;
   metric_accumulator acc;
   shard_batch b;
   std::uint64_t total = reader.value()->total_rows();
@@ -403,28 +455,7 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
                                 count_non_finite(b.labels.data(), n))
       return status::invalid_argument(where + ": " + samples + " hold " + std::to_string(bad) +
                                       " non-finite dense features or labels");
-    s.fill_keys(b);
-    s.in_wide.assign(n * ws, 0.0f);
-    s.in_deep.assign(n * ds * dim, 0.0f);
-    // One-hot slots: each pooled value is the key's row, or zeros for a key never trained.
-    struct part {
-      std::size_t t;
-      const detail::trainer_key* keys;
-      std::size_t count, dim;
-      float* out;
-    };
-    for (const part& p : {part{s.roles.wide, s.wide_keys.data(), n * ws, 1, s.in_wide.data()},
-                          part{s.roles.deep, b.keys.data(), n * ds, dim, s.in_deep.data()}}) {
-      const std::size_t width = s.path->row_width(p.t);
-      s.rows_buf.resize(p.count * width);
-      bool* found = s.found_buffer(p.count);
-      EMBCACHE_RETURN_IF_ERROR(s.path->read(p.t, p.keys, p.count, s.rows_buf.data(), found));
-      for (std::size_t i = 0; i < p.count; ++i)
-        if (found[i])
-          std::copy(s.rows_buf.begin() + i * width, s.rows_buf.begin() + i * width + p.dim,
-                    p.out + i * p.dim);
-    }
-    s.model->predict({n, s.in_wide.data(), s.in_deep.data(), b.dense.data(), nullptr}, s.logits);
+    EMBCACHE_RETURN_IF_ERROR(s.predict_batch(b, n));
     if (const std::size_t bad = count_non_finite(s.logits.data(), n))
       return s.diverge(where, std::to_string(bad) + " of the " + std::to_string(n) + " logits of " +
                                   samples + " are not finite");

@@ -44,9 +44,22 @@ json state_json(const trainer::impl& s) {
           {"samples", s.samples},
           {"seed", s.config.seed},
           {"crossed", s.config.crossed},
+          {"world", s.comm ? s.comm->size() : 1},
+          {"num_blocks", s.comm ? json(s.config.num_blocks) : json(nullptr)},
           {"history", history},
           {"counters", s.path->counters()},
           {"config", json(s.config)}};
+}
+
+// Reads trainer.json's counters and history, and the bytes of dense.bin, of the save in `dir`.
+status read_state(trainer::impl& s, const std::string& dir, std::uint64_t& step,
+                  std::uint64_t& passes, std::uint64_t& samples,
+                  std::vector<pass_metrics>& history, std::vector<char>& dense_bytes);
+
+// A sharded run's ranks agree on an outcome (every rank fails when one does); one process's is
+// its own.
+status agreed(trainer::impl& s, const status& local, const std::string& what) {
+  return s.comm != nullptr ? agree(*s.comm, local, what) : local;
 }
 
 // Writes the whole save into the staged folder `staged`.
@@ -60,9 +73,14 @@ status write_save(trainer::impl& s, const std::string& staged, const std::string
       s.log("save to " + dir + ": " + meter->count_text(done, "rows"));
   };
   EMBCACHE_RETURN_IF_ERROR(s.path->save_sparse(staged + "/sparse", on_progress));
-  EMBCACHE_RETURN_IF_ERROR(write_staged_file(staged + "/dense.bin", dense.data(), dense.size()));
-  const std::string text = state_json(s).dump(2) + "\n";
-  return write_staged_file(staged + "/" + state_file, text.data(), text.size());
+  status written;
+  if (s.leader()) {  // the files of the whole run: one writer
+    written = write_staged_file(staged + "/dense.bin", dense.data(), dense.size());
+    const std::string text = state_json(s).dump(2) + "\n";
+    if (written.ok())
+      written = write_staged_file(staged + "/" + state_file, text.data(), text.size());
+  }
+  return agreed(s, written, "trainer::save");
 }
 
 }  // namespace
@@ -109,15 +127,21 @@ status trainer::save(const std::string& dir) {
     return s.diverge("save to " + dir + " after step " + std::to_string(s.step),
                      "the dense weights or their Adam state are not finite");
   // The previous save stays whole until the new one is complete and durable.
+  // Sharded: rank 0 prepares and publishes the staged folder, every rank writes its parts.
   const std::string staged = detail::staging_folder_of(dir);
   std::error_code ec;
-  fs::remove_all(staged, ec);
-  fs::create_directories(staged, ec);
-  if (ec) return status::io_error(staged + ": cannot create (" + ec.message() + ")");
+  status ready;
+  if (s.leader()) {
+    fs::remove_all(staged, ec);
+    fs::create_directories(staged, ec);
+    if (ec) ready = status::io_error(staged + ": cannot create (" + ec.message() + ")");
+  }
+  EMBCACHE_RETURN_IF_ERROR(agreed(s, ready, "trainer::save"));
   status written = write_save(s, staged, dir, dense);
-  if (written.ok()) written = detail::publish_folder(staged, dir);
+  if (written.ok() && s.leader()) written = detail::publish_folder(staged, dir);
+  written = agreed(s, written, "trainer::save");
   if (!written.ok()) {
-    fs::remove_all(staged, ec);  // a partial save, or the previous one after an exchange
+    if (s.leader()) fs::remove_all(staged, ec);  // a partial save, or the previous one
     return written;
   }
   s.log(detail::save_summary_line(dir,
@@ -128,11 +152,33 @@ status trainer::save(const std::string& dir) {
 status trainer::load(const std::string& dir_in) {
   impl& s = *impl_;
   const std::string dir = detail::published_folder(dir_in, state_file);
+  std::uint64_t step = 0, passes = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  std::vector<char> dense;
+  // Every rank reads the run's files; they agree before the collective part.
+  status read = read_state(s, dir, step, passes, samples, history, dense);
+  EMBCACHE_RETURN_IF_ERROR(agreed(s, read, "trainer::load"));
+  EMBCACHE_RETURN_IF_ERROR(s.path->load_sparse(dir + "/sparse"));
+  status loaded =
+      s.model->load(reinterpret_cast<const std::uint8_t*>(dense.data()), dense.size())
+          .with_context(dir + "/dense.bin");
+  EMBCACHE_RETURN_IF_ERROR(agreed(s, loaded, "trainer::load"));
+  s.step = step;
+  s.passes_done = passes;
+  s.samples = samples;
+  s.history = std::move(history);
+  s.path->set_step(step);
+  return {};
+}
+
+namespace {
+
+status read_state(trainer::impl& s, const std::string& dir, std::uint64_t& step,
+                  std::uint64_t& passes, std::uint64_t& samples,
+                  std::vector<pass_metrics>& history, std::vector<char>& dense_bytes) {
   const std::string state_path = dir + "/" + state_file;
   auto text = detail::read_file_bytes(state_path);
   if (!text.ok()) return text.get_status();
-  std::uint64_t step = 0, passes = 0, samples = 0;
-  std::vector<pass_metrics> history;
   try {
     const json state = json::parse(text.value().begin(), text.value().end());
     if (state.at("format") != "embcache-trainer" || state.at("format_version") != 1)
@@ -149,17 +195,10 @@ status trainer::load(const std::string& dir_in) {
   }
   auto dense = detail::read_file_bytes(dir + "/dense.bin");
   if (!dense.ok()) return dense.get_status();
-  EMBCACHE_RETURN_IF_ERROR(s.path->load_sparse(dir + "/sparse"));
-  EMBCACHE_RETURN_IF_ERROR(
-      s.model
-          ->load(reinterpret_cast<const std::uint8_t*>(dense.value().data()), dense.value().size())
-          .with_context(dir + "/dense.bin"));
-  s.step = step;
-  s.passes_done = passes;
-  s.samples = samples;
-  s.history = std::move(history);
-  s.path->set_step(step);
+  dense_bytes = std::move(dense).value();
   return {};
 }
+
+}  // namespace
 
 }  // namespace embcache

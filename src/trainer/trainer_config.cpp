@@ -26,6 +26,8 @@ constexpr std::uint64_t max_dim = 4096;                      // tables[i].dim
 constexpr std::uint64_t max_width = std::uint64_t{1} << 16;  // model.hidden[i]
 constexpr std::size_t max_layers = 32;                       // model.hidden's length
 constexpr std::uint64_t max_threads = 4096;                  // threads, blas_threads
+constexpr std::uint64_t max_world = std::uint64_t{1} << 20;  // world (as sharded saves allow)
+constexpr std::uint64_t max_blocks = std::uint64_t{1} << 16; // num_blocks
 constexpr std::uint64_t max_u64 = std::numeric_limits<std::uint64_t>::max();  // seeds
 
 // An inclusive integer range.
@@ -269,7 +271,8 @@ const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
 const ranged_field<std::size_t> count_fields[] = {
     {"eval_max_samples", &trainer_config::eval_max_samples, {0, max_count}},
     {"batch_size", &trainer_config::batch_size, {1, max_batch}},
-    {"log_interval", &trainer_config::log_interval, {0, max_count}}};
+    {"log_interval", &trainer_config::log_interval, {0, max_count}},
+    {"num_blocks", &trainer_config::num_blocks, {1, max_blocks}}};
 const ranged_field<int> thread_fields[] = {
     {"threads", &trainer_config::threads, {0, max_threads}},
     {"blas_threads", &trainer_config::blas_threads, {0, max_threads}}};
@@ -363,6 +366,16 @@ status validate(const trainer_config& c) {
   EMBCACHE_RETURN_IF_ERROR(check_real("config.model.epsilon", c.model.adam.epsilon, positive));
   for (const auto& f : thread_fields)
     EMBCACHE_RETURN_IF_ERROR(check_signed(std::string("config.") + f.name, c.*f.member, f.range));
+  EMBCACHE_RETURN_IF_ERROR(check_signed("config.world", c.world, {0, max_world}));
+  if (c.world > 1 && c.num_blocks % static_cast<std::size_t>(c.world) != 0)
+    return status::invalid_argument("config.num_blocks: " + std::to_string(c.num_blocks) +
+                                    " blocks do not split over config.world " +
+                                    std::to_string(c.world) +
+                                    " ranks (must be a multiple of the number of ranks)");
+  if (c.world > 1 && c.mode != trainer_mode::host_hybrid)
+    return status::invalid_argument(
+        std::string("config.mode: \"") + to_string(c.mode) + "\" with config.world " +
+        std::to_string(c.world) + ": a sharded run trains in mode \"host_hybrid\"");
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
@@ -489,6 +502,17 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     mr.finish();
   }
   r.get_int("seed", c.seed, {0, max_u64});
+  // "world": "auto" (the launcher's) or a number of ranks.
+  if (r.has("world") && r.at("world").is_string()) {
+    std::string world;
+    r.get("world", world);
+    if (err.ok() && world != "auto")
+      r.fail("config.world", "expected " + int_range{1, max_world}.text() +
+                                 " or \"auto\", got " + shown(json(world)));
+    c.world = 0;
+  } else {
+    r.get_int("world", c.world, {1, max_world});
+  }
   for (const auto& f : text_fields) r.get(f.name, c.*f.member);
   for (const auto& f : flag_fields) r.get(f.name, c.*f.member);
   for (const auto& f : count_fields) r.get_int(f.name, c.*f.member, f.range);
@@ -547,7 +571,8 @@ void to_json(json& j, const trainer_config& c) {
              {"beta1", c.model.adam.beta1},
              {"beta2", c.model.adam.beta2},
              {"epsilon", c.model.adam.epsilon}}},
-           {"seed", c.seed}};
+           {"seed", c.seed},
+           {"world", c.world == 0 ? json("auto") : json(c.world)}};
   for (const auto& f : text_fields) j[f.name] = c.*f.member;
   for (const auto& f : flag_fields) j[f.name] = c.*f.member;
   for (const auto& f : count_fields) j[f.name] = c.*f.member;

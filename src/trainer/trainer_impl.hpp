@@ -9,16 +9,35 @@
 #include <string>
 #include <vector>
 
+#include "embcache/distributed/communicator.hpp"
+#include "embcache/distributed/ownership.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embedding_path.hpp"
 
 namespace embcache {
+namespace detail {
+
+/// Embeddings of `count` one-hot keys of one table, into `out` (count * dim floats).
+struct table_read {
+  std::size_t table = 0;
+  const trainer_key* keys = nullptr;
+  std::size_t count = 0, dim = 0;
+  float* out = nullptr;
+};
+
+/// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
+status check_sharded_config(const trainer_config& config, const communicator& comm);
+
+}  // namespace detail
 
 struct trainer::impl {
   using clock_type = std::chrono::steady_clock;
 
   trainer_config config;
   host_space space;
+  // The ranks of a sharded run (null: one process) and this rank's blocks of every batch.
+  communicator* comm = nullptr;
+  block_range blocks;
   detail::table_roles roles;
   std::size_t num_wide_slots = 0;  // slot keys, plus crossed keys when crossing
   std::unique_ptr<detail::embedding_path> path;
@@ -37,10 +56,15 @@ struct trainer::impl {
   status diverged;
   std::string building;  // what build() is allocating, for an out-of-memory message
 
+  // Whether this process logs and writes the metrics files and the save's own files: the only
+  // process, or rank 0 of a sharded run.
+  bool leader() const noexcept { return comm == nullptr || comm->rank() == 0; }
   // Per-step scratch.
   std::vector<detail::trainer_key> wide_keys;
   std::vector<std::int64_t> offsets;
   std::vector<float> in_wide, in_deep, d_wide, d_deep, rows_buf, logits;
+  std::vector<float> dense_partials, dense_sum;  // sharded: per-block dense gradients, their sum
+  std::vector<double> block_losses;
   std::unique_ptr<bool[]> found;
   std::size_t found_size = 0;
 
@@ -48,10 +72,22 @@ struct trainer::impl {
   // Checks the memory estimate, then builds the embedding path and the dense model; an
   // allocation that fails anyway becomes a status naming what was being built.
   status build();
-  // The batch's wide keys (slot keys, then crossed keys) and enough one-hot offsets.
-  void fill_keys(const shard_batch& b);
+  // The wide keys (slot keys, then crossed keys) of samples [first, first + n) of the batch (all
+  // of it by default) and enough one-hot offsets.
+  void fill_keys(const shard_batch& b, std::size_t first = 0, std::size_t n = SIZE_MAX);
   status train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
                     double* loss);
+  // train_step of a sharded run (trainer_sharded.cpp): this rank's blocks of the batch, the
+  // dense gradients summed over every block in block order.
+  status train_step_sharded(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
+                            double* loss);
+  // The logits of samples [0, n) of an evaluation batch (sharded: each rank predicts its blocks,
+  // then every rank gets all of them in sample order). Reads the rows through the path.
+  status predict_batch(const shard_batch& b, std::size_t n);
+  status predict_batch_sharded(const shard_batch& b, std::size_t n);
+  // The rows of p.keys through the path, their first p.dim floats into p.out (zeros for a key
+  // never trained).
+  status read_embeddings(const detail::table_read& p);
   bool* found_buffer(std::size_t n);
   // Records a divergence (what went non-finite, where) and returns it.
   status diverge(const std::string& where, const std::string& what);

@@ -27,10 +27,10 @@ dense_network_options mlp_options(const wide_deep_options& o) {
 namespace detail {
 
 double bce_loss_and_gradient(const float* logits, const float* labels, std::size_t n,
-                             float* d_logits) {
+                             std::size_t mean_over, float* d_logits) {
   if (n == 0) return 0.0;
   double sum = 0;
-  const double inv = 1.0 / double(n);
+  const double inv = 1.0 / double(mean_over);
   for (std::size_t i = 0; i < n; ++i) {
     sum += bce_with_logits(logits[i], labels[i]);
     d_logits[i] = float((sigmoid(logits[i]) - double(labels[i])) * inv);

@@ -13,6 +13,9 @@
 #include "common/status_assertions.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "test_util.hpp"
+#ifdef EMBCACHE_TEST_TRAINER_MPI_BINARY
+#include "trainer_test_util.hpp"
+#endif
 
 namespace embcache::test {
 namespace {
@@ -61,6 +64,43 @@ TEST_P(sharded_save_kill_test, last_complete_save_stays_loadable) {
 
 INSTANTIATE_TEST_SUITE_P(modes, sharded_save_kill_test,
                          ::testing::Values("in_checkpoint", "before_publish"));
+
+#ifdef EMBCACHE_TEST_TRAINER_MPI_BINARY
+// A rank of a 2-rank embcache trainer killed (SIGKILL) once pass 2 has trained leaves the save
+// of pass 1 whole: it loads in one process and holds the model of pass 1 trained alone.
+TEST(sharded_trainer_kill_test, the_save_of_the_last_pass_stays_whole) {
+  std::string root = ::testing::TempDir() + "embcache-kill-trainer-XXXXXX";
+  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const std::string data = root + "/data", save = root + "/save";
+  EMBCACHE_ASSERT_OK(write_trainer_dataset(data));
+  const std::string cmd = "EMBCACHE_TEST_KILL_TRAINER_SAVE='" + save +
+                          "' EMBCACHE_TEST_KILL_TRAINER_DATA='" + data + "' " +
+                          EMBCACHE_TEST_RUN_MPI " 2 '" EMBCACHE_TEST_TRAINER_MPI_BINARY
+                                                "' --gtest_filter=sharded_trainer_kill.child > '" +
+                          root + "/child.log' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream log_in(root + "/child.log");
+  const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+  ASSERT_NE(rc, 0) << "the child job should have died:\n" << log;
+
+  single_process_communicator one;
+  trainer_config c = sharded_trainer_config(data);
+  c.passes = {c.passes[0]};
+  c.save_dir = root + "/reference";
+  auto reference = trainer::create(c, one);
+  EMBCACHE_ASSERT_OK(reference);
+  EMBCACHE_ASSERT_OK(reference.value()->run());
+  expect_same_sharded_model(c.save_dir, save);
+  // And it resumes: the loaded trainer is after pass 1.
+  c.save_dir.clear();
+  c.resume_from = save;
+  auto resumed = trainer::create(c, one);
+  EMBCACHE_ASSERT_OK(resumed);
+  EXPECT_EQ(resumed.value()->passes_done(), 1u);
+  EXPECT_EQ(resumed.value()->step(), reference.value()->step());
+  fs::remove_all(root);
+}
+#endif
 
 }  // namespace
 }  // namespace embcache::test

@@ -5,9 +5,10 @@
 /// Keys (model parallel): key k belongs to rank `owner_of(k, world)`, a pure function of the key
 /// and the number of ranks. A rank's store shard, training cache and keyset hold only its keys.
 ///
-/// Samples (data parallel): the global batch of a step is cut into `num_blocks` blocks of equal
-/// size, a number fixed for the run and independent of the number of ranks; rank r trains on the
-/// contiguous blocks `[r * num_blocks / world, (r + 1) * num_blocks / world)`. Sums over the batch
+/// Samples (data parallel): the global batch of a step is cut into `num_blocks` blocks of nearly
+/// equal size (block_samples: equal when num_blocks divides the batch, as it does for every
+/// batch but a pass's last), a number fixed for the run and independent of the number of ranks;
+/// rank r trains on the contiguous blocks `[r * num_blocks / world, (r + 1) * num_blocks / world)`. Sums over the batch
 /// (sparse and dense gradients) are taken per block and then added in block order, so they are
 /// the same bits for every number of ranks that divides `num_blocks`.
 #pragma once
@@ -51,6 +52,20 @@ struct block_range {
   std::size_t first = 0;  ///< index of the rank's first block (default 0)
   std::size_t count = 0;  ///< number of blocks, num_blocks / world (default 0)
 };
+
+/// Samples `[begin, end)` of a global batch: of the block range of one rank, or of one block.
+struct sample_range {
+  std::size_t begin = 0;  ///< first sample (default 0)
+  std::size_t end = 0;    ///< one past the last sample (default 0)
+  std::size_t size() const noexcept { return end - begin; }
+};
+
+/// The samples of blocks `[first_block, first_block + count)` of a global batch of
+/// `batch_size` samples cut into `num_blocks` (> 0) blocks: block g starts at sample
+/// floor(g * batch_size / num_blocks), computed without overflow. Blocks may be empty when the
+/// batch has fewer samples than blocks.
+sample_range block_samples(std::size_t num_blocks, std::size_t batch_size, std::size_t first_block,
+                           std::size_t count = 1) noexcept;
 
 /// The blocks rank `rank` of `world` trains on. Fails with invalid_argument when world does not
 /// divide num_blocks, or rank is outside [0, world).

@@ -82,17 +82,27 @@ class sharded_table {
   sharded_table(communicator& comm, param_store<Key>& shard, const sharded_table_options& options,
                 embedding_initializer<Key> init = {});
 
-  /// Looks up and pools this rank's batch: its blocks of the global batch, in block order, each
-  /// of `batch.batch_size / blocks().count` samples (the count must divide batch_size). Writes
-  /// B*S*dim floats into `out`. Collective: every rank calls it, and every rank gets an error
-  /// when any rank's batch or store fails (its own message, or one that names the failing rank).
-  [[nodiscard]] status forward(const key_batch<Key>& batch, float* out);
+  /// Looks up and pools this rank's batch: its blocks of the global batch, in block order. With
+  /// `global_batch` 0 the blocks are of equal size, `batch.batch_size / blocks().count` samples
+  /// each (the count must divide batch_size); otherwise the global batch has `global_batch`
+  /// samples cut as block_samples() says (ownership.hpp), and batch_size must be the samples of
+  /// this rank's blocks. Writes B*S*dim floats into `out`. Collective: every rank calls it, and
+  /// every rank gets an error when any rank's batch or store fails (its own message, or one that
+  /// names the failing rank).
+  [[nodiscard]] status forward(const key_batch<Key>& batch, float* out,
+                               std::size_t global_batch = 0);
 
   /// Applies `d_out` (B*S*dim floats, the gradient with respect to the last forward()'s `out`):
   /// owners update their rows with the optimizer and push them to their stores; the step counter
   /// advances on every rank. Collective; fails on every rank when one fails.
   /// @throws embcache::error (invalid_argument) when no forward() precedes it.
   [[nodiscard]] status backward(const float* d_out);
+
+  /// Reads whole rows (`shard().row_width()` floats each) of `n` keys wherever they live,
+  /// without creating or changing any: found[i] is false, and row i zeros, for a key no rank's
+  /// store holds. Collective (every rank calls it, with keys of its own; n may be 0); fails on
+  /// every rank when one fails.
+  [[nodiscard]] status read(const Key* keys, std::size_t n, float* rows, bool* found);
 
   /// Writes this table's save into `dir` (distributed/sharded_save.hpp): every rank its shard,
   /// rank 0 the manifest that publishes it. Collective.
@@ -121,6 +131,13 @@ class sharded_table {
 
  private:
   status forward_impl(const key_batch<Key>& batch, float* out);
+  status read_impl(const Key* keys, std::size_t n, float* rows, bool* found);
+  // Groups the unique keys of `keys[0..n)` by owner into sent_keys_ / owner_start_, the row of
+  // every occurrence into occurrence_rows_, and sends them to their owners (received into
+  // `recv_keys`, `recv_counts` per rank). Returns the number of unique keys.
+  result<std::size_t> send_to_owners(const Key* keys, std::size_t n, std::vector<Key>& recv_keys,
+                                     std::vector<std::size_t>& counts,
+                                     std::vector<std::size_t>& recv_counts);
   status backward_impl(const float* d_out);
 
   communicator& comm_;
@@ -133,6 +150,7 @@ class sharded_table {
 
   // The requester's side of the last forward().
   std::size_t batch_size_ = 0, num_slots_ = 0;
+  std::vector<std::size_t> block_start_;       // first sample of each of the rank's blocks (+1)
   std::vector<std::int64_t> offsets_;
   std::vector<std::int64_t> occurrence_rows_;  // occurrence -> row of recv_rows_
   std::vector<Key> sent_keys_;                 // unique keys grouped by owner, ascending in each

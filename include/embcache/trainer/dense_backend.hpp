@@ -47,6 +47,13 @@ class dense_backend {
                                   std::vector<float>* logits = nullptr) = 0;
   /// One Adam step of the MLP and the wide bias (wide_deep_model::apply_dense_update).
   virtual void apply_dense_update() = 0;
+  /// Floats of the dense gradient (wide_deep_model::num_gradients).
+  virtual std::size_t num_gradients() const noexcept = 0;
+  /// The last forward_backward's dense gradient into `out` (host, num_gradients() floats).
+  virtual void get_gradients(float* out) = 0;
+  /// Replaces the gradient apply_dense_update() applies (host, num_gradients() floats): the
+  /// data-parallel trainer sets the sum over every rank's blocks.
+  virtual void set_gradients(const float* in) = 0;
   /// wide_deep_model::save: the same bytes whatever the device.
   virtual std::vector<std::uint8_t> save() const = 0;
   /// wide_deep_model::load.

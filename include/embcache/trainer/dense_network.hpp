@@ -121,6 +121,10 @@ class dense_network {
   [[nodiscard]] status set_parameters(const std::vector<float>& values);
   /// Host copy of the gradients of the last backward().
   std::vector<float> gradients() const;
+  /// Copies the gradients of the last backward() into `out` (num_parameters floats, host).
+  void get_gradients(float* out) const;
+  /// Replaces the gradients apply_adam() applies with `in` (num_parameters floats, host).
+  void set_gradients(const float* in);
 
   /// Parameters, Adam state and step as a self-describing blob with a checksum (format in
   /// docs/model.md).

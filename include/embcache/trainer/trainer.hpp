@@ -32,6 +32,8 @@
 
 namespace embcache {
 
+class communicator;
+
 /// Where the embeddings live while training.
 enum class trainer_mode : std::uint8_t {
   keyset,       ///< training cache, keyset mode: one begin_pass per shard, next shard prefetched
@@ -106,6 +108,15 @@ struct trainer_config {
   /// Threads of OpenBLAS for the host dense network, process-wide (default 0: OpenBLAS's own
   /// setting, OPENBLAS_NUM_THREADS or one per core). set_host_blas_threads.
   int blas_threads = 0;
+  /// Ranks of a data- and model-parallel run (docs/distributed.md): "auto" (0, the default)
+  /// takes the launcher's (`mpirun -np N`; one rank without a launcher), a number N >= 1 must
+  /// equal it. With a communicator (trainer::create's second argument) each rank owns the rows
+  /// of its keys (sharded tables, mode host_hybrid) and trains on its blocks of every batch.
+  int world = 0;
+  /// Blocks every global batch is cut into for a sharded run (default 8): a multiple of the
+  /// number of ranks, fixed for a run and its resumes. The model is the same bits on every
+  /// number of ranks that divides it.
+  std::size_t num_blocks = 8;
 
   /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
   static wide_deep_options default_model() { return wide_deep_options{}; }
@@ -186,6 +197,19 @@ class trainer {
   /// Resolves the configuration (resolve_trainer_config), builds the stores, the cache and the
   /// model, and loads `config.resume_from` when set.
   static result<std::unique_ptr<trainer>> create(const trainer_config& config);
+  /// A trainer that is one rank of a sharded, data-parallel run over `comm` (which must outlive
+  /// it; docs/distributed.md). Every rank calls create, run, save, load and evaluate with the
+  /// same configuration; each is collective and fails on every rank when one rank fails. The
+  /// tables are sharded_tables (mode host_hybrid; config.tables[i].store_path gets a `rank-R`
+  /// folder per rank), every rank reads every batch and trains on its blocks of it
+  /// (config.num_blocks, a multiple of comm.size()), and the dense gradients are summed over the
+  /// blocks in block order: the model is the same bits whatever the number of ranks. Only rank 0
+  /// logs, and writes the metrics files and the save's dense.bin and trainer.json; every rank
+  /// writes its part of the sparse tables. Saves and resumes go through a folder every rank
+  /// sees. invalid_argument when config.world is set and differs from comm.size(), or the mode
+  /// is not host_hybrid.
+  static result<std::unique_ptr<trainer>> create(const trainer_config& config,
+                                                 communicator& comm);
   ~trainer();
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
@@ -235,6 +259,8 @@ class trainer {
 
  private:
   explicit trainer(std::unique_ptr<impl> p);
+  static result<std::unique_ptr<trainer>> create_with(const trainer_config& config,
+                                                      communicator* comm);
   std::unique_ptr<impl> impl_;
 };
 

@@ -48,6 +48,10 @@ struct wide_deep_batch {
   const float* deep = nullptr;    ///< B * num_deep_slots * deep_dim floats
   const float* dense = nullptr;   ///< B * num_dense floats (may be null when num_dense is 0)
   const float* labels = nullptr;  ///< B labels in [0, 1], host memory (forward_backward only)
+  /// The loss is the mean over this many samples (default 0: B). A block of a larger batch
+  /// trained piece by piece passes the whole batch's size, so that its gradients are its share
+  /// of the batch's mean (forward_backward only).
+  std::size_t mean_over = 0;
 };
 
 /// Wide&Deep in the memory of `Space`; the dense part is a dense_network<Space>.
@@ -77,6 +81,15 @@ class wide_deep_model {
   float wide_bias() const noexcept { return bias_; }
   /// Gradient of the wide bias from the last forward_backward.
   float wide_bias_gradient() const noexcept { return bias_grad_; }
+
+  /// Floats of the dense gradient: the wide bias's, then the MLP's (its parameter order).
+  std::size_t num_gradients() const noexcept { return 1 + mlp_.num_parameters(); }
+  /// Copies the last forward_backward's dense gradient into `out` (num_gradients() floats,
+  /// host memory).
+  void get_gradients(float* out) const;
+  /// Replaces the dense gradient that apply_dense_update() applies with `in` (num_gradients()
+  /// floats, host memory): data-parallel training sums the ranks' gradients first.
+  void set_gradients(const float* in);
 
   /// The dense state (wide bias with its Adam state, then the MLP's blob) with a checksum.
   std::vector<std::uint8_t> save() const;

@@ -1,12 +1,32 @@
 // embcache-train: trains the reference Wide&Deep model from a JSON configuration.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli_checks.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "tool_log.hpp"
+#ifdef EMBCACHE_TRAINER_WITH_MPI
+#include "embcache/distributed/mpi_communicator.hpp"
+#endif
+
+namespace {
+
+// The number of ranks the launcher started (mpirun, mpiexec, srun), or 0 without one.
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"})
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Trains the reference Wide&Deep model on Criteo-format shards (docs/trainer.md)"};
@@ -48,25 +68,59 @@ int main(int argc, char** argv) {
     std::cout << nlohmann::json(resolved.value()).dump(2) << "\n";
     return 0;
   }
+  // A sharded run under a launcher of several ranks, or when the configuration names a world.
+  const int launched = launcher_world_size();
+  const bool sharded = launched > 1 || c.world >= 1;
+  std::string who = "embcache-train", ranks;  // ranks: "rank 1 of 4" in a sharded run
+  bool leader = true;
+#ifdef EMBCACHE_TRAINER_WITH_MPI
+  std::optional<embcache::mpi_session> session;
+  std::unique_ptr<embcache::mpi_communicator> comm;
+  if (sharded) {
+    try {
+      session.emplace(&argc, &argv);
+      comm = std::make_unique<embcache::mpi_communicator>();
+    } catch (const embcache::error& e) {
+      spdlog::error("embcache-train: {}", e.what());
+      return embcache::tools::run_time_failure;
+    }
+    leader = comm->rank() == 0;
+    ranks = "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size());
+    who += " (" + ranks + ")";
+  }
+  auto t = sharded ? embcache::trainer::create(c, *comm) : embcache::trainer::create(c);
+#else
+  if (sharded) {
+    spdlog::error("embcache-train: {}", launched > 1
+                                            ? "started by an MPI launcher, but this build has no "
+                                              "MPI (Debian: libopenmpi-dev openmpi-bin; rebuild)"
+                                            : "config.world: this build has no MPI");
+    return embcache::tools::usage_error;
+  }
   auto t = embcache::trainer::create(c);
+#endif
   if (!t.ok()) {
-    spdlog::error("embcache-train: {}", t.get_status().to_string());
+    spdlog::error("{}: {}", who, t.get_status().to_string());
     return embcache::tools::run_time_failure;
   }
   // The trainer's progress and summary lines, as log lines with a timestamp and level. run()
-  // logs where the dense network runs before the first pass.
-  t.value()->set_log([](const std::string& line) { spdlog::info("{}", line); });
-  spdlog::info("embcache-train: mode {}, {} passes, batch {}{}", embcache::to_string(c.mode),
-               c.passes.size(), c.batch_size,
-               c.resume_from.empty()
-                   ? std::string()
-                   : ", resuming after pass " + std::to_string(t.value()->passes_done()));
+  // logs where the dense network runs before the first pass. Rank 0 speaks for a sharded run.
+  t.value()->set_log([leader](const std::string& line) {
+    if (leader) spdlog::info("{}", line);
+  });
+  if (leader)
+    spdlog::info("embcache-train: mode {}, {} passes, batch {}{}{}", embcache::to_string(c.mode),
+                 c.passes.size(), c.batch_size,
+                 ranks.empty() ? std::string() : ", " + ranks,
+                 c.resume_from.empty()
+                     ? std::string()
+                     : ", resuming after pass " + std::to_string(t.value()->passes_done()));
   const embcache::status s = t.value()->run();
   if (!s.ok()) {
-    spdlog::error("embcache-train: {}", s.to_string());
+    spdlog::error("{}: {}", who, s.to_string());
     return embcache::tools::run_time_failure;
   }
-  if (!c.output_dir.empty()) {
+  if (leader && !c.output_dir.empty()) {
     spdlog::info(
         "metrics: {0}/metrics.jsonl (per pass), {0}/metrics_steps.jsonl (per log_interval)",
         c.output_dir);

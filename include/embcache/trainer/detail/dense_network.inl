@@ -246,6 +246,18 @@ std::vector<float> dense_network<Space>::gradients() const {
 }
 
 template <class Space>
+void dense_network<Space>::get_gradients(float* out) const {
+  grads_.copy_to_host(out, num_parameters_);
+  detail::synchronize(space_);
+}
+
+template <class Space>
+void dense_network<Space>::set_gradients(const float* in) {
+  grads_.copy_from_host(in, num_parameters_);
+  detail::synchronize(space_);
+}
+
+template <class Space>
 std::vector<std::uint8_t> dense_network<Space>::save() const {
   std::vector<float> m(num_parameters_), v(num_parameters_);
   adam_m_.copy_to_host(m.data(), m.size());

@@ -17,8 +17,9 @@ std::vector<std::uint8_t> wide_deep_blob(const float bias_state[3],
                                          const std::vector<std::uint8_t>& mlp_blob);
 status parse_wide_deep_blob(const std::uint8_t* data, std::size_t size, float bias_state[3],
                             const std::uint8_t*& mlp_blob, std::size_t& mlp_size);
+// Sum over n samples of the loss divided by `mean_over`, and its gradient per logit.
 double bce_loss_and_gradient(const float* logits, const float* labels, std::size_t n,
-                             float* d_logits);
+                             std::size_t mean_over, float* d_logits);
 
 }  // namespace detail
 
@@ -64,8 +65,9 @@ double wide_deep_model<Space>::forward_backward(const wide_deep_batch& batch,
   run_forward(batch, true, dropout_step);
   if (logits) logits->assign(host_logits_.begin(), host_logits_.begin() + n);
   d_logits_.resize(n);
-  const double loss =
-      detail::bce_loss_and_gradient(host_logits_.data(), batch.labels, n, d_logits_.data());
+  const double loss = detail::bce_loss_and_gradient(host_logits_.data(), batch.labels, n,
+                                                    batch.mean_over ? batch.mean_over : n,
+                                                    d_logits_.data());
   double bias_grad = 0;
   for (std::size_t b = 0; b < n; ++b) bias_grad += d_logits_[b];
   bias_grad_ = float(bias_grad);
@@ -99,6 +101,18 @@ void wide_deep_model<Space>::apply_dense_update() {
                             1.0 / (1.0 - std::pow(double(a.beta1), t)),
                             1.0 / (1.0 - std::pow(double(a.beta2), t))};
   f(0);
+}
+
+template <class Space>
+void wide_deep_model<Space>::get_gradients(float* out) const {
+  out[0] = bias_grad_;
+  mlp_.get_gradients(out + 1);
+}
+
+template <class Space>
+void wide_deep_model<Space>::set_gradients(const float* in) {
+  bias_grad_ = in[0];
+  mlp_.set_gradients(in + 1);
 }
 
 template <class Space>

@@ -1,0 +1,133 @@
+// What the sharded trainer's tests share: a small synthetic dataset, a small configuration, and
+// the comparison of two saves' models.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "embcache/distributed/sharded_save.hpp"
+#include "embcache/host_store.hpp"
+#include "embcache/shard.hpp"
+#include "embcache/synth.hpp"
+#include "embcache/trainer/trainer.hpp"
+#include "test_util.hpp"
+
+namespace embcache::test {
+
+/// Four shards of 1,500 synthetic rows with crossed keys in `dir`.
+inline status write_trainer_dataset(const std::string& dir) {
+  synth_options so;
+  so.rows = 6000;
+  so.cardinality_scale = 0.01;
+  dataset_writer_options wo;
+  wo.output_dir = dir;
+  wo.rows_per_shard = 1500;
+  return write_synth_dataset(so, wo, /*cross=*/true).get_status();
+}
+
+/// Two passes (shards 0 and 1, then shard 2), evaluation on shard 3, host-hybrid tables, four
+/// blocks per batch of 128 (the last batch of each shard, 92 samples, makes blocks of 23).
+inline trainer_config sharded_trainer_config(const std::string& data_dir) {
+  trainer_config c;
+  c.mode = trainer_mode::host_hybrid;
+  c.data_dir = data_dir;
+  c.passes = {{{shard_file_name(0), shard_file_name(1)}}, {{shard_file_name(2)}}};
+  c.eval_shard = shard_file_name(3);
+  c.eval_max_samples = 700;
+  c.model.hidden = {16, 8};
+  c.model.dropout = 0.1f;  // on, so that its stream is part of what must agree
+  c.model.seed = 7;
+  c.batch_size = 128;
+  c.crossed = true;
+  c.seed = 3;
+  c.log_interval = 0;
+  c.threads = 1;
+  c.num_blocks = 4;
+  return c;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(bool(in)) << path;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Every row of a table's sharded save, whatever the number of ranks that wrote it.
+inline model sharded_rows(const std::string& save, const char* table, std::size_t row_width) {
+  host_store_options o;
+  o.table_name = table;
+  o.row_width = row_width;
+  host_store<std::int64_t> all(o);
+  EMBCACHE_EXPECT_OK(load_sharded_part(save + "/sparse/" + table, 0, 1, all));
+  return read_store(all);
+}
+
+/// Row widths of the trainer's default tables: wide (dim 1, FTRL: 2 state floats), deep (dim 16,
+/// Adam: 32 state floats).
+constexpr std::size_t wide_width = 3, deep_width = 48;
+
+/// The same dense blob and the same bits in every row of both tables.
+inline void expect_same_sharded_model(const std::string& a, const std::string& b) {
+  EXPECT_TRUE(read_file(a + "/dense.bin") == read_file(b + "/dense.bin"))
+      << "dense.bin differs between " << a << " and " << b;
+  for (const auto& [table, width] : {std::pair{"wide", wide_width}, {"deep", deep_width}}) {
+    const model x = sharded_rows(a, table, width), y = sharded_rows(b, table, width);
+    EXPECT_GT(x.keys.size(), 0u) << table;
+    EXPECT_TRUE(x.same_rows(y)) << "table " << table << " differs between " << a << " and " << b;
+  }
+}
+
+/// The sharded save `sharded` holds the embeddings of the host-hybrid save `hybrid` (HugeCTR
+/// layout: `key` int64s and `emb_vector` rows of dim floats).
+inline void expect_same_rows_as_hybrid(const std::string& sharded, const std::string& hybrid) {
+  for (const auto& [table, width, dim] :
+       {std::tuple{"wide", wide_width, std::size_t{1}}, {"deep", deep_width, std::size_t{16}}}) {
+    const model x = sharded_rows(sharded, table, width);
+    const std::string keys = read_file(hybrid + "/sparse/" + table + "/key");
+    const std::string emb = read_file(hybrid + "/sparse/" + table + "/emb_vector");
+    const std::size_t n = keys.size() / 8;
+    ASSERT_EQ(emb.size(), n * dim * 4) << table;
+    ASSERT_EQ(x.keys.size(), n) << table;
+    std::vector<std::pair<std::int64_t, std::size_t>> order(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::memcpy(&order[i].first, keys.data() + 8 * i, 8);
+      order[i].second = i;
+    }
+    std::sort(order.begin(), order.end());
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(x.keys[i], order[i].first) << table;
+      EXPECT_EQ(std::memcmp(x.rows.data() + i * width, emb.data() + order[i].second * dim * 4,
+                            dim * 4),
+                0)
+          << table << " key " << x.keys[i];
+    }
+  }
+}
+
+/// The same losses and evaluations, pass by pass.
+inline void expect_same_history(const std::vector<pass_metrics>& a,
+                                const std::vector<pass_metrics>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].pass, b[i].pass);
+    EXPECT_EQ(a[i].samples, b[i].samples);
+    EXPECT_EQ(a[i].steps, b[i].steps);
+    EXPECT_EQ(a[i].train_loss, b[i].train_loss) << "pass " << a[i].pass;
+    EXPECT_EQ(a[i].eval_auc, b[i].eval_auc) << "pass " << a[i].pass;
+    EXPECT_EQ(a[i].eval_logloss, b[i].eval_logloss) << "pass " << a[i].pass;
+  }
+}
+
+}  // namespace embcache::test
