@@ -58,14 +58,52 @@ std::uint64_t remote_bytes(const std::vector<std::size_t>& counts, int self, std
 
 }  // namespace
 
+namespace {
+
+// The default owner rows: host_hybrid_table on the rank's store, one bag per key (a bag of one
+// key pools its row unchanged and passes its gradient through unchanged: 0 + g).
+template <class Key>
+class store_owner_rows final : public owner_rows<Key> {
+ public:
+  store_owner_rows(param_store<Key>& store, const host_hybrid_options& options,
+                   embedding_initializer<Key> init)
+      : store_(store), table_(store, options, std::move(init)) {}
+  status read(const Key* keys, std::size_t n, float* rows, bool* found) override {
+    return store_.pull(keys, n, rows, found);
+  }
+  status lookup(const Key* keys, std::size_t n, float* out) override {
+    offsets_.resize(n + 1);
+    for (std::size_t i = 0; i <= n; ++i) offsets_[i] = static_cast<std::int64_t>(i);
+    return table_.forward({n, 1, offsets_.data(), keys, n}, out);
+  }
+  status update(const float* grads, std::uint64_t step) override {
+    table_.set_step(step - 1);  // the table's next step is step
+    return table_.backward(grads);
+  }
+
+ private:
+  param_store<Key>& store_;
+  host_hybrid_table<Key> table_;
+  std::vector<std::int64_t> offsets_;
+};
+
+}  // namespace
+
 template <class Key>
 sharded_table<Key>::sharded_table(communicator& comm, param_store<Key>& shard,
                                   const sharded_table_options& options,
                                   embedding_initializer<Key> init)
-    : comm_(comm), shard_(shard), options_(options) {
+    : sharded_table(comm, shard, options,
+                    std::make_unique<store_owner_rows<Key>>(shard, options.table,
+                                                            std::move(init))) {}
+
+template <class Key>
+sharded_table<Key>::sharded_table(communicator& comm, param_store<Key>& shard,
+                                  const sharded_table_options& options,
+                                  std::unique_ptr<owner_rows<Key>> rows)
+    : comm_(comm), shard_(shard), options_(options), rows_(std::move(rows)) {
   blocks_ = blocks_of_rank(options.num_blocks, comm.rank(), comm.size())
                 .value();  // throws invalid_argument naming the counts
-  table_ = std::make_unique<host_hybrid_table<Key>>(shard, options.table, std::move(init));
 }
 
 template <class Key>
@@ -161,13 +199,10 @@ status sharded_table<Key>::forward_impl(const key_batch<Key>& batch, float* out)
   std::vector<std::int64_t> own_index(r);
   const std::size_t k = grouping_.group(space, recv_keys.data(), r, own_keys_, own_index.data());
   stats_.owned_keys = k;
-  std::vector<std::int64_t> own_offsets(k + 1);
-  for (std::size_t i = 0; i <= k; ++i) own_offsets[i] = static_cast<std::int64_t>(i);
   std::vector<float> own_rows(k * dim);
-  const key_batch<Key> own_batch{k, 1, own_offsets.data(), own_keys_.data(), k};
   EMBCACHE_RETURN_IF_ERROR(
       agree(comm_,
-            table_->forward(own_batch, own_rows.data())
+            rows_->lookup(own_keys_.data(), k, own_rows.data())
                 .with_context("sharded_table::forward on rank " + std::to_string(comm_.rank())),
             "sharded_table::forward"));
 
@@ -279,12 +314,13 @@ status sharded_table<Key>::backward_impl(const float* d_out) {
     std::memcpy(partial.data(), recv.data() + at + sizeof(Key), dim * sizeof(float));
     for (std::size_t d = 0; d < dim; ++d) g[d] += partial[d];
   }
-  // The host-hybrid table holds the rows of own_keys_ from the forward; a bag per key passes
-  // each summed gradient through unchanged (one occurrence: 0 + g).
-  if (local.ok()) local = table_->backward(own_grads_.data());
-  return agree(
+  // The owner's rows of own_keys_ (from the forward) take their summed gradients.
+  if (local.ok()) local = rows_->update(own_grads_.data(), step_ + 1);
+  EMBCACHE_RETURN_IF_ERROR(agree(
       comm_, local.with_context("sharded_table::backward on rank " + std::to_string(comm_.rank())),
-      "sharded_table::backward");
+      "sharded_table::backward"));
+  ++step_;
+  return {};
 }
 
 template <class Key>
@@ -310,7 +346,7 @@ status sharded_table<Key>::read_impl(const Key* keys, std::size_t n, float* rows
   const std::size_t record = width + 1;
   std::vector<float> pulled(r * width);
   std::unique_ptr<bool[]> have(new bool[r > 0 ? r : 1]);
-  status local = r > 0 ? shard_.pull(recv_keys.data(), r, pulled.data(), have.get()) : status{};
+  status local = r > 0 ? rows_->read(recv_keys.data(), r, pulled.data(), have.get()) : status{};
   std::vector<float> send_rows(local.ok() ? r * record : 0);
   for (std::size_t j = 0; local.ok() && j < r; ++j) {
     send_rows[j * record] = have[j] ? 1.0f : 0.0f;

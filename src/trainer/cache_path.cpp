@@ -1,26 +1,13 @@
 // The embedding path through the training cache: every lookup and sparse update hits the
 // cache's rows. Keyset mode swaps once per shard (its keyset read from the files beside it, the
 // next shard's staged meanwhile); on-demand mode fetches each batch's misses.
-#include <algorithm>
-#include <chrono>
-#include <filesystem>
-#include <map>
 #include <utility>
 
-#include "embcache/keyset.hpp"
-#include "embcache/shard.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"
 
 namespace embcache::detail {
 namespace {
-
-namespace fs = std::filesystem;
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 // What both cache modes share: pooling from the cache's rows, the in-row optimizers, reads,
 // export, save and load. A mode says how a batch's keys become slots and what a shard needs.
@@ -62,8 +49,10 @@ class cache_path : public embedding_path {
   path_activity take_activity() override { return std::exchange(activity_, {}); }
   const cache_counters& counters() const override { return tables_.cache->counters(); }
 
-  result<std::string> export_incremental_to(const std::string& dir, bool with_state) override {
-    return cache().export_incremental_to(dir, with_state);
+  result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
+    auto path = cache().export_incremental_to(dir, with_state);
+    if (!path.ok()) return path.get_status();
+    return exported_delta_of(path.value());
   }
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
     return cache().save(dir, on_progress);
@@ -113,14 +102,6 @@ class cache_path : public embedding_path {
   sparse_gradients<host_space> wide_grads_, deep_grads_;
 };
 
-// `X.bin` -> `X<suffix>`; other names get the suffix appended.
-std::string beside(const std::string& shard, const std::string& suffix) {
-  const std::string ext = ".bin";
-  if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
-    return shard.substr(0, shard.size() - ext.size()) + suffix;
-  return shard + suffix;
-}
-
 // Keyset mode: one begin_pass per shard with the shard's keysets; a batch key outside them is
 // an error, never a fetch.
 class keyset_path final : public cache_path {
@@ -128,27 +109,7 @@ class keyset_path final : public cache_path {
   using cache_path::cache_path;
 
   status begin_shard(const std::string& shard, const std::string& upcoming) override {
-    std::vector<std::vector<trainer_key>> keysets;
-    if (prefetched_shard_ == shard) {
-      keysets = std::move(prefetched_keysets_);
-    } else {
-      auto ks = keysets_of(shard);
-      if (!ks.ok()) return ks.get_status();
-      keysets = std::move(ks).value();
-    }
-    prefetched_shard_.clear();
-    prefetched_keysets_.clear();
-    const auto t0 = clock_type::now();
-    EMBCACHE_RETURN_IF_ERROR(cache().begin_pass(keysets).with_context(shard));
-    activity_.blocked_seconds += seconds_since(t0);
-    add_lookups(sum_of_tables(counters().last));  // begin_pass counts every table
-    if (!config_.prefetch || upcoming.empty()) return {};
-    auto next = keysets_of(upcoming);
-    if (!next.ok()) return next.get_status();
-    EMBCACHE_RETURN_IF_ERROR(cache().prefetch(next.value()).with_context(upcoming));
-    prefetched_shard_ = upcoming;
-    prefetched_keysets_ = std::move(next).value();
-    return {};
+    return swapper_.begin_shard(cache(), shard, upcoming, activity_);
   }
 
  protected:
@@ -170,50 +131,7 @@ class keyset_path final : public cache_path {
   }
 
  private:
-  // The layout of a shard's keyset files, from its dataset folder's manifest.json (our layout
-  // when the folder has none); read once per folder.
-  result<keyset_format> keyset_format_of(const std::string& shard) {
-    std::string dir = fs::path(shard).parent_path().string();
-    if (dir.empty()) dir = ".";
-    if (auto it = keyset_formats_.find(dir); it != keyset_formats_.end()) return it->second;
-    keyset_format f = keyset_format::embcache;
-    std::error_code ec;
-    if (fs::exists(dir + "/manifest.json", ec)) {
-      auto m = read_dataset_manifest(dir);
-      if (!m.ok()) return m.get_status().with_context("the dataset of " + shard);
-      f = m.value().keyset;
-    }
-    keyset_formats_.emplace(dir, f);
-    return f;
-  }
-
-  // Per table, the keys of a shard: the slot keys, and for the wide table the crossed keys too
-  // when crossing is on.
-  result<std::vector<std::vector<trainer_key>>> keysets_of(const std::string& shard) {
-    auto fmt = keyset_format_of(shard);
-    if (!fmt.ok()) return fmt.get_status();
-    auto slot_keys = read_keyset<trainer_key>(beside(shard, ".keys"), fmt.value());
-    if (!slot_keys.ok()) return slot_keys.get_status().with_context("keyset of " + shard);
-    const std::size_t wide = tables_.roles.wide, deep = tables_.roles.deep;
-    std::vector<std::vector<trainer_key>> ks(config_.tables.size());
-    ks[deep] = slot_keys.value();
-    if (config_.crossed) {
-      auto crossed = read_keyset<trainer_key>(beside(shard, ".cross.keys"), fmt.value());
-      if (!crossed.ok()) return crossed.get_status().with_context("crossed keyset of " + shard);
-      ks[wide].resize(ks[deep].size() + crossed.value().size());
-      std::merge(ks[deep].begin(), ks[deep].end(), crossed.value().begin(), crossed.value().end(),
-                 ks[wide].begin());
-    } else {
-      ks[wide] = ks[deep];
-    }
-    return ks;
-  }
-
-  std::map<std::string, keyset_format> keyset_formats_;
-  // Keysets of the shard last prefetched: its begin_shard takes them instead of reading the
-  // files again on the training thread.
-  std::string prefetched_shard_;
-  std::vector<std::vector<trainer_key>> prefetched_keysets_;
+  keyset_swapper swapper_{config_, tables_.roles};
 };
 
 // On-demand mode: each batch's lookup fetches its misses and writes back the victims; the time

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
+#include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/host_store.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
@@ -77,6 +80,20 @@ table_roles roles_of(const trainer_config& config) {
     if (config.tables[t].name == "deep") r.deep = t;
   }
   return r;
+}
+
+result<exported_delta> exported_delta_of(const std::string& dir) {
+  const std::string manifest = dir + "/manifest.json";
+  auto text = read_file_bytes(manifest);
+  if (!text.ok()) return text.get_status();
+  exported_delta d{dir, 0};
+  try {
+    const auto m = nlohmann::json::parse(text.value().begin(), text.value().end());
+    for (const auto& t : m.at("tables")) d.rows += t.at("count").get<std::uint64_t>();
+  } catch (const std::exception& e) {
+    return status::corruption(manifest + ": " + e.what());
+  }
+  return d;
 }
 
 table_counters sum_of_tables(const std::vector<table_counters>& tables) {
@@ -151,9 +168,10 @@ result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config
     trainer_config mine = config;
     for (auto& tc : mine.tables)
       if (tc.store == "rocksdb") tc.store_path += "/" + rank_folder_name(comm->rank());
-    auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/true, building);
+    const bool keyset = config.mode == trainer_mode::keyset;
+    auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/!keyset, building);
     if (!tables.ok()) return tables.get_status();
-    return make_sharded_path(mine, *comm, std::move(tables).value(), building);
+    return make_sharded_path(mine, space, *comm, std::move(tables).value(), building);
   }
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
   auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid, building);

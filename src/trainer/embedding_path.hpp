@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "embcache/distributed/communicator.hpp"
 #include "embcache/host_hybrid.hpp"
+#include "embcache/keyset.hpp"
 #include "embcache/param_store.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
@@ -66,6 +69,45 @@ inline std::size_t count_non_finite(const float* p, std::size_t n) {
 /// The sum of per-table counters.
 table_counters sum_of_tables(const std::vector<table_counters>& tables);
 
+/// An incremental export: its folder (or, for a sharded run, the file that names its parts) and
+/// the rows it holds.
+struct exported_delta {
+  std::string path;
+  std::uint64_t rows = 0;
+};
+/// The rows of the delta folder `dir` (training_cache::export_incremental_to), from its
+/// manifest.json.
+result<exported_delta> exported_delta_of(const std::string& dir);
+
+/// Cuts a table's keyset to the keys this process holds.
+using keyset_filter = std::function<std::vector<trainer_key>(const std::vector<trainer_key>&)>;
+
+/// Keyset mode's swaps: before each shard the training cache takes the shard's keysets, read
+/// from the files beside it (`X.keys`, and `X.cross.keys` for the wide table when crossing) in
+/// the layout its dataset's manifest.json names; with config.prefetch the next shard's are
+/// staged meanwhile and taken by its begin_shard without reading them again.
+class keyset_swapper {
+ public:
+  /// `keep` (may be empty) cuts each keyset to this process's keys (a sharded run: the keys the
+  /// rank owns).
+  keyset_swapper(const trainer_config& config, table_roles roles, keyset_filter keep = {});
+  /// begin_pass with the keysets of `shard`, then a prefetch of `upcoming`'s ("" for none);
+  /// adds the swap's hits, misses and blocked seconds to `activity`.
+  [[nodiscard]] status begin_shard(training_cache<trainer_key>& cache, const std::string& shard,
+                                   const std::string& upcoming, path_activity& activity);
+
+ private:
+  result<keyset_format> keyset_format_of(const std::string& shard);
+  result<std::vector<std::vector<trainer_key>>> keysets_of(const std::string& shard);
+
+  const trainer_config& config_;
+  table_roles roles_;
+  keyset_filter keep_;
+  std::map<std::string, keyset_format> formats_;  // per dataset folder
+  std::string prefetched_shard_;
+  std::vector<std::vector<trainer_key>> prefetched_keysets_;
+};
+
 /// The trainer's two embedding tables and the way a step reaches them. Every mode gives the
 /// same model bits: the rows start from the cache's initializer and are updated by the same
 /// sparse optimizers in the same order (wide, then deep).
@@ -102,7 +144,8 @@ class embedding_path {
 
   /// Writes the rows changed since the previous export into a new folder under `dir`;
   /// unsupported without a cache.
-  virtual result<std::string> export_incremental_to(const std::string& dir, bool with_state) = 0;
+  virtual result<exported_delta> export_incremental_to(const std::string& dir,
+                                                       bool with_state) = 0;
   /// Writes both tables to `dir` in the training_cache::save layout.
   [[nodiscard]] virtual status save_sparse(const std::string& dir,
                                            const save_progress& on_progress) = 0;
@@ -145,8 +188,9 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
 /// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
-/// rank's rows in its own stores (`tables`, built with a save-only cache).
-std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config,
+/// rank's rows in its own stores (host_hybrid: `tables` built with a save-only cache) or its
+/// training cache (keyset).
+std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config, host_space space,
                                                   communicator& comm, embedding_tables tables,
                                                   std::string* building);
 /// The host-hybrid path (host_hybrid_path.cpp).

@@ -51,7 +51,7 @@ class host_hybrid_path final : public embedding_path {
   path_activity take_activity() override { return {}; }
   const cache_counters& counters() const override { return tables_.cache->counters(); }
 
-  result<std::string> export_incremental_to(const std::string&, bool) override {
+  result<exported_delta> export_incremental_to(const std::string&, bool) override {
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   }
   // The stores are written straight into the save layout (the cache holds none of their rows).

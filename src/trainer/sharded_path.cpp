@@ -1,12 +1,17 @@
 // The sharded embedding path of a run over several ranks: each table is a sharded_table whose
-// rows live in the stores of the rank that owns their keys; a step sends the rank's keys to
-// their owners and the gradients back (distributed/sharded_table.hpp). Saves are sharded saves,
-// one folder per table, loadable on any number of ranks.
+// rows belong to the rank that owns their keys; a step sends the rank's keys to their owners and
+// the gradients back (distributed/sharded_table.hpp). An owner keeps its rows in its stores
+// (mode host_hybrid) or in its training cache, which takes the rank's part of every shard's
+// keyset (mode keyset). Saves are sharded saves, one folder per table, loadable on any number
+// of ranks; in keyset mode each rank exports its own deltas.
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
+#include "common/durable_file.hpp"
 #include "embcache/distributed/sharded_table.hpp"
+#include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
@@ -54,11 +59,84 @@ status clear_store(param_store<trainer_key>& store) {
   return store.erase(keys.data(), keys.size());
 }
 
+// Keyset mode's owner rows: the rank's training cache, which holds every key the rank owns in
+// the shard's keyset; the in-row optimizer as the one-process keyset path applies it.
+class cache_owner_rows final : public owner_rows<trainer_key> {
+ public:
+  cache_owner_rows(training_cache<trainer_key>& cache, std::size_t t, const trainer_config& config,
+                   host_space space, int rank)
+      : cache_(cache),
+        t_(t),
+        config_(config.tables[t]),
+        space_(space),
+        rank_(rank) {}
+
+  status lookup(const trainer_key* keys, std::size_t n, float* out) override {
+    auto& c = cache_.cache(t_);
+    slots_.resize(n);
+    EMBCACHE_RETURN_IF_ERROR(c.lookup_slots(keys, n, slots_.data()));
+    const std::size_t dim = config_.dim, width = c.row_width();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots_[i] < 0)
+        return status::not_found("key " + std::to_string(keys[i]) + " is not in rank " +
+                                 std::to_string(rank_) + "'s part of the shard's keyset (table " +
+                                 config_.name + ")");
+      const float* row = c.rows() + std::size_t(slots_[i]) * width;
+      std::copy(row, row + dim, out + i * dim);
+    }
+    offsets_.resize(n + 1);
+    for (std::size_t i = 0; i <= n; ++i) offsets_[i] = std::int64_t(i);
+    return {};
+  }
+
+  status update(const float* grads, std::uint64_t step) override {
+    auto& c = cache_.cache(t_);
+    const std::size_t n = slots_.size();
+    const slot_batch batch{n, 1, offsets_.data(), slots_.data(), n};
+    aggregate_gradients(space_, batch, combiner::sum, grads, config_.dim, grads_);
+    apply_optimizer(space_, config_.optimizer, c.rows(), c.row_width(), grads_, step);
+    c.mark_updated(grads_.rows.data(), grads_.size);
+    return {};
+  }
+
+  status read(const trainer_key* keys, std::size_t n, float* rows, bool* found) override {
+    return cache_.read(t_, keys, n, rows, found);
+  }
+
+ private:
+  training_cache<trainer_key>& cache_;
+  std::size_t t_;
+  trainer_table_config config_;
+  host_space space_;
+  int rank_;
+  std::vector<std::int64_t> slots_, offsets_;
+  sparse_gradients<host_space> grads_;
+};
+
+// Removes every row of table `t` from the training cache and its store.
+status clear_cache(training_cache<trainer_key>& cache, std::size_t t) {
+  EMBCACHE_RETURN_IF_ERROR(cache.end_training());  // every resident row is in the store now
+  std::vector<trainer_key> keys;
+  EMBCACHE_RETURN_IF_ERROR(cache.store(t).for_each(
+      4096, [&](const trainer_key* k, const float*, const std::uint64_t*, std::size_t n) {
+        keys.insert(keys.end(), k, k + n);
+        return status{};
+      }));
+  return cache.erase(t, keys.data(), keys.size());
+}
+
 class sharded_path final : public embedding_path {
  public:
-  sharded_path(const trainer_config& config, communicator& comm, embedding_tables tables,
-               std::string* building)
-      : config_(config), comm_(comm), tables_(std::move(tables)) {
+  sharded_path(const trainer_config& config, host_space space, communicator& comm,
+               embedding_tables tables, std::string* building)
+      : config_(config),
+        comm_(comm),
+        tables_(std::move(tables)),
+        keyset_(config.mode == trainer_mode::keyset),
+        swapper_(config_, tables_.roles,
+                 [rank = comm.rank(), world = comm.size()](const std::vector<trainer_key>& k) {
+                   return owned_part(k.data(), k.size(), rank, world);
+                 }) {
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       sharded_table_options so;
       so.table.dim = config.tables[t].dim;
@@ -67,12 +145,24 @@ class sharded_path final : public embedding_path {
       so.num_blocks = config.num_blocks;
       *building = "config.tables[" + std::to_string(t) + "] (table \"" + config.tables[t].name +
                   "\"): its sharded table";
-      sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
-          comm, *tables_.stores[t], so, cache_initializer(*tables_.cache, t));
+      if (keyset_)
+        sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
+            comm, *tables_.stores[t], so,
+            std::make_unique<cache_owner_rows>(*tables_.cache, t, config, space, comm.rank()));
+      else
+        sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
+            comm, *tables_.stores[t], so, cache_initializer(*tables_.cache, t));
     }
   }
 
-  status begin_shard(const std::string&, const std::string&) override { return {}; }
+  // Keyset mode: every rank swaps in its part of the shard's keysets (collective through the
+  // agreement on the outcome).
+  status begin_shard(const std::string& shard, const std::string& upcoming) override {
+    if (!keyset_) return {};
+    const status local = swapper_.begin_shard(*tables_.cache, shard, upcoming, activity_);
+    return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
+                 "the keyset swap");
+  }
 
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
     const std::size_t n = k.batch_size, global = k.global_batch_size ? k.global_batch_size : n;
@@ -96,15 +186,51 @@ class sharded_path final : public embedding_path {
     return sharded_[t]->read(keys, n, rows, found);
   }
   std::size_t row_width(std::size_t t) const override { return tables_.cache->row_width(t); }
-  bool has_cache() const noexcept override { return false; }
-  path_activity take_activity() override { return {}; }
+  bool has_cache() const noexcept override { return keyset_; }
+  path_activity take_activity() override { return std::exchange(activity_, {}); }
+  // This rank's counters (keyset mode: its training cache's).
   const cache_counters& counters() const override { return tables_.cache->counters(); }
 
-  result<std::string> export_incremental_to(const std::string&, bool) override {
-    return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
+  // Keyset mode: each rank writes its delta into `dir`/rank-R/ (a stream of ordinary deltas:
+  // the union over the ranks is the model's delta, as their keys are disjoint), and rank 0 names
+  // the parts in `dir`/delta-NNNNNN.parts.json.
+  result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
+    if (!keyset_)
+      return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
+    const std::string mine = dir + "/" + rank_folder_name(comm_.rank());
+    std::error_code ec;
+    fs::create_directories(mine, ec);
+    result<exported_delta> d = ec ? result<exported_delta>(status::io_error(
+                                        mine + ": cannot create (" + ec.message() + ")"))
+                                  : result<exported_delta>(status{});
+    if (!ec) {
+      auto path = tables_.cache->export_incremental_to(mine, with_state);
+      d = path.ok() ? exported_delta_of(path.value()) : result<exported_delta>(path.get_status());
+    }
+    EMBCACHE_RETURN_IF_ERROR(agree(comm_, d.get_status(), "the incremental export"));
+    std::uint64_t rows = d.value().rows;
+    EMBCACHE_RETURN_IF_ERROR(comm_.all_reduce_sum(&rows, 1));
+    const std::string name = fs::path(d.value().path).filename().string();
+    const std::string parts = dir + "/" + name + ".parts.json";
+    status written;
+    if (comm_.rank() == 0) {
+      nlohmann::json j{{"format", "embcache.sharded_delta"},
+                       {"format_version", 1},
+                       {"world_size", comm_.size()},
+                       {"rows", rows},
+                       {"parts", nlohmann::json::array()}};
+      for (int r = 0; r < comm_.size(); ++r)
+        j["parts"].push_back(rank_folder_name(r) + "/" + name);
+      written = write_text_durably(parts, j.dump(2) + "\n");
+    }
+    EMBCACHE_RETURN_IF_ERROR(agree(comm_, written, "the incremental export"));
+    return exported_delta{parts, rows};
   }
-  // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest).
+  // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest). Keyset
+  // mode writes the cache's dirty rows back to the stores first.
   status save_sparse(const std::string& dir, const save_progress&) override {
+    if (keyset_)
+      EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep})
       EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name));
     return {};
@@ -119,6 +245,8 @@ class sharded_path final : public embedding_path {
         local = status::invalid_argument(
             folder + "/manifest.json: not found; a sharded run resumes from the save of a sharded "
                      "run (a save of one process keeps its tables in the training cache's layout)");
+      else if (keyset_)
+        local = clear_cache(*tables_.cache, t);
       else
         local = clear_store(*tables_.stores[t]);
       EMBCACHE_RETURN_IF_ERROR(agree(
@@ -137,15 +265,18 @@ class sharded_path final : public embedding_path {
   const trainer_config config_;
   communicator& comm_;
   embedding_tables tables_;
+  const bool keyset_;
+  keyset_swapper swapper_;
+  path_activity activity_;
   std::unique_ptr<sharded_table<trainer_key>> sharded_[2];
 };
 
 }  // namespace
 
-std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config,
+std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config, host_space space,
                                                   communicator& comm, embedding_tables tables,
                                                   std::string* building) {
-  return std::make_unique<sharded_path>(config, comm, std::move(tables), building);
+  return std::make_unique<sharded_path>(config, space, comm, std::move(tables), building);
 }
 
 }  // namespace embcache::detail

@@ -161,7 +161,15 @@ result<std::unique_ptr<trainer>> trainer::create_with(const trainer_config& give
   EMBCACHE_RETURN_IF_ERROR(validate(given));
   auto resolved = resolve_trainer_config(given);  // dataset passes, capacity "auto"
   if (!resolved.ok()) return resolved.get_status();
-  const trainer_config& config = resolved.value();
+  trainer_config& config = resolved.value();
+  // A rank's cache holds its part of each keyset, about 1/N of it: "auto" sizes it so, with room
+  // for the spread of a hash partition.
+  if (comm != nullptr && comm->size() > 1)
+    for (std::size_t t = 0; t < config.tables.size(); ++t)
+      if (given.tables[t].capacity_auto)
+        config.tables[t].capacity =
+            std::min(config.tables[t].capacity,
+                     config.tables[t].capacity * 5 / 4 / std::size_t(comm->size()) + 64);
   auto p = std::make_unique<impl>();
   p->config = config;
   p->comm = comm;
@@ -480,19 +488,9 @@ result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   if (!s.diverged.ok()) return s.diverged;
   EMBCACHE_RETURN_IF_ERROR(create_folder(s.config.export_dir, "config.export_dir"));
-  auto path = s.path->export_incremental_to(s.config.export_dir, s.config.export_with_state);
-  if (!path.ok()) return path.get_status();
-  const std::string manifest = path.value() + "/manifest.json";
-  auto text = detail::read_file_bytes(manifest);
-  if (!text.ok()) return text.get_status();
-  std::uint64_t rows = 0;
-  try {
-    const json m = json::parse(text.value().begin(), text.value().end());
-    for (const auto& t : m.at("tables")) rows += t.at("count").get<std::uint64_t>();
-  } catch (const std::exception& e) {
-    return status::corruption(manifest + ": " + e.what());
-  }
-  return std::make_pair(path.value(), rows);
+  auto d = s.path->export_incremental_to(s.config.export_dir, s.config.export_with_state);
+  if (!d.ok()) return d.get_status();
+  return std::make_pair(d.value().path, d.value().rows);
 }
 
 }  // namespace embcache

@@ -372,10 +372,10 @@ status validate(const trainer_config& c) {
                                     " blocks do not split over config.world " +
                                     std::to_string(c.world) +
                                     " ranks (must be a multiple of the number of ranks)");
-  if (c.world > 1 && c.mode != trainer_mode::host_hybrid)
+  if (c.world > 1 && c.mode == trainer_mode::on_demand)
     return status::invalid_argument(
         std::string("config.mode: \"") + to_string(c.mode) + "\" with config.world " +
-        std::to_string(c.world) + ": a sharded run trains in mode \"host_hybrid\"");
+        std::to_string(c.world) + ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");

@@ -17,10 +17,11 @@ status detail::check_sharded_config(const trainer_config& config, const communic
   if (config.world != 0 && config.world != world)
     return status::invalid_argument("config.world: " + std::to_string(config.world) +
                                     " ranks, but the launcher started " + std::to_string(world));
-  if (config.mode != trainer_mode::host_hybrid)
+  if (config.mode == trainer_mode::on_demand)
     return status::invalid_argument(std::string("config.mode: \"") + to_string(config.mode) +
                                     "\" on " + std::to_string(world) +
-                                    " ranks: a sharded run trains in mode \"host_hybrid\"");
+                                    " ranks: a sharded run trains in mode \"keyset\" or "
+                                    "\"host_hybrid\"");
   if (config.num_blocks % static_cast<std::size_t>(world) != 0)
     return status::invalid_argument("config.num_blocks: " + std::to_string(config.num_blocks) +
                                     " blocks do not split over " + std::to_string(world) +

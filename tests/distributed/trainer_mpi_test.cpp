@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +55,51 @@ TEST(sharded_trainer, the_model_is_the_same_bits_on_every_number_of_ranks) {
     EMBCACHE_ASSERT_OK(t1);
     expect_same_sharded_model(c.save_dir, c1.save_dir);
     expect_same_history(t.value()->history(), t1.value()->history());
+  }
+  ASSERT_TRUE(world().barrier().ok());
+}
+
+// Keyset mode: each rank's training cache takes its part of every shard's keyset; the model is
+// the host-hybrid one, bit for bit, and the ranks' exports hold the rows one rank exports.
+TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_rank) {
+  const std::string dir = shared_temp_dir("trainer-keyset");
+  trainer_config c = sharded_trainer_config(data_dir());
+  c.mode = trainer_mode::keyset;
+  for (auto& t : c.tables) t.capacity_auto = true;
+  c.export_dir = dir + "/export_world";
+  c.save_dir = dir + "/keyset_world";
+  auto t = run_sharded(c, world());
+  EMBCACHE_ASSERT_OK(t);
+  ASSERT_EQ(t.value()->history().size(), 2u);
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() == 0) {
+    single_process_communicator one;
+    trainer_config h = sharded_trainer_config(data_dir());
+    h.save_dir = dir + "/hybrid_one";
+    auto th = run_sharded(h, one);
+    EMBCACHE_ASSERT_OK(th);
+    expect_same_sharded_model(c.save_dir, h.save_dir);
+    expect_same_history(t.value()->history(), th.value()->history());
+    trainer_config k1 = c;
+    k1.export_dir = dir + "/export_one";
+    k1.save_dir = dir + "/keyset_one";
+    auto tk = run_sharded(k1, one);
+    EMBCACHE_ASSERT_OK(tk);
+    for (std::size_t p = 0; p < 2; ++p) {
+      const pass_metrics& a = t.value()->history()[p];
+      const pass_metrics& b = tk.value()->history()[p];
+      EXPECT_GT(a.rows_exported, 0u);
+      EXPECT_EQ(a.rows_exported, b.rows_exported) << "pass " << a.pass;
+      const std::string parts = read_file(a.export_path);
+      EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())),
+                std::string::npos)
+          << parts;
+      for (int r = 0; r < world().size(); ++r) {
+        char part[64];
+        std::snprintf(part, sizeof part, "/rank-%05d/delta-%06zu", r, p + 1);
+        EXPECT_TRUE(fs::exists(c.export_dir + part + "/manifest.json")) << part;
+      }
+    }
   }
   ASSERT_TRUE(world().barrier().ok());
 }
@@ -135,7 +181,7 @@ TEST(sharded_trainer, a_configuration_that_does_not_fit_the_job_is_refused_on_ev
             std::string::npos)
       << t.get_status().to_string();
   c = sharded_trainer_config(data_dir());
-  c.mode = trainer_mode::keyset;
+  c.mode = trainer_mode::on_demand;
   t = trainer::create(c, world());
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.get_status().message().find("config.mode"), std::string::npos)

@@ -5,9 +5,9 @@
 ///
 /// A step is forward() then backward(), called by every rank (both are collective):
 ///   - forward: the rank deduplicates its batch's keys, sends each unique key to its owner
-///     (all_to_all_v), the owners look the keys up in their parameter store through a
-///     host_hybrid_table (missing keys are initialized exactly as on one rank: the initial row
-///     is a function of the seed and the key only), send the embeddings back (all_to_all_v), and
+///     (all_to_all_v), the owners look the keys up in their rows (owner_rows: by default a
+///     host_hybrid_table on their parameter store; missing keys are initialized exactly as on
+///     one rank: the initial row is a function of the seed and the key only), send the embeddings back (all_to_all_v), and
 ///     the rank pools them per bag with the table's combiner.
 ///   - backward: per block of the batch, the rank sums the gradient of each key over the
 ///     block's occurrences (in batch order) and sends one partial per (block, key) to the key's
@@ -54,6 +54,26 @@ struct sharded_table_options {
   std::size_t num_blocks = 8;
 };
 
+/// Where an owner keeps the rows of the keys it owns, as a sharded_table reaches them. The
+/// default is host_hybrid_table on the rank's store (rows pulled and pushed every step); a
+/// trainer in keyset mode passes its training cache's rows instead (rows resident for a pass).
+/// Both must give the same bits: the same initial row per key, the same optimizer step.
+template <class Key>
+class owner_rows {
+ public:
+  virtual ~owner_rows() = default;
+  /// The embeddings (dim floats each) of `n` distinct keys in ascending order into `out`
+  /// (n * dim floats); the rows stay reachable for the next update(). Missing rows are
+  /// initialized, or refused when this owner cannot create them (e.g. outside its keyset).
+  [[nodiscard]] virtual status lookup(const Key* keys, std::size_t n, float* out) = 0;
+  /// Applies the sparse optimizer, as optimizer step `step` (from 1), to the rows of the last
+  /// lookup(), with one summed gradient (dim floats) per key in the same order.
+  [[nodiscard]] virtual status update(const float* grads, std::uint64_t step) = 0;
+  /// The current whole rows (row width floats) of `n` keys into `rows`, creating none;
+  /// found[i] false for a key that has no row (its row is left as it is).
+  [[nodiscard]] virtual status read(const Key* keys, std::size_t n, float* rows, bool* found) = 0;
+};
+
 /// What one rank moved in its last step (forward + backward), counted at the rank.
 struct exchange_stats {
   std::size_t unique_keys = 0;       ///< unique keys of the rank's batch (default 0)
@@ -81,6 +101,10 @@ class sharded_table {
   ///         comm.size(), or as host_hybrid_table's constructor does.
   sharded_table(communicator& comm, param_store<Key>& shard, const sharded_table_options& options,
                 embedding_initializer<Key> init = {});
+  /// The same with the owner's rows in `rows` instead of a host_hybrid_table on `shard` (which
+  /// still receives saves and loads: whoever holds rows elsewhere writes them back to it first).
+  sharded_table(communicator& comm, param_store<Key>& shard, const sharded_table_options& options,
+                std::unique_ptr<owner_rows<Key>> rows);
 
   /// Looks up and pools this rank's batch: its blocks of the global batch, in block order. With
   /// `global_batch` 0 the blocks are of equal size, `batch.batch_size / blocks().count` samples
@@ -115,9 +139,9 @@ class sharded_table {
   [[nodiscard]] status load(const std::string& dir, const part_opener<Key>& open = {});
 
   /// Steps applied so far (the same on every rank).
-  std::uint64_t step() const noexcept { return table_->step(); }
+  std::uint64_t step() const noexcept { return step_; }
   /// Sets the step counter (resuming).
-  void set_step(std::uint64_t step) noexcept { table_->set_step(step); }
+  void set_step(std::uint64_t step) noexcept { step_ = step; }
   /// What this rank moved in its last step.
   const exchange_stats& last_stats() const noexcept { return stats_; }
   /// The blocks of the global batch this rank trains on.
@@ -143,7 +167,8 @@ class sharded_table {
   communicator& comm_;
   param_store<Key>& shard_;
   sharded_table_options options_;
-  std::unique_ptr<host_hybrid_table<Key>> table_;  // the owner's rows
+  std::unique_ptr<owner_rows<Key>> rows_;  // the owner's rows
+  std::uint64_t step_ = 0;
   block_range blocks_;
   exchange_stats stats_;
   bool pending_ = false;

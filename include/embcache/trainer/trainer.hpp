@@ -200,14 +200,18 @@ class trainer {
   /// A trainer that is one rank of a sharded, data-parallel run over `comm` (which must outlive
   /// it; docs/distributed.md). Every rank calls create, run, save, load and evaluate with the
   /// same configuration; each is collective and fails on every rank when one rank fails. The
-  /// tables are sharded_tables (mode host_hybrid; config.tables[i].store_path gets a `rank-R`
-  /// folder per rank), every rank reads every batch and trains on its blocks of it
-  /// (config.num_blocks, a multiple of comm.size()), and the dense gradients are summed over the
-  /// blocks in block order: the model is the same bits whatever the number of ranks. Only rank 0
-  /// logs, and writes the metrics files and the save's dense.bin and trainer.json; every rank
-  /// writes its part of the sparse tables. Saves and resumes go through a folder every rank
-  /// sees. invalid_argument when config.world is set and differs from comm.size(), or the mode
-  /// is not host_hybrid.
+  /// tables are sharded_tables: each rank owns the rows of its keys, in its stores (mode
+  /// host_hybrid) or in its training cache, which takes the rank's part of every shard's keyset
+  /// (mode keyset; a table's "auto" capacity is then sized for that part). RocksDB stores get a
+  /// `rank-R` folder per rank under store_path. Every rank reads every batch and trains on its
+  /// blocks of it (config.num_blocks, a multiple of comm.size()), and the dense gradients are
+  /// summed over the blocks in block order: the model is the same bits whatever the number of
+  /// ranks, and in either mode. Only rank 0 logs, and writes the metrics files and the save's
+  /// dense.bin and trainer.json; every rank writes its part of the sparse tables (a sharded
+  /// save per table) and, in keyset mode, its own incremental exports (export_dir/rank-R/, with
+  /// export_dir/delta-N.parts.json naming them). Saves, resumes and exports go through folders
+  /// every rank sees. invalid_argument when config.world is set and differs from comm.size(),
+  /// or the mode is on_demand.
   static result<std::unique_ptr<trainer>> create(const trainer_config& config,
                                                  communicator& comm);
   ~trainer();

@@ -1,0 +1,95 @@
+// The keysets of a keyset-mode path: read from the files beside each shard (in the layout its
+// dataset's manifest.json names), cut to what this process holds, and swapped into the training
+// cache once per shard with the next shard's staged meanwhile.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "embcache/keyset.hpp"
+#include "embcache/shard.hpp"
+#include "embedding_path.hpp"
+
+namespace embcache::detail {
+namespace {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+// `X.bin` -> `X<suffix>`; other names get the suffix appended.
+std::string beside(const std::string& shard, const std::string& suffix) {
+  const std::string ext = ".bin";
+  if (shard.size() > ext.size() && shard.compare(shard.size() - ext.size(), ext.size(), ext) == 0)
+    return shard.substr(0, shard.size() - ext.size()) + suffix;
+  return shard + suffix;
+}
+
+}  // namespace
+
+keyset_swapper::keyset_swapper(const trainer_config& config, table_roles roles, keyset_filter keep)
+    : config_(config), roles_(roles), keep_(std::move(keep)) {}
+
+status keyset_swapper::begin_shard(training_cache<trainer_key>& cache, const std::string& shard,
+                                   const std::string& upcoming, path_activity& activity) {
+  std::vector<std::vector<trainer_key>> keysets;
+  if (prefetched_shard_ == shard) {
+    keysets = std::move(prefetched_keysets_);
+  } else {
+    auto ks = keysets_of(shard);
+    if (!ks.ok()) return ks.get_status();
+    keysets = std::move(ks).value();
+  }
+  prefetched_shard_.clear();
+  prefetched_keysets_.clear();
+  const auto t0 = clock_type::now();
+  EMBCACHE_RETURN_IF_ERROR(cache.begin_pass(keysets).with_context(shard));
+  activity.blocked_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+  const table_counters swap = sum_of_tables(cache.counters().last);  // every table's
+  activity.hits += swap.hits;
+  activity.misses += swap.misses;
+  if (!config_.prefetch || upcoming.empty()) return {};
+  auto next = keysets_of(upcoming);
+  if (!next.ok()) return next.get_status();
+  EMBCACHE_RETURN_IF_ERROR(cache.prefetch(next.value()).with_context(upcoming));
+  prefetched_shard_ = upcoming;
+  prefetched_keysets_ = std::move(next).value();
+  return {};
+}
+
+result<keyset_format> keyset_swapper::keyset_format_of(const std::string& shard) {
+  std::string dir = fs::path(shard).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (auto it = formats_.find(dir); it != formats_.end()) return it->second;
+  keyset_format f = keyset_format::embcache;
+  std::error_code ec;
+  if (fs::exists(dir + "/manifest.json", ec)) {
+    auto m = read_dataset_manifest(dir);
+    if (!m.ok()) return m.get_status().with_context("the dataset of " + shard);
+    f = m.value().keyset;
+  }
+  formats_.emplace(dir, f);
+  return f;
+}
+
+result<std::vector<std::vector<trainer_key>>> keyset_swapper::keysets_of(
+    const std::string& shard) {
+  auto fmt = keyset_format_of(shard);
+  if (!fmt.ok()) return fmt.get_status();
+  auto slot_keys = read_keyset<trainer_key>(beside(shard, ".keys"), fmt.value());
+  if (!slot_keys.ok()) return slot_keys.get_status().with_context("keyset of " + shard);
+  std::vector<std::vector<trainer_key>> ks(config_.tables.size());
+  ks[roles_.deep] = slot_keys.value();
+  if (config_.crossed) {
+    auto crossed = read_keyset<trainer_key>(beside(shard, ".cross.keys"), fmt.value());
+    if (!crossed.ok()) return crossed.get_status().with_context("crossed keyset of " + shard);
+    ks[roles_.wide].resize(ks[roles_.deep].size() + crossed.value().size());
+    std::merge(ks[roles_.deep].begin(), ks[roles_.deep].end(), crossed.value().begin(),
+               crossed.value().end(), ks[roles_.wide].begin());
+  } else {
+    ks[roles_.wide] = ks[roles_.deep];
+  }
+  if (keep_)
+    for (auto& k : ks) k = keep_(k);
+  return ks;
+}
+
+}  // namespace embcache::detail
