@@ -253,9 +253,13 @@ class training_cache {
   /// Rows changed since the previous export (resident or already written back), per table,
   /// with optimizer state when `with_state`, and the keys erased since.
   result<std::vector<table_delta<Key>>> export_incremental(bool with_state = false);
-  /// export_incremental() written as the folder `dir/delta-NNNNNN` (the next number), through
-  /// a temporary folder that is fsynced and renamed. Returns the folder's path.
-  result<std::string> export_incremental_to(const std::string& dir, bool with_state = false);
+  /// export_incremental() written as the folder `dir/delta-NNNNNN`, through a temporary folder
+  /// that is fsynced and renamed. Returns the folder's path. NNNNNN is `number`, or with 0 (the
+  /// default) one past the highest delta already in `dir`; a number at or below one already
+  /// there, or past 999999, is refused (invalid_argument) before anything is exported. Ranks of
+  /// a sharded run pass an agreed number, so that their deltas of one export share it.
+  result<std::string> export_incremental_to(const std::string& dir, bool with_state = false,
+                                            std::uint64_t number = 0);
 
   /// end_training(), then writes `dir`: per table a HugeCTR sparse model folder `dir/<table>/`
   /// (rows in key order: `key`: int64[n], `emb_vector`: float32[n][dim]), the optimizer state

@@ -4,6 +4,8 @@
 // (mode host_hybrid) or in its training cache, which takes the rank's part of every shard's
 // keyset (mode keyset). Saves are sharded saves, one folder per table, loadable on any number
 // of ranks; in keyset mode each rank exports its own deltas.
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -191,23 +193,31 @@ class sharded_path final : public embedding_path {
   // This rank's counters (keyset mode: its training cache's).
   const cache_counters& counters() const override { return tables_.cache->counters(); }
 
-  // Keyset mode: each rank writes its delta into `dir`/rank-R/ (a stream of ordinary deltas:
-  // the union over the ranks is the model's delta, as their keys are disjoint), and rank 0 names
-  // the parts in `dir`/delta-NNNNNN.parts.json.
+  // Keyset mode: each rank writes its delta into `dir`/rank-R/delta-N/ (an ordinary delta; the
+  // ranks' keys are disjoint, so the parts of delta N together are the model's delta N), with N
+  // one past the highest parts file rank 0 finds, and rank 0 names the parts in
+  // `dir`/delta-N.parts.json.
   result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
     if (!keyset_)
       return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
-    const std::string mine = dir + "/" + rank_folder_name(comm_.rank());
-    std::error_code ec;
-    fs::create_directories(mine, ec);
-    result<exported_delta> d = ec ? result<exported_delta>(status::io_error(
-                                        mine + ": cannot create (" + ec.message() + ")"))
-                                  : result<exported_delta>(status{});
-    if (!ec) {
-      auto path = tables_.cache->export_incremental_to(mine, with_state);
-      d = path.ok() ? exported_delta_of(path.value()) : result<exported_delta>(path.get_status());
+    std::uint64_t number = 1;
+    if (comm_.rank() == 0) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.size() == 23 && name.rfind("delta-", 0) == 0 &&
+            name.compare(12, 11, ".parts.json") == 0)
+          number = std::max<std::uint64_t>(number, std::strtoull(name.c_str() + 6, nullptr, 10) + 1);
+      }
     }
-    EMBCACHE_RETURN_IF_ERROR(agree(comm_, d.get_status(), "the incremental export"));
+    EMBCACHE_RETURN_IF_ERROR(comm_.broadcast(&number, sizeof number, 0));
+    const std::string mine = dir + "/" + rank_folder_name(comm_.rank());
+    auto path = tables_.cache->export_incremental_to(mine, with_state, number);
+    result<exported_delta> d =
+        path.ok() ? exported_delta_of(path.value()) : result<exported_delta>(path.get_status());
+    EMBCACHE_RETURN_IF_ERROR(
+        agree(comm_, d.get_status().with_context("rank " + std::to_string(comm_.rank())),
+              "the incremental export"));
     std::uint64_t rows = d.value().rows;
     EMBCACHE_RETURN_IF_ERROR(comm_.all_reduce_sum(&rows, 1));
     const std::string name = fs::path(d.value().path).filename().string();
@@ -216,6 +226,7 @@ class sharded_path final : public embedding_path {
     if (comm_.rank() == 0) {
       nlohmann::json j{{"format", "embcache.sharded_delta"},
                        {"format_version", 1},
+                       {"sequence", number},
                        {"world_size", comm_.size()},
                        {"rows", rows},
                        {"parts", nlohmann::json::array()}};

@@ -122,7 +122,8 @@ status write_delta_table(const std::string& folder, const table_delta<Key>& d, b
 // and published whole; the logs are consumed only once it is in place.
 template <class Key, class Space>
 result<std::string> training_cache_core<Key, Space>::export_to_folder(const std::string& dir,
-                                                                      bool with_state) {
+                                                                      bool with_state,
+                                                                      std::uint64_t number) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -133,6 +134,13 @@ result<std::string> training_cache_core<Key, Space>::export_to_folder(const std:
     if (name.rfind("delta-", 0) == 0 && name.size() == 12) {
       next = std::max(next, std::atoi(name.c_str() + 6) + 1);
     }
+  }
+  if (number != 0) {
+    if (number < std::uint64_t(next) || number > 999999)
+      return status::invalid_argument("export_incremental_to: delta number " +
+                                      std::to_string(number) + " in '" + dir + "', which needs " +
+                                      std::to_string(next) + " or more (and at most 999999)");
+    next = static_cast<int>(number);
   }
   std::vector<export_mark> marks;
   auto deltas = collect_deltas(with_state, &marks);

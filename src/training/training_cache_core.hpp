@@ -94,7 +94,8 @@ struct training_cache_core {
   result<std::vector<table_delta<Key>>> collect_deltas(bool with_state,
                                                        std::vector<export_mark>* marks);
   void commit_deltas(const std::vector<export_mark>& marks);
-  result<std::string> export_to_folder(const std::string& dir, bool with_state);
+  result<std::string> export_to_folder(const std::string& dir, bool with_state,
+                                       std::uint64_t number);
 
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);

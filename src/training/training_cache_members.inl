@@ -305,8 +305,9 @@ result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_increme
 
 template <class Key, class Space>
 result<std::string> training_cache<Key, Space>::export_incremental_to(const std::string& dir,
-                                                                      bool with_state) {
-  return core_->export_to_folder(dir, with_state);
+                                                                      bool with_state,
+                                                                      std::uint64_t number) {
+  return core_->export_to_folder(dir, with_state, number);
 }
 
 template <class Key, class Space>

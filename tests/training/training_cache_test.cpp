@@ -337,6 +337,37 @@ TEST(training_cache, a_failed_delta_write_loses_no_row) {
   EXPECT_TRUE(applied[1] == store_model(tc, 1));
 }
 
+// A delta number chosen by the caller (the ranks of a sharded run agree on one): used as given,
+// refused at or below a delta already in the folder, before anything is exported.
+TEST(training_cache, an_export_takes_a_given_delta_number_past_the_folder_s_last) {
+  using Key = std::int64_t;
+  temp_dir dir;
+  const auto passes = script<Key>(600, 200, 2);
+  training_cache<Key> tc({}, two_tables<Key>(500, 500));
+  EMBCACHE_ASSERT_OK(tc.begin_pass(passes[0]));
+  train_pass(tc, passes[0], 0);
+  auto first = tc.export_incremental_to(dir.path, false, 3);
+  EMBCACHE_ASSERT_OK(first);
+  EXPECT_EQ(first.value(), dir.path + "/delta-000003");
+  EMBCACHE_ASSERT_OK(tc.begin_pass(passes[1]));
+  train_pass(tc, passes[1], 1);
+  for (const std::uint64_t bad : {std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{1000000}}) {
+    auto refused = tc.export_incremental_to(dir.path, false, bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
+    EXPECT_NE(refused.get_status().message().find("delta number " + std::to_string(bad)),
+              std::string::npos)
+        << refused.get_status().to_string();
+  }
+  // The refusals exported nothing: the next delta still holds the second pass's rows.
+  auto next = tc.export_incremental_to(dir.path, false);
+  EMBCACHE_ASSERT_OK(next);
+  EXPECT_EQ(next.value(), dir.path + "/delta-000004");
+  auto empty = tc.export_incremental(false);
+  EMBCACHE_ASSERT_OK(empty);
+  EXPECT_EQ(empty.value()[0].keys.size() + empty.value()[1].keys.size(), 0u);
+}
+
 // save() reports the rows written: (0, total) first, then after each table, ending at the total.
 TEST(training_cache, save_reports_its_progress_by_rows) {
   using Key = std::int64_t;

@@ -43,7 +43,14 @@ __device__ std::int64_t warp_find_slot(const const_embedding_cache_ref<Key>& t, 
       }
     }
     const unsigned hits = __ballot_sync(0xffffffffu, mine >= 0);
-    if (hits) return __shfl_sync(0xffffffffu, mine, __ffs(static_cast<int>(hits)) - 1);
+    if (hits) {
+      const long long found = __shfl_sync(0xffffffffu, mine, __ffs(static_cast<int>(hits)) - 1);
+      // Only the finding lane's acquire load covers the state word the inserter published; the
+      // ballot and shuffle order no memory, so the warp barrier orders that acquire before every
+      // lane's later reads of the row.
+      __syncwarp();
+      return found;
+    }
     // One read, broadcast: lanes must agree on whether to go on even while inserts run.
     const std::uint32_t more =
         __shfl_sync(0xffffffffu, lane == 0 ? detail::atomic_load(t.overflow + b) : 0u, 0);

@@ -1,5 +1,5 @@
 #!/bin/sh
-# run_mpi.sh MPIEXEC NP PROGRAM [ARGS...]: mpirun as the tests need it on one machine, in a
+# mpirun_local.sh MPIEXEC NP PROGRAM [ARGS...]: mpirun of NP ranks on this one machine, in a
 # container or not. Shared memory (vader) and self transports only; CMA single copy off, as
 # containers forbid ptrace; --oversubscribe for more ranks than cores; --allow-run-as-root when
 # run as root (CI).
