@@ -264,6 +264,52 @@ TEST(trainer_config, numbers_out_of_range_name_the_field_and_the_range) {
             "config.tables[0].optimizer.learning_rate: expected a finite number > 0, got inf");
 }
 
+// A sharded run's fields: "world" (a number of ranks or "auto") and "num_blocks"; a world of
+// several ranks needs a launcher (a communicator), and on_demand does not shard.
+TEST(trainer_config, world_and_num_blocks_are_checked_and_round_trip) {
+  auto parse = [](const std::string& fields) {
+    return trainer_config_from_text(R"({"passes": [["a.bin"]], )" + fields + "}");
+  };
+  auto err = [&](const std::string& fields) {
+    auto c = parse(fields);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  auto c = parse(R"("world": "auto", "num_blocks": 6)");
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().world, 0);
+  EXPECT_EQ(c.value().num_blocks, 6u);
+  EXPECT_EQ(nlohmann::json(c.value()).at("world"), "auto");
+  c = parse(R"("world": 4, "mode": "host_hybrid")");
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().world, 4);
+  auto back = trainer_config_from_json(nlohmann::json(c.value()));
+  EMBCACHE_ASSERT_OK(back);
+  EXPECT_EQ(back.value().world, 4);
+  EXPECT_EQ(back.value().num_blocks, 8u);
+  EXPECT_EQ(err(R"("world": 0)"),
+            "config text: config.world: expected an integer in [1, 1048576], got 0");
+  EXPECT_EQ(err(R"("world": "all")"),
+            "config text: config.world: expected an integer in [1, 1048576] or \"auto\", got "
+            "\"all\"");
+  EXPECT_EQ(err(R"("num_blocks": 0)"),
+            "config text: config.num_blocks: expected an integer in [1, 65536], got 0");
+  EXPECT_EQ(err(R"("world": 3)"),
+            "config text: config.num_blocks: 8 blocks do not split over config.world 3 ranks "
+            "(must be a multiple of the number of ranks)");
+  EXPECT_EQ(err(R"("world": 2, "mode": "on_demand")"),
+            "config text: config.mode: \"on_demand\" with config.world 2: a sharded run trains in "
+            "mode \"keyset\" or \"host_hybrid\"");
+  // Without a communicator, more than one rank is a usage error that says how to launch.
+  trainer_config t;
+  t.passes = {{{"a.bin"}}};
+  t.world = 2;
+  auto made = trainer::create(t);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.get_status().message(),
+            "config.world: 2 ranks need a launcher: run embcache-train under mpirun -np 2, or "
+            "pass a communicator to trainer::create");
+}
+
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
