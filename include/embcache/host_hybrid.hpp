@@ -125,5 +125,6 @@ class host_hybrid_table {
 
 extern template class host_hybrid_table<std::int64_t>;
 extern template class host_hybrid_table<std::uint64_t>;
+extern template class host_hybrid_table<std::uint32_t>;
 
 }  // namespace embcache

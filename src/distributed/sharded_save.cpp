@@ -32,6 +32,10 @@ template <>
 const char* key_name<std::int64_t>() {
   return "int64";
 }
+template <>
+const char* key_name<std::uint32_t>() {
+  return "uint32";
+}
 
 // The highest generation folder in `dir` (0 when none): a new save takes the next one, so it
 // never writes into a folder a published manifest names.
@@ -205,9 +209,10 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
                                ", this build reads " + std::to_string(manifest_format_version));
   EMBCACHE_RETURN_IF_ERROR(string_field("table_name", &out.info.table_name));
   EMBCACHE_RETURN_IF_ERROR(string_field("key_type", &key_type));
-  if (key_type != "int64")
+  if (key_type != "int64" && key_type != "uint32")
     return status::invalid_argument(who + ": field 'key_type' is '" + key_type +
-                                    "', expected 'int64'");
+                                    "', expected 'int64' or 'uint32'");
+  out.key_type = key_type;
   EMBCACHE_RETURN_IF_ERROR(string_field("optimizer", &out.info.optimizer));
   EMBCACHE_RETURN_IF_ERROR(string_field("owner_function", &owner));
   if (owner != owner_function_name)
@@ -274,6 +279,9 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
   auto parsed = read_sharded_manifest(dir);
   if (!parsed.ok()) return parsed.get_status();
   sharded_manifest m = std::move(parsed).value();
+  if (m.key_type != key_name<Key>())
+    return status::invalid_argument(who + ": the save holds " + m.key_type + " keys (field " +
+                                    "'key_type'), the store " + key_name<Key>() + " keys");
   if (m.info.table_name != target.table_name())
     return status::not_found(who + ": the save holds table '" + m.info.table_name + "', not '" +
                              target.table_name() + "'");
@@ -341,14 +349,16 @@ result<sharded_manifest> load_sharded(communicator& comm, const std::string& dir
   return loaded;
 }
 
-template part_opener<std::int64_t> host_store_part_opener<std::int64_t>();
-template status save_sharded<std::int64_t>(communicator&, param_store<std::int64_t>&,
-                                           const std::string&, const sharded_save_info&);
-template result<sharded_manifest> load_sharded_part<std::int64_t>(const std::string&, int, int,
-                                                                  param_store<std::int64_t>&,
-                                                                  const part_opener<std::int64_t>&);
-template result<sharded_manifest> load_sharded<std::int64_t>(communicator&, const std::string&,
-                                                             param_store<std::int64_t>&,
-                                                             const part_opener<std::int64_t>&);
+#define EMBCACHE_SHARDED_SAVE(Key)                                                            \
+  template part_opener<Key> host_store_part_opener<Key>();                                   \
+  template status save_sharded<Key>(communicator&, param_store<Key>&, const std::string&,    \
+                                    const sharded_save_info&);                               \
+  template result<sharded_manifest> load_sharded_part<Key>(                                  \
+      const std::string&, int, int, param_store<Key>&, const part_opener<Key>&);             \
+  template result<sharded_manifest> load_sharded<Key>(communicator&, const std::string&,     \
+                                                      param_store<Key>&, const part_opener<Key>&);
+EMBCACHE_SHARDED_SAVE(std::int64_t)
+EMBCACHE_SHARDED_SAVE(std::uint32_t)
+#undef EMBCACHE_SHARDED_SAVE
 
 }  // namespace embcache

@@ -409,5 +409,6 @@ status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& 
 }
 
 template class sharded_table<std::int64_t>;
+template class sharded_table<std::uint32_t>;
 
 }  // namespace embcache

@@ -146,5 +146,6 @@ status host_hybrid_table<Key>::backward(const float* d_out) {
 
 template class host_hybrid_table<std::int64_t>;
 template class host_hybrid_table<std::uint64_t>;
+template class host_hybrid_table<std::uint32_t>;
 
 }  // namespace embcache

@@ -124,6 +124,47 @@ TEST(sharded_save_test, save_on_n_ranks_loads_on_any_number) {
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// uint32 keys: the same bits on every world size, and a save that records its key type, which a
+// store of the other key type refuses.
+TEST(sharded_table_uint32, same_bits_on_every_world_size_and_saves_carry_the_key_type) {
+  using Key = std::uint32_t;
+  const sharded_table_options o = table_options(optimizer_kind::adam, num_blocks);
+  const batch_spec spec;
+  host_store<Key> store(store_options(o));
+  sharded_table<Key> t(world(), store, o);
+  EMBCACHE_ASSERT_OK(train(t, spec, 0, steps));
+  for (const Key k : read_store(store).keys) ASSERT_EQ(owner_of(k, world().size()), world().rank());
+  const auto all = gather_model(world(), store);
+  const std::string dir = shared_temp_dir("save-uint32");
+  EMBCACHE_ASSERT_OK(t.save(dir));
+  host_store<Key> loaded_store(store_options(o));
+  sharded_table<Key> loaded(world(), loaded_store, o);
+  EMBCACHE_ASSERT_OK(loaded.load(dir));
+  const auto back = gather_model(world(), loaded_store);
+  if (world().rank() == 0) {
+    single_process_communicator alone;
+    host_store<Key> one_store(store_options(o));
+    sharded_table<Key> one(alone, one_store, o);
+    EMBCACHE_ASSERT_OK(train(one, spec, 0, steps));
+    const auto ref = read_store(one_store);
+    ASSERT_GT(ref.keys.size(), 0u);
+    EXPECT_TRUE(all.same_rows(ref)) << world().size() << " ranks and one rank disagree";
+    EXPECT_TRUE(back.same_rows_and_versions(all));
+    auto manifest = read_sharded_manifest(dir);
+    EMBCACHE_ASSERT_OK(manifest);
+    EXPECT_EQ(manifest.value().key_type, "uint32");
+    host_store<std::int64_t> wide_keys(store_options(o));
+    auto refused = load_sharded_part(dir, 0, 1, wide_keys);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
+    EXPECT_NE(refused.get_status().message().find("the save holds uint32 keys (field 'key_type')"),
+              std::string::npos)
+        << refused.get_status().to_string();
+  }
+  EMBCACHE_EXPECT_OK(world().barrier());
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // Save after 3 steps, load into new tables and train 2 more: the same bits as 5 uninterrupted
 // steps (Adam's step counter comes back with the save).
 TEST(sharded_save_test, resume_from_a_save_matches_an_uninterrupted_run) {

@@ -29,18 +29,22 @@ struct batch_spec {
 };
 
 /// Some blocks of one step's global batch, as a key_batch.
-struct block_batch {
+template <class Key>
+struct basic_block_batch {
   std::size_t batch_size = 0, num_slots = 0, first_sample = 0;
   std::vector<std::int64_t> offsets{0};
-  std::vector<std::int64_t> keys;
-  key_batch<std::int64_t> view() const {
+  std::vector<Key> keys;
+  key_batch<Key> view() const {
     return {batch_size, num_slots, offsets.data(), keys.data(), keys.size()};
   }
 };
+using block_batch = basic_block_batch<std::int64_t>;
 
-inline block_batch make_blocks(const batch_spec& spec, std::uint64_t step, std::size_t first,
-                               std::size_t count) {
-  block_batch b;
+/// uint32 keys are the int64 ones cut to their low 32 bits.
+template <class Key = std::int64_t>
+basic_block_batch<Key> make_blocks(const batch_spec& spec, std::uint64_t step, std::size_t first,
+                                   std::size_t count) {
+  basic_block_batch<Key> b;
   b.num_slots = spec.num_slots;
   b.batch_size = count * spec.samples_per_block;
   b.first_sample = first * spec.samples_per_block;
@@ -55,7 +59,7 @@ inline block_batch make_blocks(const batch_spec& spec, std::uint64_t step, std::
         // blocks, where the order of a sum shows); the rest are cold, anywhere in int64.
         const std::int64_t key = (k & 3) != 0 ? static_cast<std::int64_t>(j * 1000 + (k >> 8) % 24)
                                               : static_cast<std::int64_t>(k);
-        b.keys.push_back(key);
+        b.keys.push_back(static_cast<Key>(key));
       }
       b.offsets.push_back(static_cast<std::int64_t>(b.keys.size()));
     }
@@ -65,8 +69,9 @@ inline block_batch make_blocks(const batch_spec& spec, std::uint64_t step, std::
 
 /// The gradient of a step with respect to the pooled output: depends on the output (so a wrong
 /// lookup changes it) and on the global bag.
-inline std::vector<float> make_d_out(const block_batch& b, const std::vector<float>& out,
-                                     std::size_t dim, std::uint64_t step) {
+template <class Key>
+std::vector<float> make_d_out(const basic_block_batch<Key>& b, const std::vector<float>& out,
+                              std::size_t dim, std::uint64_t step) {
   std::vector<float> d(out.size());
   for (std::size_t bag = 0; bag < b.batch_size * b.num_slots; ++bag) {
     const std::uint64_t global_bag = b.first_sample * b.num_slots + bag;
@@ -81,11 +86,12 @@ inline std::vector<float> make_d_out(const block_batch& b, const std::vector<flo
 
 /// Trains `steps` steps (numbered from `first_step`) of the spec's global batches, each rank on
 /// its blocks.
-inline status train(sharded_table<std::int64_t>& t, const batch_spec& spec,
-                    std::uint64_t first_step, std::size_t steps) {
+template <class Key>
+status train(sharded_table<Key>& t, const batch_spec& spec, std::uint64_t first_step,
+             std::size_t steps) {
   const std::size_t dim = t.options().table.dim;
   for (std::uint64_t s = first_step; s < first_step + steps; ++s) {
-    const block_batch b = make_blocks(spec, s, t.blocks().first, t.blocks().count);
+    const auto b = make_blocks<Key>(spec, s, t.blocks().first, t.blocks().count);
     std::vector<float> out(b.batch_size * b.num_slots * dim);
     EMBCACHE_RETURN_IF_ERROR(t.forward(b.view(), out.data()));
     const std::vector<float> d_out = make_d_out(b, out, dim, s);
@@ -95,28 +101,31 @@ inline status train(sharded_table<std::int64_t>& t, const batch_spec& spec,
 }
 
 /// Every row of a store (or of every rank's store), sorted by key.
-struct model {
+template <class Key>
+struct basic_model {
   std::size_t width = 0;
-  std::vector<std::int64_t> keys;
+  std::vector<Key> keys;
   std::vector<float> rows;
   std::vector<std::uint64_t> versions;
 
   /// Same keys and the same bits in every float of every row (versions not compared).
-  bool same_rows(const model& o) const {
+  bool same_rows(const basic_model& o) const {
     return width == o.width && keys == o.keys && rows.size() == o.rows.size() &&
            std::memcmp(rows.data(), o.rows.data(), rows.size() * sizeof(float)) == 0;
   }
-  bool same_rows_and_versions(const model& o) const {
+  bool same_rows_and_versions(const basic_model& o) const {
     return same_rows(o) && versions == o.versions;
   }
 };
+using model = basic_model<std::int64_t>;
 
-inline model sorted(model m) {
+template <class Key>
+basic_model<Key> sorted(basic_model<Key> m) {
   std::vector<std::size_t> idx(m.keys.size());
   std::iota(idx.begin(), idx.end(), 0);
   std::sort(idx.begin(), idx.end(),
             [&](std::size_t a, std::size_t b) { return m.keys[a] < m.keys[b]; });
-  model s;
+  basic_model<Key> s;
   s.width = m.width;
   for (std::size_t i : idx) {
     s.keys.push_back(m.keys[i]);
@@ -126,11 +135,12 @@ inline model sorted(model m) {
   return s;
 }
 
-inline model read_store(param_store<std::int64_t>& store) {
-  model m;
+template <class Key>
+basic_model<Key> read_store(param_store<Key>& store) {
+  basic_model<Key> m;
   m.width = store.row_width();
   status st = store.for_each(
-      1024, [&](const std::int64_t* k, const float* r, const std::uint64_t* v, std::size_t n) {
+      1024, [&](const Key* k, const float* r, const std::uint64_t* v, std::size_t n) {
         m.keys.insert(m.keys.end(), k, k + n);
         m.rows.insert(m.rows.end(), r, r + n * m.width);
         m.versions.insert(m.versions.end(), v, v + n);
@@ -141,15 +151,16 @@ inline model read_store(param_store<std::int64_t>& store) {
 }
 
 /// The union of every rank's store, on rank 0 (empty elsewhere). Collective.
-inline model gather_model(communicator& comm, param_store<std::int64_t>& store) {
-  const model mine = read_store(store);
+template <class Key>
+basic_model<Key> gather_model(communicator& comm, param_store<Key>& store) {
+  const basic_model<Key> mine = read_store(store);
   const auto world = static_cast<std::size_t>(comm.size());
   auto to_root = [&](std::size_t n) {
     std::vector<std::size_t> c(world, 0);
     c[0] = n;
     return c;
   };
-  model all;
+  basic_model<Key> all;
   all.width = mine.width;
   std::vector<std::size_t> rc;
   exchange(comm, mine.keys, to_root(mine.keys.size()), all.keys, rc).throw_if_error();

@@ -17,9 +17,9 @@
 /// loadable.
 ///
 /// manifest.json fields: format "embcache.sharded_save", format_version 1, table_name,
-/// key_type ("int64"), dim, row_width, optimizer, step, num_blocks, world_size, owner_function
-/// (ownership.hpp's owner_function_name), generation, parts: [{rank, path, rows}] with one entry
-/// per rank in rank order and path "gen-GGGGGG/rank-RRRRR".
+/// key_type ("int64" or "uint32"), dim, row_width, optimizer, step, num_blocks, world_size,
+/// owner_function (ownership.hpp's owner_function_name), generation, parts: [{rank, path, rows}]
+/// with one entry per rank in rank order and path "gen-GGGGGG/rank-RRRRR".
 #pragma once
 
 #include <cstddef>
@@ -54,6 +54,7 @@ struct sharded_part {
 /// A parsed and checked manifest.json.
 struct sharded_manifest {
   sharded_save_info info;           ///< what the save records
+  std::string key_type;             ///< "int64" or "uint32" (loads refuse another store's)
   int world_size = 0;               ///< ranks that wrote it (default 0)
   std::uint64_t generation = 0;     ///< generation folder number (default 0)
   std::vector<sharded_part> parts;  ///< world_size parts, in rank order
@@ -115,5 +116,13 @@ extern template result<sharded_manifest> load_sharded_part<std::int64_t>(
 extern template result<sharded_manifest> load_sharded<std::int64_t>(
     communicator&, const std::string&, param_store<std::int64_t>&,
     const part_opener<std::int64_t>&);
+extern template part_opener<std::uint32_t> host_store_part_opener<std::uint32_t>();
+extern template status save_sharded<std::uint32_t>(communicator&, param_store<std::uint32_t>&,
+                                                   const std::string&, const sharded_save_info&);
+extern template result<sharded_manifest> load_sharded_part<std::uint32_t>(
+    const std::string&, int, int, param_store<std::uint32_t>&, const part_opener<std::uint32_t>&);
+extern template result<sharded_manifest> load_sharded<std::uint32_t>(
+    communicator&, const std::string&, param_store<std::uint32_t>&,
+    const part_opener<std::uint32_t>&);
 
 }  // namespace embcache

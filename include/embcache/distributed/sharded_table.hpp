@@ -191,5 +191,6 @@ class sharded_table {
 };
 
 extern template class sharded_table<std::int64_t>;
+extern template class sharded_table<std::uint32_t>;
 
 }  // namespace embcache
