@@ -50,19 +50,24 @@ part_opener<trainer_key> part_opener_for(const trainer_table_config& tc) {
 #endif
 }
 
-// Removes every row of `store` (a load replaces the rows a rank holds).
-status clear_store(param_store<trainer_key>& store) {
+// Every key of `store` (a load replaces the rows a rank holds, so they are removed first).
+result<std::vector<trainer_key>> keys_of(param_store<trainer_key>& store) {
   std::vector<trainer_key> keys;
   EMBCACHE_RETURN_IF_ERROR(store.for_each(
       4096, [&](const trainer_key* k, const float*, const std::uint64_t*, std::size_t n) {
         keys.insert(keys.end(), k, k + n);
         return status{};
       }));
-  return store.erase(keys.data(), keys.size());
+  return keys;
 }
 
-// Keyset mode's owner rows: the rank's training cache, which holds every key the rank owns in
-// the shard's keyset; the in-row optimizer as the one-process keyset path applies it.
+// Removes every row of `store`.
+status clear_store(param_store<trainer_key>& store) {
+  auto keys = keys_of(store);
+  if (!keys.ok()) return keys.get_status();
+  return store.erase(keys.value().data(), keys.value().size());
+}
+
 class cache_owner_rows final : public owner_rows<trainer_key> {
  public:
   cache_owner_rows(training_cache<trainer_key>& cache, std::size_t t, const trainer_config& config,
@@ -118,13 +123,9 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
 // Removes every row of table `t` from the training cache and its store.
 status clear_cache(training_cache<trainer_key>& cache, std::size_t t) {
   EMBCACHE_RETURN_IF_ERROR(cache.end_training());  // every resident row is in the store now
-  std::vector<trainer_key> keys;
-  EMBCACHE_RETURN_IF_ERROR(cache.store(t).for_each(
-      4096, [&](const trainer_key* k, const float*, const std::uint64_t*, std::size_t n) {
-        keys.insert(keys.end(), k, k + n);
-        return status{};
-      }));
-  return cache.erase(t, keys.data(), keys.size());
+  auto keys = keys_of(cache.store(t));
+  if (!keys.ok()) return keys.get_status();
+  return cache.erase(t, keys.value().data(), keys.value().size());
 }
 
 class sharded_path final : public embedding_path {

@@ -90,7 +90,7 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
       const pass_metrics& b = tk.value()->history()[p];
       EXPECT_GT(a.rows_exported, 0u);
       EXPECT_EQ(a.rows_exported, b.rows_exported) << "pass " << a.pass;
-      const std::string parts = read_file(a.export_path);
+      const std::string parts = read_bytes(a.export_path);
       EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())),
                 std::string::npos)
           << parts;
@@ -157,7 +157,7 @@ TEST(sharded_trainer, one_rank_with_one_block_is_the_host_hybrid_run) {
   auto hybrid = trainer::create(h);
   EMBCACHE_ASSERT_OK(hybrid);
   EMBCACHE_ASSERT_OK(hybrid.value()->run());
-  EXPECT_TRUE(read_file(c.save_dir + "/dense.bin") == read_file(h.save_dir + "/dense.bin"));
+  EXPECT_TRUE(read_bytes(c.save_dir + "/dense.bin") == read_bytes(h.save_dir + "/dense.bin"));
   expect_same_history(sharded.value()->history(), hybrid.value()->history());
   // The rows: each table read back through both trainers' stores.
   expect_same_rows_as_hybrid(c.save_dir, h.save_dir);

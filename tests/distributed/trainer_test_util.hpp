@@ -7,13 +7,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "embcache/host_store.hpp"
@@ -56,14 +55,6 @@ inline trainer_config sharded_trainer_config(const std::string& data_dir) {
   return c;
 }
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(bool(in)) << path;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 /// Every row of a table's sharded save, whatever the number of ranks that wrote it.
 inline model sharded_rows(const std::string& save, const char* table, std::size_t row_width) {
   host_store_options o;
@@ -80,7 +71,7 @@ constexpr std::size_t wide_width = 3, deep_width = 48;
 
 /// The same dense blob and the same bits in every row of both tables.
 inline void expect_same_sharded_model(const std::string& a, const std::string& b) {
-  EXPECT_TRUE(read_file(a + "/dense.bin") == read_file(b + "/dense.bin"))
+  EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin"))
       << "dense.bin differs between " << a << " and " << b;
   for (const auto& [table, width] : {std::pair{"wide", wide_width}, {"deep", deep_width}}) {
     const model x = sharded_rows(a, table, width), y = sharded_rows(b, table, width);
@@ -95,8 +86,8 @@ inline void expect_same_rows_as_hybrid(const std::string& sharded, const std::st
   for (const auto& [table, width, dim] :
        {std::tuple{"wide", wide_width, std::size_t{1}}, {"deep", deep_width, std::size_t{16}}}) {
     const model x = sharded_rows(sharded, table, width);
-    const std::string keys = read_file(hybrid + "/sparse/" + table + "/key");
-    const std::string emb = read_file(hybrid + "/sparse/" + table + "/emb_vector");
+    const std::string keys = read_bytes(hybrid + "/sparse/" + table + "/key");
+    const std::string emb = read_bytes(hybrid + "/sparse/" + table + "/emb_vector");
     const std::size_t n = keys.size() / 8;
     ASSERT_EQ(emb.size(), n * dim * 4) << table;
     ASSERT_EQ(x.keys.size(), n) << table;

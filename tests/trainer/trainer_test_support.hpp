@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
@@ -87,14 +88,6 @@ inline trainer_config small_config(const std::string& name) {
   c.threads = 2;
   c.save_dir = temp_dir(name) + "/save";
   return c;
-}
-
-inline std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(bool(in)) << path;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The model files of a save: rows, slot ids and optimizer state (HugeCTR's per-optimizer files)
