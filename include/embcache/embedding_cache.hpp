@@ -11,8 +11,9 @@
 ///
 /// Concurrency. Within one bulk call, keys are processed in parallel. Between host threads,
 /// find / find_or_insert / insert_or_assign / lookup_slots / read_slots / assign_slots /
-/// mark_updated may run at the same time; erase, insert_and_evict, export, clear take the table
-/// exclusively. In the cuda space, calls are ordered by the space's stream and return once done.
+/// mark_updated / mark_synced / set_marks / select_victims / gather_dirty may run at the same
+/// time; erase, erase_slots, insert_and_evict, export, clear take the table exclusively. In the
+/// cuda space, calls are ordered by the space's stream and return once done.
 ///
 /// Duplicate keys within one batch:
 ///  - find, lookup_slots, read_slots: every occurrence gets the same answer;
@@ -67,6 +68,12 @@ class export_filter {
   std::uint64_t since_;
 };
 
+/// The order in which embedding_cache::select_victims takes its candidates.
+enum class victim_order : std::uint8_t {
+  oldest_version,  ///< the least recently written row first (smallest version)
+  lowest_score,    ///< the lowest eviction score first (the cache's score_policy)
+};
+
 /// Rows copied to host memory by export_to_host, sorted by key.
 template <class Key>
 struct exported_rows {
@@ -108,12 +115,16 @@ class embedding_cache {
   /// receives every row; `inserted_out` (may be nullptr) says which occurrence inserted. When the
   /// table has no room for some keys it returns capacity_exceeded naming how many and one of
   /// them; the keys that fit are inserted, the others are absent.
-  status find_or_insert(const Key* keys, std::size_t n, float* rows_out, bool* inserted_out);
+  /// `slots_out` (may be nullptr) receives each key's slot (-1 for a key that found no room).
+  status find_or_insert(const Key* keys, std::size_t n, float* rows_out, bool* inserted_out,
+                        std::int64_t* slots_out = nullptr);
 
   /// Inserts or overwrites rows. `versions` (may be nullptr) gives each row's version; nullptr
-  /// stamps the call's version. Last occurrence of a repeated key wins.
+  /// stamps the call's version. Last occurrence of a repeated key wins. `slots_out` (may be
+  /// nullptr) receives each key's slot (-1 for a key that found no room).
   status insert_or_assign(const Key* keys, std::size_t n, const float* rows,
-                          const std::uint64_t* versions = nullptr);
+                          const std::uint64_t* versions = nullptr,
+                          std::int64_t* slots_out = nullptr);
 
   /// Removes keys; absent keys are ignored. `erased_out` (may be nullptr, host memory) receives
   /// how many were removed. Cannot fail.
@@ -145,11 +156,48 @@ class embedding_cache {
   /// receive up to n victims in the order of the keys that displaced them, `*evicted_count`
   /// (host memory) how many. `found_out` (may be nullptr) says which keys were resident and
   /// `slots_out` (may be nullptr) where each key is now (-1 if it could not be placed: then the
-  /// call returns capacity_exceeded). Deterministic: the result does not depend on thread count.
+  /// call returns capacity_exceeded). `evicted_dirty` (may be nullptr) says of each victim
+  /// whether it was dirty (see mark_synced). Deterministic: the result does not depend on
+  /// thread count.
   status insert_and_evict(const Key* keys, std::size_t n, const float* rows_in,
                           const std::uint64_t* versions_in, Key* evicted_keys, float* evicted_rows,
                           std::uint64_t* evicted_versions, std::size_t* evicted_count,
-                          bool* found_out = nullptr, std::int64_t* slots_out = nullptr);
+                          bool* found_out = nullptr, std::int64_t* slots_out = nullptr,
+                          bool* evicted_dirty = nullptr);
+
+  // Bookkeeping for a caller that keeps the rows in sync with a backing store (the training
+  // cache does), so that it needs no copy of the slots' metadata: which rows are dirty, which
+  // belong to the current keyset, which go when room is needed. Every new row (any insert)
+  // starts dirty and unmarked.
+
+  /// Records that the backing store now holds the rows of `slots` at `versions` (may be
+  /// nullptr: at their current versions); a row stays clean until its version grows past that
+  /// (any write or mark_updated). A version of 0 makes the row dirty. -1 is skipped. Cannot
+  /// fail.
+  void mark_synced(const std::int64_t* slots, std::size_t n,
+                   const std::uint64_t* versions = nullptr);
+
+  /// Sets the keyset mark of `slots` to `mark` (a caller's counter: select_victims keeps the rows
+  /// marked at or above a value). -1 is skipped. Cannot fail.
+  void set_marks(const std::int64_t* slots, std::size_t n, std::uint32_t mark);
+
+  /// Chooses up to `need` resident rows marked below `keep_mark`, first by `order` (ties by
+  /// smallest key, so the choice is deterministic), and writes their slots in ascending slot
+  /// order to `victims_out` (room for `need`); `*count_out` (host memory) receives how many:
+  /// min(need, candidates). Changes nothing. Cannot fail.
+  void select_victims(std::uint32_t keep_mark, std::size_t need, victim_order order,
+                      std::int64_t* victims_out, std::size_t* count_out) const;
+
+  /// Of the rows at `slots` (-1 and empty slots skipped), the dirty ones, in input order: their
+  /// keys, rows (n * row_width room), versions and slots (each output may be nullptr);
+  /// `*count_out` (host memory) receives how many. Changes nothing. Cannot fail.
+  void gather_dirty(const std::int64_t* slots, std::size_t n, Key* keys_out, float* rows_out,
+                    std::uint64_t* versions_out, std::int64_t* slots_out,
+                    std::size_t* count_out) const;
+
+  /// Removes the rows at `slots` (-1 and empty slots skipped; a repeated slot counts once);
+  /// `erased_out` (may be nullptr, host memory) receives how many. Cannot fail.
+  void erase_slots(const std::int64_t* slots, std::size_t n, std::size_t* erased_out = nullptr);
 
   /// Number of resident rows that pass `filter`.
   std::size_t count_if(const export_filter& filter) const;
@@ -223,6 +271,8 @@ class embedding_cache {
   buffer<std::uint64_t, Space> scores_;
   buffer<std::uint64_t, Space> touched_;  // LFU only: op of the last touch
   buffer<std::uint64_t, Space> claims_;   // last-writer-wins tags of insert_or_assign/assign_slots
+  buffer<std::uint64_t, Space> synced_;  // version of each row the store last held
+  buffer<std::uint32_t, Space> marks_;   // keyset marks
   buffer<float, Space> rows_;
   std::unique_ptr<std::shared_mutex> mutex_;
 };

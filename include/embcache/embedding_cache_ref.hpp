@@ -47,6 +47,10 @@ struct cache_ref_base {
   pointer<std::uint64_t> scores;    ///< capacity eviction scores
   pointer<std::uint64_t> touched;   ///< capacity: bulk call of the last touch (LFU), else nullptr
   pointer<std::uint64_t> claims;    ///< capacity last-writer-wins tags of the assigning calls
+  /// capacity: the version each row had when the backing store last held it (0: never); a row
+  /// is dirty while its version is greater
+  pointer<std::uint64_t> synced;
+  pointer<std::uint32_t> marks;  ///< capacity keyset marks (set_marks; 0 for a new row)
   pointer<float> rows;              ///< capacity * row_width floats; row i belongs to slot i
   std::size_t num_buckets;          ///< capacity / bucket size
   std::size_t row_width;            ///< floats per row: dim + optimizer-state width
@@ -142,6 +146,11 @@ struct cache_ref_base {
     for (std::size_t j = dim; j < row_width; ++j) dst[j] = init.state_value;
   }
 
+  /// Whether the row of `slot` changed since the backing store last held it.
+  EMBCACHE_HD bool dirty(std::int64_t slot) const {
+    return detail::atomic_load(versions + slot) > detail::atomic_load(synced + slot);
+  }
+
   /// Whether bulk call `op` touched `slot`.
   EMBCACHE_HD bool touched_by(std::int64_t slot, std::uint64_t op) const {
     return policy == score_policy::lru ? detail::atomic_load(scores + slot) == op
@@ -178,7 +187,7 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
   /// The read-only view of the same cache.
   EMBCACHE_HD const_embedding_cache_ref<Key> as_const() const {
     return {{this->states, this->keys, this->overflow, this->versions, this->scores, this->touched,
-             this->claims, this->rows, this->num_buckets, this->row_width, this->dim, this->init,
+             this->claims, this->synced, this->marks, this->rows, this->num_buckets, this->row_width, this->dim, this->init,
              this->normal_factor, this->policy}};
   }
   /// Same as as_const().
@@ -314,9 +323,12 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
     }
     detail::atomic_store(this->touched + slot, op);
   }
-  /// Score of a fresh row inserted by bulk call `op`: touch(slot, op, true).
-  EMBCACHE_HD void set_fresh_score(std::int64_t slot, std::uint64_t op) const {
+  /// Metadata of a row just written into a claimed slot by bulk call `op`: a fresh score
+  /// (touch(slot, op, true)), no store copy (dirty) and no keyset mark.
+  EMBCACHE_HD void start_row(std::int64_t slot, std::uint64_t op) const {
     touch(slot, op, true);
+    detail::atomic_store(this->synced + slot, std::uint64_t{0});
+    detail::atomic_store(this->marks + slot, std::uint32_t{0});
   }
 };
 

@@ -127,10 +127,13 @@ class harness {
     buffer<std::uint64_t, Space> ev(n, space_);
     buffer<bool, Space> found(n, space_);
     buffer<std::int64_t, Space> slots(n, space_);
+    buffer<bool, Space> dirty(n, space_);
     std::size_t count = 0;
     evict_result r;
     r.st = cache.insert_and_evict(k.data(), n, rows_in ? rin.data() : nullptr, nullptr, ek.data(),
-                                  er.data(), ev.data(), &count, found.data(), slots.data());
+                                  er.data(), ev.data(), &count, found.data(), slots.data(),
+                                  dirty.data());
+    evicted_dirty = bools_to_host(dirty, count);
     r.keys = to_host(ek, count);
     r.rows = to_host(er, count * cache.row_width());
     r.versions = to_host(ev, count);
@@ -138,6 +141,65 @@ class harness {
     r.slots = to_host(slots, n);
     return r;
   }
+  std::vector<std::int64_t> insert_or_assign_slots(const std::vector<Key>& keys,
+                                                   const std::vector<float>& rows,
+                                                   const std::vector<std::uint64_t>& versions) {
+    auto k = to_space(keys);
+    auto r = to_space(rows);
+    auto v = to_space(versions);
+    buffer<std::int64_t, Space> s(keys.size(), space_);
+    EMBCACHE_EXPECT_OK(cache.insert_or_assign(k.data(), keys.size(), r.data(),
+                                              versions.empty() ? nullptr : v.data(), s.data()));
+    return to_host(s, keys.size());
+  }
+  std::vector<std::int64_t> find_or_insert_slots(const std::vector<Key>& keys) {
+    auto k = to_space(keys);
+    buffer<std::int64_t, Space> s(keys.size(), space_);
+    EMBCACHE_EXPECT_OK(cache.find_or_insert(k.data(), keys.size(), nullptr, nullptr, s.data()));
+    return to_host(s, keys.size());
+  }
+  void mark_synced(const std::vector<std::int64_t>& slots,
+                   const std::vector<std::uint64_t>& versions = {}) {
+    auto s = to_space(slots);
+    auto v = to_space(versions);
+    cache.mark_synced(s.data(), slots.size(), versions.empty() ? nullptr : v.data());
+  }
+  void set_marks(const std::vector<std::int64_t>& slots, std::uint32_t mark) {
+    auto s = to_space(slots);
+    cache.set_marks(s.data(), slots.size(), mark);
+  }
+  std::vector<std::int64_t> select_victims(std::uint32_t keep, std::size_t need,
+                                           victim_order order) {
+    buffer<std::int64_t, Space> v(need, space_);
+    std::size_t count = need + 1;
+    cache.select_victims(keep, need, order, v.data(), &count);
+    return to_host(v, count);
+  }
+  struct dirty_rows {
+    std::vector<Key> keys;
+    std::vector<float> rows;
+    std::vector<std::uint64_t> versions;
+    std::vector<std::int64_t> slots;
+  };
+  dirty_rows gather_dirty(const std::vector<std::int64_t>& slots) {
+    const std::size_t n = slots.size();
+    auto s = to_space(slots);
+    buffer<Key, Space> k(n, space_);
+    buffer<float, Space> r(n * cache.row_width(), space_);
+    buffer<std::uint64_t, Space> v(n, space_);
+    buffer<std::int64_t, Space> o(n, space_);
+    std::size_t count = n + 1;
+    cache.gather_dirty(s.data(), n, k.data(), r.data(), v.data(), o.data(), &count);
+    return {to_host(k, count), to_host(r, count * cache.row_width()), to_host(v, count),
+            to_host(o, count)};
+  }
+  std::size_t erase_slots(const std::vector<std::int64_t>& slots) {
+    auto s = to_space(slots);
+    std::size_t n = 0;
+    cache.erase_slots(s.data(), slots.size(), &n);
+    return n;
+  }
+  std::vector<bool> evicted_dirty;  // of the last insert_and_evict
   exported_rows<Key> export_rows(export_filter f = export_filter::all()) {
     return cache.export_to_host(f).value();
   }
@@ -543,12 +605,146 @@ TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
   }
 }
 
+TYPED_TEST_P(cache_conformance, InsertsHandBackTheirSlots) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
+  const std::vector<Key> keys = {7, 3, 7, 11};
+  auto s = h.insert_or_assign_slots(keys, {1, 1, 2, 2, 3, 3, 4, 4}, {});
+  EXPECT_EQ(s, h.slots(keys));
+  EXPECT_EQ(s[0], s[2]);
+  auto f = h.find_or_insert_slots({3, 5, 5});
+  EXPECT_EQ(f, h.slots({3, 5, 5}));
+  EXPECT_EQ(f[0], s[1]);
+  EXPECT_GE(f[1], 0);
+  EXPECT_EQ(h.cache.size(), 4u);
+}
+
+// Dirty = written since the store last held the row; every new row starts dirty.
+TYPED_TEST_P(cache_conformance, DirtyRowsFollowSyncsAndWrites) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 1));
+  const std::vector<Key> keys = {10, 20, 30, 40};
+  auto s = h.insert_or_assign_slots(keys, std::vector<float>(12, 1.0f), {5, 6, 7, 8});
+  auto all = h.gather_dirty(s);
+  EXPECT_EQ(all.keys, keys);
+  EXPECT_EQ(all.versions, std::vector<std::uint64_t>({5, 6, 7, 8}));
+  EXPECT_EQ(all.slots, s);
+  EXPECT_EQ(all.rows, std::vector<float>(12, 1.0f));
+  h.mark_synced({s[0], s[1], -1, s[2]}, {5, 6, 0, 0});  // version 0: still dirty
+  EXPECT_EQ(h.gather_dirty(s).keys, std::vector<Key>({30, 40}));
+  h.mark_synced({s[3]});  // at its current version
+  EXPECT_EQ(h.gather_dirty(s).keys, std::vector<Key>({30}));
+  h.cache.advance_version(8);  // the clock runs past the caller's versions
+  h.mark_updated({s[1]});
+  h.assign_slots({s[3]}, {9, 9, 9});
+  auto d = h.gather_dirty({s[3], -1, s[1], s[2], s[0]});
+  EXPECT_EQ(d.keys, std::vector<Key>({40, 20, 30}));
+  EXPECT_EQ(d.rows, std::vector<float>({9, 9, 9, 1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(d.slots, std::vector<std::int64_t>({s[3], s[1], s[2]}));
+  // A row inserted into a slot that held a synced row starts dirty.
+  h.mark_synced(s);
+  EXPECT_TRUE(h.gather_dirty(s).keys.empty());
+  EXPECT_EQ(h.erase({10}), 1u);
+  EXPECT_TRUE(h.gather_dirty({s[0]}).keys.empty());  // empty slot: skipped
+  auto again = h.insert_or_assign_slots({10}, {2, 2, 2}, {1});
+  EXPECT_EQ(h.gather_dirty(again).keys, std::vector<Key>({10}));
+}
+
+TYPED_TEST_P(cache_conformance, VictimsAreUnmarkedOldestThenSmallestKey) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(4096, 1, 0));
+  auto keys = this->range_keys(600, 5);
+  // Three generations of versions; within one, the key breaks ties.
+  std::vector<std::int64_t> slots;
+  for (std::size_t g = 0; g < 3; ++g) {
+    std::vector<Key> part(keys.begin() + g * 200, keys.begin() + (g + 1) * 200);
+    auto s = h.insert_or_assign_slots(part, std::vector<float>(200, 0.f), {});
+    slots.insert(slots.end(), s.begin(), s.end());
+  }
+  // Keep marks: 100 keys at 7 (kept), 100 at 3 (below 5: candidates), 100 at 5 (kept).
+  h.set_marks(std::vector<std::int64_t>(slots.begin(), slots.begin() + 100), 7);
+  h.set_marks(std::vector<std::int64_t>(slots.begin() + 100, slots.begin() + 200), 3);
+  h.set_marks(std::vector<std::int64_t>(slots.begin() + 300, slots.begin() + 400), 5);
+  std::vector<std::int64_t> expected;
+  for (std::size_t i = 100; i < 600; ++i)
+    if (i < 300 || i >= 400) expected.push_back(slots[i]);
+  // Candidates in order: generation 0's marked-3 keys by key, then generation 1's unmarked,
+  // then generation 2's unmarked past index 400.
+  auto ordered = [&](std::size_t a, std::size_t b) {
+    std::vector<std::pair<Key, std::int64_t>> v;
+    for (std::size_t i = a; i < b; ++i) v.push_back({keys[i], slots[i]});
+    std::sort(v.begin(), v.end());
+    std::vector<std::int64_t> out;
+    for (auto& p : v) out.push_back(p.second);
+    return out;
+  };
+  std::vector<std::int64_t> order = ordered(100, 200);
+  for (auto s : ordered(200, 300)) order.push_back(s);
+  for (auto s : ordered(400, 600)) order.push_back(s);
+  for (std::size_t need : {0u, 1u, 150u, 399u, 400u, 1000u}) {
+    std::vector<std::int64_t> want(order.begin(), order.begin() + std::min(need, order.size()));
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(h.select_victims(5, need, victim_order::oldest_version), want) << need;
+  }
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(h.select_victims(5, 1000, victim_order::oldest_version), expected);
+  EXPECT_TRUE(h.select_victims(0, 10, victim_order::oldest_version).empty());
+  // A new row carries no mark: after erase and reinsert a kept key is a candidate again.
+  EXPECT_EQ(h.erase({keys[0]}), 1u);
+  auto re = h.insert_or_assign_slots({keys[0]}, {0.f}, {});
+  auto v = h.select_victims(5, 1000, victim_order::oldest_version);
+  EXPECT_NE(std::find(v.begin(), v.end(), re[0]), v.end());
+  // By score (LRU: the op of the last touch): the keys looked up last go last.
+  h.slots(std::vector<Key>(keys.begin() + 100, keys.begin() + 200));
+  auto by_score = h.select_victims(5, 300, victim_order::lowest_score);
+  EXPECT_EQ(by_score.size(), 300u);
+  for (std::size_t i = 100; i < 200; ++i)
+    EXPECT_EQ(std::find(by_score.begin(), by_score.end(), slots[i]), by_score.end());
+}
+
+TYPED_TEST_P(cache_conformance, EraseSlotsRemovesEachOnce) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
+  auto s = h.insert_or_assign_slots({1, 2, 3}, {1, 2, 3}, {});
+  EXPECT_EQ(h.erase_slots({s[0], -1, s[2], s[0]}), 2u);
+  EXPECT_EQ(h.cache.size(), 1u);
+  EXPECT_EQ(h.slots({1, 2, 3}), std::vector<std::int64_t>({-1, s[1], -1}));
+  EXPECT_EQ(h.erase_slots({s[0]}), 0u);
+  auto again = h.find_or_insert_slots({1, 3});
+  EXPECT_GE(again[0], 0);
+  EXPECT_GE(again[1], 0);
+  EXPECT_EQ(h.cache.size(), 3u);
+}
+
+TYPED_TEST_P(cache_conformance, InsertAndEvictSaysWhichVictimsWereDirty) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(128, 1, 0);  // one bucket
+  harness<Key, typename TypeParam::space_type> h(o);
+  std::vector<Key> first, second;
+  for (Key k = 0; k < 128; ++k) first.push_back(k);
+  for (Key k = 1000; k < 1128; ++k) second.push_back(k);
+  auto r0 = h.insert_and_evict(first);
+  ASSERT_TRUE(r0.st.ok());
+  std::vector<std::int64_t> even;
+  for (std::size_t i = 0; i < 128; i += 2) even.push_back(r0.slots[i]);
+  h.mark_synced(even);
+  auto r1 = h.insert_and_evict(second);
+  ASSERT_TRUE(r1.st.ok());
+  ASSERT_EQ(r1.keys.size(), 128u);
+  ASSERT_EQ(h.evicted_dirty.size(), 128u);
+  for (std::size_t j = 0; j < r1.keys.size(); ++j)
+    EXPECT_EQ(h.evicted_dirty[j], r1.keys[j] % 2 == 1) << r1.keys[j];
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     cache_conformance, EmptyFindsNothing, FindOrInsertInitializesDeterministically,
     InitializerKindsHaveTheirShape, InsertOrAssignOverwritesAndLastDuplicateWins,
     DuplicatesInFindOrInsertInsertOnce, EraseRemovesOnceAndAllowsReinsert, EveryKeyValueIsAKey,
     FullTableIsAClearStatus, SlotsReadAssignAndVersions, ExportAllIsSortedWithRowsAndVersions,
     InsertAndEvictLruOrder, InsertAndEvictLfuOrderAndOverflowingBatch, InsertAndEvictUsesGivenRows,
-    ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap);
+    ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap,
+    InsertsHandBackTheirSlots, DirtyRowsFollowSyncsAndWrites,
+    VictimsAreUnmarkedOldestThenSmallestKey, EraseSlotsRemovesEachOnce,
+    InsertAndEvictSaysWhichVictimsWereDirty);
 
 }  // namespace embcache::testing

@@ -62,7 +62,7 @@ struct insert_fn {
         if (initialize) t.initialize_row(keys[i], r);
         atomic_store(t.versions + c.slot, version);
       }
-      t.set_fresh_score(c.slot, op);
+      t.start_row(c.slot, op);
       t.publish(c.slot, c.digest);
     } else {
       t.touch(c.slot, op);

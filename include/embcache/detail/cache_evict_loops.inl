@@ -41,6 +41,7 @@ struct evict_fn {
   Key* victim_keys;       // per key
   float* victim_rows;     // per key
   std::uint64_t* victim_versions;
+  std::uint8_t* victim_dirty;
 
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (i > 0 && homes[i] == homes[i - 1]) return;
@@ -87,6 +88,7 @@ struct evict_fn {
       victim_keys[k] = t.keys[s];
       embedding_cache_ref<Key>::copy_row(victim_rows + k * t.row_width, t.row(s), t.row_width);
       victim_versions[k] = atomic_load(t.versions + s);
+      victim_dirty[k] = t.dirty(s) ? 1 : 0;
     } else {
       slots[k] = -1;
       outcome[k] = outcome_failed;
@@ -100,7 +102,7 @@ struct evict_fn {
       t.initialize_row(key, t.row(s));
     }
     atomic_store(t.versions + s, versions_in ? versions_in[k] : version);
-    t.set_fresh_score(s, op);
+    t.start_row(s, op);
     t.publish(s, h.digest);
     slots[k] = s;
     outcome[k] = result;
@@ -123,10 +125,12 @@ struct victim_compact_fn {
   const Key* victim_keys;
   const float* victim_rows;
   const std::uint64_t* victim_versions;
+  const std::uint8_t* victim_dirty;
   std::size_t row_width;
   Key* out_keys;
   float* out_rows;
   std::uint64_t* out_versions;
+  bool* out_dirty;
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (outcome[i] != outcome_evicted) return;
     const std::uint64_t p = positions[i];
@@ -135,6 +139,7 @@ struct victim_compact_fn {
       embedding_cache_ref<Key>::copy_row(out_rows + p * row_width, victim_rows + i * row_width,
                                          row_width);
     if (out_versions) out_versions[p] = victim_versions[i];
+    if (out_dirty) out_dirty[p] = victim_dirty[i] != 0;
   }
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "embcache/detail/cache_assign_loops.inl"
+#include "embcache/detail/cache_bookkeeping_loops.inl"
 #include "embcache/detail/cache_evict_loops.inl"
 #include "embcache/detail/cache_export_loops.inl"
 #include "embcache/detail/cache_lookup_loops.inl"
@@ -46,6 +47,8 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
   if (options.scores == score_policy::lfu)
     touched_ = buffer<std::uint64_t, Space>(capacity_, space_);
   claims_ = buffer<std::uint64_t, Space>(capacity_, space_);
+  synced_ = buffer<std::uint64_t, Space>(capacity_, space_);
+  marks_ = buffer<std::uint32_t, Space>(capacity_, space_);
   rows_ = buffer<float, Space>(capacity_ * row_width_, space_);
   states_.fill_bytes(0);
   overflow_.fill_bytes(0);
@@ -53,6 +56,8 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
   scores_.fill_bytes(0);
   if (touched_.data()) touched_.fill_bytes(0);
   claims_.fill_bytes(0);
+  synced_.fill_bytes(0);
+  marks_.fill_bytes(0);
   detail::synchronize(space_);
 }
 
@@ -62,14 +67,14 @@ embedding_cache<Key, Space>::~embedding_cache() = default;
 template <class Key, class Space>
 embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
-           touched_.data(), claims_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
+           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
            options_.init, options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
 template <class Key, class Space>
 const_embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() const noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
-           touched_.data(), claims_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
+           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
            options_.init, options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
@@ -134,11 +139,11 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::find_or_insert(const Key* keys, std::size_t n, float* rows_out,
-                                                   bool* inserted_out) {
+                                                   bool* inserted_out, std::int64_t* slots_out) {
   std::shared_lock lock(*mutex_);
-  buffer<std::int64_t, Space> slots(n, space_);
-  return insert_pass(keys, n, slots.data(), rows_out, inserted_out, true, next_op(),
-                     "find_or_insert");
+  buffer<std::int64_t, Space> slots(slots_out ? 0 : n, space_);
+  return insert_pass(keys, n, slots_out ? slots_out : slots.data(), rows_out, inserted_out, true,
+                     next_op(), "find_or_insert");
 }
 
 template <class Key, class Space>
@@ -156,25 +161,27 @@ status embedding_cache<Key, Space>::lookup_slots(const Key* keys, std::size_t n,
 template <class Key, class Space>
 status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_t n,
                                                      const float* rows,
-                                                     const std::uint64_t* versions) {
+                                                     const std::uint64_t* versions,
+                                                     std::int64_t* slots_out) {
   std::shared_lock lock(*mutex_);
   if (n == 0) return {};
-  buffer<std::int64_t, Space> slots(n, space_);
+  buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, space_);
+  std::int64_t* const slots = slots_out ? slots_out : slot_buffer.data();
   buffer<std::uint8_t, Space> outcome(n, space_);
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
   detail::for_each_index(space_, n,
-                         detail::insert_fn<Key>{ref(), keys, slots.data(), outcome.data(), nullptr,
+                         detail::insert_fn<Key>{ref(), keys, slots, outcome.data(), nullptr,
                                                 rows, versions, version, op, false});
   const std::uint64_t epoch = ++claim_epoch_;
-  detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots.data(), epoch});
+  detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots, epoch});
   detail::for_each_index(
       space_, n,
-      detail::assign_fn<Key>{ref(), slots.data(), outcome.data(), rows, versions, version, epoch});
+      detail::assign_fn<Key>{ref(), slots, outcome.data(), rows, versions, version, epoch});
   size_ += detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
   const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
   detail::synchronize(space_);
-  if (failed) return check_no_failures(slots.data(), keys, n, "insert_or_assign");
+  if (failed) return check_no_failures(slots, keys, n, "insert_or_assign");
   return {};
 }
 
@@ -223,7 +230,7 @@ template <class Key, class Space>
 status embedding_cache<Key, Space>::insert_and_evict(
     const Key* keys, std::size_t n, const float* rows_in, const std::uint64_t* versions_in,
     Key* evicted_keys, float* evicted_rows, std::uint64_t* evicted_versions,
-    std::size_t* evicted_count, bool* found_out, std::int64_t* slots_out) {
+    std::size_t* evicted_count, bool* found_out, std::int64_t* slots_out, bool* evicted_dirty) {
   std::unique_lock lock(*mutex_);
   if (evicted_count) *evicted_count = 0;
   if (n == 0) return {};
@@ -234,6 +241,7 @@ status embedding_cache<Key, Space>::insert_and_evict(
   buffer<Key, Space> vkeys(n, space_);
   buffer<float, Space> vrows(n * row_width_, space_);
   buffer<std::uint64_t, Space> vversions(n, space_);
+  buffer<std::uint8_t, Space> vdirty(n, space_);
   const auto t = ref();
   detail::for_each_index(space_, n, detail::home_fn<Key>{t, keys, homes.data(), order.data()});
   detail::stable_sort_by_key(space_, homes.data(), order.data(), n);
@@ -243,7 +251,7 @@ status embedding_cache<Key, Space>::insert_and_evict(
       space_, n,
       detail::evict_fn<Key>{t, keys, homes.data(), order.data(), n, rows_in, versions_in, version,
                             op, outcome.data(), slots.data(), vkeys.data(), vrows.data(),
-                            vversions.data()});
+                            vversions.data(), vdirty.data()});
   const std::size_t inserted =
       detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
   const std::size_t evicted =
@@ -258,8 +266,9 @@ status embedding_cache<Key, Space>::insert_and_evict(
     detail::for_each_index(
         space_, n,
         detail::victim_compact_fn<Key>{outcome.data(), positions.data(), vkeys.data(), vrows.data(),
-                                       vversions.data(), row_width_, evicted_keys, evicted_rows,
-                                       evicted_versions});
+                                       vversions.data(), vdirty.data(), row_width_,
+                                       evicted_keys, evicted_rows, evicted_versions,
+                                       evicted_dirty});
   }
   if (evicted_count) *evicted_count = evicted;
   if (slots_out) detail::copy(space_, slots_out, slots.data(), n * sizeof(std::int64_t));
@@ -273,6 +282,107 @@ status embedding_cache<Key, Space>::insert_and_evict(
   detail::synchronize(space_);
   if (failed) return check_no_failures(slots.data(), keys, n, "insert_and_evict");
   return {};
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::mark_synced(const std::int64_t* slots, std::size_t n,
+                                              const std::uint64_t* versions) {
+  std::shared_lock lock(*mutex_);
+  if (n == 0) return;
+  detail::for_each_index(space_, n, detail::mark_synced_fn<Key>{ref(), slots, versions});
+  detail::synchronize(space_);
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::set_marks(const std::int64_t* slots, std::size_t n,
+                                            std::uint32_t mark) {
+  std::shared_lock lock(*mutex_);
+  if (n == 0) return;
+  detail::for_each_index(space_, n, detail::set_marks_fn<Key>{ref(), slots, mark});
+  detail::synchronize(space_);
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::size_t need,
+                                                 victim_order order, std::int64_t* victims_out,
+                                                 std::size_t* count_out) const {
+  std::shared_lock lock(*mutex_);
+  *count_out = 0;
+  if (need == 0) return;
+  const auto t = ref();
+  buffer<std::uint32_t, Space> flags(capacity_, space_);
+  detail::for_each_index(space_, capacity_,
+                         detail::victim_candidate_fn<Key>{t, keep_mark, flags.data()});
+  const std::size_t count = detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
+  buffer<std::uint64_t, Space> positions(capacity_, space_);
+  detail::exclusive_scan(space_, flags.data(), positions.data(), capacity_);
+  if (count <= need) {
+    // Every candidate goes: already in slot order.
+    detail::for_each_index(space_, capacity_,
+                           detail::collect_flagged_fn{flags.data(), positions.data(), victims_out});
+    detail::synchronize(space_);
+    *count_out = count;
+    return;
+  }
+  // Candidates ordered by key, then (stably) by version or score: the first `need` go.
+  buffer<std::int64_t, Space> candidates(count, space_);
+  detail::for_each_index(space_, capacity_,
+                         detail::collect_flagged_fn{flags.data(), positions.data(),
+                                                    candidates.data()});
+  {
+    buffer<Key, Space> keys(count, space_);
+    detail::for_each_index(space_, count,
+                           detail::candidate_keys_fn<Key>{t, candidates.data(), keys.data()});
+    detail::stable_sort_by_key(space_, keys.data(), candidates.data(), count);
+  }
+  buffer<std::uint64_t, Space> first(count, space_);
+  detail::for_each_index(space_, count,
+                         detail::candidate_order_fn<Key>{t, candidates.data(),
+                                                         order == victim_order::lowest_score,
+                                                         first.data()});
+  detail::stable_sort_by_key(space_, first.data(), candidates.data(), count);
+  detail::sort(space_, candidates.data(), need);
+  detail::copy(space_, victims_out, candidates.data(), need * sizeof(std::int64_t));
+  detail::synchronize(space_);
+  *count_out = need;
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::size_t n,
+                                               Key* keys_out, float* rows_out,
+                                               std::uint64_t* versions_out,
+                                               std::int64_t* slots_out,
+                                               std::size_t* count_out) const {
+  std::shared_lock lock(*mutex_);
+  *count_out = 0;
+  if (n == 0) return;
+  const auto t = ref();
+  buffer<std::uint32_t, Space> flags(n, space_);
+  buffer<std::uint64_t, Space> positions(n, space_);
+  detail::for_each_index(space_, n, detail::dirty_flag_fn<Key>{t, slots, flags.data()});
+  const std::size_t count = detail::count_equal(space_, flags.data(), n, std::uint32_t{1});
+  detail::exclusive_scan(space_, flags.data(), positions.data(), n);
+  detail::for_each_index(space_, n,
+                         detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(),
+                                                      keys_out, rows_out, versions_out,
+                                                      slots_out});
+  detail::synchronize(space_);
+  *count_out = count;
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::erase_slots(const std::int64_t* slots, std::size_t n,
+                                              std::size_t* erased_out) {
+  std::unique_lock lock(*mutex_);
+  if (erased_out) *erased_out = 0;
+  if (n == 0) return;
+  buffer<std::uint8_t, Space> erased(n, space_);
+  detail::for_each_index(space_, n, detail::erase_slot_fn<Key>{ref(), slots, erased.data()});
+  const std::size_t count = detail::count_equal(space_, erased.data(), n, std::uint8_t{1});
+  size_ -= count;
+  if (count) next_version();  // an erase is a change of the model
+  if (erased_out) *erased_out = count;
+  detail::synchronize(space_);
 }
 
 template <class Key, class Space>
