@@ -77,15 +77,11 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
     ++c.rows_initialized;
   }
   c.bytes_store_to_cache += (n - c.rows_initialized) * w * sizeof(float);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_or_assign(missing.data(), n, rows.data(), vers.data()));
-  std::vector<std::int64_t> slots(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(missing.data(), n, slots.data()));
-  for (std::size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
-    tb.book.slot_used[slots[i]] = 1;
-    tb.book.slot_mark[slots[i]] = tb.book.mark_epoch;  // a key of this pass (early_evict reads it)
-    tb.book.slot_synced[slots[i]] = found[i] ? vers[i] : 0;
-  }
+  // Pulled rows are in sync with the store; initialized ones are dirty. All are keys of this pass.
+  std::vector<std::uint64_t> synced(n);
+  for (std::size_t i = 0; i < n; ++i) synced[i] = found[i] ? vers[i] : 0;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, rows.data(), vers.data(),
+                                             synced.data(), tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }
@@ -111,53 +107,37 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
   c.rows_staged += n;
   c.rows_initialized += initialized;
   c.bytes_store_to_cache += (n - initialized) * w * sizeof(float);
-  EMBCACHE_RETURN_IF_ERROR(
-      tb.bridge.insert_or_assign(missing.data(), n, st.rows.data(), st.versions.data()));
-  auto& slots = tb.scratch.slots;
-  slots.resize(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(missing.data(), n, slots.data()));
-  for (std::size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) return status::internal("inserted key is absent from the cache");
-    tb.book.slot_used[slots[i]] = 1;
-    tb.book.slot_mark[slots[i]] = tb.book.mark_epoch;  // a key of this pass (early_evict reads it)
-    tb.book.slot_synced[slots[i]] = st.found[i] ? st.versions[i] : 0;
-  }
+  auto& synced = tb.scratch.synced;
+  synced.resize(n);
+  for (std::size_t i = 0; i < n; ++i) synced[i] = st.found[i] ? st.versions[i] : 0;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(),
+                                             st.versions.data(), synced.data(),
+                                             tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }
 
-// Removes the rows of `victims` (slots) from the cache; the dirty ones are gathered and pushed,
-// by the flusher after begin_pass returns when write-behind is on.
+// Evicts up to `need` resident rows marked below `keep_mark` (outside the keysets), oldest first;
+// the dirty ones are gathered and pushed, by the flusher after begin_pass returns when
+// write-behind is on. The victims never leave the cache's memory: only their dirty rows do.
 template <class Key, class Space>
-status training_cache_core<Key, Space>::evict(table_type& tb,
-                                              const std::vector<std::int64_t>& victims,
-                                              const slot_meta<Key>& ref, table_counters& c) {
+status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
+                                              std::uint32_t keep_mark, table_counters& c) {
   const auto t0 = clock_type::now();
-  const std::size_t m = victims.size(), w = tb.row_width;
-  std::vector<Key>& keys = tb.scratch.keys;
-  keys.resize(m);
-  std::vector<std::int64_t> dirty_slots;
-  std::vector<Key> dirty_keys;
-  std::vector<std::uint64_t> dirty_vers;
-  dirty_slots.reserve(m);
-  dirty_keys.reserve(m);
-  dirty_vers.reserve(m);
-  for (std::size_t i = 0; i < m; ++i) {
-    const auto s = victims[i];
-    keys[i] = ref.keys[s];
-    const std::uint64_t v = ref.versions[s];
-    if (!tb.book.slot_used[s] || v > tb.book.slot_synced[s]) {
-      dirty_slots.push_back(s);
-      dirty_keys.push_back(keys[i]);
-      dirty_vers.push_back(v);
-    }
-    tb.book.slot_used[s] = 0;
-  }
-  const std::size_t d = dirty_slots.size();
+  const std::size_t w = tb.row_width;
+  victim_slots<Space> victims;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(keep_mark, need, &victims));
+  const std::size_t m = victims.count;
+  std::vector<Key> dirty_keys(m);
+  std::vector<std::uint64_t> dirty_vers(m);
   auto& rows = tb.wb.spare_rows;
-  if (rows.size() < d * w) rows.resize(d * w);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(dirty_slots.data(), d, rows.data()));
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), m));
+  if (rows.size() < m * w) rows.resize(m * w);
+  std::size_t d = 0;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, m, dirty_keys.data(), rows.data(),
+                                                  dirty_vers.data(), &d));
+  dirty_keys.resize(d);
+  dirty_vers.resize(d);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase_slots(victims));
   tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
   c.rows_pushed += d;
   c.rows_evicted += m;
@@ -174,8 +154,20 @@ status training_cache_core<Key, Space>::evict(table_type& tb,
   return {};
 }
 
+// A new keyset mark, later than every mark handed out (all marks are cleared when the counter
+// would start over).
+template <class Key, class Space>
+result<std::uint32_t> training_cache_core<Key, Space>::next_mark(table_type& tb) {
+  if (++tb.book.mark_clock == 0) {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.clear_marks());
+    tb.book.mark_epoch = 0;
+    tb.book.mark_clock = 1;
+  }
+  return tb.book.mark_clock;
+}
+
 // One table's boundary: which keys are missing, which residents leave, then out and in. Works on
-// slots (no export, no sort of the residents).
+// the cache's slots and marks (no export, no sort of the residents, nothing per slot on the host).
 template <class Key, class Space>
 status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
                                                              const std::vector<Key>& keys,
@@ -184,44 +176,27 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
   auto& st = tb.staged;
   const bool as_staged = use_staging && st.residency == tb.book.residency &&
                          st.resident_rows == tb.cache->size() && st.keyset == keys;
-  if (tb.book.slot_mark.size() != tb.cache->capacity())
-    tb.book.slot_mark.assign(tb.cache->capacity(), 0);
-  const bool worker_marked = as_staged && st.next_mark_epoch != 0;
-  if (worker_marked) {
-    // The worker marked the keyset's resident slots already.
-    std::swap(tb.book.slot_mark, tb.book.next_mark);
-    tb.book.mark_epoch = st.next_mark_epoch;
-    st.next_mark_epoch = 0;  // consumed
-  } else if (++tb.book.mark_epoch == 0) {
-    std::fill(tb.book.slot_mark.begin(), tb.book.slot_mark.end(), 0);
-    std::fill(tb.book.next_mark.begin(), tb.book.next_mark.end(), 0);
-    tb.book.mark_epoch = 1;
-  }
   std::vector<Key> computed;
   const std::vector<Key>* miss = &computed;
   std::size_t early = 0;
-  bool planned = false;
   if (as_staged) {
-    // Nothing entered or left since prefetch computed the hits and staged the misses (and the
+    // Nothing entered or left since prefetch marked the hits and staged the misses (and the
     // worker did what it could of the residency change).
-    if (!worker_marked) {
-      for (const auto s : st.hit_slots) tb.book.slot_mark[s] = tb.book.mark_epoch;
-    }
+    tb.book.mark_epoch = st.mark;
     miss = &st.keys;
     early = st.early_inserted;
-    planned = st.leave_valid;
   } else {
+    auto mark = next_mark(tb);
+    if (!mark.ok()) return mark.get_status();
+    tb.book.mark_epoch = mark.value();
     auto& missing = computed;
     auto& slots = tb.scratch.slots;
     slots.resize(n);
-    EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), n, slots.data()));
+    EMBCACHE_RETURN_IF_ERROR(
+        tb.bridge.lookup_and_mark(keys.data(), n, tb.book.mark_epoch, slots.data()));
     missing.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      if (slots[i] < 0) {
-        missing.push_back(keys[i]);
-      } else {
-        tb.book.slot_mark[slots[i]] = tb.book.mark_epoch;
-      }
+      if (slots[i] < 0) missing.push_back(keys[i]);
     }
   }
   ++tb.book.residency;
@@ -231,21 +206,8 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
   c.hits = n - c.misses;
   const std::size_t resident = tb.cache->size();
   if (resident + missing.size() > tb.max_resident) {
-    const std::size_t need = resident + missing.size() - tb.max_resident;
-    const auto ref = tb.bridge.meta();
-    std::vector<std::int64_t> computed_victims;
-    std::vector<std::int64_t>& victims = planned ? st.leave_slots : computed_victims;
-    if (!planned) {
-      victims.reserve(resident - (n - missing.size()));
-      const std::size_t cap = tb.cache->capacity();
-      for (std::size_t s = 0; s < cap; ++s) {
-        if (ref.states[s] > detail::state_busy && tb.book.slot_mark[s] != tb.book.mark_epoch) {
-          victims.push_back(static_cast<std::int64_t>(s));
-        }
-      }
-    }
-    pick_oldest(ref, victims, need);
-    EMBCACHE_RETURN_IF_ERROR(evict(tb, victims, ref, c));
+    EMBCACHE_RETURN_IF_ERROR(
+        evict(tb, resident + missing.size() - tb.max_resident, tb.book.mark_epoch, c));
   }
   return swap_in(tb, missing, use_staging, c);
 }

@@ -71,25 +71,15 @@ status guarded(F&& f) {
   }
 }
 
-// Slot metadata read on the host: states, keys and versions of every slot. In the host space it
-
 // Rows on their way to or from the cache (staging, write-behind), in staging_allocator memory.
 template <class Space>
 using staging_rows = std::vector<float, staging_allocator<float, Space>>;
 
-template <class Key>
-struct slot_meta {
-  slot_meta() = default;
-  slot_meta(const slot_meta&) = delete;  // the pointers may aim at this object's vectors
-  slot_meta& operator=(const slot_meta&) = delete;
-  slot_meta(slot_meta&&) noexcept = default;  // a vector's move keeps its data where it is
-  slot_meta& operator=(slot_meta&&) noexcept = default;
-  const std::uint8_t* states = nullptr;
-  const Key* keys = nullptr;
-  const std::uint64_t* versions = nullptr;
-  std::vector<std::uint8_t> states_copy;
-  std::vector<Key> keys_copy;
-  std::vector<std::uint64_t> versions_copy;
+// Slots chosen by device_cache_bridge::select_victims, kept in the space's memory.
+template <class Space>
+struct victim_slots {
+  buffer<std::int64_t, Space> slots;
+  std::size_t count = 0;
 };
 
 // The cache's bulk calls with every argument in host memory. The host space passes them through;
@@ -198,10 +188,11 @@ class device_cache_bridge {
   status insert_and_evict(const Key* keys, std::size_t n, const float* rows_in,
                           const std::uint64_t* versions_in, Key* evicted_keys, float* evicted_rows,
                           std::uint64_t* evicted_versions, std::size_t* evicted_count,
-                          bool* found_out, std::int64_t* slots_out) {
+                          bool* found_out, std::int64_t* slots_out, bool* evicted_dirty) {
     if constexpr (is_host_space_v<Space>) {
       return cache_->insert_and_evict(keys, n, rows_in, versions_in, evicted_keys, evicted_rows,
-                                      evicted_versions, evicted_count, found_out, slots_out);
+                                      evicted_versions, evicted_count, found_out, slots_out,
+                                      evicted_dirty);
     } else {
       return guarded([&]() -> status {
         *evicted_count = 0;
@@ -215,9 +206,10 @@ class device_cache_bridge {
         buffer<std::uint64_t, Space> ev(n, space());
         buffer<bool, Space> f(n, space());
         buffer<std::int64_t, Space> s(n, space());
+        buffer<bool, Space> d(n, space());
         const status st = cache_->insert_and_evict(
             k.data(), n, rows_in ? r.data() : nullptr, versions_in ? v.data() : nullptr, ek.data(),
-            er.data(), ev.data(), evicted_count, f.data(), s.data());
+            er.data(), ev.data(), evicted_count, f.data(), s.data(), d.data());
         // The outputs are complete even when some key found no room.
         const std::size_t e = *evicted_count;
         ek.copy_to_host(evicted_keys, e);
@@ -225,41 +217,148 @@ class device_cache_bridge {
         ev.copy_to_host(evicted_versions, e);
         if (found_out) f.copy_to_host(found_out, n);
         if (slots_out) s.copy_to_host(slots_out, n);
+        if (evicted_dirty) d.copy_to_host(evicted_dirty, e);
         return st;
       });
     }
   }
-  // States, keys and versions of every slot, readable on the host.
-  slot_meta<Key> meta() const {
-    slot_meta<Key> m;
-    const auto ref = cache_->ref();
-    if constexpr (is_host_space_v<Space>) {
-      m.states = ref.states;
-      m.keys = ref.keys;
-      m.versions = ref.versions;
-    } else {
-      const std::size_t n = cache_->capacity();
-      m.states_copy.resize(n);
-      m.keys_copy.resize(n);
-      m.versions_copy.resize(n);
-      detail::copy(space(), m.states_copy.data(), ref.states, n);
-      detail::copy(space(), m.keys_copy.data(), ref.keys, n * sizeof(Key));
-      detail::copy(space(), m.versions_copy.data(), ref.versions, n * sizeof(std::uint64_t));
-      m.states = m.states_copy.data();
-      m.keys = m.keys_copy.data();
-      m.versions = m.versions_copy.data();
-    }
-    return m;
+  // Inserts or overwrites rows with their versions, then records for each the version the store
+  // holds (`synced`, may be nullptr: none, the rows are dirty) and sets its keyset mark.
+  status install(const Key* keys, std::size_t n, const float* rows, const std::uint64_t* versions,
+                 const std::uint64_t* synced, std::uint32_t mark) {
+    return guarded([&]() -> status {
+      if (n == 0) return {};
+      auto k = in(keys, n);
+      auto r = in(rows, n * cache_->row_width());
+      auto v = in(versions, n);
+      auto y = in(synced, n);
+      buffer<std::int64_t, Space> s(n, space());
+      EMBCACHE_RETURN_IF_ERROR(cache_->insert_or_assign(
+          arg(keys, k), n, arg(rows, r), versions ? arg(versions, v) : nullptr, s.data()));
+      if (synced) cache_->mark_synced(s.data(), n, arg(synced, y));
+      cache_->set_marks(s.data(), n, mark);
+      return {};
+    });
+  }
+  // lookup_slots, then the found keys marked with `mark`.
+  status lookup_and_mark(const Key* keys, std::size_t n, std::uint32_t mark,
+                         std::int64_t* slots) {
+    return guarded([&]() -> status {
+      auto k = in(keys, n);
+      buffer<std::int64_t, Space> s(is_host_space_v<Space> ? 0 : n, space());
+      std::int64_t* out = is_host_space_v<Space> ? slots : s.data();
+      EMBCACHE_RETURN_IF_ERROR(cache_->lookup_slots(arg(keys, k), n, out));
+      cache_->set_marks(out, n, mark);
+      if constexpr (!is_host_space_v<Space>) s.copy_to_host(slots, n);
+      return {};
+    });
+  }
+  // Every slot's keyset mark set to 0 (when the caller's mark counter starts over).
+  status clear_marks() {
+    return guarded([&]() -> status {
+      std::vector<std::int64_t> all(cache_->capacity());
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(i);
+      auto s = in(all.data(), all.size());
+      cache_->set_marks(arg(all.data(), s), all.size(), 0);
+      return {};
+    });
+  }
+  // The store holds the rows of `slots` at `versions`.
+  status mark_synced(const std::int64_t* slots, std::size_t n, const std::uint64_t* versions) {
+    return guarded([&]() -> status {
+      if (n == 0) return {};
+      auto s = in(slots, n);
+      auto v = in(versions, n);
+      cache_->mark_synced(arg(slots, s), n, arg(versions, v));
+      return {};
+    });
+  }
+  // Up to `need` resident rows marked below `keep_mark`, oldest version first; they stay in the
+  // space's memory for gather_dirty and erase_slots.
+  status select_victims(std::uint32_t keep_mark, std::size_t need, victim_slots<Space>* out) {
+    return guarded([&]() -> status {
+      out->slots = buffer<std::int64_t, Space>(need, space());
+      cache_->select_victims(keep_mark, need, victim_order::oldest_version, out->slots.data(),
+                             &out->count);
+      return {};
+    });
+  }
+  // The dirty rows among victims [begin, begin + n): keys, rows and versions into host memory
+  // (room for n each); `*count` how many.
+  status gather_dirty(const victim_slots<Space>& v, std::size_t begin, std::size_t n, Key* keys,
+                      float* rows, std::uint64_t* versions, std::size_t* count) {
+    return guarded([&]() -> status {
+      *count = 0;
+      if (n == 0) return {};
+      const std::int64_t* slots = v.slots.data() + begin;
+      if constexpr (is_host_space_v<Space>) {
+        cache_->gather_dirty(slots, n, keys, rows, versions, nullptr, count);
+      } else {
+        const std::size_t w = cache_->row_width();
+        buffer<Key, Space> k(n, space());
+        buffer<float, Space> r(n * w, space());
+        buffer<std::uint64_t, Space> ver(n, space());
+        cache_->gather_dirty(slots, n, k.data(), r.data(), ver.data(), nullptr, count);
+        k.copy_to_host(keys, *count);
+        r.copy_to_host(rows, *count * w);
+        ver.copy_to_host(versions, *count);
+      }
+      return {};
+    });
+  }
+  // The dirty rows among host `slots`: their slots, keys, rows and versions (room for n each).
+  status gather_dirty(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
+                      Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
+    return guarded([&]() -> status {
+      *count = 0;
+      if (n == 0) return {};
+      victim_slots<Space> v;
+      v.slots = in(slots, n);
+      v.count = n;
+      if constexpr (is_host_space_v<Space>) {
+        cache_->gather_dirty(slots, n, keys, rows, versions, slots_out, count);
+        return {};
+      } else {
+        buffer<std::int64_t, Space> so(n, space());
+        const std::size_t w = cache_->row_width();
+        buffer<Key, Space> k(n, space());
+        buffer<float, Space> r(n * w, space());
+        buffer<std::uint64_t, Space> ver(n, space());
+        cache_->gather_dirty(v.slots.data(), n, k.data(), r.data(), ver.data(), so.data(), count);
+        so.copy_to_host(slots_out, *count);
+        k.copy_to_host(keys, *count);
+        r.copy_to_host(rows, *count * w);
+        ver.copy_to_host(versions, *count);
+        return {};
+      }
+    });
+  }
+  // Removes the victims' rows.
+  status erase_slots(const victim_slots<Space>& v) {
+    return guarded([&]() -> status {
+      cache_->erase_slots(v.slots.data(), v.count);
+      return {};
+    });
   }
 
  private:
   const Space& space() const { return cache_->space(); }
+  // A copy of host memory in the space's memory; none in the host space (see arg).
   template <class T>
   buffer<T, Space> in(const T* host, std::size_t n) const {
-    if (!host || n == 0) return {};
+    if (is_host_space_v<Space> || !host || n == 0) return {};
     buffer<T, Space> b(n, space());
     b.copy_from_host(host, n);
     return b;
+  }
+  // The argument to hand the cache: the host pointer itself in the host space, else its copy.
+  template <class T>
+  static const T* arg(const T* host, const buffer<T, Space>& copy) {
+    if constexpr (is_host_space_v<Space>) {
+      return host;
+    } else {
+      return copy.data();
+    }
   }
 
   cache_type* cache_;

@@ -68,30 +68,22 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   std::vector<std::uint64_t> ev_vers(m);
   std::size_t ev_count = 0;
   std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(m, 1)]);
+  std::unique_ptr<bool[]> dirty(new bool[std::max<std::size_t>(m, 1)]);
   std::vector<std::int64_t> placed(m);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_and_evict(
       u.data(), m, rows.data(), vers.data(), ev_keys.data(), ev_rows.data(), ev_vers.data(),
-      &ev_count, found.get(), placed.data()));
-  // A victim leaves the slot its displacer now holds; displacers come in batch order.
-  std::vector<std::uint8_t> dirty(ev_count, 1);
+      &ev_count, found.get(), placed.data(), dirty.get()));
+  // Rows pulled from the store are in sync with it; initialized ones stay dirty (new rows start
+  // so), and hits keep what they were.
   {
-    std::size_t j = 0;
-    std::vector<std::uint64_t> synced_before;
+    std::vector<std::int64_t> pulled;
+    std::vector<std::uint64_t> pulled_vers;
     for (std::size_t i = 0; i < m; ++i) {
-      if (found[i]) continue;
-      const auto s = placed[i];
-      if (s >= 0 && tb.book.slot_used[s]) {
-        if (j < ev_count) dirty[j] = ev_vers[j] > tb.book.slot_synced[s];
-        ++j;
-      }
+      if (found[i] || placed[i] < 0 || fresh[i]) continue;
+      pulled.push_back(placed[i]);
+      pulled_vers.push_back(vers[i]);
     }
-    // Should the pairing not hold, every victim is written back (correct, only slower).
-    if (j != ev_count) std::fill(dirty.begin(), dirty.end(), 1);
-  }
-  for (std::size_t i = 0; i < m; ++i) {
-    if (found[i] || placed[i] < 0) continue;
-    tb.book.slot_used[placed[i]] = 1;
-    tb.book.slot_synced[placed[i]] = fresh[i] ? 0 : vers[i];
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(pulled.data(), pulled.size(), pulled_vers.data()));
   }
   const auto t1 = clock_type::now();
   std::vector<Key> pk;

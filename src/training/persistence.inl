@@ -102,7 +102,6 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
     const table_rows& L = data[t];
     ++tb.book.residency;
     tb.cache->clear();
-    std::fill(tb.book.slot_used.begin(), tb.book.slot_used.end(), 0);
     std::vector<Key> old;
     {
       std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);

@@ -28,10 +28,7 @@ void training_cache_core<Key, Space>::drop_staging() {
     // not logged), so no lock: taking the store's would wait for a running write-behind.
     tb.sync.log_writes = false;
     tb.sync.writes_log.clear();
-    if (tb.staged.next_mark_epoch != 0) {
-      // Unused marks of a replaced prefetch would match the next one's epoch.
-      for (const auto s : tb.staged.hit_slots) tb.book.next_mark[s] = 0;
-    }
+    // Marks of a replaced prefetch need no undoing: a later boundary's mark is later still.
     // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
     auto rows = std::move(tb.staged.rows);
     tb.staged = staged_pass<Key, Space>{};
@@ -65,50 +62,31 @@ status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on)
   std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
   auto& st = tb.staged;
   if (!staging_matches_residency(tb)) return {};
-  const auto ref = tb.bridge.meta();
-  const std::size_t slots = tb.cache->capacity(), w = tb.row_width;
-  std::vector<std::uint8_t> keep(slots, 0);  // 1: a hit of the next keyset; 2: evicted here
-  for (const auto s : st.hit_slots) keep[s] = 1;
-  // The slots of the current pass's keyset carry mark_epoch (set by its begin_pass).
-  const bool know_current = tb.book.mark_epoch != 0 && tb.book.slot_mark.size() == slots;
-  std::vector<std::int64_t> leave, frozen;
-  for (std::size_t s = 0; s < slots; ++s) {
-    if (ref.states[s] <= detail::state_busy || keep[s]) continue;
-    leave.push_back(static_cast<std::int64_t>(s));
-    if (know_current && tb.book.slot_mark[s] != tb.book.mark_epoch)
-      frozen.push_back(std::int64_t(s));
-  }
+  const std::size_t w = tb.row_width;
   const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
   const std::size_t need = resident + st.keys.size() > cap ? resident + st.keys.size() - cap : 0;
-  const std::size_t ev = std::min(need, frozen.size());
+  // Frozen rows: marked below the current keyset's mark (the next keyset's hits carry a later
+  // one), so outside both keysets. Before the first begin_pass (mark 0) none is known.
+  victim_slots<Space> frozen;
+  if (need > 0 && tb.book.mark_epoch != 0) {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(tb.book.mark_epoch, need, &frozen));
+  }
+  const std::size_t ev = frozen.count;
   if (ev > 0) {
-    pick_oldest(ref, frozen, ev);
-    std::vector<Key> keys(ev);
     const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
-    std::vector<std::int64_t> dirty_slots;
     std::vector<Key> dirty_keys;
     std::vector<std::uint64_t> dirty_vers;
     std::vector<float> rows;
     std::size_t pushed = 0;
     for (std::size_t b = 0; b < ev; b += batch) {
       const std::size_t m = std::min(batch, ev - b);
-      dirty_slots.clear();
-      dirty_keys.clear();
-      dirty_vers.clear();
-      for (std::size_t i = b; i < b + m; ++i) {
-        const auto s = frozen[i];
-        keys[i] = ref.keys[s];
-        const std::uint64_t v = ref.versions[s];
-        if (!tb.book.slot_used[s] || v > tb.book.slot_synced[s]) {
-          dirty_slots.push_back(s);
-          dirty_keys.push_back(keys[i]);
-          dirty_vers.push_back(v);
-        }
-      }
-      const std::size_t d = dirty_slots.size();
+      dirty_keys.resize(m);
+      dirty_vers.resize(m);
+      rows.resize(m * w);
+      std::size_t d = 0;
+      EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(frozen, b, m, dirty_keys.data(),
+                                                      rows.data(), dirty_vers.data(), &d));
       if (d == 0) continue;
-      rows.resize(d * w);
-      EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(dirty_slots.data(), d, rows.data()));
       {
         // Not logged for the prefetch hazard: these keys are outside the staged keyset.
         std::lock_guard<std::mutex> store_lock(*tb.sync.store_mutex);
@@ -116,24 +94,17 @@ status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on)
             tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
                 .with_context("early write-back of table '" + tb.opt.name + "'"));
       }
-      tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
+      tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
+                                dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
       pushed += d;
     }
     // Pushed first, erased after: a row is always in the device or in the store.
-    EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), ev));
-    for (std::size_t i = 0; i < ev; ++i) {
-      tb.book.slot_used[frozen[i]] = 0;
-      keep[frozen[i]] = 2;
-    }
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase_slots(frozen));
     tb.worker_counters.rows_evicted += ev;
     tb.worker_counters.rows_pushed += pushed;
     tb.worker_counters.bytes_cache_to_store += pushed * w * sizeof(float);
-    leave.erase(
-        std::remove_if(leave.begin(), leave.end(), [&](std::int64_t s) { return keep[s] == 2; }),
-        leave.end());
     note_worker_residency_change(tb);
   }
-  st.leave_slots = std::move(leave);
   *go_on = true;
   return {};
 }
@@ -177,17 +148,12 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
       std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
     }
   }
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_or_assign(
-      keys.data(), k, whole ? st.rows.data() + b * w : gathered.data(), vers.data()));
-  std::vector<std::int64_t> placed(k);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), k, placed.data()));
-  for (std::size_t i = 0; i < k; ++i) {
-    if (placed[i] < 0) return status::internal("early-inserted key is absent from the cache");
-    tb.book.slot_used[placed[i]] = 1;
-    tb.book.slot_synced[placed[i]] = vers[i];
-    st.hit_slots.push_back(placed[i]);
-    taken[pick[i]] = 1;
-  }
+  // Rows from the store, in sync with it, keys of the next pass: they carry its mark.
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(keys.data(), k,
+                                             whole ? st.rows.data() + b * w : gathered.data(),
+                                             vers.data(), vers.data(), st.mark));
+  for (std::size_t i = 0; i < k; ++i) taken[pick[i]] = 1;
+  st.hits += k;
   st.early_inserted += k;
   tb.worker_counters.rows_staged += k;
   tb.worker_counters.bytes_store_to_cache += k * w * sizeof(float);
@@ -214,10 +180,9 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     // and its pages touched, here rather than at the boundary.
     const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
     const std::size_t need = resident + n > cap ? resident + n - cap : 0;
-    const std::size_t leaving = std::min(need, resident - std::min(resident, st.hit_slots.size()));
+    const std::size_t leaving = std::min(need, resident - std::min(resident, st.hits));
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
   }
-  const bool planned = early;
   std::vector<std::uint8_t> taken(early ? n : 0, 0);
   const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
   std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
@@ -248,17 +213,6 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     st.versions.resize(out);
     st.found.resize(out);
   }
-  if (planned) {
-    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
-    st.leave_valid = staging_matches_residency(tb);
-    const std::uint32_t e = tb.book.mark_epoch + 1;
-    if (st.leave_valid && e != 0 && tb.book.slot_mark.size() == tb.cache->capacity()) {
-      if (tb.book.next_mark.size() != tb.book.slot_mark.size())
-        tb.book.next_mark.assign(tb.book.slot_mark.size(), 0);
-      for (const auto s : st.hit_slots) tb.book.next_mark[s] = e;
-      st.next_mark_epoch = e;
-    }
-  }
   st.seconds = seconds_since(t0);
   return {};
 }
@@ -279,18 +233,20 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     auto& tb = im.tables[t];
     std::vector<Key> scratch;
     const auto& keys = sorted_unique(keysets[t], scratch);
+    // The next keyset's resident keys get its mark now: the worker's early eviction and the
+    // boundary keep every row marked at or above the marks they are given.
+    auto mark = im.next_mark(tb);
+    if (!mark.ok()) return mark.get_status();
     std::vector<std::int64_t> slots(keys.size());
-    EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), keys.size(), slots.data()));
+    EMBCACHE_RETURN_IF_ERROR(
+        tb.bridge.lookup_and_mark(keys.data(), keys.size(), mark.value(), slots.data()));
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (slots[i] < 0) todo[t].push_back(keys[i]);
     }
     auto& st = tb.staged;
     st.keyset.assign(keys.begin(), keys.end());
-    st.hit_slots.clear();
-    st.hit_slots.reserve(keys.size() - todo[t].size());
-    for (const auto s : slots) {
-      if (s >= 0) st.hit_slots.push_back(s);
-    }
+    st.hits = keys.size() - todo[t].size();
+    st.mark = mark.value();
     st.residency = tb.book.residency;
     st.resident_rows = tb.cache->size();
     // The worker sizes the gather buffer of the boundary's write-behind, past what is spare.

@@ -44,32 +44,16 @@ const std::vector<Key>& sorted_unique(const std::vector<Key>& in, std::vector<Ke
   return scratch;
 }
 
-// Keeps in `slots` the `need` rows to evict first: oldest version (least recently updated), then
-// smallest key, so that the choice is deterministic.
-template <class Ref>
-void pick_oldest(const Ref& ref, std::vector<std::int64_t>& slots, std::size_t need) {
-  if (need >= slots.size()) return;
-  std::nth_element(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(need), slots.end(),
-                   [&](std::int64_t a, std::int64_t b) {
-                     return ref.versions[a] != ref.versions[b] ? ref.versions[a] < ref.versions[b]
-                                                               : ref.keys[a] < ref.keys[b];
-                   });
-  slots.resize(need);
-}
-
-// Per slot: which rows we put there, whether they are dirty, which keyset they belong to; and
-// how often the set of resident keys changed.
+// What the training cache tracks of a table's residency. The per-slot bookkeeping (which rows
+// are dirty, which belong to a keyset) lives in the cache itself (embedding_cache::mark_synced,
+// set_marks, select_victims, gather_dirty): nothing here grows with the table.
 struct residency_book {
-  // Whether the slot holds a row inserted by us, and the version that row had when last in sync
-  // with the store (a row is dirty while its version is greater).
-  std::vector<std::uint8_t> slot_used;
-  std::vector<std::uint64_t> slot_synced;
-  std::vector<std::uint32_t> slot_mark;  // == mark_epoch: the slot holds a key of the keyset
+  // The keyset mark of the current pass's keys (set by its begin_pass; 0 before the first). The
+  // prefetch marks the next keyset's resident keys with a later mark, so the rows marked below
+  // the current one are outside both keysets.
   std::uint32_t mark_epoch = 0;
-  // The prefetch worker marks the next keyset's resident slots here (with the staging's
-  // next_mark_epoch, a later epoch); the boundary swaps it with slot_mark instead of marking them
-  // itself. Epochs only grow, so stale marks in either array never match a current one.
-  std::vector<std::uint32_t> next_mark;
+  // The last mark handed out (marks only grow; see next_mark).
+  std::uint32_t mark_clock = 0;
   // Counts the calls that change which keys are resident (begin_pass, lookup, erase, load).
   std::uint64_t residency = 0;
 };
@@ -98,21 +82,16 @@ struct staged_pass {
   // Gather buffer for the rows the next begin_pass writes behind, sized (and its pages touched)
   // by the worker so that the boundary does not pay for page faults.
   staging_rows<Space> gather;
-  // The prefetched keyset (sorted, unique) and the slots of its keys resident at prefetch time:
-  // begin_pass of the same keyset with the residency unchanged needs no lookup.
+  // The prefetched keyset (sorted, unique), how many of its keys were resident at prefetch time
+  // (and since inserted early), and the mark they carry: begin_pass of the same keyset with the
+  // residency unchanged needs no lookup.
   std::vector<Key> keyset;
-  std::vector<std::int64_t> hit_slots;
+  std::size_t hits = 0;
+  std::uint32_t mark = 0;
   std::uint64_t residency = 0;
   std::size_t resident_rows = 0;
-  // Filled by the worker once it has settled the residency for the next pass (early_evict): the
-  // resident slots outside the prefetched keyset, i.e. the eviction candidates of the next
-  // begin_pass, and how many of the keyset's missing rows it already inserted.
-  std::vector<std::int64_t> leave_slots;
-  bool leave_valid = false;
+  // How many of the keyset's missing rows the worker inserted early.
   std::size_t early_inserted = 0;
-  // Epoch of the marks the worker left in residency_book::next_mark for the next keyset's
-  // resident slots; 0 = none.
-  std::uint32_t next_mark_epoch = 0;
   double seconds = 0;
 };
 
@@ -141,7 +120,7 @@ struct export_log {
 template <class Key>
 struct boundary_scratch {
   std::vector<std::int64_t> slots;
-  std::vector<Key> keys;
+  std::vector<std::uint64_t> synced;
 };
 
 // One table of the training cache.

@@ -60,8 +60,7 @@ struct training_cache_core {
   void initialize_row(const table_type& tb, Key k, float* dst) const;
   std::uint64_t fresh_version(table_type& tb);
   status residents(table_type& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers);
-  status write_back(table_type& tb, const std::vector<Key>& keys,
-                    const std::vector<std::uint64_t>& vers, bool evict, table_counters& c);
+  status write_back(table_type& tb, const std::vector<Key>& keys, bool evict, table_counters& c);
 
   // --- prefetch worker and staging (prefetch.inl) ---
   status prefetch(const std::vector<std::vector<Key>>& keysets);
@@ -84,8 +83,8 @@ struct training_cache_core {
   status swap_in(table_type& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
   status swap_in_staged(table_type& tb, const std::vector<Key>& missing, table_counters& c);
-  status evict(table_type& tb, const std::vector<std::int64_t>& victims, const slot_meta<Key>& meta,
-               table_counters& c);
+  status evict(table_type& tb, std::size_t need, std::uint32_t keep_mark, table_counters& c);
+  result<std::uint32_t> next_mark(table_type& tb);
 
   // --- on-demand mode (on_demand.inl) ---
   status lookup(table_type& tb, const Key* keys, std::size_t n, std::int64_t* slots_out);

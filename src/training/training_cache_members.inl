@@ -67,8 +67,6 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
                       " must lie between the capacity " + std::to_string(o.capacity) +
                       " and the table's slots " + std::to_string(slots));
     }
-    tb.book.slot_used.assign(tb.cache->capacity(), 0);
-    tb.book.slot_synced.assign(tb.cache->capacity(), 0);
     if (o.store) {
       if (o.store->row_width() != tb.row_width) {
         throw error(status_code::invalid_argument,
@@ -259,11 +257,6 @@ status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::si
   std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
   // A pending write-behind of these keys must not land after the erase and revive them.
   EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
-  std::vector<std::int64_t> slots(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
-  for (auto s : slots) {
-    if (s >= 0) tb.book.slot_used[s] = 0;
-  }
   ++tb.book.residency;
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys, n));
   {
@@ -287,7 +280,7 @@ status training_cache<Key, Space>::end_training() {
     std::vector<Key> rk;
     std::vector<std::uint64_t> rv;
     EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
-    EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, rv, false, im.counters.total[tb.index]));
+    EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, false, im.counters.total[tb.index]));
     std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
     EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
   }

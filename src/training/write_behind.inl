@@ -137,43 +137,35 @@ status training_cache_core<Key, Space>::residents(table_type& tb, std::vector<Ke
   return {};
 }
 
-// Writes back the dirty rows among resident `keys` (versions `vers`), then erases all of them
-// from the cache when `evict`.
+// Writes back the dirty rows among resident `keys`, then erases all of them from the cache when
+// `evict`.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::write_back(table_type& tb, const std::vector<Key>& keys,
-                                                   const std::vector<std::uint64_t>& vers,
                                                    bool evict, table_counters& c) {
   const auto t0 = clock_type::now();
   const std::size_t n = keys.size();
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), n, slots.data()));
-  std::vector<std::int64_t> dirty_slots;
-  std::vector<Key> dirty_keys;
-  std::vector<std::uint64_t> dirty_vers;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto s = slots[i];
+  for (const auto s : slots) {
     if (s < 0) return status::internal("resident key vanished during write-back");
-    if (!tb.book.slot_used[s] || vers[i] > tb.book.slot_synced[s]) {
-      dirty_slots.push_back(s);
-      dirty_keys.push_back(keys[i]);
-      dirty_vers.push_back(vers[i]);
-    }
   }
-  std::vector<float> rows(dirty_slots.size() * tb.row_width);
-  EMBCACHE_RETURN_IF_ERROR(
-      tb.bridge.read_slots(dirty_slots.data(), dirty_slots.size(), rows.data()));
-  EMBCACHE_RETURN_IF_ERROR(
-      push(tb, dirty_keys.data(), dirty_keys.size(), rows.data(), dirty_vers.data())
-          .with_context("write-back of table '" + tb.opt.name + "'"));
-  tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
-  for (std::size_t i = 0; i < dirty_slots.size(); ++i) {
-    tb.book.slot_synced[dirty_slots[i]] = dirty_vers[i];
-    tb.book.slot_used[dirty_slots[i]] = 1;
-  }
-  c.rows_pushed += dirty_keys.size();
-  c.bytes_cache_to_store += dirty_keys.size() * tb.row_width * sizeof(float);
+  std::vector<std::int64_t> dirty_slots(n);
+  std::vector<Key> dirty_keys(n);
+  std::vector<std::uint64_t> dirty_vers(n);
+  std::vector<float> rows(n * tb.row_width);
+  std::size_t d = 0;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(slots.data(), n, dirty_slots.data(),
+                                                  dirty_keys.data(), rows.data(),
+                                                  dirty_vers.data(), &d));
+  EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
+                               .with_context("write-back of table '" + tb.opt.name + "'"));
+  tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
+                            dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
+  // In sync at the versions pushed: a row updated since stays dirty.
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(dirty_slots.data(), d, dirty_vers.data()));
+  c.rows_pushed += d;
+  c.bytes_cache_to_store += d * tb.row_width * sizeof(float);
   if (evict) {
-    for (auto s : slots) tb.book.slot_used[s] = 0;
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), n));
     c.rows_evicted += n;
   }
