@@ -112,7 +112,7 @@ struct cache_ref_base {
       while (m) {
         const std::size_t s = b * bucket + w * 8 + (detail::ctz64(m) >> 3);
         m &= m - 1;
-        if (atomic_load(states + s, cuda::std::memory_order_acquire) == d && keys[s] == k)
+        if (detail::load_state_acquire(states, s) == d && keys[s] == k)
           return static_cast<std::int64_t>(s);
       }
     }
@@ -233,14 +233,13 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
                 static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())))};
       }
 #else
-      const std::uint64_t word = atomic_load(reinterpret_cast<std::uint64_t*>(this->states + first),
-                                             cuda::std::memory_order_acquire);
+      const std::uint64_t word = detail::load_state_group_acquire(this->states + first);
       const std::uint64_t busy = detail::match_bytes(word, state_busy);
       if (!busy)
         return {detail::match_bytes(word, d), detail::match_bytes(word, detail::state_empty)};
 #endif
       const std::size_t s = first + (detail::ctz64(busy) >> group_shift);
-      while (atomic_load(this->states + s, cuda::std::memory_order_acquire) == state_busy) {
+      while (detail::load_state_acquire(this->states, s) == state_busy) {
       }
     }
   }

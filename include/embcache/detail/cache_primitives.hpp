@@ -54,6 +54,36 @@ EMBCACHE_HD void atomic_max(T* p, T v) {
   }
 }
 
+/// Acquire load of the state byte of slot `s`. On the device it loads the aligned 32-bit word
+/// holding the byte: libcu++ makes one-byte atomic stores and compare-exchanges 32-bit CAS loops on
+/// that word, and the PTX memory model orders an acquire after a release only between accesses of
+/// the same size and address (morally strong), so the acquire that must see a publish() takes the
+/// publish's size. State arrays start 4-byte aligned (every slot index's word lies inside them).
+EMBCACHE_HD inline std::uint8_t load_state_acquire(const std::uint8_t* states, std::size_t s) {
+#if EMBCACHE_ON_DEVICE
+  const std::uint32_t word = atomic_load(
+      reinterpret_cast<const std::uint32_t*>(states + (s & ~std::size_t{3})),
+      cuda::std::memory_order_acquire);
+  return static_cast<std::uint8_t>(word >> (8 * (s & 3)));  // little-endian
+#else
+  return atomic_load(states + s, cuda::std::memory_order_acquire);
+#endif
+}
+
+/// Acquire load of the 8 state bytes at `first` (8-aligned) as one little-endian word: on the
+/// device two 32-bit acquire loads, for the reason load_state_acquire gives.
+EMBCACHE_HD inline std::uint64_t load_state_group_acquire(const std::uint8_t* first) {
+#if EMBCACHE_ON_DEVICE
+  const auto* w = reinterpret_cast<const std::uint32_t*>(first);
+  const std::uint64_t lo = atomic_load(w, cuda::std::memory_order_acquire);
+  const std::uint64_t hi = atomic_load(w + 1, cuda::std::memory_order_acquire);
+  return lo | (hi << 32);
+#else
+  return atomic_load(reinterpret_cast<const std::uint64_t*>(first),
+                     cuda::std::memory_order_acquire);
+#endif
+}
+
 /// High 64 bits of a 64x64-bit product (the same value on host and device).
 EMBCACHE_HD inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) {
 #if EMBCACHE_ON_DEVICE
