@@ -14,7 +14,10 @@
 /// embcache); training_cache<Key, cuda_space> keeps them in GPU memory (library embcache::cuda),
 /// with the staging and write-behind rows in pinned host memory. Either way the orchestration runs
 /// on the host and every pointer argument of this class is host memory; only the rows of cache(t)
-/// (cache(t).rows(), the slots of lookup) live in the space's memory.
+/// (cache(t).rows(), the slots of lookup) live in the space's memory. The orchestration keeps
+/// nothing per slot: dirtiness, keyset membership and victim choice are the device cache's own
+/// bookkeeping (embedding_cache::mark_synced, set_marks, select_victims, gather_dirty), so a
+/// boundary moves the keyset's keys and the rows that leave or arrive, not the slots' metadata.
 #pragma once
 
 #include <cstddef>
