@@ -9,8 +9,8 @@
 namespace embcache::testing::training_suite {
 namespace {
 
-INSTANTIATE_TYPED_TEST_SUITE_P(cuda, training_cache_stores, store_cases<cuda_space>);
-INSTANTIATE_TYPED_TEST_SUITE_P(cuda, training_cache_conformance, ::testing::Types<cuda_space>);
+INSTANTIATE_TYPED_TEST_SUITE_P(training_cache_cuda, stores, store_cases<cuda_space>);
+INSTANTIATE_TYPED_TEST_SUITE_P(training_cache_cuda, conformance, ::testing::Types<cuda_space>);
 
 TEST(training_cache_cuda, without_a_device_construction_is_refused_clearly) {
   if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present";

@@ -7,9 +7,13 @@
 // usable CUDA device).
 //
 // Two suites:
-//  - training_cache_stores<store_case<Space, Kind>>: the cases that also run over each kind of
-//    store (host stores of int64 and uint32 keys, RocksDB where built);
-//  - training_cache_conformance<Space>: the others, on int64 keys and host stores.
+//  - stores<store_case<Space, Kind>>: the cases that also run over each kind of store (host
+//    stores of int64 and uint32 keys, RocksDB where built);
+//  - conformance<Space>: the others, on int64 keys and host stores.
+// Instantiated as training_cache_host/... and training_cache_cuda/...; ctest names its tests after
+// that prefix (training_cache_host.<case><type>), so `ctest -R training_cache` finds them all.
+// No case is host-only: stores (the gated ones included) are host objects in either space, and
+// the host space's internals are never inspected, only the public API and cache(t).
 //
 // Every pointer argument of training_cache is host memory in both spaces; only the rows of
 // cache(t) (rows(), the rows the slots of lookup index) and cache(t)'s own bulk calls take the
@@ -150,7 +154,7 @@ struct rocksdb_kind {
 };
 #endif
 
-// A case of training_cache_stores: the space of the device caches and the kind of store behind.
+// A case of stores: the space of the device caches and the kind of store behind.
 template <class Space, class Kind>
 struct store_case {
   using space_type = Space;
@@ -232,15 +236,15 @@ std::vector<std::vector<std::vector<Key>>> script(std::size_t key_space, std::si
 }
 
 template <class Case>
-class training_cache_stores : public space_test<typename Case::space_type> {};
-TYPED_TEST_SUITE_P(training_cache_stores);
+class stores : public space_test<typename Case::space_type> {};
+TYPED_TEST_SUITE_P(stores);
 
 template <class Space>
-class training_cache_conformance : public space_test<Space> {};
-TYPED_TEST_SUITE_P(training_cache_conformance);
+class conformance : public space_test<Space> {};
+TYPED_TEST_SUITE_P(conformance);
 
 // Swap transparency: a cache of 10% of the key space ends with the same store as one of 100%.
-TYPED_TEST_P(training_cache_stores, swap_transparency_small_cache_equals_full_cache) {
+TYPED_TEST_P(stores, swap_transparency_small_cache_equals_full_cache) {
   using Key = typename TypeParam::key;
   using Space = typename TypeParam::space_type;
   temp_dir dir;
@@ -286,7 +290,7 @@ TYPED_TEST_P(training_cache_stores, swap_transparency_small_cache_equals_full_ca
 
 // Export completeness: base + every delta, applied in order, equals the current model, and keys
 // left untouched since the base never appear in a delta.
-TYPED_TEST_P(training_cache_stores, export_base_plus_deltas_equals_model) {
+TYPED_TEST_P(stores, export_base_plus_deltas_equals_model) {
   using Key = typename TypeParam::key;
   using Space = typename TypeParam::space_type;
   temp_dir dir;
@@ -386,7 +390,7 @@ TYPED_TEST_P(training_cache_stores, export_base_plus_deltas_equals_model) {
 
 // A delta folder that cannot be written (a full disk) leaves no delta behind and loses no row:
 // the next export covers everything the failed one would have held.
-TYPED_TEST_P(training_cache_conformance, a_failed_delta_write_loses_no_row) {
+TYPED_TEST_P(conformance, a_failed_delta_write_loses_no_row) {
   using Space = TypeParam;
   using Key = std::int64_t;
   temp_dir dir;
@@ -437,8 +441,7 @@ TYPED_TEST_P(training_cache_conformance, a_failed_delta_write_loses_no_row) {
 
 // A delta number chosen by the caller (the ranks of a sharded run agree on one): used as given,
 // refused at or below a delta already in the folder, before anything is exported.
-TYPED_TEST_P(training_cache_conformance,
-             an_export_takes_a_given_delta_number_past_the_folder_s_last) {
+TYPED_TEST_P(conformance, an_export_takes_a_given_delta_number_past_the_folder_s_last) {
   using Space = TypeParam;
   using Key = std::int64_t;
   temp_dir dir;
@@ -469,7 +472,7 @@ TYPED_TEST_P(training_cache_conformance,
 }
 
 // save() reports the rows written: (0, total) first, then after each table, ending at the total.
-TYPED_TEST_P(training_cache_conformance, save_reports_its_progress_by_rows) {
+TYPED_TEST_P(conformance, save_reports_its_progress_by_rows) {
   using Space = TypeParam;
   using Key = std::int64_t;
   temp_dir dir;
@@ -490,7 +493,7 @@ TYPED_TEST_P(training_cache_conformance, save_reports_its_progress_by_rows) {
   EXPECT_EQ(calls, (std::vector<call>{{0, a + b}, {a, a + b}, {a + b, a + b}}));
 }
 
-TYPED_TEST_P(training_cache_stores, save_load_round_trip_and_refusals) {
+TYPED_TEST_P(stores, save_load_round_trip_and_refusals) {
   using Key = typename TypeParam::key;
   using Space = typename TypeParam::space_type;
   temp_dir dir;
@@ -553,7 +556,7 @@ TYPED_TEST_P(training_cache_stores, save_load_round_trip_and_refusals) {
   EXPECT_EQ(other.load(ckpt).code(), status_code::corruption);
 }
 
-TYPED_TEST_P(training_cache_conformance, loads_a_plain_hugectr_folder) {
+TYPED_TEST_P(conformance, loads_a_plain_hugectr_folder) {
   using Space = TypeParam;
   temp_dir dir;
   const std::string folder = dir.path + "/model/emb";
@@ -586,7 +589,7 @@ TYPED_TEST_P(training_cache_conformance, loads_a_plain_hugectr_folder) {
 
 // --- keyset errors -------------------------------------------------------------------------------
 
-TYPED_TEST_P(training_cache_conformance, keyset_errors_are_clear_and_change_nothing) {
+TYPED_TEST_P(conformance, keyset_errors_are_clear_and_change_nothing) {
   using Space = TypeParam;
   temp_dir dir;
   std::vector<std::int64_t> k1(100), big(300);
@@ -638,7 +641,7 @@ TYPED_TEST_P(training_cache_conformance, keyset_errors_are_clear_and_change_noth
 }
 
 // Minimal movement: rows that stay in the next keyset stay; eviction only as capacity requires.
-TYPED_TEST_P(training_cache_conformance, begin_pass_moves_only_the_difference) {
+TYPED_TEST_P(conformance, begin_pass_moves_only_the_difference) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -813,8 +816,7 @@ class gated_store final : public param_store<Key> {
   std::thread::id push_thread_;
 };
 
-TYPED_TEST_P(training_cache_conformance,
-             prefetch_stages_in_the_background_while_the_caller_trains) {
+TYPED_TEST_P(conformance, prefetch_stages_in_the_background_while_the_caller_trains) {
   using Space = TypeParam;
   auto store = std::make_shared<gated_store<std::int64_t>>(dim * 3);
   table_options<std::int64_t> o;
@@ -866,7 +868,7 @@ TYPED_TEST_P(training_cache_conformance,
 // "b"'s pull gate closed. A worker that staged before the write-behind is in would pull key 10
 // at once (the pull shows up at the gate, holding "b"'s store until the gate opens, so the stale
 // row is what it reads); the cache must make it wait for the flusher instead.
-TYPED_TEST_P(training_cache_conformance, staged_rows_are_never_older_than_a_write_back) {
+TYPED_TEST_P(conformance, staged_rows_are_never_older_than_a_write_back) {
   using Space = TypeParam;
   auto store_a = std::make_shared<gated_store<std::int64_t>>(dim, "a");
   auto store_b = std::make_shared<gated_store<std::int64_t>>(dim, "b");
@@ -912,8 +914,7 @@ TYPED_TEST_P(training_cache_conformance, staged_rows_are_never_older_than_a_writ
 
 // A key staged early, then trained and written back by later passes, comes in with its
 // written-back row, not the older staged one.
-TYPED_TEST_P(training_cache_conformance,
-             a_key_staged_again_after_its_write_back_comes_back_with_it) {
+TYPED_TEST_P(conformance, a_key_staged_again_after_its_write_back_comes_back_with_it) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -952,7 +953,7 @@ TYPED_TEST_P(training_cache_conformance,
 
 // The same hazard with the staging still held: a write-back of a staged key after staging began
 // makes begin_pass re-pull it.
-TYPED_TEST_P(training_cache_conformance, write_back_after_staging_forces_a_re_pull) {
+TYPED_TEST_P(conformance, write_back_after_staging_forces_a_re_pull) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -985,7 +986,7 @@ TYPED_TEST_P(training_cache_conformance, write_back_after_staging_forces_a_re_pu
 
 // begin_pass reuses the hits that prefetch computed only while nothing entered or left: a resident
 // key erased after prefetch must be brought back by begin_pass.
-TYPED_TEST_P(training_cache_conformance, a_key_erased_after_prefetch_is_resident_after_begin_pass) {
+TYPED_TEST_P(conformance, a_key_erased_after_prefetch_is_resident_after_begin_pass) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -1057,7 +1058,7 @@ struct wb_fixture {
   }
 };
 
-TYPED_TEST_P(training_cache_conformance, begin_pass_returns_while_the_write_back_is_pushed_behind) {
+TYPED_TEST_P(conformance, begin_pass_returns_while_the_write_back_is_pushed_behind) {
   using Space = TypeParam;
   wb_fixture<Space> f;
   f.leave_with_push_held();
@@ -1079,7 +1080,7 @@ TYPED_TEST_P(training_cache_conformance, begin_pass_returns_while_the_write_back
 }
 
 // A row written behind and needed again by the very next keyset, without and with prefetch.
-TYPED_TEST_P(training_cache_conformance, a_row_written_behind_comes_back_with_its_latest_value) {
+TYPED_TEST_P(conformance, a_row_written_behind_comes_back_with_its_latest_value) {
   using Space = TypeParam;
   for (bool prefetch : {false, true}) {
     SCOPED_TRACE(prefetch ? "prefetch" : "no prefetch");
@@ -1106,7 +1107,7 @@ TYPED_TEST_P(training_cache_conformance, a_row_written_behind_comes_back_with_it
 }
 
 // read() of a row on its way to the store, export and erase while the push is held.
-TYPED_TEST_P(training_cache_conformance, reads_exports_and_erases_wait_for_a_pending_write_behind) {
+TYPED_TEST_P(conformance, reads_exports_and_erases_wait_for_a_pending_write_behind) {
   using Space = TypeParam;
   {
     wb_fixture<Space> f;
@@ -1153,8 +1154,7 @@ TYPED_TEST_P(training_cache_conformance, reads_exports_and_erases_wait_for_a_pen
 }
 
 // load() while a write-behind is held: the old rows must not land on the loaded model.
-TYPED_TEST_P(training_cache_conformance,
-             load_while_a_write_behind_is_pending_keeps_the_loaded_model) {
+TYPED_TEST_P(conformance, load_while_a_write_behind_is_pending_keeps_the_loaded_model) {
   using Space = TypeParam;
   temp_dir dir;
   wb_fixture<Space> f;
@@ -1171,7 +1171,7 @@ TYPED_TEST_P(training_cache_conformance,
 
 // A failed background push loses nothing: the rows stay pending, the next call reports the error,
 // and a later call pushes them.
-TYPED_TEST_P(training_cache_conformance, a_failed_write_behind_is_reported_and_retried) {
+TYPED_TEST_P(conformance, a_failed_write_behind_is_reported_and_retried) {
   using Space = TypeParam;
   wb_fixture<Space> f;
   f.store->fail_pushes(2);  // the background push and the first retry
@@ -1190,8 +1190,7 @@ TYPED_TEST_P(training_cache_conformance, a_failed_write_behind_is_reported_and_r
 
 // Write-behind changes when rows reach the store, never which rows: the scripted passes leave the
 // same store with it on and off, with and without prefetch.
-TYPED_TEST_P(training_cache_conformance,
-             write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps) {
+TYPED_TEST_P(conformance, write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps) {
   using Space = TypeParam;
   const auto passes = script<std::int64_t>(400, 120, 8);
   auto run = [&](bool write_behind, bool prefetch) {
@@ -1247,8 +1246,7 @@ std::set<std::int64_t> resident_keys(training_cache<std::int64_t, Space>& tc) {
 // With room in the cache, the prefetch worker evicts rows outside both the current and the next
 // keyset (oldest version first, then smallest key) as far as the next keyset needs, and inserts
 // the staged rows: exactly the next keyset's missing rows, nothing else.
-TYPED_TEST_P(training_cache_conformance,
-             prefetch_inserts_exactly_the_next_keysets_missing_rows_early) {
+TYPED_TEST_P(conformance, prefetch_inserts_exactly_the_next_keysets_missing_rows_early) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -1326,8 +1324,7 @@ TYPED_TEST_P(training_cache_conformance,
 // The table's slack holds the next pass's new rows: with max_resident above the keyset, the
 // prefetch worker installs them during the pass, the boundary moves no row, and the rows that left
 // stay resident (readable, dirty) until a later worker writes them back in the background.
-TYPED_TEST_P(training_cache_conformance,
-             leaving_rows_wait_in_the_slack_and_leave_in_the_background) {
+TYPED_TEST_P(conformance, leaving_rows_wait_in_the_slack_and_leave_in_the_background) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -1393,7 +1390,7 @@ TYPED_TEST_P(training_cache_conformance,
   EXPECT_EQ(stored, trained);  // rows 0..9 were not trained after pass a
 }
 
-TYPED_TEST_P(training_cache_conformance, max_resident_outside_capacity_and_slots_is_refused) {
+TYPED_TEST_P(conformance, max_resident_outside_capacity_and_slots_is_refused) {
   using Space = TypeParam;
   table_options<std::int64_t> o;
   o.name = "t";
@@ -1416,7 +1413,7 @@ TYPED_TEST_P(training_cache_conformance, max_resident_outside_capacity_and_slots
 // (and initialized rows left to the boundary) change where rows are, never the model or the
 // exports. Cache sizes: keyset-sized without slack (nothing early), keyset-sized with the table's
 // slack, and larger.
-TYPED_TEST_P(training_cache_conformance, early_install_keeps_the_model_and_the_exports) {
+TYPED_TEST_P(conformance, early_install_keeps_the_model_and_the_exports) {
   using Space = TypeParam;
   auto run = [](std::size_t cap, bool prefetch, bool write_behind, bool tight = false) {
     table_options<std::int64_t> o;
@@ -1482,7 +1479,7 @@ TYPED_TEST_P(training_cache_conformance, early_install_keeps_the_model_and_the_e
 
 // A prefetch replaced by another, or followed by a begin_pass of other keysets, leaves the same
 // model as no prefetch at all (the worker's early install and marks of the unused one included).
-TYPED_TEST_P(training_cache_conformance, replaced_and_unused_prefetches_keep_the_model) {
+TYPED_TEST_P(conformance, replaced_and_unused_prefetches_keep_the_model) {
   using Space = TypeParam;
   auto run = [](bool prefetch) {
     table_options<std::int64_t> o;
@@ -1510,7 +1507,7 @@ TYPED_TEST_P(training_cache_conformance, replaced_and_unused_prefetches_keep_the
 
 // --- on-demand -----------------------------------------------------------------------------------
 
-TYPED_TEST_P(training_cache_conformance, on_demand_small_cache_equals_full_cache) {
+TYPED_TEST_P(conformance, on_demand_small_cache_equals_full_cache) {
   using Space = TypeParam;
   auto run = [](std::size_t cap) {
     training_cache_options opts;
@@ -1583,7 +1580,7 @@ std::unique_ptr<training_cache<std::int64_t, Space>> make_crash_model() {
 
 // Run by the child of the test below (the same suite, so the same space): saves in a loop until
 // killed.
-TYPED_TEST_P(training_cache_conformance, child_saves_in_a_loop) {
+TYPED_TEST_P(conformance, child_saves_in_a_loop) {
   using Space = TypeParam;
   const char* dir = std::getenv("EMBCACHE_SAVE_LOOP_DIR");
   if (!dir) GTEST_SKIP() << "only run as the child of kill_during_save_keeps_previous_save";
@@ -1591,7 +1588,7 @@ TYPED_TEST_P(training_cache_conformance, child_saves_in_a_loop) {
   for (;;) tc->save(dir).throw_if_error();
 }
 
-TYPED_TEST_P(training_cache_conformance, kill_during_save_keeps_previous_save) {
+TYPED_TEST_P(conformance, kill_during_save_keeps_previous_save) {
   using Space = TypeParam;
   temp_dir dir;
   const std::string ckpt = dir.path + "/ckpt";
@@ -1834,7 +1831,7 @@ void expect_same_moves(const outcome<Key>& a, const outcome<Key>& b) {
 
 // Same script, same model: exports, stores, and a save that loads on the host. (How much the
 // prefetch worker did before each boundary depends on timing, so counters are not compared here.)
-TYPED_TEST_P(training_cache_conformance, keyset_passes_match_the_host_space) {
+TYPED_TEST_P(conformance, keyset_passes_match_the_host_space) {
   using Space = TypeParam;
   temp_dir d;
   const auto ref = run_keyset_script<std::int64_t, host_space>(400, d.path + "/host");
@@ -1853,7 +1850,7 @@ TYPED_TEST_P(training_cache_conformance, keyset_passes_match_the_host_space) {
 
 // Swap transparency in the space: a cache that holds one keyset (with room for the next pass's
 // new keys) leaves the same store as one that holds every key.
-TYPED_TEST_P(training_cache_conformance, small_cache_leaves_the_same_store_as_a_full_one) {
+TYPED_TEST_P(conformance, small_cache_leaves_the_same_store_as_a_full_one) {
   using Space = TypeParam;
   temp_dir d;
   const auto small = run_keyset_script<std::uint32_t, Space>(300, d.path + "/small");
@@ -1862,7 +1859,7 @@ TYPED_TEST_P(training_cache_conformance, small_cache_leaves_the_same_store_as_a_
   EXPECT_GT(rows_evicted(small), 0u);  // the small cache did swap
 }
 
-TYPED_TEST_P(training_cache_conformance, on_demand_batches_match_the_host_space) {
+TYPED_TEST_P(conformance, on_demand_batches_match_the_host_space) {
   using Space = TypeParam;
   const auto ref = run_on_demand_script<std::int64_t, host_space>();
   const auto got = run_on_demand_script<std::int64_t, Space>();
@@ -1872,12 +1869,12 @@ TYPED_TEST_P(training_cache_conformance, on_demand_batches_match_the_host_space)
   EXPECT_GT(rows_evicted(got), 0u);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(training_cache_stores, swap_transparency_small_cache_equals_full_cache,
+REGISTER_TYPED_TEST_SUITE_P(stores, swap_transparency_small_cache_equals_full_cache,
                             export_base_plus_deltas_equals_model,
                             save_load_round_trip_and_refusals);
 
 REGISTER_TYPED_TEST_SUITE_P(
-    training_cache_conformance, a_failed_delta_write_loses_no_row,
+    conformance, a_failed_delta_write_loses_no_row,
     an_export_takes_a_given_delta_number_past_the_folder_s_last, save_reports_its_progress_by_rows,
     loads_a_plain_hugectr_folder, keyset_errors_are_clear_and_change_nothing,
     begin_pass_moves_only_the_difference, prefetch_stages_in_the_background_while_the_caller_trains,

@@ -5,8 +5,8 @@
 namespace embcache::testing::training_suite {
 namespace {
 
-INSTANTIATE_TYPED_TEST_SUITE_P(host, training_cache_stores, store_cases<host_space>);
-INSTANTIATE_TYPED_TEST_SUITE_P(host, training_cache_conformance, ::testing::Types<host_space>);
+INSTANTIATE_TYPED_TEST_SUITE_P(training_cache_host, stores, store_cases<host_space>);
+INSTANTIATE_TYPED_TEST_SUITE_P(training_cache_host, conformance, ::testing::Types<host_space>);
 
 }  // namespace
 }  // namespace embcache::testing::training_suite
