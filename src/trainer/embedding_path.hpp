@@ -246,7 +246,7 @@ result<cache_tables<Space>> make_cache_tables(embedding_stores stores, Space spa
   } catch (const error& e) {
     return status(e.code(), std::string("config.tables: ") + e.what());
   }
-  return tables;
+  return result<cache_tables<Space>>(std::move(tables));
 }
 /// build_embedding_stores, then the training cache over them on the host.
 result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
