@@ -1,7 +1,8 @@
 // Where the trainer's embeddings live and how a training step reaches them. The pass loop
 // (trainer.cpp) and the checkpoints (trainer_checkpoint.cpp) see the tables only through
 // embedding_path, so that the modes differ in one place: the training cache in keyset or
-// on-demand mode (cache_path.cpp) or host-hybrid on the stores (host_hybrid_path.cpp).
+// on-demand mode, its tables on the host or in the cuda space (cache_path.hpp), or host-hybrid
+// on the stores (host_hybrid_path.cpp).
 #pragma once
 
 #include <chrono>
