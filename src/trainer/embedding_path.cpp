@@ -3,9 +3,9 @@
 #include "embedding_path.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "common/durable_file.hpp"
@@ -19,6 +19,8 @@ namespace embcache::detail {
 namespace {
 
 std::string table_field(std::size_t t) { return "config.tables[" + std::to_string(t) + "]"; }
+
+std::atomic<cuda_cache_path_factory> cuda_path_factory{nullptr};
 
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 // Tables that name the same store_path share one database.
@@ -102,12 +104,11 @@ table_counters sum_of_tables(const std::vector<table_counters>& tables) {
   return sum;
 }
 
-result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
+result<embedding_stores> build_embedding_stores(const trainer_config& config, host_space space,
                                                 bool save_only_cache, std::string* building) {
-  embedding_tables tables;
+  embedding_stores tables;
   tables.roles = roles_of(config);
   database_map databases;
-  std::vector<table_options<trainer_key>> topts;
   for (std::size_t t = 0; t < config.tables.size(); ++t) {
     const trainer_table_config& tc = config.tables[t];
     table_options<trainer_key> o;
@@ -126,20 +127,22 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
     if (!store.ok()) return store.get_status();
     o.store = store.value();
     tables.stores.push_back(std::move(store).value());
-    topts.push_back(std::move(o));
+    tables.tables.push_back(std::move(o));
   }
-  training_cache_options co;
-  co.mode = config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  tables.options.mode =
+      config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
   *building = "config.tables: the training cache of";
-  for (std::size_t t = 0; t < topts.size(); ++t)
-    *building += std::string(t ? " and" : "") + " table \"" + topts[t].name + "\" (" +
-                 table_field(t) + ".capacity " + std::to_string(topts[t].capacity) + ")";
-  try {
-    tables.cache = std::make_unique<training_cache<trainer_key>>(co, topts);
-  } catch (const error& e) {
-    return status(e.code(), std::string("config.tables: ") + e.what());
-  }
+  for (std::size_t t = 0; t < tables.tables.size(); ++t)
+    *building += std::string(t ? " and" : "") + " table \"" + tables.tables[t].name + "\" (" +
+                 table_field(t) + ".capacity " + std::to_string(tables.tables[t].capacity) + ")";
   return tables;
+}
+
+result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
+                                                bool save_only_cache, std::string* building) {
+  auto stores = build_embedding_stores(config, space, save_only_cache, building);
+  if (!stores.ok()) return stores.get_status();
+  return make_cache_tables(std::move(stores).value(), space);
 }
 
 embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>& cache,
@@ -159,10 +162,62 @@ embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>
   };
 }
 
+void set_cuda_cache_path_factory(cuda_cache_path_factory factory) noexcept {
+  cuda_path_factory.store(factory);
+}
+
+cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept {
+  return cuda_path_factory.load();
+}
+
+result<bool> embedding_device_of(const trainer_config& config, bool sharded, std::string* note) {
+  const std::string& requested = config.embedding_device;
+  const std::string field = "config.embedding_device";
+  if (requested != "host" && requested != "cuda" && requested != "auto")
+    return status::invalid_argument(field + ": \"" + requested +
+                                    "\" is not a device (host, cuda, auto)");
+  const bool hybrid = config.mode == trainer_mode::host_hybrid;
+  const cuda_cache_path_factory factory = installed_cuda_cache_path_factory();
+  // The device is probed only when the tables could go there.
+  const bool device = !hybrid && !sharded && factory != nullptr && cuda_device_available();
+  std::string why;
+  bool use_cuda = false;
+  if (requested == "cuda") {
+    if (hybrid)
+      return status::invalid_argument(
+          field +
+          ": \"cuda\" with config.mode \"host_hybrid\": host-hybrid keeps the "
+          "embeddings and their sparse optimizers on the host (use \"host\" or \"auto\", "
+          "or mode \"keyset\" or \"on_demand\")");
+    if (sharded)
+      return status::unsupported(field +
+                                 ": \"cuda\" in a sharded run: it keeps its tables on the host "
+                                 "(use \"host\" or \"auto\")");
+    if (!factory)
+      return status::unsupported(field +
+                                 ": \"cuda\" needs the cuda space, and this program was built "
+                                 "without it (link embcache::cuda, call "
+                                 "register_cuda_embeddings())");
+    if (!device) return status::unsupported(field + ": \"cuda\" but no CUDA device is present");
+    use_cuda = true;
+  } else if (requested == "auto") {
+    use_cuda = device;
+    why = hybrid     ? " (auto: mode host_hybrid keeps them on the host)"
+          : sharded  ? " (auto: a sharded run keeps them on the host)"
+          : !factory ? " (auto: this program has no cuda space)"
+          : device   ? " (auto: CUDA device present)"
+                     : " (auto: no CUDA device)";
+  }
+  if (note) *note = std::string("embeddings on ") + (use_cuda ? "cuda" : "host") + why;
+  return use_cuda;
+}
+
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
-                                                            host_space space,
-                                                            communicator* comm,
-                                                            std::string* building) {
+                                                            host_space space, communicator* comm,
+                                                            std::string* building,
+                                                            std::string* note) {
+  auto on_cuda = embedding_device_of(config, comm != nullptr, note);
+  if (!on_cuda.ok()) return on_cuda.get_status();
   if (comm != nullptr) {
     // Each rank its own stores: a RocksDB folder per rank under the configured one.
     trainer_config mine = config;
@@ -174,6 +229,11 @@ result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config
     return make_sharded_path(mine, space, *comm, std::move(tables).value(), building);
   }
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
+  if (on_cuda.value()) {
+    auto stores = build_embedding_stores(config, space, /*save_only_cache=*/false, building);
+    if (!stores.ok()) return stores.get_status();
+    return installed_cuda_cache_path_factory()(config, std::move(stores).value());
+  }
   auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid, building);
   if (!tables.ok()) return tables.get_status();
   if (hybrid) return make_host_hybrid_path(config, std::move(tables).value(), building);

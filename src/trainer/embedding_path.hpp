@@ -1,9 +1,11 @@
 // Where the trainer's embeddings live and how a training step reaches them. The pass loop
 // (trainer.cpp) and the checkpoints (trainer_checkpoint.cpp) see the tables only through
 // embedding_path, so that the modes differ in one place: the training cache in keyset or
-// on-demand mode (cache_path.cpp) or host-hybrid on the stores (host_hybrid_path.cpp).
+// on-demand mode, its tables on the host or in the cuda space (cache_path.hpp), or host-hybrid
+// on the stores (host_hybrid_path.cpp).
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -92,11 +94,33 @@ class keyset_swapper {
   /// rank owns).
   keyset_swapper(const trainer_config& config, table_roles roles, keyset_filter keep = {});
   /// begin_pass with the keysets of `shard`, then a prefetch of `upcoming`'s ("" for none);
-  /// adds the swap's hits, misses and blocked seconds to `activity`.
-  [[nodiscard]] status begin_shard(training_cache<trainer_key>& cache, const std::string& shard,
-                                   const std::string& upcoming, path_activity& activity);
+  /// adds the swap's hits, misses and blocked seconds to `activity`. A training cache of either
+  /// space: its calls take host memory.
+  template <class Space>
+  [[nodiscard]] status begin_shard(training_cache<trainer_key, Space>& cache,
+                                   const std::string& shard, const std::string& upcoming,
+                                   path_activity& activity) {
+    auto keysets = take_keysets(shard);
+    if (!keysets.ok()) return keysets.get_status();
+    const auto t0 = std::chrono::steady_clock::now();
+    EMBCACHE_RETURN_IF_ERROR(cache.begin_pass(keysets.value()).with_context(shard));
+    activity.blocked_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const table_counters swap = sum_of_tables(cache.counters().last);  // every table's
+    activity.hits += swap.hits;
+    activity.misses += swap.misses;
+    if (!config_.prefetch || upcoming.empty()) return {};
+    auto next = keysets_of(upcoming);
+    if (!next.ok()) return next.get_status();
+    EMBCACHE_RETURN_IF_ERROR(cache.prefetch(next.value()).with_context(upcoming));
+    prefetched_shard_ = upcoming;
+    prefetched_keysets_ = std::move(next).value();
+    return {};
+  }
 
  private:
+  // The keysets of `shard`: those prefetched for it, else read; forgets the prefetched ones.
+  result<std::vector<std::vector<trainer_key>>> take_keysets(const std::string& shard);
   result<keyset_format> keyset_format_of(const std::string& shard);
   result<std::vector<std::vector<trainer_key>>> keysets_of(const std::string& shard);
 
@@ -144,8 +168,7 @@ class embedding_path {
 
   /// Writes the rows changed since the previous export into a new folder under `dir`;
   /// unsupported without a cache.
-  virtual result<exported_delta> export_incremental_to(const std::string& dir,
-                                                       bool with_state) = 0;
+  virtual result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) = 0;
   /// Writes both tables to `dir` in the training_cache::save layout.
   [[nodiscard]] virtual status save_sparse(const std::string& dir,
                                            const save_progress& on_progress) = 0;
@@ -153,16 +176,31 @@ class embedding_path {
   [[nodiscard]] virtual status load_sparse(const std::string& dir) = 0;
   /// After a load: the optimizer step the tables continue from.
   virtual void set_step(std::uint64_t step) = 0;
-  /// The training cache behind trainer::cache() (host-hybrid: its cache of one bucket per table).
-  virtual training_cache<trainer_key>& cache() = 0;
+  /// Where the tables and their sparse ops are: "host" or "cuda".
+  virtual const char* device() const noexcept { return "host"; }
+  /// The training cache behind trainer::cache() when the tables are on the host (host-hybrid:
+  /// its cache of one bucket per table); nullptr when they are in the cuda space.
+  virtual training_cache<trainer_key>* host_cache() = 0;
+  /// The training cache behind trainer::cuda_cache() when the tables are in the cuda space;
+  /// nullptr otherwise.
+  virtual training_cache<trainer_key, cuda_space>* cuda_cache() { return nullptr; }
 };
 
-/// Builds the path `config.mode` names, with its stores and cache; with a communicator, the
-/// sharded path over its ranks. While it allocates, `*building` names the part (for an
-/// out-of-memory message).
+/// Builds the path `config.mode` names, with its stores and cache, in the space
+/// config.embedding_device resolves to (embedding_device_of); with a communicator, the sharded
+/// path over its ranks, on the host. While it allocates, `*building` names the part (for an
+/// out-of-memory message); `*note` (may be null) receives embedding_device_of's line.
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
                                                             host_space space, communicator* comm,
-                                                            std::string* building);
+                                                            std::string* building,
+                                                            std::string* note = nullptr);
+
+/// Whether config.embedding_device puts the tables in the cuda space: "cuda" needs a registered
+/// cuda path (register_cuda_embeddings) and a device, and is refused in mode host_hybrid and in
+/// a sharded run (`sharded`); "auto" is cuda when all of that holds. `*note` (may be null)
+/// receives where and, for "auto", why, e.g. "embeddings on host (auto: no CUDA device)".
+/// Errors (unsupported, invalid_argument) start with "config.embedding_device: ".
+result<bool> embedding_device_of(const trainer_config& config, bool sharded, std::string* note);
 
 /// "rank-00003": a rank's folder (its RocksDB stores under a table's store_path).
 std::string rank_folder_name(int rank);
@@ -174,19 +212,59 @@ embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>
 
 // The parts make_embedding_path puts together (embedding_path.cpp).
 
-/// The stores and the training cache of the configuration's tables.
-struct embedding_tables {
+/// The configuration's stores and the options of the training cache over them.
+struct embedding_stores {
   table_roles roles;
   std::vector<std::shared_ptr<param_store<trainer_key>>> stores;  ///< config.tables order
-  std::unique_ptr<training_cache<trainer_key>> cache;
+  training_cache_options options;
+  std::vector<table_options<trainer_key>> tables;  ///< each with its store
 };
-/// Opens the stores and builds the training cache: sized by the configuration, or with
+/// Opens the stores and sets the training cache's options: sized by the configuration, or with
 /// `save_only_cache` one bucket per table, which serves only the initializer, save and load.
+result<embedding_stores> build_embedding_stores(const trainer_config& config, host_space space,
+                                                bool save_only_cache, std::string* building);
+
+/// The stores and the training cache of the configuration's tables, in `Space`.
+template <class Space>
+struct cache_tables {
+  table_roles roles;
+  std::vector<std::shared_ptr<param_store<trainer_key>>> stores;  ///< config.tables order
+  std::unique_ptr<training_cache<trainer_key, Space>> cache;
+};
+/// The tables of every host path.
+using embedding_tables = cache_tables<host_space>;
+
+/// Builds the training cache over `stores` in `space`; a failure (a device that cannot be used,
+/// its memory exhausted) is a status starting with "config.tables: ".
+template <class Space>
+result<cache_tables<Space>> make_cache_tables(embedding_stores stores, Space space) {
+  cache_tables<Space> tables;
+  tables.roles = stores.roles;
+  tables.stores = std::move(stores.stores);
+  try {
+    tables.cache = std::make_unique<training_cache<trainer_key, Space>>(
+        stores.options, std::move(stores.tables), space);
+  } catch (const error& e) {
+    return status(e.code(), std::string("config.tables: ") + e.what());
+  }
+  return result<cache_tables<Space>>(std::move(tables));
+}
+/// build_embedding_stores, then the training cache over them on the host.
 result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
                                                 bool save_only_cache, std::string* building);
-/// The training-cache path, keyset or on-demand by config.mode (cache_path.cpp).
+/// The training-cache path on the host, keyset or on-demand by config.mode (cache_path.cpp).
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
+
+/// Builds the training-cache path with its tables in the cuda space over `stores`; installed by
+/// register_cuda_embeddings() (cuda/trainer_cache_path.cu), which the trainer library cannot
+/// call itself: it does not link embcache::cuda.
+using cuda_cache_path_factory = result<std::unique_ptr<embedding_path>> (*)(
+    const trainer_config& config, embedding_stores stores);
+/// Installs the factory embedding_device "cuda" uses (nullptr removes it).
+void set_cuda_cache_path_factory(cuda_cache_path_factory factory) noexcept;
+/// The installed factory (nullptr when the program registered none).
+cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept;
 /// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
 /// rank's rows in its own stores (host_hybrid: `tables` built with a save-only cache) or its
 /// training cache (keyset).

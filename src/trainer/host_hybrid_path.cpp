@@ -66,7 +66,7 @@ class host_hybrid_path final : public embedding_path {
     for (auto& h : hybrid_)
       if (h) h->set_step(step);
   }
-  training_cache<trainer_key>& cache() override { return *tables_.cache; }
+  training_cache<trainer_key>* host_cache() override { return tables_.cache.get(); }
 
  private:
   embedding_initializer<trainer_key> initializer_of(std::size_t t) {

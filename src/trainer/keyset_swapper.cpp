@@ -2,7 +2,6 @@
 // dataset's manifest.json names), cut to what this process holds, and swapped into the training
 // cache once per shard with the next shard's staged meanwhile.
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 
 #include "embcache/keyset.hpp"
@@ -13,7 +12,6 @@ namespace embcache::detail {
 namespace {
 
 namespace fs = std::filesystem;
-using clock_type = std::chrono::steady_clock;
 
 // `X.bin` -> `X<suffix>`; other names get the suffix appended.
 std::string beside(const std::string& shard, const std::string& suffix) {
@@ -28,8 +26,8 @@ std::string beside(const std::string& shard, const std::string& suffix) {
 keyset_swapper::keyset_swapper(const trainer_config& config, table_roles roles, keyset_filter keep)
     : config_(config), roles_(roles), keep_(std::move(keep)) {}
 
-status keyset_swapper::begin_shard(training_cache<trainer_key>& cache, const std::string& shard,
-                                   const std::string& upcoming, path_activity& activity) {
+result<std::vector<std::vector<trainer_key>>> keyset_swapper::take_keysets(
+    const std::string& shard) {
   std::vector<std::vector<trainer_key>> keysets;
   if (prefetched_shard_ == shard) {
     keysets = std::move(prefetched_keysets_);
@@ -40,19 +38,7 @@ status keyset_swapper::begin_shard(training_cache<trainer_key>& cache, const std
   }
   prefetched_shard_.clear();
   prefetched_keysets_.clear();
-  const auto t0 = clock_type::now();
-  EMBCACHE_RETURN_IF_ERROR(cache.begin_pass(keysets).with_context(shard));
-  activity.blocked_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-  const table_counters swap = sum_of_tables(cache.counters().last);  // every table's
-  activity.hits += swap.hits;
-  activity.misses += swap.misses;
-  if (!config_.prefetch || upcoming.empty()) return {};
-  auto next = keysets_of(upcoming);
-  if (!next.ok()) return next.get_status();
-  EMBCACHE_RETURN_IF_ERROR(cache.prefetch(next.value()).with_context(upcoming));
-  prefetched_shard_ = upcoming;
-  prefetched_keysets_ = std::move(next).value();
-  return {};
+  return keysets;
 }
 
 result<keyset_format> keyset_swapper::keyset_format_of(const std::string& shard) {

@@ -271,7 +271,7 @@ class sharded_path final : public embedding_path {
     for (auto& s : sharded_)
       if (s) s->set_step(step);
   }
-  training_cache<trainer_key>& cache() override { return *tables_.cache; }
+  training_cache<trainer_key>* host_cache() override { return tables_.cache.get(); }
 
  private:
   const trainer_config config_;

@@ -78,7 +78,7 @@ status trainer::impl::build() {
     space.max_threads = config.threads;
     roles = detail::roles_of(config);
     num_wide_slots = criteo_slot_count + (config.crossed ? criteo_cross_count : 0);
-    auto p = detail::make_embedding_path(config, space, comm, &building);
+    auto p = detail::make_embedding_path(config, space, comm, &building, &embedding_note);
     if (!p.ok()) return p.get_status();
     path = std::move(p).value();
     wide_deep_options mo = config.model;
@@ -205,7 +205,25 @@ std::uint64_t trainer::step() const noexcept { return impl_->step; }
 std::uint64_t trainer::passes_done() const noexcept { return impl_->passes_done; }
 const std::vector<pass_metrics>& trainer::history() const noexcept { return impl_->history; }
 const trainer_config& trainer::config() const noexcept { return impl_->config; }
-training_cache<std::int64_t>& trainer::cache() noexcept { return impl_->path->cache(); }
+const char* trainer::embedding_device() const noexcept { return impl_->path->device(); }
+const std::string& trainer::embedding_note() const noexcept { return impl_->embedding_note; }
+const cache_counters& trainer::counters() const { return impl_->path->counters(); }
+training_cache<std::int64_t>& trainer::cache() {
+  training_cache<std::int64_t>* c = impl_->path->host_cache();
+  if (c == nullptr)
+    throw error(status_code::unsupported,
+                "trainer::cache(): the embeddings are in the cuda space "
+                "(config.embedding_device); use trainer::cuda_cache()");
+  return *c;
+}
+training_cache<std::int64_t, cuda_space>& trainer::cuda_cache() {
+  training_cache<std::int64_t, cuda_space>* c = impl_->path->cuda_cache();
+  if (c == nullptr)
+    throw error(status_code::unsupported,
+                "trainer::cuda_cache(): the embeddings are on the host "
+                "(config.embedding_device); use trainer::cache()");
+  return *c;
+}
 dense_backend& trainer::model() noexcept { return *impl_->model; }
 const std::string& trainer::dense_note() const noexcept { return impl_->dense_note; }
 void trainer::set_log(std::function<void(const std::string&)> log) { impl_->log = std::move(log); }
@@ -214,6 +232,7 @@ status trainer::run() {
   const auto& passes = impl_->config.passes;
   if (!impl_->dense_note_logged) {
     impl_->log(impl_->dense_note);
+    impl_->log(impl_->embedding_note);
     impl_->dense_note_logged = true;
   }
   if (!impl_->diverged.ok()) return impl_->diverged;

@@ -262,7 +262,8 @@ const config_field<std::string> text_fields[] = {
     {"data_dir", &trainer_config::data_dir},        {"eval_shard", &trainer_config::eval_shard},
     {"output_dir", &trainer_config::output_dir},    {"export_dir", &trainer_config::export_dir},
     {"save_dir", &trainer_config::save_dir},        {"resume_from", &trainer_config::resume_from},
-    {"dense_device", &trainer_config::dense_device}};
+    {"dense_device", &trainer_config::dense_device},
+    {"embedding_device", &trainer_config::embedding_device}};
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
                                           {"shuffle", &trainer_config::shuffle},
                                           {"prefetch", &trainer_config::prefetch},
@@ -379,6 +380,14 @@ status validate(const trainer_config& c) {
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
+  if (c.embedding_device != "host" && c.embedding_device != "cuda" && c.embedding_device != "auto")
+    return status::invalid_argument("config.embedding_device: \"" + c.embedding_device +
+                                    "\" is not a device (host, cuda, auto)");
+  if (c.mode == trainer_mode::host_hybrid && c.embedding_device == "cuda")
+    return status::invalid_argument(
+        "config.embedding_device: \"cuda\" with config.mode \"host_hybrid\": host-hybrid keeps "
+        "the embeddings and their sparse optimizers on the host (use \"host\" or \"auto\", or "
+        "mode \"keyset\" or \"on_demand\")");
   if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
     return status::invalid_argument(
         "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");

@@ -42,8 +42,8 @@ struct trainer::impl {
   std::size_t num_wide_slots = 0;  // slot keys, plus crossed keys when crossing
   std::unique_ptr<detail::embedding_path> path;
   std::unique_ptr<dense_backend> model;
-  std::string dense_note;
-  bool dense_note_logged = false;
+  std::string dense_note, embedding_note;
+  bool dense_note_logged = false;  // and the embedding note after it
   std::uint64_t step = 0, passes_done = 0, samples = 0;
   std::vector<pass_metrics> history;
   std::function<void(const std::string&)> log;

@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include "embcache/distributed/communicator.hpp"
+#include "embedding_path.hpp"  // src/trainer: the cuda path's factory, for a stand-in
 #include "trainer_test_support.hpp"
 
 namespace embcache::test {
@@ -65,6 +67,31 @@ TEST(trainer_config, errors_name_the_field) {
   }
   EXPECT_EQ(trainer_config{}.dense_device, "auto");
   j = base;
+  j["embedding_device"] = "gpu";
+  EXPECT_EQ(err(j), "config.embedding_device: \"gpu\" is not a device (host, cuda, auto)");
+  j = base;
+  j["embedding_device"] = true;
+  EXPECT_EQ(err(j), "config.embedding_device: wrong type (boolean)");
+  for (const char* d : {"host", "cuda", "auto"}) {
+    j = base;
+    j["embedding_device"] = d;
+    auto parsed = trainer_config_from_json(j);
+    EMBCACHE_ASSERT_OK(parsed) << d;
+    EXPECT_EQ(parsed.value().embedding_device, d);
+    EXPECT_EQ(json(parsed.value()).at("embedding_device"), d);
+  }
+  EXPECT_EQ(trainer_config{}.embedding_device, "auto");
+  // Host-hybrid is the mode whose embeddings stay on the host: "cuda" there is a contradiction.
+  j = base;
+  j["mode"] = "host_hybrid";
+  j["embedding_device"] = "cuda";
+  EXPECT_EQ(err(j),
+            "config.embedding_device: \"cuda\" with config.mode \"host_hybrid\": host-hybrid keeps "
+            "the embeddings and their sparse optimizers on the host (use \"host\" or \"auto\", or "
+            "mode \"keyset\" or \"on_demand\")");
+  j["embedding_device"] = "auto";
+  EXPECT_EQ(err(j), "ok");
+  j = base;
   j["blas_threads"] = -1;
   EXPECT_EQ(err(j), "config.blas_threads: expected an integer in [0, 4096], got -1");
 
@@ -73,6 +100,7 @@ TEST(trainer_config, errors_name_the_field) {
   j["tables"] = {
       {{"name", "wide"}},
       {{"name", "deep"}, {"dim", 8}, {"capacity", 3000}, {"slots", 5000}, {"max_resident", 4000}}};
+  j["embedding_device"] = "host";
   auto c = trainer_config_from_json(j);
   EMBCACHE_ASSERT_OK(c);
   EXPECT_EQ(c.value().tables[1].slots, 5000u);
@@ -80,6 +108,7 @@ TEST(trainer_config, errors_name_the_field) {
   EXPECT_EQ(c.value().tables[0].dim, 1u);
   EXPECT_EQ(c.value().tables[0].optimizer.kind, optimizer_kind::ftrl);
   EXPECT_EQ(c.value().tables[1].dim, 8u);
+  EXPECT_EQ(c.value().embedding_device, "host");
   const json full = c.value();
   auto again = trainer_config_from_json(full);
   EMBCACHE_ASSERT_OK(again);
@@ -169,6 +198,154 @@ TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) 
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.get_status().message(), "f: \"cuda\" but no CUDA device is present");
   }
+}
+
+// --- where the embeddings live --------------------------------------------------------------
+
+// Restores the cuda path factory this binary started with (none: it does not link embcache::cuda).
+struct cuda_path_guard {
+  ~cuda_path_guard() { detail::set_cuda_cache_path_factory(nullptr); }
+};
+
+TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space) {
+  ASSERT_EQ(detail::installed_cuda_cache_path_factory(), nullptr);
+  trainer_config c = small_config("embedding_device");
+  c.embedding_device = "cuda";
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+  EXPECT_EQ(t.get_status().message(),
+            "config.embedding_device: \"cuda\" needs the cuda space, and this program was built "
+            "without it (link embcache::cuda, call register_cuda_embeddings())");
+  c.mode = trainer_mode::on_demand;
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+  c.embedding_device = "tpu";
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(t.get_status().message(),
+            "config.embedding_device: \"tpu\" is not a device (host, cuda, auto)");
+}
+
+TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and_say_so) {
+  ASSERT_EQ(detail::installed_cuda_cache_path_factory(), nullptr);
+  trainer_config c = small_config("embedding_auto");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_STREQ(t.value()->embedding_device(), "host");
+  EXPECT_EQ(t.value()->embedding_note(),
+            "embeddings on host (auto: this program has no cuda space)");
+  std::vector<std::string> lines;
+  t.value()->set_log([&](const std::string& l) { lines.push_back(l); });
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
+  EXPECT_EQ(lines[1], "embeddings on host (auto: this program has no cuda space)");
+  // The host cache is there; the cuda one is not, and asking for it is a clear error.
+  EXPECT_GT(t.value()->counters().total[0].hits + t.value()->counters().total[0].misses, 0u);
+  EXPECT_EQ(&t.value()->counters(), &t.value()->cache().counters());
+  try {
+    (void)t.value()->cuda_cache();
+    ADD_FAILURE() << "cuda_cache() with the embeddings on the host";
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), status_code::unsupported);
+    EXPECT_STREQ(e.what(),
+                 "trainer::cuda_cache(): the embeddings are on the host "
+                 "(config.embedding_device); use trainer::cache()");
+  }
+  c.embedding_device = "host";
+  t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_EQ(t.value()->embedding_note(), "embeddings on host");
+  // Host-hybrid: "auto" means host, and says why.
+  c.mode = trainer_mode::host_hybrid;
+  c.embedding_device = "auto";
+  t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_STREQ(t.value()->embedding_device(), "host");
+  EXPECT_EQ(t.value()->embedding_note(),
+            "embeddings on host (auto: mode host_hybrid keeps them on the host)");
+  c.embedding_device = "cuda";
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.embedding_device: \"cuda\" with config.mode \"host_hybrid\": ", 0),
+            0u)
+      << t.get_status().message();
+}
+
+TEST(trainer_embedding_device, a_sharded_run_keeps_them_on_the_host) {
+  single_process_communicator one;
+  trainer_config c = small_config("embedding_sharded");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  c.embedding_device = "cuda";
+  auto t = trainer::create(c, one);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+  EXPECT_EQ(t.get_status().message(),
+            "config.embedding_device: \"cuda\" in a sharded run: it keeps its tables on the host "
+            "(use \"host\" or \"auto\")");
+  c.embedding_device = "auto";
+  t = trainer::create(c, one);
+  EMBCACHE_ASSERT_OK(t);
+  EXPECT_STREQ(t.value()->embedding_device(), "host");
+  EXPECT_EQ(t.value()->embedding_note(),
+            "embeddings on host (auto: a sharded run keeps them on the host)");
+}
+
+// A stand-in for the cuda path: the host path under the factory's name, counting its builds.
+int fake_cuda_paths = 0;
+result<std::unique_ptr<detail::embedding_path>> fake_cuda_path(const trainer_config& config,
+                                                               detail::embedding_stores stores) {
+  ++fake_cuda_paths;
+  auto tables = detail::make_cache_tables(std::move(stores), host_space{});
+  if (!tables.ok()) return tables.get_status();
+  return detail::make_cache_path(config, host_space{}, std::move(tables).value());
+}
+
+TEST(trainer_embedding_device, auto_uses_the_registered_path_only_with_a_device) {
+  cuda_path_guard guard;
+  detail::set_cuda_cache_path_factory(&fake_cuda_path);
+  fake_cuda_paths = 0;
+  const bool device = cuda_device_available();
+  trainer_config c = small_config("embedding_factory");
+  c.save_dir.clear();
+  std::string note;
+  auto a = detail::embedding_device_of(c, /*sharded=*/false, &note);
+  EMBCACHE_ASSERT_OK(a);
+  EXPECT_EQ(a.value(), device);
+  EXPECT_EQ(note, device ? "embeddings on cuda (auto: CUDA device present)"
+                         : "embeddings on host (auto: no CUDA device)");
+  EMBCACHE_ASSERT_OK(trainer::create(c));
+  EXPECT_EQ(fake_cuda_paths, device ? 1 : 0);
+  c.embedding_device = "cuda";
+  auto t = trainer::create(c);
+  if (device) {
+    EMBCACHE_ASSERT_OK(t);
+    EXPECT_EQ(fake_cuda_paths, 2);
+    EXPECT_EQ(t.value()->embedding_note(), "embeddings on cuda");
+  } else {
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.get_status().code(), status_code::unsupported);
+    EXPECT_EQ(t.get_status().message(),
+              "config.embedding_device: \"cuda\" but no CUDA device is present");
+  }
+  // Host-hybrid and sharded runs never ask for the device path.
+  c.embedding_device = "auto";
+  c.mode = trainer_mode::host_hybrid;
+  a = detail::embedding_device_of(c, /*sharded=*/false, &note);
+  EMBCACHE_ASSERT_OK(a);
+  EXPECT_FALSE(a.value());
+  c.mode = trainer_mode::keyset;
+  a = detail::embedding_device_of(c, /*sharded=*/true, &note);
+  EMBCACHE_ASSERT_OK(a);
+  EXPECT_FALSE(a.value());
 }
 
 // --- configuration ranges and memory ---------------------------------------------------------

@@ -173,10 +173,11 @@ TEST(trainer_metrics, step_metrics_hold_a_line_per_log_interval_and_the_callback
   EXPECT_EQ(tsv[0], "# step\tpass\tpass_position\tsamples\ttrain_loss\tsamples_per_s\thit_rate");
   EXPECT_TRUE(starts_with(tsv[3], "17\t2\t1.42667\t2140\t")) << tsv[3];
 
-  // The callback got the dense note, a progress line per interval with the pass's and the run's
-  // percentage and ETA, a summary per pass and the save's line.
-  ASSERT_EQ(log.size(), 1u + 4 + 2 + 1) << ::testing::PrintToString(log);
+  // The callback got the dense and the embedding notes, a progress line per interval with the
+  // pass's and the run's percentage and ETA, a summary per pass and the save's line.
+  ASSERT_EQ(log.size(), 2u + 4 + 2 + 1) << ::testing::PrintToString(log);
   EXPECT_EQ(log[0], "dense network on host (auto: this program has no cuda space)");
+  EXPECT_EQ(log[1], "embeddings on host (auto: this program has no cuda space)");
   const std::regex progress(
       "pass ([12])/2 step ([0-9]+) \\| ([0-9.]+)% of 1500 samples, [0-9]+ samples/s, ETA "
       "[0-9?]+:?[0-9]*:?[0-9]* \\| run ([0-9.]+)%, ETA [0-9?:]+ \\| loss [0-9.]+ \\| hit rate "
@@ -185,17 +186,17 @@ TEST(trainer_metrics, step_metrics_hold_a_line_per_log_interval_and_the_callback
                                      {"1", "10", "85.3", "42.6"},
                                      {"2", "17", "42.6", "71.3"},
                                      {"2", "22", "85.3", "92.6"}};
-  const std::size_t at[] = {1, 2, 4, 5};
+  const std::size_t at[] = {2, 3, 5, 6};
   for (std::size_t i = 0; i < 4; ++i) {
     std::smatch m;
     ASSERT_TRUE(std::regex_match(log[at[i]], m, progress)) << log[at[i]];
     for (std::size_t k = 0; k < 4; ++k) EXPECT_EQ(m[k + 1].str(), expected[i][k]) << log[at[i]];
   }
-  EXPECT_TRUE(starts_with(log[3], "pass 1 done: 1500 samples in ")) << log[3];
-  EXPECT_TRUE(starts_with(log[6], "pass 2 done: 1500 samples in ")) << log[6];
+  EXPECT_TRUE(starts_with(log[4], "pass 1 done: 1500 samples in ")) << log[4];
+  EXPECT_TRUE(starts_with(log[7], "pass 2 done: 1500 samples in ")) << log[7];
   EXPECT_TRUE(std::regex_match(
-      log[7], std::regex("saved to " + c.save_dir + ": [0-9.]+ [kMG]?B in [0-9.]+ s \\(.*/s\\)")))
-      << log[7];
+      log[8], std::regex("saved to " + c.save_dir + ": [0-9.]+ [kMG]?B in [0-9.]+ s \\(.*/s\\)")))
+      << log[8];
 }
 
 TEST(trainer_plot, the_script_has_integer_pass_ticks_a_legend_off_the_curves_and_the_step_curve) {

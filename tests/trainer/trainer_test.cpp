@@ -115,6 +115,34 @@ TEST(trainer, host_hybrid_agrees_with_the_cache) {
   expect_same_model(cached.save_dir, hybrid.save_dir);
 }
 
+// The default embedding_device ("auto": the host in a program that registered no cuda path) and
+// an explicit "host" train the cache path of every earlier version: the same bits as host-hybrid,
+// whose path does not pass through the cache at all, in keyset and on-demand mode alike.
+TEST(trainer, embeddings_on_the_host_keep_the_bits_of_the_host_hybrid_path) {
+  trainer_config hybrid = small_config("emb_hybrid");
+  hybrid.passes = {{{shard(0), shard(1)}}, {{shard(2)}}};
+  hybrid.mode = trainer_mode::host_hybrid;
+  const run_result rh = run(hybrid);
+  for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand})
+    for (const char* device : {"auto", "host"}) {
+      SCOPED_TRACE(std::string(to_string(mode)) + " " + device);
+      trainer_config c = hybrid;
+      c.mode = mode;
+      c.embedding_device = device;
+      c.save_dir = temp_dir(std::string("emb_") + to_string(mode) + "_" + device) + "/save";
+      auto t = trainer::create(c);
+      EMBCACHE_ASSERT_OK(t);
+      EXPECT_STREQ(t.value()->embedding_device(), "host");
+      EMBCACHE_ASSERT_OK(t.value()->run());
+      ASSERT_EQ(t.value()->history().size(), rh.history.size());
+      for (std::size_t p = 0; p < rh.history.size(); ++p) {
+        EXPECT_EQ(t.value()->history()[p].train_loss, rh.history[p].train_loss) << p;
+        EXPECT_EQ(t.value()->history()[p].eval_auc, rh.history[p].eval_auc) << p;
+      }
+      expect_same_model(c.save_dir, hybrid.save_dir);
+    }
+}
+
 #ifndef EMBCACHE_CRITEO_SAMPLE_DIR
 #define EMBCACHE_CRITEO_SAMPLE_DIR ""
 #endif

@@ -1,9 +1,10 @@
 /// @file trainer/dense_backend.hpp
 /// @brief Where the dense part of Wide&Deep runs, behind one interface whose inputs and outputs
 /// are in host memory: the host space (OpenBLAS) or the cuda space (cuBLAS). The trainer and the
-/// host-hybrid sample keep the embeddings and the sparse optimizers on the host and hand each
-/// batch's pooled embeddings and dense features to a dense_backend, which gives back the
-/// gradients with respect to the embeddings.
+/// host-hybrid sample hand each batch's pooled embeddings and dense features to a dense_backend,
+/// which gives back the gradients with respect to the embeddings for the sparse optimizers. The
+/// embeddings are pooled on the host, or, with the trainer's embedding_device "cuda", on the
+/// device and copied to the host for this interface.
 ///
 /// This header compiles with g++ alone. The cuda implementation lives in the embcache::cuda
 /// library; a program that links it calls register_cuda_dense_backend() once, after which

@@ -8,9 +8,12 @@
 /// `crossed`) and "deep" (dim 16 by default, lazy Adam; the 26 slot keys). The dense part is a
 /// dense_backend: wide_deep_model<host_space> (OpenBLAS) or, with `dense_device` "cuda" (or "auto"
 /// on a machine with a device, in a program that registered the cuda backend), the cuda space
-/// (cuBLAS). For a given device every result is a function of the configuration and the data
-/// only: the cache capacity, the mode, prefetch, thread count and an interruption by save /
-/// resume change timings, never a bit of the model.
+/// (cuBLAS). The tables and their sparse optimizers are on the host, or with `embedding_device`
+/// "cuda" (or "auto" with a device, in a program that called register_cuda_embeddings()) in a
+/// training cache in the cuda space. For a given pair of devices every result is a function of
+/// the configuration and the data only: the cache capacity, the mode (with the tables in the cuda
+/// space: keyset or on_demand), prefetch, thread count and an interruption by save / resume change
+/// timings, never a bit of the model.
 #pragma once
 
 #include <cstddef>
@@ -105,6 +108,15 @@ struct trainer_config {
   /// Where the dense network runs: "host", "cuda" or "auto" (default: cuda when the program
   /// registered the cuda backend and a device is present, else host). make_dense_backend.
   std::string dense_device = "auto";
+  /// Where the embedding tables and their sparse ops (lookup and combine, gradient aggregation,
+  /// the in-row optimizers) run in modes keyset and on_demand: "host", "cuda" or "auto" (default:
+  /// cuda when the program registered the cuda embeddings, register_cuda_embeddings(), and a
+  /// device is present, else host). With "cuda" the tables are a training_cache<std::int64_t,
+  /// cuda_space> and only each batch's keys (or, on demand, its slots), pooled embeddings and
+  /// their gradients cross to and from the device. Mode host_hybrid keeps them on the host
+  /// ("auto" means host there, "cuda" is refused naming the mode), and so does a sharded run
+  /// (trainer::create with a communicator; "cuda" is refused as unsupported).
+  std::string embedding_device = "auto";
   /// Threads of OpenBLAS for the host dense network, process-wide (default 0: OpenBLAS's own
   /// setting, OPENBLAS_NUM_THREADS or one per core). set_host_blas_threads.
   int blas_threads = 0;
@@ -211,7 +223,8 @@ class trainer {
   /// save per table) and, in keyset mode, its own incremental exports (export_dir/rank-R/, with
   /// export_dir/delta-N.parts.json naming them). Saves, resumes and exports go through folders
   /// every rank sees. invalid_argument when config.world is set and differs from comm.size(),
-  /// or the mode is on_demand.
+  /// or the mode is on_demand; unsupported when config.embedding_device is "cuda" (a sharded
+  /// run keeps its tables on the host; "auto" means host).
   static result<std::unique_ptr<trainer>> create(const trainer_config& config,
                                                  communicator& comm);
   ~trainer();
@@ -248,9 +261,22 @@ class trainer {
   const std::vector<pass_metrics>& history() const noexcept;
   /// The configuration.
   const trainer_config& config() const noexcept;
-  /// The training cache (host_hybrid mode: one bucket per table, which only initializes rows,
-  /// saves and loads).
-  training_cache<std::int64_t>& cache() noexcept;
+  /// Where the embeddings live: "host" or "cuda" (config.embedding_device resolved).
+  const char* embedding_device() const noexcept;
+  /// Where the embeddings live and, for "auto", why: "embeddings on cuda (auto: CUDA device
+  /// present)". run() logs it right after dense_note().
+  const std::string& embedding_note() const noexcept;
+  /// The training cache's counters, wherever its tables live (host_hybrid mode: zeros).
+  const cache_counters& counters() const;
+  /// The training cache when the embeddings are on the host (host_hybrid mode: one bucket per
+  /// table, which only initializes rows, saves and loads). Throws embcache::error (unsupported)
+  /// when they are in the cuda space (embedding_device() "cuda"): use cuda_cache() then. Reads,
+  /// exports, saves and counters go through the trainer, whichever space holds the tables.
+  training_cache<std::int64_t>& cache();
+  /// The training cache when the embeddings are in the cuda space (its rows in device memory,
+  /// every other pointer of its calls in host memory). Throws embcache::error (unsupported) when
+  /// they are on the host.
+  training_cache<std::int64_t, cuda_space>& cuda_cache();
   /// The dense model, on the device config.dense_device chose.
   dense_backend& model() noexcept;
   /// Where the dense network runs and, for "auto", why: "dense network on host (auto: no CUDA
@@ -267,6 +293,12 @@ class trainer {
                                                       communicator* comm);
   std::unique_ptr<impl> impl_;
 };
+
+/// Defined in the embcache::cuda library (cuda/trainer_cache_path.cu), so only programs that link
+/// it may call it: lets config.embedding_device pick "cuda" (the training-cache path over a
+/// training_cache<std::int64_t, cuda_space>). Without it "cuda" is refused naming the field and
+/// "auto" means host.
+void register_cuda_embeddings();
 
 /// Writes `dir`/metrics.tsv and `dir`/plot.gp from `history` and, when gnuplot is on the PATH,
 /// runs it to draw `dir`/loss.png and `dir`/auc.png. `note` receives what was done or why the

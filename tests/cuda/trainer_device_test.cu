@@ -1,0 +1,298 @@
+// The trainer with its dense network, its embedding tables or both on the device against the same
+// run on the host (skips without a device): same losses and AUC within float tolerance, the same
+// bits run to run and across the cache modes within the cuda space, and saves that move between
+// the devices unchanged.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/status_assertions.hpp"
+#include "embcache/synth.hpp"
+#include "embcache/trainer/dense_backend.hpp"
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One folder per test binary, removed at exit.
+const std::string& root() {
+  static const std::string r =
+      (fs::temp_directory_path() / ("embcache_trainer_cuda_test_" + std::to_string(::getpid())))
+          .string();
+  return r;
+}
+struct root_cleanup {
+  ~root_cleanup() {
+    std::error_code ec;
+    fs::remove_all(root(), ec);
+  }
+} cleanup_at_exit;
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = root() + "/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Four shards of 1,500 synthetic rows (the last one held out), made once per test binary.
+const std::string& dataset() {
+  static const std::string dir = [] {
+    const std::string d = temp_dir("data");
+    synth_options so;
+    so.rows = 6000;
+    so.cardinality_scale = 0.01;
+    dataset_writer_options wo;
+    wo.output_dir = d;
+    wo.rows_per_shard = 1500;
+    auto s = write_synth_dataset(so, wo);
+    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    return d;
+  }();
+  return dir;
+}
+
+// `device` places the dense network, `embeddings` the tables (config.embedding_device).
+trainer_config config(const std::string& device, trainer_mode mode,
+                      const std::string& embeddings = "host") {
+  trainer_config c;
+  c.mode = mode;
+  c.data_dir = dataset();
+  c.passes = {{{shard_file_name(0), shard_file_name(1)}}, {{shard_file_name(2)}}};
+  c.eval_shard = shard_file_name(3);
+  c.model.hidden = {64, 32};
+  c.model.dropout = 0.1f;
+  c.model.seed = 5;
+  c.batch_size = 128;
+  c.seed = 2;
+  c.log_interval = 0;
+  c.dense_device = device;
+  c.embedding_device = embeddings;
+  return c;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Tolerances: cuBLAS and OpenBLAS sum the GEMMs' products in different orders (pedantic math, no
+// TF32), so every float differs by a few ulps per step; over 36 Adam steps the per-pass mean loss
+// stays within 1e-3 and the AUC within 5e-3 of the host run. A wrong gradient, a dropped dropout
+// mask or a lost Adam step moves them by far more (the loss falls by about 0.1 over the run).
+constexpr double loss_tolerance = 1e-3, auc_tolerance = 5e-3;
+
+TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_dense_backend();
+  for (trainer_mode mode :
+       {trainer_mode::keyset, trainer_mode::on_demand, trainer_mode::host_hybrid}) {
+    SCOPED_TRACE(to_string(mode));
+    auto host = trainer::create(config("host", mode));
+    auto dev = trainer::create(config("cuda", mode));
+    EMBCACHE_ASSERT_OK(host);
+    EMBCACHE_ASSERT_OK(dev);
+    EXPECT_STREQ(host.value()->model().device(), "host");
+    EXPECT_STREQ(dev.value()->model().device(), "cuda");
+    EXPECT_EQ(dev.value()->dense_note(), "dense network on cuda");
+    EMBCACHE_ASSERT_OK(host.value()->run());
+    EMBCACHE_ASSERT_OK(dev.value()->run());
+    EXPECT_GT(dev.value()->model().transfer_seconds(), 0.0);
+    const auto& h = host.value()->history();
+    const auto& d = dev.value()->history();
+    ASSERT_EQ(h.size(), 2u);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_EQ(dev.value()->step(), host.value()->step());
+    for (std::size_t p = 0; p < h.size(); ++p) {
+      EXPECT_NEAR(d[p].train_loss, h[p].train_loss, loss_tolerance) << "pass " << p + 1;
+      EXPECT_NEAR(d[p].eval_logloss, h[p].eval_logloss, loss_tolerance) << "pass " << p + 1;
+      EXPECT_NEAR(d[p].eval_auc, h[p].eval_auc, auc_tolerance) << "pass " << p + 1;
+    }
+    // Learning happened on both, so the comparison above is not between two idle models.
+    EXPECT_LT(d[1].train_loss, d[0].train_loss);
+  }
+  set_cuda_dense_backend_factory(nullptr);
+}
+
+TEST(trainer_dense_device, SavesMoveBetweenDevicesUnchanged) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_dense_backend();
+  trainer_config c = config("cuda", trainer_mode::keyset);
+  c.passes = {c.passes[0]};
+  c.save_dir = temp_dir("from_cuda") + "/save";
+  auto dev = trainer::create(c);
+  EMBCACHE_ASSERT_OK(dev);
+  EMBCACHE_ASSERT_OK(dev.value()->run());
+  const std::string saved = read_bytes(c.save_dir + "/dense.bin");
+  ASSERT_GT(saved.size(), 0u);
+
+  // The cuda save loads on the host and saves back the same bytes, and the other way round.
+  trainer_config on_host = config("host", trainer_mode::keyset);
+  on_host.resume_from = c.save_dir;
+  auto host = trainer::create(on_host);
+  EMBCACHE_ASSERT_OK(host);
+  const auto blob = host.value()->model().save();
+  EXPECT_TRUE(std::string(blob.begin(), blob.end()) == saved);
+  EXPECT_EQ(host.value()->step(), dev.value()->step());
+
+  trainer_config back = config("cuda", trainer_mode::keyset);
+  back.passes = {{{shard_file_name(2)}}};
+  back.resume_from = c.save_dir;
+  auto again = trainer::create(back);
+  EMBCACHE_ASSERT_OK(again);
+  const auto blob2 = again.value()->model().save();
+  EXPECT_TRUE(std::string(blob2.begin(), blob2.end()) == saved);
+  EMBCACHE_ASSERT_OK(again.value()->run());
+  EXPECT_EQ(again.value()->history().back().pass, 2u);
+  set_cuda_dense_backend_factory(nullptr);
+}
+
+// --- the embedding tables in the cuda space -------------------------------------------------
+
+// The model files of two saves are the same bytes: per table every file but `version` (the
+// cache's update clock, which counts swaps too), and dense.bin.
+void expect_same_model(const std::string& a, const std::string& b) {
+  for (const char* table : {"wide", "deep"}) {
+    const std::string folder = std::string("/sparse/") + table;
+    std::size_t files = 0;
+    for (const auto& e : fs::directory_iterator(a + folder)) {
+      if (e.path().filename() == "version") continue;
+      const std::string f = folder + "/" + e.path().filename().string();
+      const std::string x = read_bytes(a + f), y = read_bytes(b + f);
+      EXPECT_GT(x.size(), 0u) << f;
+      EXPECT_TRUE(x == y) << f << " differs between " << a << " and " << b;
+      ++files;
+    }
+    EXPECT_GE(files, 3u) << folder;  // key, emb_vector, slot_id (+ the optimizer's files)
+  }
+  EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
+}
+
+table_counters totals(const cache_counters& c) {
+  table_counters sum;
+  for (const auto& t : c.total) sum += t;
+  return sum;
+}
+
+// Keyset mode twice and on-demand mode with caches too small for the tables (rows evicted and
+// written back), all with the tables in the cuda space and the dense network on the host: the
+// same metrics and model bytes. The sparse ops sum in batch order on the device as on the host,
+// and each row's optimizer step depends on that row alone.
+TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_embeddings();
+  const std::pair<trainer_mode, const char*> runs[] = {{trainer_mode::keyset, "emb_keyset_a"},
+                                                       {trainer_mode::keyset, "emb_keyset_b"},
+                                                       {trainer_mode::on_demand, "emb_on_demand"}};
+  std::vector<std::string> saves;
+  std::vector<std::vector<pass_metrics>> histories;
+  for (const auto& [mode, name] : runs) {
+    SCOPED_TRACE(name);
+    trainer_config c = config("host", mode, "cuda");
+    if (mode == trainer_mode::on_demand) {
+      c.tables[0].capacity = 4096;  // a batch holds at most 128 * 26 distinct keys
+      c.tables[1].capacity = 4096;
+    }
+    c.save_dir = temp_dir(name) + "/save";
+    auto t = trainer::create(c);
+    EMBCACHE_ASSERT_OK(t);
+    EXPECT_STREQ(t.value()->embedding_device(), "cuda");
+    EXPECT_EQ(t.value()->embedding_note(), "embeddings on cuda");
+    EXPECT_THROW((void)t.value()->cache(), error);
+    EMBCACHE_ASSERT_OK(t.value()->run());
+    EXPECT_EQ(&t.value()->counters(), &t.value()->cuda_cache().counters());
+    const table_counters sum = totals(t.value()->counters());
+    EXPECT_GT(sum.hits, 0u);
+    if (mode == trainer_mode::on_demand) EXPECT_GT(sum.rows_evicted, 0u);
+    saves.push_back(c.save_dir);
+    histories.push_back(t.value()->history());
+  }
+  for (std::size_t r = 1; r < saves.size(); ++r) {
+    SCOPED_TRACE(runs[r].second);
+    ASSERT_EQ(histories[r].size(), histories[0].size());
+    for (std::size_t p = 0; p < histories[0].size(); ++p) {
+      EXPECT_EQ(histories[r][p].train_loss, histories[0][p].train_loss) << "pass " << p + 1;
+      EXPECT_EQ(histories[r][p].eval_auc, histories[0][p].eval_auc) << "pass " << p + 1;
+      EXPECT_EQ(histories[r][p].eval_logloss, histories[0][p].eval_logloss) << "pass " << p + 1;
+    }
+    expect_same_model(saves[0], saves[r]);
+  }
+}
+
+// The tables in the cuda space (with the dense network on the host, and with everything on the
+// device) against everything on the host, in both cache modes: within the tolerances above.
+TEST(trainer_embedding_device, DeviceTablesAgreeWithHostTablesInBothModes) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_embeddings();
+  register_cuda_dense_backend();
+  for (trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
+    auto host = trainer::create(config("host", mode, "host"));
+    EMBCACHE_ASSERT_OK(host);
+    EMBCACHE_ASSERT_OK(host.value()->run());
+    const auto& h = host.value()->history();
+    ASSERT_EQ(h.size(), 2u);
+    for (const char* dense : {"host", "cuda"}) {
+      SCOPED_TRACE(std::string(to_string(mode)) + ", dense network on " + dense);
+      auto dev = trainer::create(config(dense, mode, "cuda"));
+      EMBCACHE_ASSERT_OK(dev);
+      EXPECT_STREQ(dev.value()->embedding_device(), "cuda");
+      EXPECT_STREQ(dev.value()->model().device(), dense);
+      EMBCACHE_ASSERT_OK(dev.value()->run());
+      const auto& d = dev.value()->history();
+      ASSERT_EQ(d.size(), 2u);
+      EXPECT_EQ(dev.value()->step(), host.value()->step());
+      for (std::size_t p = 0; p < h.size(); ++p) {
+        EXPECT_EQ(d[p].samples, h[p].samples) << "pass " << p + 1;
+        EXPECT_NEAR(d[p].train_loss, h[p].train_loss, loss_tolerance) << "pass " << p + 1;
+        EXPECT_NEAR(d[p].eval_logloss, h[p].eval_logloss, loss_tolerance) << "pass " << p + 1;
+        EXPECT_NEAR(d[p].eval_auc, h[p].eval_auc, auc_tolerance) << "pass " << p + 1;
+      }
+      EXPECT_LT(d[1].train_loss, d[0].train_loss);
+    }
+  }
+  set_cuda_dense_backend_factory(nullptr);
+}
+
+// A save made with the tables in the cuda space loads into host tables and saves back the same
+// model bytes, and the other way round; training goes on from it.
+TEST(trainer_embedding_device, SavesMoveBetweenHostAndDeviceTablesUnchanged) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_embeddings();
+  trainer_config c = config("host", trainer_mode::keyset, "cuda");
+  c.passes = {c.passes[0]};
+  c.save_dir = temp_dir("emb_from_cuda") + "/save";
+  auto dev = trainer::create(c);
+  EMBCACHE_ASSERT_OK(dev);
+  EMBCACHE_ASSERT_OK(dev.value()->run());
+
+  trainer_config on_host = config("host", trainer_mode::keyset, "host");
+  on_host.resume_from = c.save_dir;
+  auto host = trainer::create(on_host);
+  EMBCACHE_ASSERT_OK(host);
+  const std::string host_save = temp_dir("emb_on_host") + "/save";
+  EMBCACHE_ASSERT_OK(host.value()->save(host_save));
+  expect_same_model(c.save_dir, host_save);
+
+  trainer_config back = config("host", trainer_mode::on_demand, "cuda");
+  back.passes = {{{shard_file_name(2)}}};
+  back.resume_from = host_save;
+  auto again = trainer::create(back);
+  EMBCACHE_ASSERT_OK(again);
+  const std::string back_save = temp_dir("emb_back") + "/save";
+  EMBCACHE_ASSERT_OK(again.value()->save(back_save));
+  expect_same_model(c.save_dir, back_save);
+  EMBCACHE_ASSERT_OK(again.value()->run());
+  EXPECT_EQ(again.value()->history().back().pass, 2u);
+}
+
+}  // namespace
+}  // namespace embcache
