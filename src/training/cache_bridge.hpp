@@ -288,21 +288,7 @@ class device_cache_bridge {
   status gather_dirty(const victim_slots<Space>& v, std::size_t begin, std::size_t n, Key* keys,
                       float* rows, std::uint64_t* versions, std::size_t* count) {
     return guarded([&]() -> status {
-      *count = 0;
-      if (n == 0) return {};
-      const std::int64_t* slots = v.slots.data() + begin;
-      if constexpr (is_host_space_v<Space>) {
-        cache_->gather_dirty(slots, n, keys, rows, versions, nullptr, count);
-      } else {
-        const std::size_t w = cache_->row_width();
-        buffer<Key, Space> k(n, space());
-        buffer<float, Space> r(n * w, space());
-        buffer<std::uint64_t, Space> ver(n, space());
-        cache_->gather_dirty(slots, n, k.data(), r.data(), ver.data(), nullptr, count);
-        k.copy_to_host(keys, *count);
-        r.copy_to_host(rows, *count * w);
-        ver.copy_to_host(versions, *count);
-      }
+      gather_dirty_of(v.slots.data() + begin, n, nullptr, keys, rows, versions, count);
       return {};
     });
   }
@@ -310,27 +296,9 @@ class device_cache_bridge {
   status gather_dirty(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
                       Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
     return guarded([&]() -> status {
-      *count = 0;
-      if (n == 0) return {};
-      victim_slots<Space> v;
-      v.slots = in(slots, n);
-      v.count = n;
-      if constexpr (is_host_space_v<Space>) {
-        cache_->gather_dirty(slots, n, keys, rows, versions, slots_out, count);
-        return {};
-      } else {
-        buffer<std::int64_t, Space> so(n, space());
-        const std::size_t w = cache_->row_width();
-        buffer<Key, Space> k(n, space());
-        buffer<float, Space> r(n * w, space());
-        buffer<std::uint64_t, Space> ver(n, space());
-        cache_->gather_dirty(v.slots.data(), n, k.data(), r.data(), ver.data(), so.data(), count);
-        so.copy_to_host(slots_out, *count);
-        k.copy_to_host(keys, *count);
-        r.copy_to_host(rows, *count * w);
-        ver.copy_to_host(versions, *count);
-        return {};
-      }
+      auto s = in(slots, n);
+      gather_dirty_of(arg(slots, s), n, slots_out, keys, rows, versions, count);
+      return {};
     });
   }
   // Removes the victims' rows.
@@ -343,6 +311,28 @@ class device_cache_bridge {
 
  private:
   const Space& space() const { return cache_->space(); }
+  // gather_dirty of `slots` (n, in the space's memory) with host outputs (slots_out may be
+  // nullptr): in the cuda space through device buffers, of which only the dirty rows come back.
+  void gather_dirty_of(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
+                       Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
+    *count = 0;
+    if (n == 0) return;
+    if constexpr (is_host_space_v<Space>) {
+      cache_->gather_dirty(slots, n, keys, rows, versions, slots_out, count);
+    } else {
+      const std::size_t w = cache_->row_width();
+      buffer<std::int64_t, Space> so(slots_out ? n : 0, space());
+      buffer<Key, Space> k(n, space());
+      buffer<float, Space> r(n * w, space());
+      buffer<std::uint64_t, Space> ver(n, space());
+      cache_->gather_dirty(slots, n, k.data(), r.data(), ver.data(),
+                           slots_out ? so.data() : nullptr, count);
+      if (slots_out) so.copy_to_host(slots_out, *count);
+      k.copy_to_host(keys, *count);
+      r.copy_to_host(rows, *count * w);
+      ver.copy_to_host(versions, *count);
+    }
+  }
   // A copy of host memory in the space's memory; none in the host space (see arg).
   template <class T>
   buffer<T, Space> in(const T* host, std::size_t n) const {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/status_assertions.hpp"
+#include "common/trainer_dataset.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/trainer.hpp"
@@ -46,14 +47,8 @@ std::string temp_dir(const std::string& name) {
 const std::string& dataset() {
   static const std::string dir = [] {
     const std::string d = temp_dir("data");
-    synth_options so;
-    so.rows = 6000;
-    so.cardinality_scale = 0.01;
-    dataset_writer_options wo;
-    wo.output_dir = d;
-    wo.rows_per_shard = 1500;
-    auto s = write_synth_dataset(so, wo);
-    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    const status s = test::write_trainer_dataset(d, 6000, /*cross=*/false);
+    if (!s.ok()) throw std::runtime_error(s.to_string());
     return d;
   }();
   return dir;

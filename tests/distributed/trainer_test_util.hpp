@@ -14,6 +14,7 @@
 
 #include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
+#include "common/trainer_dataset.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/shard.hpp"
@@ -23,16 +24,6 @@
 
 namespace embcache::test {
 
-/// Four shards of 1,500 synthetic rows with crossed keys in `dir`.
-inline status write_trainer_dataset(const std::string& dir) {
-  synth_options so;
-  so.rows = 6000;
-  so.cardinality_scale = 0.01;
-  dataset_writer_options wo;
-  wo.output_dir = dir;
-  wo.rows_per_shard = 1500;
-  return write_synth_dataset(so, wo, /*cross=*/true).get_status();
-}
 
 /// Two passes (shards 0 and 1, then shard 2), evaluation on shard 3, host-hybrid tables, four
 /// blocks per batch of 128 (the last batch of each shard, 92 samples, makes blocks of 23).

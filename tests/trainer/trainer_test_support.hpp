@@ -17,6 +17,7 @@
 
 #include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
+#include "common/trainer_dataset.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
@@ -58,14 +59,8 @@ inline std::string temp_dir(const std::string& name) {
 inline const std::string& dataset() {
   static const std::string dir = [] {
     const std::string d = temp_dir("data");
-    synth_options so;
-    so.rows = 9000;
-    so.cardinality_scale = 0.01;
-    dataset_writer_options wo;
-    wo.output_dir = d;
-    wo.rows_per_shard = 1500;
-    auto s = write_synth_dataset(so, wo, /*cross=*/true);
-    if (!s.ok()) throw std::runtime_error(s.get_status().to_string());
+    const status s = test::write_trainer_dataset(d, 9000, /*cross=*/true);
+    if (!s.ok()) throw std::runtime_error(s.to_string());
     return d;
   }();
   return dir;
