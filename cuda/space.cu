@@ -68,3 +68,17 @@ void* cuda_allocate_pinned(std::size_t bytes) {
 void cuda_deallocate_pinned(void* p) noexcept { (void)cudaFreeHost(p); }
 
 }  // namespace embcache::detail
+
+namespace embcache {
+
+cuda_stream::cuda_stream() {
+  cudaStream_t s = nullptr;
+  EMBCACHE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+}
+
+cuda_stream::~cuda_stream() {
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+}  // namespace embcache

@@ -77,6 +77,20 @@ inline void synchronize(const cuda_space& s) { cuda_synchronize(s.stream); }
 
 }  // namespace detail
 
+/// Copies `n` elements from host memory `src` to `dst` in the memory of `space` (any memory of
+/// the space, e.g. a cache's rows()); returns once done. Nothing happens for n == 0.
+template <class T, class Space>
+void copy_to_space(const Space& space, T* dst, const T* src, std::size_t n) {
+  detail::copy(space, dst, src, n * sizeof(T));
+}
+
+/// Copies `n` elements from `src` in the memory of `space` to host memory `dst`; returns once
+/// done. Nothing happens for n == 0.
+template <class T, class Space>
+void copy_to_host(const Space& space, T* dst, const T* src, std::size_t n) {
+  detail::copy(space, dst, src, n * sizeof(T));
+}
+
 /// An owning array of `T` in the memory of `Space` (trivially copyable T only; not initialized).
 template <class T, class Space>
 class buffer {

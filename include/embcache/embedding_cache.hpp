@@ -13,7 +13,8 @@
 /// find / find_or_insert / insert_or_assign / lookup_slots / read_slots / assign_slots /
 /// mark_updated / mark_synced / set_marks / select_victims / gather_dirty may run at the same
 /// time; erase, erase_slots, insert_and_evict, export, clear take the table exclusively. In the
-/// cuda space, calls are ordered by the space's stream and return once done.
+/// cuda space, calls are ordered by the space's stream (or the calling thread's, see
+/// order_calls_on) and return once done.
 ///
 /// Duplicate keys within one batch:
 ///  - find, lookup_slots, read_slots: every occurrence gets the same answer;
@@ -82,6 +83,25 @@ struct exported_rows {
   std::vector<std::uint64_t> versions;
 };
 
+namespace detail {
+
+// One embedding_cache::call_space_guard in its thread's list of guards, innermost first.
+template <class Space>
+struct call_space_entry {
+  const void* cache;
+  Space space;
+  call_space_entry* outer;
+};
+
+// The calling thread's innermost call_space_guard of a space type (nullptr: none).
+template <class Space>
+call_space_entry<Space>*& innermost_call_space() noexcept {
+  static thread_local call_space_entry<Space>* innermost = nullptr;
+  return innermost;
+}
+
+}  // namespace detail
+
 /// Fixed-capacity hash table of embedding rows in the memory of `Space`.
 ///
 /// Every pointer argument points into the memory of `Space` (host memory for host_space, device
@@ -99,6 +119,23 @@ class embedding_cache {
  public:
   /// Slots per bucket.
   static constexpr std::size_t bucket_size = 128;
+
+  /// While it lives, the bulk calls that the thread which made it makes on one cache run on
+  /// another value of the space: in the cuda space, on another stream. See order_calls_on().
+  class call_space_guard {
+   public:
+    ~call_space_guard() { detail::innermost_call_space<Space>() = entry_.outer; }
+    call_space_guard(const call_space_guard&) = delete;
+    call_space_guard& operator=(const call_space_guard&) = delete;
+
+   private:
+    friend class embedding_cache;
+    call_space_guard(const embedding_cache* cache, const Space& space)
+        : entry_{cache, space, detail::innermost_call_space<Space>()} {
+      detail::innermost_call_space<Space>() = &entry_;
+    }
+    detail::call_space_entry<Space> entry_;
+  };
 
   /// Allocates the table. Throws embcache::error (invalid_argument) for a zero capacity or dim.
   explicit embedding_cache(const cache_options& options, Space space = {});
@@ -225,7 +262,28 @@ class embedding_cache {
   std::size_t dim() const noexcept { return options_.dim; }
   std::size_t row_width() const noexcept { return row_width_; }
   const cache_options& options() const noexcept { return options_; }
+  /// The space the cache was built with: its memory, and where its bulk calls run by default.
   const Space& space() const noexcept { return space_; }
+
+  /// Until the returned guard is destroyed, the bulk calls the calling thread makes on this cache
+  /// run on `space` instead of space(), their scratch memory included: in the cuda space, a
+  /// background thread gives its calls a stream of its own, so that they overlap the kernels of
+  /// the cache's stream instead of queueing behind them (a current-stream guard, per thread and
+  /// per cache). `space` must reach the same memory (the same device) and outlive the guard.
+  /// The rules of concurrency are unchanged: each call still returns once done, and the table
+  /// memory is the same. Guards nest; destroy them in reverse order, on the thread that made them
+  /// (a scoped variable does both).
+  [[nodiscard]] call_space_guard order_calls_on(const Space& space) const {
+    return call_space_guard(this, space);
+  }
+  /// Where the calling thread's bulk calls on this cache run: its innermost guard's space for
+  /// this cache (order_calls_on), else space().
+  Space call_space() const noexcept {
+    for (auto* e = detail::innermost_call_space<Space>(); e; e = e->outer) {
+      if (e->cache == this) return e->space;
+    }
+    return space_;
+  }
 
   /// Current value of the version clock (the version of the last mutating call).
   std::uint64_t version() const noexcept { return version_clock_; }

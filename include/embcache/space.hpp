@@ -25,6 +25,25 @@ struct cuda_space {
   CUstream_st* stream = nullptr;
 };
 
+/// A CUDA stream of its own, for a thread whose calls on a cache should not queue behind the
+/// cache's stream (embedding_cache::order_calls_on). Created on the calling thread's current
+/// device as a non-blocking stream (no implicit ordering with the legacy default stream, which
+/// the default cuda_space uses), destroyed with the object once its work is done. Needs the
+/// embcache::cuda library and a device: the constructor throws embcache::error otherwise.
+class cuda_stream {
+ public:
+  cuda_stream();
+  ~cuda_stream();
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+
+  /// A cuda_space whose operations are ordered on this stream.
+  cuda_space space() const noexcept { return cuda_space{stream_}; }
+
+ private:
+  CUstream_st* stream_ = nullptr;
+};
+
 /// True for the host space.
 template <class Space>
 inline constexpr bool is_host_space_v = std::is_same_v<Space, host_space>;

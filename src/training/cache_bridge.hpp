@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -82,9 +83,39 @@ struct victim_slots {
   std::size_t count = 0;
 };
 
+// The space the prefetch worker's cache calls run on (embedding_cache::order_calls_on). In the
+// cuda space a stream of its own, made by the worker on its first run, on the caches' device: it
+// is non-blocking, so that the worker's copies and kernels overlap the training kernels on the
+// caches' stream instead of queueing behind them. In the host space the cache's own space (the
+// worker is a thread of its own already).
+template <class Space>
+class worker_space;
+
+template <>
+class worker_space<host_space> {
+ public:
+  template <class Cache>
+  host_space of(const Cache& cache) {
+    return cache.space();
+  }
+};
+
+template <>
+class worker_space<cuda_space> {
+ public:
+  template <class Cache>
+  cuda_space of(const Cache&) {
+    if (!stream_) stream_ = std::make_unique<cuda_stream>();
+    return stream_->space();
+  }
+
+ private:
+  std::unique_ptr<cuda_stream> stream_;
+};
+
 // The cache's bulk calls with every argument in host memory. The host space passes them through;
-// the cuda space copies inputs into device buffers, runs the call on the cache's stream and copies
-// outputs back (each call returns once its results are on the host); a CUDA failure there becomes
+// the cuda space copies inputs into device buffers, runs the call on the calling thread's stream for
+// the cache (embedding_cache::call_space) and copies outputs back (each call returns once its results are on the host); a CUDA failure there becomes
 // the returned status instead of an exception.
 template <class Key, class Space>
 class device_cache_bridge {
@@ -310,7 +341,8 @@ class device_cache_bridge {
   }
 
  private:
-  const Space& space() const { return cache_->space(); }
+  // Where this thread's calls on the cache run (the worker's stream in the worker).
+  Space space() const { return cache_->call_space(); }
   // gather_dirty of `slots` (n, in the space's memory) with host outputs (slots_out may be
   // nullptr): in the cuda space through device buffers, of which only the dirty rows come back.
   void gather_dirty_of(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,

@@ -263,7 +263,10 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
       // on device 0).
       if constexpr (is_cuda_space_v<Space>) detail::cuda_set_device(im.device);
       for (; t < im.tables.size(); ++t) {
-        status s = im.stage(im.tables[t], std::move(todo[t]), spare[t]);
+        auto& tb = im.tables[t];
+        // On a stream of its own in the cuda space, so staging overlaps training.
+        const auto on_worker_stream = tb.cache->order_calls_on(im.worker_calls.of(*tb.cache));
+        status s = im.stage(tb, std::move(todo[t]), spare[t]);
         if (!s.ok()) {
           im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
           return;

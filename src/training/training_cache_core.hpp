@@ -36,6 +36,7 @@ struct training_cache_core {
 
   // The prefetch worker (prefetch.inl): stages the next pass's rows and installs what it can.
   std::thread worker;
+  worker_space<Space> worker_calls;  // where the worker's cache calls run
   bool staged_valid = false;
   status staging_status;
 

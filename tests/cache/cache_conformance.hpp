@@ -33,7 +33,7 @@ struct cache_case {
 template <class Key, class Space>
 class harness {
  public:
-  explicit harness(cache_options o, Space space = {}) : cache(o, space), space_(space) {}
+  explicit harness(cache_options o, Space space = {}) : cache(o, space) {}
 
   template <class T>
   buffer<T, Space> to_space(const std::vector<T>& v) {
@@ -207,7 +207,12 @@ class harness {
   embedding_cache<Key, Space> cache;
 
  private:
-  Space space_;
+  // The harness's buffers live where this thread's calls on the cache run (order_calls_on).
+  struct calls_space {
+    const embedding_cache<Key, Space>* cache;
+    operator Space() const { return cache->call_space(); }  // NOLINT
+  };
+  calls_space space_{&cache};
 };
 
 template <class Key>
@@ -230,6 +235,27 @@ inline cache_options small_options(std::size_t capacity = 1024, std::size_t dim 
   o.init.state_value = 0.5f;
   return o;
 }
+
+// Further values of a space, for order_calls_on: `threads` workers on the host, a stream of its
+// own on the device.
+template <class Space>
+struct another_space;
+template <>
+struct another_space<host_space> {
+  explicit another_space(int threads) : threads_(threads) {}
+  host_space space() const { return host_space{threads_}; }
+
+ private:
+  int threads_;
+};
+template <>
+struct another_space<cuda_space> : cuda_stream {
+  explicit another_space(int) {}
+};
+inline bool same_space(const host_space& a, const host_space& b) {
+  return a.max_threads == b.max_threads;
+}
+inline bool same_space(const cuda_space& a, const cuda_space& b) { return a.stream == b.stream; }
 
 template <class Case>
 class cache_conformance : public ::testing::Test {
@@ -736,6 +762,39 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictSaysWhichVictimsWereDirty) {
     EXPECT_EQ(h.evicted_dirty[j], r1.keys[j] % 2 == 1) << r1.keys[j];
 }
 
+TYPED_TEST_P(cache_conformance, CallsRunWhereTheThreadsGuardSays) {
+  using Key = typename TypeParam::key_type;
+  using Space = typename TypeParam::space_type;
+  harness<Key, Space> h(small_options(4096, 4, 2)), plain(small_options(4096, 4, 2));
+  const another_space<Space> one(1), two(2);
+  const auto keys = this->range_keys(2000, 7);
+  const std::vector<Key> more(keys.begin(), keys.begin() + 300);
+  EXPECT_TRUE(same_space(h.cache.call_space(), h.cache.space()));
+  EMBCACHE_EXPECT_OK(plain.find_or_insert(keys));
+  plain.insert_and_evict(more);
+  {
+    const auto outer = h.cache.order_calls_on(one.space());
+    EXPECT_TRUE(same_space(h.cache.call_space(), one.space()));
+    // Per cache and per thread.
+    EXPECT_TRUE(same_space(plain.cache.call_space(), plain.cache.space()));
+    bool elsewhere = false;
+    std::thread([&] { elsewhere = same_space(h.cache.call_space(), h.cache.space()); }).join();
+    EXPECT_TRUE(elsewhere);
+    EMBCACHE_EXPECT_OK(h.find_or_insert(keys));
+    {
+      const auto inner = h.cache.order_calls_on(two.space());
+      EXPECT_TRUE(same_space(h.cache.call_space(), two.space()));
+      h.insert_and_evict(more);
+    }
+    EXPECT_TRUE(same_space(h.cache.call_space(), one.space()));
+    // The same table whatever runs the calls.
+    EXPECT_EQ(h.find(keys).rows, plain.find(keys).rows);
+    EXPECT_EQ(h.export_rows().keys, plain.export_rows().keys);
+  }
+  EXPECT_TRUE(same_space(h.cache.call_space(), h.cache.space()));
+  EXPECT_EQ(h.export_rows().rows, plain.export_rows().rows);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     cache_conformance, EmptyFindsNothing, FindOrInsertInitializesDeterministically,
     InitializerKindsHaveTheirShape, InsertOrAssignOverwritesAndLastDuplicateWins,
@@ -745,6 +804,6 @@ REGISTER_TYPED_TEST_SUITE_P(
     ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap,
     InsertsHandBackTheirSlots, DirtyRowsFollowSyncsAndWrites,
     VictimsAreUnmarkedOldestThenSmallestKey, EraseSlotsRemovesEachOnce,
-    InsertAndEvictSaysWhichVictimsWereDirty);
+    InsertAndEvictSaysWhichVictimsWereDirty, CallsRunWhereTheThreadsGuardSays);
 
 }  // namespace embcache::testing

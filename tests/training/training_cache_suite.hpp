@@ -100,12 +100,12 @@ class cache_access {
   /// A copy of the row at cache(t).rows() + slot * row_width.
   std::vector<float> row(std::int64_t slot) {
     std::vector<float> r(width_);
-    detail::copy(cache_.space(), r.data(), at(slot), width_ * sizeof(float));
+    copy_to_host(cache_.space(), r.data(), at(slot), width_);
     return r;
   }
   /// Overwrites that row in place, as a training kernel would (mark_updated() then stamps it).
   void set_row(std::int64_t slot, const std::vector<float>& r) {
-    detail::copy(cache_.space(), at(slot), r.data(), width_ * sizeof(float));
+    copy_to_space(cache_.space(), at(slot), r.data(), width_);
   }
   /// cache(t).mark_updated.
   void mark_updated(const std::vector<std::int64_t>& slots) {

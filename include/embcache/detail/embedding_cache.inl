@@ -81,20 +81,22 @@ const_embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() const noexcept
 template <class Key, class Space>
 void embedding_cache<Key, Space>::find(const Key* keys, std::size_t n, float* rows_out,
                                        bool* found_out) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
-  detail::for_each_index(space_, n,
+  detail::for_each_index(sp, n,
                          detail::find_fn<Key>{ref(), keys, rows_out, found_out, next_op()});
-  detail::synchronize(space_);
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::check_no_failures(const std::int64_t* slots, const Key* keys,
                                                       std::size_t n, const char* what) const {
+  const Space sp = call_space();
   // Rare path: copy back to name the first key that did not fit.
   std::vector<std::int64_t> s(n);
   std::vector<Key> k(n);
-  detail::copy(space_, s.data(), slots, n * sizeof(std::int64_t));
-  detail::copy(space_, k.data(), keys, n * sizeof(Key));
+  detail::copy(sp, s.data(), slots, n * sizeof(std::int64_t));
+  detail::copy(sp, k.data(), keys, n * sizeof(Key));
   std::size_t failed = 0;
   std::size_t first = n;
   for (std::size_t i = 0; i < n; ++i)
@@ -115,24 +117,25 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
                                                 float* rows_out, bool* inserted_out,
                                                 bool initialize, std::uint64_t op,
                                                 const char* what) {
-  buffer<std::uint8_t, Space> outcome(n, space_);
+  const Space sp = call_space();
+  buffer<std::uint8_t, Space> outcome(n, sp);
   const std::uint64_t version = next_version();
-  detail::for_each_index(space_, n,
+  detail::for_each_index(sp, n,
                          detail::insert_fn<Key>{ref(), keys, slots, outcome.data(), rows_out,
                                                 nullptr, nullptr, version, op, initialize});
   const std::size_t inserted =
-      detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
-  const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
+      detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
+  const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (inserted_out) {
     // outcome_inserted == 1 and outcome_found == 0; failures report false.
     std::vector<std::uint8_t> o(n);
-    detail::copy(space_, o.data(), outcome.data(), n);
+    detail::copy(sp, o.data(), outcome.data(), n);
     std::vector<std::uint8_t> flags(n);
     for (std::size_t i = 0; i < n; ++i) flags[i] = o[i] == detail::outcome_inserted;
-    detail::copy(space_, inserted_out, flags.data(), n);
+    detail::copy(sp, inserted_out, flags.data(), n);
   }
-  detail::synchronize(space_);
+  detail::synchronize(sp);
   if (failed) return check_no_failures(slots, keys, n, what);
   return {};
 }
@@ -140,8 +143,9 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::find_or_insert(const Key* keys, std::size_t n, float* rows_out,
                                                    bool* inserted_out, std::int64_t* slots_out) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
-  buffer<std::int64_t, Space> slots(slots_out ? 0 : n, space_);
+  buffer<std::int64_t, Space> slots(slots_out ? 0 : n, sp);
   return insert_pass(keys, n, slots_out ? slots_out : slots.data(), rows_out, inserted_out, true,
                      next_op(), "find_or_insert");
 }
@@ -150,11 +154,12 @@ template <class Key, class Space>
 status embedding_cache<Key, Space>::lookup_slots(const Key* keys, std::size_t n,
                                                  std::int64_t* slots_out, bool insert_missing,
                                                  bool* inserted_out) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (insert_missing)
     return insert_pass(keys, n, slots_out, nullptr, inserted_out, true, next_op(), "lookup_slots");
-  detail::for_each_index(space_, n, detail::slot_fn<Key>{ref(), keys, slots_out, next_op()});
-  detail::synchronize(space_);
+  detail::for_each_index(sp, n, detail::slot_fn<Key>{ref(), keys, slots_out, next_op()});
+  detail::synchronize(sp);
   return {};
 }
 
@@ -163,67 +168,72 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
                                                      const float* rows,
                                                      const std::uint64_t* versions,
                                                      std::int64_t* slots_out) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return {};
-  buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, space_);
+  buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, sp);
   std::int64_t* const slots = slots_out ? slots_out : slot_buffer.data();
-  buffer<std::uint8_t, Space> outcome(n, space_);
+  buffer<std::uint8_t, Space> outcome(n, sp);
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
-  detail::for_each_index(space_, n,
+  detail::for_each_index(sp, n,
                          detail::insert_fn<Key>{ref(), keys, slots, outcome.data(), nullptr,
                                                 rows, versions, version, op, false});
   const std::uint64_t epoch = ++claim_epoch_;
-  detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots, epoch});
+  detail::for_each_index(sp, n, detail::claim_fn<Key>{ref(), slots, epoch});
   detail::for_each_index(
-      space_, n,
+      sp, n,
       detail::assign_fn<Key>{ref(), slots, outcome.data(), rows, versions, version, epoch});
-  size_ += detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
-  const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
-  detail::synchronize(space_);
+  size_ += detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
+  const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
+  detail::synchronize(sp);
   if (failed) return check_no_failures(slots, keys, n, "insert_or_assign");
   return {};
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::erase(const Key* keys, std::size_t n, std::size_t* erased_out) {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
-  buffer<std::uint8_t, Space> erased(n, space_);
-  detail::for_each_index(space_, n, detail::erase_fn<Key>{ref(), keys, erased.data()});
-  const std::size_t count = detail::count_equal(space_, erased.data(), n, std::uint8_t{1});
+  buffer<std::uint8_t, Space> erased(n, sp);
+  detail::for_each_index(sp, n, detail::erase_fn<Key>{ref(), keys, erased.data()});
+  const std::size_t count = detail::count_equal(sp, erased.data(), n, std::uint8_t{1});
   size_ -= count;
   if (count) next_version();  // an erase is a change of the model
   if (erased_out) *erased_out = count;
-  detail::synchronize(space_);
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::read_slots(const std::int64_t* slots, std::size_t n,
                                              float* rows_out) const {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
-  detail::for_each_index(space_, n, detail::read_slots_fn<Key>{ref(), slots, rows_out});
-  detail::synchronize(space_);
+  detail::for_each_index(sp, n, detail::read_slots_fn<Key>{ref(), slots, rows_out});
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::assign_slots(const std::int64_t* slots, std::size_t n,
                                                const float* rows, const std::uint64_t* versions) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
   const std::uint64_t version = next_version();
   const std::uint64_t epoch = ++claim_epoch_;
-  detail::for_each_index(space_, n, detail::claim_fn<Key>{ref(), slots, epoch});
+  detail::for_each_index(sp, n, detail::claim_fn<Key>{ref(), slots, epoch});
   detail::for_each_index(
-      space_, n, detail::assign_fn<Key>{ref(), slots, nullptr, rows, versions, version, epoch});
-  detail::synchronize(space_);
+      sp, n, detail::assign_fn<Key>{ref(), slots, nullptr, rows, versions, version, epoch});
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::mark_updated(const std::int64_t* slots, std::size_t n) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
-  detail::for_each_index(space_, n, detail::mark_fn<Key>{ref(), slots, next_version()});
-  detail::synchronize(space_);
+  detail::for_each_index(sp, n, detail::mark_fn<Key>{ref(), slots, next_version()});
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
@@ -231,55 +241,56 @@ status embedding_cache<Key, Space>::insert_and_evict(
     const Key* keys, std::size_t n, const float* rows_in, const std::uint64_t* versions_in,
     Key* evicted_keys, float* evicted_rows, std::uint64_t* evicted_versions,
     std::size_t* evicted_count, bool* found_out, std::int64_t* slots_out, bool* evicted_dirty) {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (evicted_count) *evicted_count = 0;
   if (n == 0) return {};
-  buffer<std::uint64_t, Space> homes(n, space_);
-  buffer<std::uint64_t, Space> order(n, space_);
-  buffer<std::uint8_t, Space> outcome(n, space_);
-  buffer<std::int64_t, Space> slots(n, space_);
-  buffer<Key, Space> vkeys(n, space_);
-  buffer<float, Space> vrows(n * row_width_, space_);
-  buffer<std::uint64_t, Space> vversions(n, space_);
-  buffer<std::uint8_t, Space> vdirty(n, space_);
+  buffer<std::uint64_t, Space> homes(n, sp);
+  buffer<std::uint64_t, Space> order(n, sp);
+  buffer<std::uint8_t, Space> outcome(n, sp);
+  buffer<std::int64_t, Space> slots(n, sp);
+  buffer<Key, Space> vkeys(n, sp);
+  buffer<float, Space> vrows(n * row_width_, sp);
+  buffer<std::uint64_t, Space> vversions(n, sp);
+  buffer<std::uint8_t, Space> vdirty(n, sp);
   const auto t = ref();
-  detail::for_each_index(space_, n, detail::home_fn<Key>{t, keys, homes.data(), order.data()});
-  detail::stable_sort_by_key(space_, homes.data(), order.data(), n);
+  detail::for_each_index(sp, n, detail::home_fn<Key>{t, keys, homes.data(), order.data()});
+  detail::stable_sort_by_key(sp, homes.data(), order.data(), n);
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
   detail::for_each_index(
-      space_, n,
+      sp, n,
       detail::evict_fn<Key>{t, keys, homes.data(), order.data(), n, rows_in, versions_in, version,
                             op, outcome.data(), slots.data(), vkeys.data(), vrows.data(),
                             vversions.data(), vdirty.data()});
   const std::size_t inserted =
-      detail::count_equal(space_, outcome.data(), n, detail::outcome_inserted);
+      detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
   const std::size_t evicted =
-      detail::count_equal(space_, outcome.data(), n, detail::outcome_evicted);
-  const std::size_t failed = detail::count_equal(space_, outcome.data(), n, detail::outcome_failed);
+      detail::count_equal(sp, outcome.data(), n, detail::outcome_evicted);
+  const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (evicted) {
-    buffer<std::uint32_t, Space> flags(n, space_);
-    buffer<std::uint64_t, Space> positions(n, space_);
-    detail::for_each_index(space_, n, detail::victim_flag_fn<Key>{outcome.data(), flags.data()});
-    detail::exclusive_scan(space_, flags.data(), positions.data(), n);
+    buffer<std::uint32_t, Space> flags(n, sp);
+    buffer<std::uint64_t, Space> positions(n, sp);
+    detail::for_each_index(sp, n, detail::victim_flag_fn<Key>{outcome.data(), flags.data()});
+    detail::exclusive_scan(sp, flags.data(), positions.data(), n);
     detail::for_each_index(
-        space_, n,
+        sp, n,
         detail::victim_compact_fn<Key>{outcome.data(), positions.data(), vkeys.data(), vrows.data(),
                                        vversions.data(), vdirty.data(), row_width_,
                                        evicted_keys, evicted_rows, evicted_versions,
                                        evicted_dirty});
   }
   if (evicted_count) *evicted_count = evicted;
-  if (slots_out) detail::copy(space_, slots_out, slots.data(), n * sizeof(std::int64_t));
+  if (slots_out) detail::copy(sp, slots_out, slots.data(), n * sizeof(std::int64_t));
   if (found_out) {
     std::vector<std::uint8_t> o(n);
-    detail::copy(space_, o.data(), outcome.data(), n);
+    detail::copy(sp, o.data(), outcome.data(), n);
     std::vector<std::uint8_t> f(n);
     for (std::size_t i = 0; i < n; ++i) f[i] = o[i] == detail::outcome_found;
-    detail::copy(space_, found_out, f.data(), n);
+    detail::copy(sp, found_out, f.data(), n);
   }
-  detail::synchronize(space_);
+  detail::synchronize(sp);
   if (failed) return check_no_failures(slots.data(), keys, n, "insert_and_evict");
   return {};
 }
@@ -287,63 +298,66 @@ status embedding_cache<Key, Space>::insert_and_evict(
 template <class Key, class Space>
 void embedding_cache<Key, Space>::mark_synced(const std::int64_t* slots, std::size_t n,
                                               const std::uint64_t* versions) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
-  detail::for_each_index(space_, n, detail::mark_synced_fn<Key>{ref(), slots, versions});
-  detail::synchronize(space_);
+  detail::for_each_index(sp, n, detail::mark_synced_fn<Key>{ref(), slots, versions});
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::set_marks(const std::int64_t* slots, std::size_t n,
                                             std::uint32_t mark) {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
-  detail::for_each_index(space_, n, detail::set_marks_fn<Key>{ref(), slots, mark});
-  detail::synchronize(space_);
+  detail::for_each_index(sp, n, detail::set_marks_fn<Key>{ref(), slots, mark});
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::size_t need,
                                                  victim_order order, std::int64_t* victims_out,
                                                  std::size_t* count_out) const {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   *count_out = 0;
   if (need == 0) return;
   const auto t = ref();
-  buffer<std::uint32_t, Space> flags(capacity_, space_);
-  detail::for_each_index(space_, capacity_,
+  buffer<std::uint32_t, Space> flags(capacity_, sp);
+  detail::for_each_index(sp, capacity_,
                          detail::victim_candidate_fn<Key>{t, keep_mark, flags.data()});
-  const std::size_t count = detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
-  buffer<std::uint64_t, Space> positions(capacity_, space_);
-  detail::exclusive_scan(space_, flags.data(), positions.data(), capacity_);
+  const std::size_t count = detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
+  buffer<std::uint64_t, Space> positions(capacity_, sp);
+  detail::exclusive_scan(sp, flags.data(), positions.data(), capacity_);
   if (count <= need) {
     // Every candidate goes: already in slot order.
-    detail::for_each_index(space_, capacity_,
+    detail::for_each_index(sp, capacity_,
                            detail::collect_flagged_fn{flags.data(), positions.data(), victims_out});
-    detail::synchronize(space_);
+    detail::synchronize(sp);
     *count_out = count;
     return;
   }
   // Candidates ordered by key, then (stably) by version or score: the first `need` go.
-  buffer<std::int64_t, Space> candidates(count, space_);
-  detail::for_each_index(space_, capacity_,
+  buffer<std::int64_t, Space> candidates(count, sp);
+  detail::for_each_index(sp, capacity_,
                          detail::collect_flagged_fn{flags.data(), positions.data(),
                                                     candidates.data()});
   {
-    buffer<Key, Space> keys(count, space_);
-    detail::for_each_index(space_, count,
+    buffer<Key, Space> keys(count, sp);
+    detail::for_each_index(sp, count,
                            detail::candidate_keys_fn<Key>{t, candidates.data(), keys.data()});
-    detail::stable_sort_by_key(space_, keys.data(), candidates.data(), count);
+    detail::stable_sort_by_key(sp, keys.data(), candidates.data(), count);
   }
-  buffer<std::uint64_t, Space> first(count, space_);
-  detail::for_each_index(space_, count,
+  buffer<std::uint64_t, Space> first(count, sp);
+  detail::for_each_index(sp, count,
                          detail::candidate_order_fn<Key>{t, candidates.data(),
                                                          order == victim_order::lowest_score,
                                                          first.data()});
-  detail::stable_sort_by_key(space_, first.data(), candidates.data(), count);
-  detail::sort(space_, candidates.data(), need);
-  detail::copy(space_, victims_out, candidates.data(), need * sizeof(std::int64_t));
-  detail::synchronize(space_);
+  detail::stable_sort_by_key(sp, first.data(), candidates.data(), count);
+  detail::sort(sp, candidates.data(), need);
+  detail::copy(sp, victims_out, candidates.data(), need * sizeof(std::int64_t));
+  detail::synchronize(sp);
   *count_out = need;
 }
 
@@ -353,72 +367,76 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
                                                std::uint64_t* versions_out,
                                                std::int64_t* slots_out,
                                                std::size_t* count_out) const {
+  const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   *count_out = 0;
   if (n == 0) return;
   const auto t = ref();
-  buffer<std::uint32_t, Space> flags(n, space_);
-  buffer<std::uint64_t, Space> positions(n, space_);
-  detail::for_each_index(space_, n, detail::dirty_flag_fn<Key>{t, slots, flags.data()});
-  const std::size_t count = detail::count_equal(space_, flags.data(), n, std::uint32_t{1});
-  detail::exclusive_scan(space_, flags.data(), positions.data(), n);
-  detail::for_each_index(space_, n,
+  buffer<std::uint32_t, Space> flags(n, sp);
+  buffer<std::uint64_t, Space> positions(n, sp);
+  detail::for_each_index(sp, n, detail::dirty_flag_fn<Key>{t, slots, flags.data()});
+  const std::size_t count = detail::count_equal(sp, flags.data(), n, std::uint32_t{1});
+  detail::exclusive_scan(sp, flags.data(), positions.data(), n);
+  detail::for_each_index(sp, n,
                          detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(),
                                                       keys_out, rows_out, versions_out,
                                                       slots_out});
-  detail::synchronize(space_);
+  detail::synchronize(sp);
   *count_out = count;
 }
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::erase_slots(const std::int64_t* slots, std::size_t n,
                                               std::size_t* erased_out) {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (erased_out) *erased_out = 0;
   if (n == 0) return;
-  buffer<std::uint8_t, Space> erased(n, space_);
-  detail::for_each_index(space_, n, detail::erase_slot_fn<Key>{ref(), slots, erased.data()});
-  const std::size_t count = detail::count_equal(space_, erased.data(), n, std::uint8_t{1});
+  buffer<std::uint8_t, Space> erased(n, sp);
+  detail::for_each_index(sp, n, detail::erase_slot_fn<Key>{ref(), slots, erased.data()});
+  const std::size_t count = detail::count_equal(sp, erased.data(), n, std::uint8_t{1});
   size_ -= count;
   if (count) next_version();  // an erase is a change of the model
   if (erased_out) *erased_out = count;
-  detail::synchronize(space_);
+  detail::synchronize(sp);
 }
 
 template <class Key, class Space>
 std::size_t embedding_cache<Key, Space>::count_if(const export_filter& filter) const {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
-  buffer<std::uint32_t, Space> flags(capacity_, space_);
+  buffer<std::uint32_t, Space> flags(capacity_, sp);
   detail::for_each_index(
-      space_, capacity_,
+      sp, capacity_,
       detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
-  return detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
+  return detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
 }
 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* keys_out,
                                               float* rows_out, std::uint64_t* versions_out,
                                               std::size_t max_out, std::size_t* count_out) const {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (count_out) *count_out = 0;
-  buffer<std::uint32_t, Space> flags(capacity_, space_);
-  buffer<std::uint64_t, Space> positions(capacity_, space_);
+  buffer<std::uint32_t, Space> flags(capacity_, sp);
+  buffer<std::uint64_t, Space> positions(capacity_, sp);
   detail::for_each_index(
-      space_, capacity_,
+      sp, capacity_,
       detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
-  const std::size_t count = detail::count_equal(space_, flags.data(), capacity_, std::uint32_t{1});
+  const std::size_t count = detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
   if (count > max_out)
     return status::capacity_exceeded("embedding_cache::export_if: " + std::to_string(count) +
                                      " rows match but the output holds " + std::to_string(max_out));
-  detail::exclusive_scan(space_, flags.data(), positions.data(), capacity_);
-  buffer<std::int64_t, Space> slots(count, space_);
-  detail::for_each_index(space_, capacity_,
+  detail::exclusive_scan(sp, flags.data(), positions.data(), capacity_);
+  buffer<std::int64_t, Space> slots(count, sp);
+  detail::for_each_index(sp, capacity_,
                          detail::export_collect_fn<Key>{keys_.data(), flags.data(),
                                                         positions.data(), keys_out, slots.data()});
-  detail::stable_sort_by_key(space_, keys_out, slots.data(), count);
+  detail::stable_sort_by_key(sp, keys_out, slots.data(), count);
   detail::for_each_index(
-      space_, count, detail::export_gather_fn<Key>{ref(), slots.data(), rows_out, versions_out});
-  detail::synchronize(space_);
+      sp, count, detail::export_gather_fn<Key>{ref(), slots.data(), rows_out, versions_out});
+  detail::synchronize(sp);
   if (count_out) *count_out = count;
   return {};
 }
@@ -426,6 +444,7 @@ status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* 
 template <class Key, class Space>
 result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
     const export_filter& filter) const {
+  const Space sp = call_space();
   const std::size_t count = count_if(filter);
   exported_rows<Key> out;
   out.keys.resize(count);
@@ -436,9 +455,9 @@ result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
     EMBCACHE_RETURN_IF_ERROR(
         export_if(filter, out.keys.data(), out.rows.data(), out.versions.data(), count, &written));
   } else {
-    buffer<Key, Space> k(count, space_);
-    buffer<float, Space> r(count * row_width_, space_);
-    buffer<std::uint64_t, Space> v(count, space_);
+    buffer<Key, Space> k(count, sp);
+    buffer<float, Space> r(count * row_width_, sp);
+    buffer<std::uint64_t, Space> v(count, sp);
     EMBCACHE_RETURN_IF_ERROR(export_if(filter, k.data(), r.data(), v.data(), count, &written));
     k.copy_to_host(out.keys.data(), written);
     r.copy_to_host(out.rows.data(), written * row_width_);
@@ -452,12 +471,13 @@ result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::clear() {
+  const Space sp = call_space();
   std::unique_lock lock(*mutex_);
-  states_.fill_bytes(0);
-  overflow_.fill_bytes(0);
-  scores_.fill_bytes(0);
-  if (touched_.data()) touched_.fill_bytes(0);
-  detail::synchronize(space_);
+  detail::fill_bytes(sp, states_.data(), 0, states_.bytes());
+  detail::fill_bytes(sp, overflow_.data(), 0, overflow_.bytes());
+  detail::fill_bytes(sp, scores_.data(), 0, scores_.bytes());
+  if (touched_.data()) detail::fill_bytes(sp, touched_.data(), 0, touched_.bytes());
+  detail::synchronize(sp);
   size_ = 0;
 }
 
