@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Builds, on a machine with the CUDA toolkit but no GPU, a self-contained kit for a bare GPU machine
 # that has the CUDA driver and libraries but none of embcache's Debian dependencies: the GPU test
-# binary and the cache and training-cache benchmarks, for one architecture, plus the shared
-# libraries they need that are not the C/C++ runtime or CUDA's. Output: .gpu-kit/ (git-ignored)
-# with bin/, lib/ and run.sh.
+# binary, the cache and training-cache benchmarks, the trainer and the synthetic-data tool, for
+# one architecture, plus the shared libraries they need that are not the C/C++ runtime or CUDA's.
+# Output: .gpu-kit/ (git-ignored) with bin/, lib/ and run.sh; it must stay under the device
+# tool's carry limit (64 MiB), which this script checks.
 #
 #   scripts/gpu_kit.sh            # sm_90 (H100, H200); EMBCACHE_KIT_ARCH=80 for an A100
-#   .gpu-kit/run.sh               # there: cuda_tests, then the benchmarks' cuda cases; logs to $OUT
+#   .gpu-kit/run.sh STEP          # there; logs to $OUT. STEP: tests, memcheck, racecheck, bench,
+#                                 # trainer, or all (tests, bench, trainer). Each fits in one call.
+#   EMBCACHE_KIT_CHECK=1 scripts/gpu_kit.sh   # also checks here that every binary loads with the
+#                                 # kit's libraries alone (the system's copies hidden), by running
+#                                 # cuda_tests, which skips its cases without a device
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -16,17 +21,21 @@ build=build/gpu-kit
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DEMBCACHE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
   -DEMBCACHE_ROCKSDB=OFF "-DEMBCACHE_PARTS=cache;cuda;training"
-cmake --build "$build" --target cuda_tests bench_cache bench_training_cache -j"$(nproc)"
+cmake --build "$build" --target cuda_tests bench_cache bench_training_cache embcache-train \
+  embcache-synth -j"$(nproc)"
 
 kit=.gpu-kit
 rm -rf "$kit"
 mkdir -p "$kit/bin" "$kit/lib"
 cp "$build/tests/cuda/cuda_tests" "$build/benchmarks/cache/bench_cache" \
-  "$build/benchmarks/training/bench_training_cache" "$kit/bin/"
+  "$build/benchmarks/training/bench_training_cache" "$build/src/trainer/embcache-train" \
+  "$build/src/tools/embcache-synth" "$kit/bin/"
 strip "$kit"/bin/*
+cp scripts/bench_trainer_device.sh "$kit/bin/"
 # The C and C++ runtimes and CUDA's libraries come from the GPU machine; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+\.|libcudart|libcublas|libcuda\.)'
 for bin in "$kit"/bin/*; do
+  [[ $bin == *.sh ]] && continue
   ldd "$bin" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
     if ! [[ $name =~ $skip ]]; then cp -L "$path" "$kit/lib/$name"; fi
   done
@@ -34,9 +43,16 @@ done
 
 cat > "$kit/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs on the GPU machine: every GPU test, then the cuda cases of bench_cache; logs to $OUT (or
-# ./out). CUDA's libraries are looked up on that machine (the toolkit's, or pip's nvidia-* ones).
+# Runs on the GPU machine; logs to $OUT (or ./out). CUDA's libraries are looked up on that machine
+# (the toolkit's, or pip's nvidia-* ones). STEP:
+#   tests      every GPU test (cuda_tests)
+#   memcheck   cuda_tests under compute-sanitizer's memcheck (GTEST_FILTER narrows it)
+#   racecheck  the same under racecheck
+#   bench      bench_cache's cuda cases, the training cache's boundaries at 90% overlap
+#   trainer    the trainer with device embeddings against host-hybrid and all-resident
+#   all        tests, bench, trainer
 set -uo pipefail
+step=${1:-all}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
@@ -49,19 +65,66 @@ for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
 done
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-"$here/bin/cuda_tests" 2>&1 | tee "$out/cuda_tests.log"
-tests=${PIPESTATUS[0]}
-"$here/bin/bench_cache" --benchmark_filter=/cuda/ --benchmark_min_time=0.2 \
-  --benchmark_out="$out/bench_cache_cuda.json" --benchmark_out_format=json 2>&1 |
-  tee "$out/bench_cache_cuda.log"
-# The training cache's pass boundaries at 90% overlap, host and cuda spaces in one run (host store).
-"$here/bin/bench_training_cache" \
-  --benchmark_filter='training_begin_pass(/cuda)?/overlap:90/.*/rocksdb:0/room:[01]' \
-  --benchmark_out="$out/bench_training_cache.json" --benchmark_out_format=json 2>&1 |
-  tee "$out/bench_training_cache.log"
-echo "cuda_tests exit status: $tests"
-exit "$tests"
+filter=${GTEST_FILTER:-*}
+status=0
+run_tests() {
+  "$here/bin/cuda_tests" --gtest_filter="$filter" 2>&1 | tee "$out/cuda_tests.log"
+  status=${PIPESTATUS[0]}
+  echo "cuda_tests exit status: $status"
+}
+run_sanitizer() {  # $1: memcheck or racecheck
+  compute-sanitizer --tool "$1" --error-exitcode 3 "$here/bin/cuda_tests" \
+    --gtest_filter="$filter" 2>&1 | tee "$out/cuda_tests_$1.log"
+  status=${PIPESTATUS[0]}
+  echo "compute-sanitizer $1 exit status: $status"
+}
+run_bench() {
+  "$here/bin/bench_cache" --benchmark_filter=/cuda/ --benchmark_min_time=0.2 \
+    --benchmark_out="$out/bench_cache_cuda.json" --benchmark_out_format=json 2>&1 |
+    tee "$out/bench_cache_cuda.log"
+  # The training cache's pass boundaries at 90% overlap, host and cuda spaces in one run.
+  "$here/bin/bench_training_cache" \
+    --benchmark_filter='training_begin_pass(/cuda)?/overlap:90/.*/rocksdb:0/room:[01]' \
+    --benchmark_out="$out/bench_training_cache.json" --benchmark_out_format=json 2>&1 |
+    tee "$out/bench_training_cache.log"
+}
+run_trainer() {
+  TRAIN=$here/bin/embcache-train SYNTH=$here/bin/embcache-synth \
+    "$here/bin/bench_trainer_device.sh" /tmp/embcache_device_bench 2>&1 | tee "$out/trainer.log"
+}
+case $step in
+  tests) run_tests ;;
+  memcheck | racecheck) run_sanitizer "$step" ;;
+  bench) run_bench ;;
+  trainer) run_trainer ;;
+  all) run_tests; run_bench; run_trainer ;;
+  *) echo "unknown step '$step'" >&2; exit 2 ;;
+esac
+exit "$status"
 RUN
 chmod +x "$kit/run.sh"
+size=$(du -sm "$kit" | cut -f1)
 du -sh "$kit"
-echo "embcache: GPU kit in $kit (carry it: run with carry [\".gpu-kit\"], command .gpu-kit/run.sh)"
+if ((size > 64)); then
+  echo "embcache: the kit is ${size} MiB, over the 64 MiB a device call can carry" >&2
+  exit 1
+fi
+if [[ ${EMBCACHE_KIT_CHECK:-0} == 1 ]]; then
+  # Hide this machine's copies of the bundled libraries, as on a bare image, then load everything.
+  hide=()
+  for lib in "$kit"/lib/*; do
+    sys=$(ldconfig -p | awk -v n="$(basename "$lib")" '$1 == n {print $NF}')
+    for p in $sys; do hide+=("$(readlink -f "$p")"); done
+  done
+  unshare -m --propagation private bash -c '
+    set -e
+    for p in "${@:2}"; do mount --bind /dev/null "$p"; done
+    for bin in "$1"/bin/*; do
+      [[ $bin == *.sh ]] && continue
+      if LD_LIBRARY_PATH="$1/lib" ldd "$bin" | grep "not found"; then exit 1; fi
+    done
+    LD_LIBRARY_PATH="$1/lib" "$1/bin/cuda_tests" --gtest_brief=1 | tail -3
+  ' check "$kit" "${hide[@]}"
+  echo "embcache: every kit binary loads with the kit's libraries alone"
+fi
+echo "embcache: GPU kit in $kit (carry it: run with carry [\".gpu-kit\"], command .gpu-kit/run.sh STEP)"
