@@ -200,6 +200,18 @@ TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) 
   }
 }
 
+// `f` throws embcache::error with `code` and the message `what`.
+template <class F>
+void expect_error(F&& f, status_code code, const char* what) {
+  try {
+    f();
+    ADD_FAILURE() << "nothing thrown, expected: " << what;
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), code);
+    EXPECT_STREQ(e.what(), what);
+  }
+}
+
 // The host network takes host arrays only: device inputs are refused, and the model is untouched.
 TEST(trainer_dense_device, the_host_backend_refuses_device_inputs) {
   wide_deep_options o;
@@ -215,15 +227,10 @@ TEST(trainer_dense_device, the_host_backend_refuses_device_inputs) {
   const float labels[1] = {1.0f};
   float d_wide[2] = {}, d_deep[4] = {};
   const wide_deep_batch batch{1, wide, deep, dense, labels};
-  try {
-    (void)b->forward_backward_on_device(batch, 1, d_wide, d_deep);
-    FAIL() << "the host backend took device inputs";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), status_code::unsupported);
-    EXPECT_STREQ(e.what(),
-                 "dense_backend::forward_backward_on_device: the dense network on host takes "
-                 "host arrays (use forward_backward)");
-  }
+  expect_error([&] { (void)b->forward_backward_on_device(batch, 1, d_wide, d_deep); },
+               status_code::unsupported,
+               "dense_backend::forward_backward_on_device: the dense network on host takes host "
+               "arrays (use forward_backward)");
   EXPECT_TRUE(b->save() == before);
   EXPECT_EQ(d_wide[0], 0.0f);
 }
@@ -276,15 +283,9 @@ TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and
   // The host cache is there; the cuda one is not, and asking for it is a clear error.
   EXPECT_GT(t.value()->counters().total[0].hits + t.value()->counters().total[0].misses, 0u);
   EXPECT_EQ(&t.value()->counters(), &t.value()->cache().counters());
-  try {
-    (void)t.value()->cuda_cache();
-    ADD_FAILURE() << "cuda_cache() with the embeddings on the host";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), status_code::unsupported);
-    EXPECT_STREQ(e.what(),
-                 "trainer::cuda_cache(): the embeddings are on the host "
-                 "(config.embedding_device); use trainer::cache()");
-  }
+  expect_error([&] { (void)t.value()->cuda_cache(); }, status_code::unsupported,
+               "trainer::cuda_cache(): the embeddings are on the host (config.embedding_device); "
+               "use trainer::cache()");
   c.embedding_device = "host";
   t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
