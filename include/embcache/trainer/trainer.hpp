@@ -113,8 +113,10 @@ struct trainer_config {
   /// the in-row optimizers) run in modes keyset and on_demand: "host", "cuda" or "auto" (default:
   /// cuda when the program registered the cuda embeddings, register_cuda_embeddings(), and a
   /// device is present, else host). With "cuda" the tables are a training_cache<std::int64_t,
-  /// cuda_space> and only each batch's keys (or, on demand, its slots), pooled embeddings and
-  /// their gradients cross to and from the device. Mode host_hybrid keeps them on the host
+  /// cuda_space> and only each batch's keys (or, on demand, its slots) go to the device; with the
+  /// dense network there too the pooled embeddings and their gradients stay on the device
+  /// (dense_backend::forward_backward_on_device), with it on the host they cross to the host and
+  /// back (docs/trainer.md: what crosses PCIe per step). Mode host_hybrid keeps them on the host
   /// ("auto" means host there, "cuda" is refused naming the mode), and so does a sharded run
   /// (trainer::create with a communicator; "cuda" is refused as unsupported).
   std::string embedding_device = "auto";
