@@ -1,7 +1,7 @@
 // The trainer's training-cache path in the cuda space (src/trainer/cache_path.hpp instantiated
 // there: the tables in a training_cache<std::int64_t, cuda_space>, the sparse ops and the check
 // of updated rows on the device), and register_cuda_embeddings, which lets
-// config.embedding_device pick it.
+// config.embedding_device pick it. Its caches are checked against the device's free memory.
 #include "embcache/cuda/algorithms.cuh"
 // The portable path needs the cuda primitives above.
 #include "trainer/cache_path.hpp"
@@ -9,8 +9,24 @@
 namespace embcache {
 namespace {
 
+// check_memory with the caches against the device's free memory (the host's parts were checked
+// by trainer::create): out_of_device_memory naming the field, before anything is allocated.
+status check_device_memory(const trainer_config& config) {
+  std::size_t free = 0, total = 0;
+  try {
+    EMBCACHE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  } catch (const error& e) {
+    return status(e.code(), std::string("config.embedding_device: ") + e.what());
+  }
+  memory_budget budget;
+  budget.caches_on_device = true;
+  budget.device_bytes = free;
+  return check_memory(config, budget);
+}
+
 result<std::unique_ptr<detail::embedding_path>> make_cuda_cache_path(
     const trainer_config& config, detail::embedding_stores stores) {
+  EMBCACHE_RETURN_IF_ERROR(check_device_memory(config));
   const cuda_space space{};
   auto tables = detail::make_cache_tables(std::move(stores), space);
   if (!tables.ok()) return tables.get_status();

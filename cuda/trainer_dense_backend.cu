@@ -1,8 +1,11 @@
 // The trainer's dense part in the cuda space: each batch's pooled embeddings and dense features
 // are copied to the device, forward, backward and Adam run there (cuBLAS, cuda/dense_network.cu),
 // and the gradients with respect to the embeddings come back for the sparse optimizers on the
-// host. Nothing here launches a kernel: the copies go through buffer<>, whose CUDA calls are
-// checked and throw embcache::error.
+// host. When the pooled embeddings are already on the device (forward_backward_on_device: the
+// trainer's tables in the cuda space) only the dense features are copied and the gradients stay
+// there. Both run the same kernels on the same device values, hence the same bits. Nothing here
+// launches a kernel: the copies go through buffer<>, whose CUDA calls are checked and throw
+// embcache::error.
 #include <chrono>
 #include <utility>
 
@@ -28,7 +31,7 @@ class cuda_dense_backend final : public dense_backend {
   const wide_deep_options& options() const noexcept override { return model_.options(); }
 
   void predict(const wide_deep_batch& batch, std::vector<float>& logits) override {
-    model_.predict(upload(batch), logits);
+    model_.predict(upload(batch, /*pooled_on_device=*/false), logits);
   }
 
   double forward_backward(const wide_deep_batch& batch, std::uint64_t dropout_step, float* d_wide,
@@ -36,7 +39,7 @@ class cuda_dense_backend final : public dense_backend {
     const wide_deep_options& o = model_.options();
     const std::size_t n_wide = batch.size * o.num_wide_slots;
     const std::size_t n_deep = batch.size * o.num_deep_slots * o.deep_dim;
-    const wide_deep_batch on_device = upload(batch);
+    const wide_deep_batch on_device = upload(batch, /*pooled_on_device=*/false);
     reserve(d_wide_, n_wide, space_);
     reserve(d_deep_, n_deep, space_);
     // forward_backward synchronizes the stream before it returns.
@@ -47,6 +50,15 @@ class cuda_dense_backend final : public dense_backend {
     d_deep_.copy_to_host(d_deep, n_deep);
     transfer_ += std::chrono::duration<double>(clock_type::now() - t0).count();
     return loss;
+  }
+
+  bool takes_device_inputs() const noexcept override { return true; }
+  double forward_backward_on_device(const wide_deep_batch& batch, std::uint64_t dropout_step,
+                                    float* d_wide, float* d_deep,
+                                    std::vector<float>* logits) override {
+    // forward_backward synchronizes the stream before it returns: the gradients are complete.
+    return model_.forward_backward(upload(batch, /*pooled_on_device=*/true), dropout_step, d_wide,
+                                   d_deep, logits);
   }
 
   void apply_dense_update() override {
@@ -72,22 +84,30 @@ class cuda_dense_backend final : public dense_backend {
   double transfer_seconds() const noexcept override { return transfer_; }
 
  private:
-  // Copies a host batch into device buffers (the labels stay on the host, where the loss is
-  // computed). buffer<>::copy_from_host synchronizes, so the host arrays may change right after.
-  wide_deep_batch upload(const wide_deep_batch& b) {
+  // The batch with its arrays on the device: the dense features copied there and, unless
+  // `pooled_on_device` says they already are, the pooled embeddings too (the labels stay on the
+  // host, where the loss is computed). buffer<>::copy_from_host synchronizes, so the host arrays
+  // may change right after.
+  wide_deep_batch upload(const wide_deep_batch& b, bool pooled_on_device) {
     const wide_deep_options& o = model_.options();
-    const std::size_t n_wide = b.size * o.num_wide_slots;
-    const std::size_t n_deep = b.size * o.num_deep_slots * o.deep_dim;
     const std::size_t n_dense = b.dense ? b.size * o.num_dense : 0;
     const auto t0 = clock_type::now();
-    reserve(wide_, n_wide, space_);
-    reserve(deep_, n_deep, space_);
+    wide_deep_batch d = b;
+    if (!pooled_on_device) {
+      const std::size_t n_wide = b.size * o.num_wide_slots;
+      const std::size_t n_deep = b.size * o.num_deep_slots * o.deep_dim;
+      reserve(wide_, n_wide, space_);
+      reserve(deep_, n_deep, space_);
+      wide_.copy_from_host(b.wide, n_wide);
+      deep_.copy_from_host(b.deep, n_deep);
+      d.wide = wide_.data();
+      d.deep = deep_.data();
+    }
     reserve(dense_, n_dense, space_);
-    wide_.copy_from_host(b.wide, n_wide);
-    deep_.copy_from_host(b.deep, n_deep);
     if (n_dense) dense_.copy_from_host(b.dense, n_dense);
+    d.dense = n_dense ? dense_.data() : nullptr;
     transfer_ += std::chrono::duration<double>(clock_type::now() - t0).count();
-    return {b.size, wide_.data(), deep_.data(), n_dense ? dense_.data() : nullptr, b.labels};
+    return d;
   }
 
   wide_deep_model<cuda_space> model_;

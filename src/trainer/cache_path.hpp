@@ -3,12 +3,20 @@
 // per shard (its keyset read from the files beside it, the next shard's staged meanwhile);
 // on-demand mode fetches each batch's misses.
 //
-// The loop hands the path host arrays (keys, pooled outputs, their gradients). In the host space
-// the sparse ops use them in place, so that path is today's, bit for bit. In the cuda space only
-// the batch's keys (keyset mode) or slots (on-demand mode, whose lookup runs on the host) go to
-// the device, and the pooled embeddings come back to the host for the dense backend, whose
-// interface takes host memory (dense_backend.hpp); their gradients go to the device for the
-// sparse update. Everything else (rows, gradients per row, optimizer state) stays on the device.
+// The loop hands the path host arrays (keys, pooled outputs, their gradients) through forward
+// and backward. In the host space the sparse ops use them in place, so that path is today's, bit
+// for bit. In the cuda space what crosses PCIe per step depends on the dense network:
+//   - on the device too (dense_backend::takes_device_inputs): the loop calls forward_in_space and
+//     backward_in_space instead, and the pooled embeddings and their gradients stay in the path's
+//     device arrays (pooled_, d_pooled_), read and written there by the dense backend. Only the
+//     batch's keys (keyset mode) or slots (on-demand mode, whose lookup runs on the host) go to
+//     the device, the dense backend copies the dense features (the labels stay on the host, where
+//     the model computes the loss from its logits and the wide slots' sum, wide_deep.hpp), and the
+//     gradients' non-finite count comes back;
+//   - on the host: the keys or slots go to the device, the pooled embeddings come back to the
+//     host for the dense backend, and their gradients go to the device for the sparse update.
+// Everything else (rows, gradients per row, optimizer state) stays on the device. Both ways run
+// the same sparse ops on the same values, so they give the same bits.
 //
 // Included by the translation units that instantiate it, after the bulk primitives of their space
 // (detail/host_algorithms.hpp: cache_path.cpp; cuda/algorithms.cuh: cuda/trainer_cache_path.cu).
@@ -53,12 +61,26 @@ struct flag_non_finite_rows_fn {
   }
 };
 
+// flags[i] = 1 when x[i] is infinite or NaN, else 0.
+struct flag_non_finite_fn {
+  const float* x;
+  std::int8_t* flags;
+
+  EMBCACHE_HD void operator()(std::size_t i) const { flags[i] = finite_float(x[i]) ? 0 : 1; }
+};
+
 // An array the sparse ops use in the space's memory while the loop has it in host memory. In the
 // host space it is the host array itself (nothing is copied); in the cuda space a device buffer
-// kept from batch to batch, so that steady-state batches allocate nothing.
+// kept from batch to batch, so that steady-state batches allocate nothing. Or an array that lives
+// in the space only (own), for a loop that leaves it there.
 template <class T, class Space>
 class space_array {
  public:
+  // Room for n elements in the space's memory, its own buffer in either space.
+  T* own(std::size_t n, const Space& space) {
+    reserve(n, space);
+    return buf_.data();
+  }
   // `host` (n elements) in the space's memory.
   const T* from_host(const T* host, std::size_t n, const Space& space) {
     if constexpr (is_host_space_v<Space>) {
@@ -108,23 +130,10 @@ class cache_path : public embedding_path {
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
     const std::size_t n = k.batch_size, ws = k.wide_slots, ds = k.deep_slots;
     const std::size_t dim = config_.tables[tables_.roles.deep].dim;
-    EMBCACHE_RETURN_IF_ERROR(find_slots(k));
-    // One-hot bags: the offsets are 0, 1, 2, ... in every batch, so the space keeps the longest
-    // prefix it was given and takes more only when a batch needs more.
-    const std::size_t bags = n * std::max(ws, ds) + 1;
-    if constexpr (is_host_space_v<Space>) {
-      offsets_ = k.offsets;
-    } else if (offsets_ == nullptr || offsets_buf_.size() < bags) {
-      offsets_ = offsets_buf_.from_host(k.offsets, bags, space_);
-    }
-    wide_batch_ = {n, ws, offsets_, slots_[0], n * ws};
-    deep_batch_ = {n, ds, offsets_, slots_[1], n * ds};
-    auto& wc = cache().cache(tables_.roles.wide);
-    auto& dc = cache().cache(tables_.roles.deep);
     float* wide = pooled_[0].room_for(wide_out, n * ws, space_);
     float* deep = pooled_[1].room_for(deep_out, n * ds * dim, space_);
-    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_batch_, combiner::sum, wide);
-    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_batch_, combiner::sum, deep);
+    in_space_ = {};
+    EMBCACHE_RETURN_IF_ERROR(pool(k, wide, deep));
     pooled_[0].to_host(wide_out, n * ws);
     pooled_[1].to_host(deep_out, n * ds * dim);
     return {};
@@ -134,10 +143,36 @@ class cache_path : public embedding_path {
                   non_finite_rows* bad) override {
     const std::size_t dim = config_.tables[tables_.roles.deep].dim;
     const float* dw = d_pooled_[0].from_host(d_wide, wide_batch_.num_bags(), space_);
-    EMBCACHE_RETURN_IF_ERROR(update(tables_.roles.wide, wide_batch_, dw, step, wide_grads_, bad));
-    if (bad->rows) return {};
     const float* dd = d_pooled_[1].from_host(d_deep, deep_batch_.num_bags() * dim, space_);
-    return update(tables_.roles.deep, deep_batch_, dd, step, deep_grads_, bad);
+    return update_both(dw, dd, step, bad);
+  }
+
+  bool pools_on_device() const noexcept override { return is_cuda_space_v<Space>; }
+
+  result<space_pooled> forward_in_space(const batch_keys& k) override {
+    const std::size_t n = k.batch_size, ws = k.wide_slots, ds = k.deep_slots;
+    const std::size_t dim = config_.tables[tables_.roles.deep].dim;
+    float* wide = pooled_[0].own(n * ws, space_);
+    float* deep = pooled_[1].own(n * ds * dim, space_);
+    in_space_ = {};
+    EMBCACHE_RETURN_IF_ERROR(pool(k, wide, deep));
+    // The dense backend may read them on another stream.
+    detail::synchronize(space_);
+    in_space_ = {wide, deep, d_pooled_[0].own(n * ws, space_),
+                 d_pooled_[1].own(n * ds * dim, space_)};
+    return in_space_;
+  }
+
+  result<std::size_t> non_finite_gradients_in_space() override {
+    if (in_space_.d_wide == nullptr) return no_forward_in_space();
+    const std::size_t dim = config_.tables[tables_.roles.deep].dim;
+    return count_non_finite_in_space(in_space_.d_wide, wide_batch_.num_bags()) +
+           count_non_finite_in_space(in_space_.d_deep, deep_batch_.num_bags() * dim);
+  }
+
+  status backward_in_space(std::uint64_t step, non_finite_rows* bad) override {
+    if (in_space_.d_wide == nullptr) return no_forward_in_space();
+    return update_both(in_space_.d_wide, in_space_.d_deep, step, bad);
   }
 
   status read(std::size_t t, const trainer_key* keys, std::size_t n, float* rows,
@@ -193,6 +228,58 @@ class cache_path : public embedding_path {
   path_activity activity_;
 
  private:
+  // Pools the batch's rows into `wide` and `deep` (in the space's memory) and keeps the batch's
+  // bags for the sparse update.
+  status pool(const batch_keys& k, float* wide, float* deep) {
+    const std::size_t n = k.batch_size, ws = k.wide_slots, ds = k.deep_slots;
+    const std::size_t dim = config_.tables[tables_.roles.deep].dim;
+    EMBCACHE_RETURN_IF_ERROR(find_slots(k));
+    // One-hot bags: the offsets are 0, 1, 2, ... in every batch, so the space keeps the longest
+    // prefix it was given and takes more only when a batch needs more.
+    const std::size_t bags = n * std::max(ws, ds) + 1;
+    if constexpr (is_host_space_v<Space>) {
+      offsets_ = k.offsets;
+    } else if (offsets_ == nullptr || offsets_buf_.size() < bags) {
+      offsets_ = offsets_buf_.from_host(k.offsets, bags, space_);
+    }
+    wide_batch_ = {n, ws, offsets_, slots_[0], n * ws};
+    deep_batch_ = {n, ds, offsets_, slots_[1], n * ds};
+    auto& wc = cache().cache(tables_.roles.wide);
+    auto& dc = cache().cache(tables_.roles.deep);
+    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_batch_, combiner::sum, wide);
+    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_batch_, combiner::sum, deep);
+    return {};
+  }
+
+  // Both tables' sparse updates with the gradients of the last pooling (in the space's memory):
+  // wide, then deep, stopping at the first table whose rows come out non-finite.
+  status update_both(const float* d_wide, const float* d_deep, std::uint64_t step,
+                     non_finite_rows* bad) {
+    EMBCACHE_RETURN_IF_ERROR(
+        update(tables_.roles.wide, wide_batch_, d_wide, step, wide_grads_, bad));
+    if (bad->rows) return {};
+    return update(tables_.roles.deep, deep_batch_, d_deep, step, deep_grads_, bad);
+  }
+
+  // The non-finite floats among n at `x` in the space's memory.
+  std::size_t count_non_finite_in_space(const float* x, std::size_t n) {
+    std::int8_t* f = flags(n);
+    for_each_index(space_, n, flag_non_finite_fn{x, f});
+    return count_equal(space_, f, n, std::int8_t{1});
+  }
+
+  // Room for n flags in the space, kept from batch to batch.
+  std::int8_t* flags(std::size_t n) {
+    if (flags_.size() < n) flags_ = buffer<std::int8_t, Space>(n, space_);
+    return flags_.data();
+  }
+
+  static status no_forward_in_space() {
+    return status::invalid_argument(
+        "embedding path: the gradients in the space are asked for without a forward_in_space "
+        "since the last forward");
+  }
+
   // One table's sparse update: gradients per unique row, the optimizer in the rows, then the
   // rows checked (no non-finite row may reach a store, an export or a save) and marked dirty.
   status update(std::size_t t, const slot_batch& batch, const float* d_out, std::uint64_t step,
@@ -200,10 +287,10 @@ class cache_path : public embedding_path {
     auto& c = cache().cache(t);
     aggregate_gradients(space_, batch, combiner::sum, d_out, config_.tables[t].dim, g);
     apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g, step);
-    if (flags_.size() < g.size) flags_ = buffer<std::int8_t, Space>(g.size, space_);
+    std::int8_t* f = flags(g.size);
     for_each_index(space_, g.size,
-                   flag_non_finite_rows_fn{c.rows(), c.row_width(), g.rows.data(), flags_.data()});
-    if (const std::size_t rows = count_equal(space_, flags_.data(), g.size, std::int8_t{1})) {
+                   flag_non_finite_rows_fn{c.rows(), c.row_width(), g.rows.data(), f});
+    if (const std::size_t rows = count_equal(space_, f, g.size, std::int8_t{1})) {
       *bad = {config_.tables[t].name, rows};
       return {};
     }
@@ -213,7 +300,9 @@ class cache_path : public embedding_path {
 
   const std::int64_t* offsets_ = nullptr;
   space_array<std::int64_t, Space> offsets_buf_;
-  space_array<float, Space> pooled_[2], d_pooled_[2];  // wide, deep
+  // Wide, deep: the host arrays' twins (forward, backward) or the only copies (*_in_space).
+  space_array<float, Space> pooled_[2], d_pooled_[2];
+  space_pooled in_space_;  // what the last forward_in_space handed out (none: all null)
   slot_batch wide_batch_, deep_batch_;
   sparse_gradients<Space> wide_grads_, deep_grads_;
   buffer<std::int8_t, Space> flags_;

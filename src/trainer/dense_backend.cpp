@@ -3,6 +3,7 @@
 #include "embcache/trainer/dense_backend.hpp"
 
 #include <atomic>
+#include <string>
 #include <utility>
 
 namespace embcache {
@@ -36,6 +37,13 @@ class host_dense_backend final : public dense_backend {
 std::atomic<dense_backend_factory> cuda_factory{nullptr};
 
 }  // namespace
+
+double dense_backend::forward_backward_on_device(const wide_deep_batch&, std::uint64_t, float*,
+                                                 float*, std::vector<float>*) {
+  throw error(status_code::unsupported,
+              std::string("dense_backend::forward_backward_on_device: the dense network on ") +
+                  device() + " takes host arrays (use forward_backward)");
+}
 
 std::unique_ptr<dense_backend> make_host_dense_backend(const wide_deep_options& options,
                                                        host_space space) {

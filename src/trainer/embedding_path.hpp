@@ -55,6 +55,15 @@ struct path_activity {
   double blocked_seconds = 0;  ///< time the caller waited on swapping
 };
 
+/// A batch's pooled embeddings and room for their gradients in the memory of the path's space
+/// (embedding_path::forward_in_space): wide B * wide_slots floats, deep B * deep_slots * dim.
+struct space_pooled {
+  const float* wide = nullptr;
+  const float* deep = nullptr;
+  float* d_wide = nullptr;  ///< written by the dense network, read by backward_in_space
+  float* d_deep = nullptr;
+};
+
 /// Rows an optimizer step left non-finite: the first table found so (rows 0: none).
 struct non_finite_rows {
   std::string table;  ///< "wide" or "deep"
@@ -153,6 +162,27 @@ class embedding_path {
   /// before anything else changes and says so in `*bad`.
   [[nodiscard]] virtual status backward(const float* d_wide, const float* d_deep,
                                         std::uint64_t step, non_finite_rows* bad) = 0;
+  /// Whether the loop should use the *_in_space calls when the dense network takes device
+  /// inputs (dense_backend::takes_device_inputs): the tables are in the cuda space, so the
+  /// pooled embeddings and their gradients can stay there. False for every host path.
+  virtual bool pools_on_device() const noexcept { return false; }
+  /// forward without the copy to the host: pools the batch's rows into the path's own arrays in
+  /// its space's memory, complete when it returns, and hands them out with room for their
+  /// gradients; they stay valid until the next forward_in_space. unsupported where the path has
+  /// no such arrays.
+  [[nodiscard]] virtual result<space_pooled> forward_in_space(const batch_keys&) {
+    return status::unsupported("embedding path: the pooled embeddings are in host memory");
+  }
+  /// The number of non-finite floats among the gradients written into the last
+  /// forward_in_space's room, counted in the space.
+  [[nodiscard]] virtual result<std::size_t> non_finite_gradients_in_space() {
+    return status::unsupported("embedding path: the gradients are in host memory");
+  }
+  /// backward with the gradients written into the last forward_in_space's room: the same
+  /// updates, in the same order, as backward on the same values.
+  [[nodiscard]] virtual status backward_in_space(std::uint64_t, non_finite_rows*) {
+    return status::unsupported("embedding path: the gradients are in host memory");
+  }
   /// Reads whole rows (row_width floats each) without changing anything; found[i] is false for
   /// a key never trained.
   [[nodiscard]] virtual status read(std::size_t table, const trainer_key* keys, std::size_t n,
@@ -256,7 +286,8 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
 
-/// Builds the training-cache path with its tables in the cuda space over `stores`; installed by
+/// Builds the training-cache path with its tables in the cuda space over `stores`, once the
+/// caches fit in the device's free memory (check_memory, out_of_device_memory); installed by
 /// register_cuda_embeddings() (cuda/trainer_cache_path.cu), which the trainer library cannot
 /// call itself: it does not link embcache::cuda.
 using cuda_cache_path_factory = result<std::unique_ptr<embedding_path>> (*)(

@@ -71,9 +71,15 @@ bool* trainer::impl::found_buffer(std::size_t n) {
   return found.get();
 }
 
-// The memory estimate first: a clear error instead of an allocation that cannot succeed.
+// The memory estimate first: a clear error instead of an allocation that cannot succeed. Caches
+// in the cuda space are not host memory: the cuda path checks them against the device's.
 status trainer::impl::build() {
-  EMBCACHE_RETURN_IF_ERROR(check_memory(config, physical_memory_bytes()));
+  auto on_cuda = detail::embedding_device_of(config, comm != nullptr, nullptr);
+  if (!on_cuda.ok()) return on_cuda.get_status();
+  memory_budget budget;
+  budget.host_bytes = physical_memory_bytes();
+  budget.caches_on_device = on_cuda.value();
+  EMBCACHE_RETURN_IF_ERROR(check_memory(config, budget));
   try {
     space.max_threads = config.threads;
     roles = detail::roles_of(config);
@@ -94,6 +100,7 @@ status trainer::impl::build() {
     auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
     if (!m.ok()) return m.get_status();
     model = std::move(m).value();
+    pooled_on_device = path->pools_on_device() && model->takes_device_inputs();
     return {};
   } catch (const std::bad_alloc&) {
     return status::capacity_exceeded(building +
@@ -125,26 +132,45 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
   const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b);
-  in_wide.resize(n * ws);
-  in_deep.resize(n * ds * dim);
-  d_wide.resize(n * ws);
-  d_deep.resize(n * ds * dim);
   const detail::batch_keys keys{n, wide_keys.data(), ws, b.keys.data(), ds, offsets.data()};
-  EMBCACHE_RETURN_IF_ERROR(path->forward(keys, in_wide.data(), in_deep.data()));
-  const wide_deep_batch batch{n, in_wide.data(), in_deep.data(), b.dense.data(), b.labels.data()};
-  *loss = model->forward_backward(batch, step, d_wide.data(), d_deep.data());
+  // The pooled embeddings and their gradients: the path's device arrays when the tables and the
+  // dense network are both on the device, else the loop's host arrays.
+  detail::space_pooled p;
+  if (pooled_on_device) {
+    auto pooled = path->forward_in_space(keys);
+    if (!pooled.ok()) return pooled.get_status();
+    p = pooled.value();
+  } else {
+    in_wide.resize(n * ws);
+    in_deep.resize(n * ds * dim);
+    d_wide.resize(n * ws);
+    d_deep.resize(n * ds * dim);
+    EMBCACHE_RETURN_IF_ERROR(path->forward(keys, in_wide.data(), in_deep.data()));
+    p = {in_wide.data(), in_deep.data(), d_wide.data(), d_deep.data()};
+  }
+  const wide_deep_batch batch{n, p.wide, p.deep, b.dense.data(), b.labels.data()};
+  *loss = pooled_on_device ? model->forward_backward_on_device(batch, step, p.d_wide, p.d_deep)
+                           : model->forward_backward(batch, step, p.d_wide, p.d_deep);
   // Stop before this step changes a row or a weight: the first non-finite value ends the run.
   if (!std::isfinite(*loss))
     return diverge(step_label(pass, step + 1, pass_step),
                    std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
-  if (const std::size_t bad =
-          count_non_finite(d_wide.data(), n * ws) + count_non_finite(d_deep.data(), n * ds * dim))
+  std::size_t bad_gradients = 0;
+  if (pooled_on_device) {
+    auto c = path->non_finite_gradients_in_space();
+    if (!c.ok()) return c.get_status();
+    bad_gradients = c.value();
+  } else {
+    bad_gradients = count_non_finite(p.d_wide, n * ws) + count_non_finite(p.d_deep, n * ds * dim);
+  }
+  if (bad_gradients)
     return diverge(step_label(pass, step + 1, pass_step),
-                   std::to_string(bad) + " gradients of the embeddings are not finite");
+                   std::to_string(bad_gradients) + " gradients of the embeddings are not finite");
   ++step;
   // No non-finite row may reach a store, an export or a save.
   detail::non_finite_rows bad;
-  EMBCACHE_RETURN_IF_ERROR(path->backward(d_wide.data(), d_deep.data(), step, &bad));
+  EMBCACHE_RETURN_IF_ERROR(pooled_on_device ? path->backward_in_space(step, &bad)
+                                            : path->backward(p.d_wide, p.d_deep, step, &bad));
   if (bad.rows)
     return diverge(step_label(pass, step, pass_step),
                    std::to_string(bad.rows) + " rows of table " + bad.table +

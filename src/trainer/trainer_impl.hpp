@@ -42,6 +42,9 @@ struct trainer::impl {
   std::size_t num_wide_slots = 0;  // slot keys, plus crossed keys when crossing
   std::unique_ptr<detail::embedding_path> path;
   std::unique_ptr<dense_backend> model;
+  // The tables and the dense network both on the device: each step's pooled embeddings and
+  // their gradients stay there (embedding_path::forward_in_space, backward_in_space).
+  bool pooled_on_device = false;
   std::string dense_note, embedding_note;
   bool dense_note_logged = false;  // and the embedding note after it
   std::uint64_t step = 0, passes_done = 0, samples = 0;

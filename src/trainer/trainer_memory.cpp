@@ -1,5 +1,6 @@
 // How much memory a configuration needs: the estimate trainer::create checks against the
-// machine's physical memory before it allocates anything (trainer.hpp: check_memory).
+// machine's physical memory before it allocates anything, and the cuda path against the device's
+// free memory for caches in the cuda space (trainer.hpp: check_memory).
 #include <unistd.h>
 
 #include <cstdint>
@@ -33,6 +34,25 @@ std::string bytes_text(const memory_part& p) {
   return p.overflow ? "more than 2^64 bytes" : std::to_string(p.bytes) + " bytes";
 }
 
+// The parts one memory holds, each and together against its `available` bytes: `memory` names it
+// ("physical memory"), `all` the parts in the message about their sum ("config: the caches, the
+// dense network and the batch").
+status check_parts(const std::vector<memory_part>& parts, std::uint64_t available,
+                   const std::string& memory, const std::string& all, status_code code) {
+  const std::string limit = ", more than the " + std::to_string(available) + " bytes of " + memory;
+  memory_part total;
+  for (const memory_part& p : parts) {
+    if (p.overflow || p.bytes > available)
+      return status(code, p.field + ": " + p.what + " needs " + bytes_text(p) + limit);
+    total.overflow = total.overflow || !checked_add(total.bytes, p.bytes, total.bytes);
+  }
+  if (!total.overflow && total.bytes <= available) return {};
+  std::string list;
+  for (const memory_part& p : parts)
+    list += (list.empty() ? "" : ", ") + p.field + " " + bytes_text(p);
+  return status(code, all + " need " + bytes_text(total) + " together (" + list + ")" + limit);
+}
+
 // Per slot of a cache table: the row's floats plus the key, version, score, claim, state and
 // overflow words (embedding_cache.hpp).
 constexpr std::uint64_t slot_metadata_bytes = 40;
@@ -48,7 +68,13 @@ std::uint64_t physical_memory_bytes() noexcept {
 }
 
 status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
-  std::vector<memory_part> parts;
+  memory_budget budget;
+  budget.host_bytes = available_bytes;
+  return check_memory(c, budget);
+}
+
+status check_memory(const trainer_config& c, const memory_budget& budget) {
+  std::vector<memory_part> parts, caches;
   std::uint64_t dim = 16;  // the deep table's
   for (const auto& tc : c.tables)
     if (tc.name == "deep") dim = tc.dim;
@@ -73,8 +99,9 @@ status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
                    : std::to_string(tc.slots ? tc.slots : tc.capacity) +
                          (tc.slots ? " slots" : " rows")) +
                ")";
-      parts.push_back(p);
+      caches.push_back(p);
     }
+  if (!budget.caches_on_device) parts = caches;
   // The MLP: parameters, gradients and two Adam moments, 16 bytes per parameter.
   {
     memory_part p;
@@ -114,22 +141,14 @@ status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
     p.overflow = !ok;
     parts.push_back(p);
   }
-  const std::string limit =
-      ", more than the " + std::to_string(available_bytes) + " bytes of physical memory";
-  memory_part total;
-  for (const memory_part& p : parts) {
-    if (p.overflow || p.bytes > available_bytes)
-      return status::capacity_exceeded(p.field + ": " + p.what + " needs " + bytes_text(p) + limit);
-    total.overflow = total.overflow || !checked_add(total.bytes, p.bytes, total.bytes);
-  }
-  if (total.overflow || total.bytes > available_bytes) {
-    std::string list;
-    for (const memory_part& p : parts)
-      list += (list.empty() ? "" : ", ") + p.field + " " + bytes_text(p);
-    return status::capacity_exceeded("config: the caches, the dense network and the batch need " +
-                                     bytes_text(total) + " together (" + list + ")" + limit);
-  }
-  return {};
+  EMBCACHE_RETURN_IF_ERROR(check_parts(parts, budget.host_bytes, "physical memory",
+                                       budget.caches_on_device
+                                           ? "config: the dense network and the batch"
+                                           : "config: the caches, the dense network and the batch",
+                                       status_code::capacity_exceeded));
+  if (!budget.caches_on_device) return {};
+  return check_parts(caches, budget.device_bytes, "free device memory", "config.tables: the caches",
+                     status_code::out_of_device_memory);
 }
 
 }  // namespace embcache

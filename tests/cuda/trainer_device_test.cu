@@ -1,6 +1,7 @@
 // The trainer with its dense network, its embedding tables or both on the device against the same
 // run on the host (skips without a device): same losses and AUC within float tolerance, the same
-// bits run to run and across the cache modes within the cuda space, and saves that move between
+// bits run to run and across the cache modes within the cuda space, the same bits whether the
+// pooled embeddings stay on the device or cross to the host and back, and saves that move between
 // the devices unchanged.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,8 +9,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/status_assertions.hpp"
 #include "common/trainer_dataset.hpp"
@@ -172,6 +175,21 @@ void expect_same_model(const std::string& a, const std::string& b) {
   EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
 }
 
+// Every run after the first has the first's per-pass metrics, to the bit, and its model bytes.
+void expect_same_runs(const std::vector<std::string>& saves,
+                      const std::vector<std::vector<pass_metrics>>& histories) {
+  for (std::size_t r = 1; r < saves.size(); ++r) {
+    SCOPED_TRACE("run " + std::to_string(r) + ", saved in " + saves[r]);
+    ASSERT_EQ(histories[r].size(), histories[0].size());
+    for (std::size_t p = 0; p < histories[0].size(); ++p) {
+      EXPECT_EQ(histories[r][p].train_loss, histories[0][p].train_loss) << "pass " << p + 1;
+      EXPECT_EQ(histories[r][p].eval_auc, histories[0][p].eval_auc) << "pass " << p + 1;
+      EXPECT_EQ(histories[r][p].eval_logloss, histories[0][p].eval_logloss) << "pass " << p + 1;
+    }
+    expect_same_model(saves[0], saves[r]);
+  }
+}
+
 table_counters totals(const cache_counters& c) {
   table_counters sum;
   for (const auto& t : c.total) sum += t;
@@ -211,16 +229,7 @@ TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes
     saves.push_back(c.save_dir);
     histories.push_back(t.value()->history());
   }
-  for (std::size_t r = 1; r < saves.size(); ++r) {
-    SCOPED_TRACE(runs[r].second);
-    ASSERT_EQ(histories[r].size(), histories[0].size());
-    for (std::size_t p = 0; p < histories[0].size(); ++p) {
-      EXPECT_EQ(histories[r][p].train_loss, histories[0][p].train_loss) << "pass " << p + 1;
-      EXPECT_EQ(histories[r][p].eval_auc, histories[0][p].eval_auc) << "pass " << p + 1;
-      EXPECT_EQ(histories[r][p].eval_logloss, histories[0][p].eval_logloss) << "pass " << p + 1;
-    }
-    expect_same_model(saves[0], saves[r]);
-  }
+  expect_same_runs(saves, histories);
 }
 
 // The tables in the cuda space (with the dense network on the host, and with everything on the
@@ -287,6 +296,122 @@ TEST(trainer_embedding_device, SavesMoveBetweenHostAndDeviceTablesUnchanged) {
   expect_same_model(c.save_dir, back_save);
   EMBCACHE_ASSERT_OK(again.value()->run());
   EXPECT_EQ(again.value()->history().back().pass, 2u);
+}
+
+// --- the tables and the dense network both on the device ------------------------------------
+
+// The cuda dense backend behind a wrapper that counts which forward_backward the trainer calls;
+// with `offer_device_inputs` off it hides forward_backward_on_device, so the trainer takes the
+// host round trip with the same backend.
+struct forward_calls {
+  int host_arrays = 0, device_inputs = 0;
+};
+forward_calls calls;
+bool offer_device_inputs = true;
+
+class counting_backend final : public dense_backend {
+ public:
+  explicit counting_backend(std::unique_ptr<dense_backend> inner) : inner_(std::move(inner)) {}
+  const char* device() const noexcept override { return inner_->device(); }
+  const wide_deep_options& options() const noexcept override { return inner_->options(); }
+  void predict(const wide_deep_batch& b, std::vector<float>& logits) override {
+    inner_->predict(b, logits);
+  }
+  double forward_backward(const wide_deep_batch& b, std::uint64_t step, float* d_wide,
+                          float* d_deep, std::vector<float>* logits) override {
+    ++calls.host_arrays;
+    return inner_->forward_backward(b, step, d_wide, d_deep, logits);
+  }
+  bool takes_device_inputs() const noexcept override { return offer_device_inputs; }
+  double forward_backward_on_device(const wide_deep_batch& b, std::uint64_t step, float* d_wide,
+                                    float* d_deep, std::vector<float>* logits) override {
+    ++calls.device_inputs;
+    return inner_->forward_backward_on_device(b, step, d_wide, d_deep, logits);
+  }
+  void apply_dense_update() override { inner_->apply_dense_update(); }
+  std::size_t num_gradients() const noexcept override { return inner_->num_gradients(); }
+  void get_gradients(float* out) override { inner_->get_gradients(out); }
+  void set_gradients(const float* in) override { inner_->set_gradients(in); }
+  std::vector<std::uint8_t> save() const override { return inner_->save(); }
+  status load(const std::uint8_t* data, std::size_t size) override {
+    return inner_->load(data, size);
+  }
+
+ private:
+  std::unique_ptr<dense_backend> inner_;
+};
+
+std::unique_ptr<dense_backend> make_counting_backend(const wide_deep_options& o) {
+  return std::make_unique<counting_backend>(make_cuda_dense_backend(o));
+}
+
+// Everything on the device: each step's pooled embeddings go from the device tables to the cuda
+// dense backend and their gradients back without leaving the device. The same bits as the host
+// round trip with the same backend, run to run, and in on-demand mode with small caches.
+TEST(trainer_embedding_device, PooledEmbeddingsStayOnTheDeviceWithTheSameBits) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_embeddings();
+  struct run_case {
+    const char* name;
+    trainer_mode mode;
+    bool counting, offer;
+  };
+  const run_case runs[] = {{"device_step_a", trainer_mode::keyset, true, true},
+                           {"device_step_b", trainer_mode::keyset, false, true},
+                           {"round_trip", trainer_mode::keyset, true, false},
+                           {"device_step_on_demand", trainer_mode::on_demand, true, true}};
+  std::vector<std::string> saves;
+  std::vector<std::vector<pass_metrics>> histories;
+  for (const run_case& r : runs) {
+    SCOPED_TRACE(r.name);
+    if (r.counting)
+      set_cuda_dense_backend_factory(&make_counting_backend);
+    else
+      register_cuda_dense_backend();
+    offer_device_inputs = r.offer;
+    calls = {};
+    trainer_config c = config("cuda", r.mode, "cuda");
+    if (r.mode == trainer_mode::on_demand) {
+      c.tables[0].capacity = 4096;
+      c.tables[1].capacity = 4096;
+    }
+    c.save_dir = temp_dir(r.name) + "/save";
+    auto t = trainer::create(c);
+    EMBCACHE_ASSERT_OK(t);
+    EXPECT_STREQ(t.value()->embedding_device(), "cuda");
+    EXPECT_STREQ(t.value()->model().device(), "cuda");
+    EXPECT_EQ(t.value()->model().takes_device_inputs(), r.offer);
+    EMBCACHE_ASSERT_OK(t.value()->run());
+    if (r.counting) {
+      const int steps = int(t.value()->step());
+      EXPECT_EQ(calls.device_inputs, r.offer ? steps : 0);
+      EXPECT_EQ(calls.host_arrays, r.offer ? 0 : steps);
+    }
+    saves.push_back(c.save_dir);
+    histories.push_back(t.value()->history());
+  }
+  expect_same_runs(saves, histories);
+  EXPECT_LT(histories[0][1].train_loss, histories[0][0].train_loss);
+  set_cuda_dense_backend_factory(nullptr);
+  offer_device_inputs = true;
+}
+
+// The check of the caches against the device's free memory: tables larger than the device are
+// refused before anything is allocated, naming the field.
+TEST(trainer_embedding_device, CachesLargerThanTheDeviceAreOutOfDeviceMemory) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  register_cuda_embeddings();
+  trainer_config c = config("host", trainer_mode::on_demand, "cuda");
+  c.tables[1].capacity = std::size_t{1} << 40;  // 1.25 Ti slots of 232 bytes
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  // The host's memory is not asked about the caches (they are not there).
+  const std::string& m = t.get_status().message();
+  EXPECT_EQ(t.get_status().code(), status_code::out_of_device_memory) << m;
+  EXPECT_EQ(
+      m.rfind("config.tables[1].capacity: the cache of table \"deep\" (1374389534720 slots", 0), 0u)
+      << m;
+  EXPECT_NE(m.find(" bytes of free device memory"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -200,6 +200,41 @@ TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) 
   }
 }
 
+// `f` throws embcache::error with `code` and the message `what`.
+template <class F>
+void expect_error(F&& f, status_code code, const char* what) {
+  try {
+    f();
+    ADD_FAILURE() << "nothing thrown, expected: " << what;
+  } catch (const error& e) {
+    EXPECT_EQ(e.code(), code);
+    EXPECT_STREQ(e.what(), what);
+  }
+}
+
+// The host network takes host arrays only: device inputs are refused, and the model is untouched.
+TEST(trainer_dense_device, the_host_backend_refuses_device_inputs) {
+  wide_deep_options o;
+  o.num_wide_slots = 2;
+  o.num_deep_slots = 2;
+  o.deep_dim = 2;
+  o.num_dense = 1;
+  o.hidden = {4};
+  auto b = make_host_dense_backend(o);
+  EXPECT_FALSE(b->takes_device_inputs());
+  const std::vector<std::uint8_t> before = b->save();
+  const float wide[2] = {0.1f, 0.2f}, deep[4] = {0.1f, 0.2f, 0.3f, 0.4f}, dense[1] = {1.0f};
+  const float labels[1] = {1.0f};
+  float d_wide[2] = {}, d_deep[4] = {};
+  const wide_deep_batch batch{1, wide, deep, dense, labels};
+  expect_error([&] { (void)b->forward_backward_on_device(batch, 1, d_wide, d_deep); },
+               status_code::unsupported,
+               "dense_backend::forward_backward_on_device: the dense network on host takes host "
+               "arrays (use forward_backward)");
+  EXPECT_TRUE(b->save() == before);
+  EXPECT_EQ(d_wide[0], 0.0f);
+}
+
 // --- where the embeddings live --------------------------------------------------------------
 
 // Restores the cuda path factory this binary started with (none: it does not link embcache::cuda).
@@ -248,15 +283,9 @@ TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and
   // The host cache is there; the cuda one is not, and asking for it is a clear error.
   EXPECT_GT(t.value()->counters().total[0].hits + t.value()->counters().total[0].misses, 0u);
   EXPECT_EQ(&t.value()->counters(), &t.value()->cache().counters());
-  try {
-    (void)t.value()->cuda_cache();
-    ADD_FAILURE() << "cuda_cache() with the embeddings on the host";
-  } catch (const error& e) {
-    EXPECT_EQ(e.code(), status_code::unsupported);
-    EXPECT_STREQ(e.what(),
-                 "trainer::cuda_cache(): the embeddings are on the host "
-                 "(config.embedding_device); use trainer::cache()");
-  }
+  expect_error([&] { (void)t.value()->cuda_cache(); }, status_code::unsupported,
+               "trainer::cuda_cache(): the embeddings are on the host (config.embedding_device); "
+               "use trainer::cache()");
   c.embedding_device = "host";
   t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
@@ -542,6 +571,59 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
                                            0),
             0u)
       << t.get_status().to_string();
+}
+
+// Caches in the cuda space are not host memory: with caches_on_device they count against the
+// device's bytes (out_of_device_memory, same naming), the dense network and the batch still
+// against the host's.
+TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots of (1 + 2) * 4 + 40 bytes
+  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
+  memory_budget b;
+  b.host_bytes = 100'000'000;
+  status s = check_memory(c, b);  // on the host: as check_memory(c, bytes)
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(), check_memory(c, b.host_bytes).message());
+  EXPECT_EQ(s.message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
+            "needs 304087040 bytes, more than the 100000000 bytes of physical memory");
+
+  // Too large for the host, on the device: not refused for host memory.
+  b.caches_on_device = true;
+  EMBCACHE_EXPECT_OK(check_memory(c, b));
+  b.device_bytes = 100'000'000;
+  s = check_memory(c, b);
+  EXPECT_EQ(s.code(), status_code::out_of_device_memory);
+  EXPECT_EQ(s.message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
+            "needs 304087040 bytes, more than the 100000000 bytes of free device memory");
+  // Each fits, both together do not.
+  b.device_bytes = 310'000'000;
+  s = check_memory(c, b);
+  EXPECT_EQ(s.code(), status_code::out_of_device_memory);
+  EXPECT_EQ(s.message(),
+            "config.tables: the caches need 372244480 bytes together (config.tables[0].capacity "
+            "68157440 bytes, config.tables[1].capacity 304087040 bytes), more than the "
+            "310000000 bytes of free device memory");
+  b.device_bytes = 372'244'480;
+  EMBCACHE_EXPECT_OK(check_memory(c, b));
+  // The dense network and the batch stay on the host's account.
+  c.model.hidden = {4096, 4096};
+  s = check_memory(c, b);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config.model.hidden: the dense network's parameters, gradients and Adam state needs "
+            "296747024 bytes, more than the 100000000 bytes of physical memory");
+  c.model.hidden = {1024};
+  b.host_bytes = 13'000'000;  // each host part fits, not both
+  s = check_memory(c, b);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config: the dense network and the batch need 19283984 bytes together "
+            "(config.model.hidden 7061520 bytes, config.batch_size 12222464 bytes), more than the "
+            "13000000 bytes of physical memory");
 }
 
 #if defined(__SANITIZE_ADDRESS__)

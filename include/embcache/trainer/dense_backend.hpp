@@ -2,9 +2,13 @@
 /// @brief Where the dense part of Wide&Deep runs, behind one interface whose inputs and outputs
 /// are in host memory: the host space (OpenBLAS) or the cuda space (cuBLAS). The trainer and the
 /// host-hybrid sample hand each batch's pooled embeddings and dense features to a dense_backend,
-/// which gives back the gradients with respect to the embeddings for the sparse optimizers. The
-/// embeddings are pooled on the host, or, with the trainer's embedding_device "cuda", on the
-/// device and copied to the host for this interface.
+/// which gives back the gradients with respect to the embeddings for the sparse optimizers.
+///
+/// A backend on the device also takes the pooled embeddings where they already are
+/// (forward_backward_on_device): in device memory, with their gradients written there. The
+/// trainer uses it when its tables are in the cuda space too (embedding_device "cuda"), so that
+/// neither the pooled embeddings nor their gradients cross PCIe. Tables on the host, and
+/// host-hybrid, use forward_backward with host arrays.
 ///
 /// This header compiles with g++ alone. The cuda implementation lives in the embcache::cuda
 /// library; a program that links it calls register_cuda_dense_backend() once, after which
@@ -27,7 +31,8 @@
 namespace embcache {
 
 /// The dense part of a Wide&Deep model (the MLP and the wide bias with their Adam state) on some
-/// device. Every pointer it takes or fills is in host memory. Not thread-safe.
+/// device. Every pointer it takes or fills is in host memory, except the pooled embeddings and
+/// their gradients of forward_backward_on_device. Not thread-safe.
 class dense_backend {
  public:
   virtual ~dense_backend() = default;
@@ -46,6 +51,20 @@ class dense_backend {
   virtual double forward_backward(const wide_deep_batch& batch, std::uint64_t dropout_step,
                                   float* d_wide, float* d_deep,
                                   std::vector<float>* logits = nullptr) = 0;
+  /// Whether forward_backward_on_device can be called: true for the cuda backend, false for the
+  /// host one.
+  virtual bool takes_device_inputs() const noexcept { return false; }
+  /// forward_backward with the pooled embeddings in device memory: `batch.wide` (B *
+  /// num_wide_slots floats) and `batch.deep` (B * num_deep_slots * deep_dim floats) are read from,
+  /// and `d_wide` and `d_deep` (as many floats) written to, the memory of the cuda space's device;
+  /// `batch.dense` and `batch.labels` are host arrays as in forward_backward. The inputs must be
+  /// complete when it is called (their writer synchronized); the gradients are when it returns.
+  /// Gives the same loss, gradients and dense state, bit for bit, as forward_backward on the same
+  /// values: only the copies differ. A backend whose takes_device_inputs() is false throws
+  /// embcache::error (unsupported) and changes nothing.
+  virtual double forward_backward_on_device(const wide_deep_batch& batch,
+                                            std::uint64_t dropout_step, float* d_wide,
+                                            float* d_deep, std::vector<float>* logits = nullptr);
   /// One Adam step of the MLP and the wide bias (wide_deep_model::apply_dense_update).
   virtual void apply_dense_update() = 0;
   /// Floats of the dense gradient (wide_deep_model::num_gradients).
@@ -86,7 +105,8 @@ dense_backend_factory cuda_dense_backend_factory() noexcept;
 
 /// Defined in the embcache::cuda library (cuda/trainer_dense_backend.cu), so only programs that
 /// link it may call these. make_cuda_dense_backend builds a wide_deep_model<cuda_space> behind the
-/// interface (batches are copied to the device, gradients back); register_cuda_dense_backend
+/// interface (forward_backward copies the batch to the device and the gradients back;
+/// forward_backward_on_device copies only the dense features); register_cuda_dense_backend
 /// installs it as the "cuda" factory.
 std::unique_ptr<dense_backend> make_cuda_dense_backend(const wide_deep_options& options);
 /// See make_cuda_dense_backend.

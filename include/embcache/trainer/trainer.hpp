@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -112,8 +113,10 @@ struct trainer_config {
   /// the in-row optimizers) run in modes keyset and on_demand: "host", "cuda" or "auto" (default:
   /// cuda when the program registered the cuda embeddings, register_cuda_embeddings(), and a
   /// device is present, else host). With "cuda" the tables are a training_cache<std::int64_t,
-  /// cuda_space> and only each batch's keys (or, on demand, its slots), pooled embeddings and
-  /// their gradients cross to and from the device. Mode host_hybrid keeps them on the host
+  /// cuda_space> and only each batch's keys (or, on demand, its slots) go to the device; with the
+  /// dense network there too the pooled embeddings and their gradients stay on the device
+  /// (dense_backend::forward_backward_on_device), with it on the host they cross to the host and
+  /// back (docs/trainer.md: what crosses PCIe per step). Mode host_hybrid keeps them on the host
   /// ("auto" means host there, "cuda" is refused naming the mode), and so does a sharded run
   /// (trainer::create with a communicator; "cuda" is refused as unsupported).
   std::string embedding_device = "auto";
@@ -138,13 +141,30 @@ struct trainer_config {
 /// fields consistent. The message names the field and what was expected, e.g.
 /// "config.tables[1].dim: expected an integer in [1, 4096], got 0".
 [[nodiscard]] status validate(const trainer_config& config);
-/// Checks that the caches, the dense network and one batch fit in `available_bytes` (an estimate
-/// from below: slots * (row bytes + 40), 16 bytes per MLP parameter, the batch's buffers), with
-/// overflow-checked arithmetic. capacity_exceeded names the field that sizes the part that does
-/// not fit and the bytes it needs, e.g. "config.tables[1].capacity: the cache of table "deep"
-/// (...) needs N bytes, more than the M bytes of physical memory". trainer::create checks
-/// against physical_memory_bytes().
+/// The memory check_memory holds a run to, and where its training caches are.
+struct memory_budget {
+  /// Host memory for what the run keeps on the host (default: no limit).
+  std::uint64_t host_bytes = std::numeric_limits<std::uint64_t>::max();
+  /// The training caches are in the cuda space (config.embedding_device resolved to "cuda"), so
+  /// they count against device_bytes instead of host_bytes (default false: on the host).
+  bool caches_on_device = false;
+  /// Device memory for the caches when caches_on_device (default: no limit).
+  std::uint64_t device_bytes = std::numeric_limits<std::uint64_t>::max();
+};
+/// Checks that the caches, the dense network and one batch fit in `available_bytes` of host
+/// memory (an estimate from below: slots * (row bytes + 40), 16 bytes per MLP parameter, the
+/// batch's buffers), with overflow-checked arithmetic. capacity_exceeded names the field that
+/// sizes the part that does not fit and the bytes it needs, e.g. "config.tables[1].capacity: the
+/// cache of table "deep" (...) needs N bytes, more than the M bytes of physical memory".
 [[nodiscard]] status check_memory(const trainer_config& config, std::uint64_t available_bytes);
+/// check_memory with the caches where `budget` puts them: on the host as above, or, with
+/// caches_on_device, the dense network and the batch against budget.host_bytes and the caches
+/// alone against budget.device_bytes, where too much is out_of_device_memory naming the field
+/// the same way ("... needs N bytes, more than the M bytes of free device memory").
+/// trainer::create checks host parts against physical_memory_bytes() before it allocates
+/// anything; the caches in the cuda space are checked against the device's free memory when the
+/// cuda path is built (register_cuda_embeddings).
+[[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
 /// This machine's physical memory (sysconf), or UINT64_MAX when it cannot be read.
 std::uint64_t physical_memory_bytes() noexcept;
 /// Reads a configuration from JSON (unknown fields are refused, naming them) and validates it.
