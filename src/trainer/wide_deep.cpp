@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "embcache/detail/host_algorithms.hpp"
 #include "embcache/trainer/detail/wide_deep.inl"
 #include "embcache/trainer/metrics.hpp"
 

@@ -10,8 +10,10 @@
 /// over the batch of the binary cross-entropy with logits. backward gives d(loss)/d(wide) and
 /// d(loss)/d(deep) per (sample, slot), ready for aggregate_gradients() and apply_optimizer().
 ///
-/// The reduction over the wide slots, the loss and its gradient are computed on the host in
-/// double, in sample order: a handful of floats per sample, identical in every space.
+/// The reduction over the wide slots runs in the model's space, in double, in slot order; the
+/// loss and its gradient on the host in double, in sample order. Both give the same bits in every
+/// space (only additions and exactly rounded conversions), and only one logit and one logit
+/// gradient per sample cross between the space and the host.
 #pragma once
 
 #include <cstddef>
@@ -104,7 +106,7 @@ class wide_deep_model {
   dense_network<Space> mlp_;
   float bias_ = 0, bias_m_ = 0, bias_v_ = 0, bias_grad_ = 0;
   buffer<float, Space> mlp_logits_, d_logits_space_;
-  std::vector<float> host_wide_, host_logits_, d_logits_, host_d_wide_;
+  std::vector<float> host_logits_, d_logits_;
 };
 
 }  // namespace embcache

@@ -34,6 +34,29 @@ EMBCACHE_HD inline bool dropout_keep_hashed(std::uint64_t base, std::uint64_t in
          threshold;
 }
 
+/// The Wide&Deep logit of sample b: logits[b] = float(mlp[b] + bias + the sample's `w` wide
+/// slots), summed in double in slot order (in place when logits == mlp).
+struct wide_logit {
+  const float* mlp;
+  const float* wide;  // B * w
+  std::size_t w;
+  float bias;
+  float* logits;
+  EMBCACHE_HD void operator()(std::size_t b) const {
+    double sum = double(mlp[b]) + double(bias);
+    for (std::size_t s = 0; s < w; ++s) sum += double(wide[b * w + s]);
+    logits[b] = float(sum);
+  }
+};
+
+/// d_wide[i] := d_logits[i / w]: every wide slot of a sample gets the sample's logit gradient.
+struct spread_wide_gradient {
+  const float* d_logits;
+  std::size_t w;
+  float* d_wide;  // B * w
+  EMBCACHE_HD void operator()(std::size_t i) const { d_wide[i] = d_logits[i / w]; }
+};
+
 /// z := keep(i) && z > 0 ? z * scale : 0 (ReLU then inverted dropout); without dropout
 /// (threshold 0) it is a plain ReLU times scale (1).
 struct relu_dropout_forward {

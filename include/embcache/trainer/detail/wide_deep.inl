@@ -38,17 +38,14 @@ void wide_deep_model<Space>::run_forward(const wide_deep_batch& batch, bool trai
   const input_block blocks[2] = {{batch.deep, options_.num_deep_slots * options_.deep_dim},
                                  {batch.dense, options_.num_dense}};
   mlp_.forward(blocks, 2, n, training, step, mlp_logits_.data());
-  const std::size_t w = options_.num_wide_slots;
-  host_wide_.resize(n * w);
+  // The wide part joins in the space, so the pooled wide embeddings stay where they are; only
+  // the logits come to the host, for the loss against the host labels.
+  detail::for_each_index(space_, n,
+                         detail::wide_logit{mlp_logits_.data(), batch.wide,
+                                            options_.num_wide_slots, bias_, mlp_logits_.data()});
   host_logits_.resize(n);
-  detail::copy(space_, host_wide_.data(), batch.wide, n * w * sizeof(float));
   detail::copy(space_, host_logits_.data(), mlp_logits_.data(), n * sizeof(float));
   detail::synchronize(space_);
-  for (std::size_t b = 0; b < n; ++b) {
-    double sum = double(host_logits_[b]) + double(bias_);
-    for (std::size_t s = 0; s < w; ++s) sum += double(host_wide_[b * w + s]);
-    host_logits_[b] = float(sum);
-  }
 }
 
 template <class Space>
@@ -71,13 +68,13 @@ double wide_deep_model<Space>::forward_backward(const wide_deep_batch& batch,
   double bias_grad = 0;
   for (std::size_t b = 0; b < n; ++b) bias_grad += d_logits_[b];
   bias_grad_ = float(bias_grad);
+  d_logits_space_.copy_from_host(d_logits_.data(), n);
   // Every wide slot of a sample receives the sample's logit gradient.
   const std::size_t w = options_.num_wide_slots;
-  host_d_wide_.resize(n * w);
-  for (std::size_t b = 0; b < n; ++b)
-    for (std::size_t s = 0; s < w; ++s) host_d_wide_[b * w + s] = d_logits_[b];
-  detail::copy(space_, d_wide, host_d_wide_.data(), n * w * sizeof(float));
-  d_logits_space_.copy_from_host(d_logits_.data(), n);
+  if (w) {
+    detail::for_each_index(space_, n * w,
+                           detail::spread_wide_gradient{d_logits_space_.data(), w, d_wide});
+  }
   float* d_blocks[2] = {d_deep, nullptr};
   mlp_.backward(d_logits_space_.data(), d_blocks);
   detail::synchronize(space_);
