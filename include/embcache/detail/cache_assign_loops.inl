@@ -17,6 +17,14 @@ inline constexpr std::uint8_t outcome_inserted = 1;
 inline constexpr std::uint8_t outcome_failed = 2;
 inline constexpr std::uint8_t outcome_evicted = 3;  // inserted in place of a victim
 
+// flags[i] = outcome[i] == value: the caller's inserted/found flags, written where they are.
+struct outcome_flag_fn {
+  const std::uint8_t* outcome;
+  std::uint8_t value;
+  bool* flags;
+  EMBCACHE_HD void operator()(std::size_t i) const { flags[i] = outcome[i] == value; }
+};
+
 // Finds or inserts each key. `rows_in` given: new rows take rows_in[i] (insert_or_assign);
 // otherwise new rows are initialized when `initialize`.
 template <class Key>

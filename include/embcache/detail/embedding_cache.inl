@@ -128,12 +128,9 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
   const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (inserted_out) {
-    // outcome_inserted == 1 and outcome_found == 0; failures report false.
-    std::vector<std::uint8_t> o(n);
-    detail::copy(sp, o.data(), outcome.data(), n);
-    std::vector<std::uint8_t> flags(n);
-    for (std::size_t i = 0; i < n; ++i) flags[i] = o[i] == detail::outcome_inserted;
-    detail::copy(sp, inserted_out, flags.data(), n);
+    // Failures report false.
+    detail::for_each_index(
+        sp, n, detail::outcome_flag_fn{outcome.data(), detail::outcome_inserted, inserted_out});
   }
   detail::synchronize(sp);
   if (failed) return check_no_failures(slots, keys, n, what);
@@ -284,11 +281,8 @@ status embedding_cache<Key, Space>::insert_and_evict(
   if (evicted_count) *evicted_count = evicted;
   if (slots_out) detail::copy(sp, slots_out, slots.data(), n * sizeof(std::int64_t));
   if (found_out) {
-    std::vector<std::uint8_t> o(n);
-    detail::copy(sp, o.data(), outcome.data(), n);
-    std::vector<std::uint8_t> f(n);
-    for (std::size_t i = 0; i < n; ++i) f[i] = o[i] == detail::outcome_found;
-    detail::copy(sp, found_out, f.data(), n);
+    detail::for_each_index(
+        sp, n, detail::outcome_flag_fn{outcome.data(), detail::outcome_found, found_out});
   }
   detail::synchronize(sp);
   if (failed) return check_no_failures(slots.data(), keys, n, "insert_and_evict");
