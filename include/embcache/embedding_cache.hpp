@@ -269,7 +269,8 @@ class embedding_cache {
   /// run on `space` instead of space(), their scratch memory included: in the cuda space, a
   /// background thread gives its calls a stream of its own, so that they overlap the kernels of
   /// the cache's stream instead of queueing behind them (a current-stream guard, per thread and
-  /// per cache). `space` must reach the same memory (the same device) and outlive the guard.
+  /// per cache). `space` must reach the same memory (the same device), and its stream must
+  /// outlive the guard.
   /// The rules of concurrency are unchanged: each call still returns once done, and the table
   /// memory is the same. Guards nest; destroy them in reverse order, on the thread that made them
   /// (a scoped variable does both).
