@@ -68,6 +68,17 @@ namespace fs = std::filesystem;
 
 inline constexpr std::size_t dim = 4;
 
+// A table's options: its name, row width, capacity and optimizer; the rest default.
+inline table_options<std::int64_t> table_of(const char* name, std::size_t d, std::size_t capacity,
+                                            optimizer_kind kind = optimizer_options{}.kind) {
+  table_options<std::int64_t> o;
+  o.name = name;
+  o.dim = d;
+  o.capacity = capacity;
+  o.optimizer.kind = kind;
+  return o;
+}
+
 // --- spaces --------------------------------------------------------------------------------------
 
 // Skips every case of the cuda space when no CUDA device can be used.
@@ -606,10 +617,7 @@ TYPED_TEST_P(conformance, keyset_errors_are_clear_and_change_nothing) {
   fs::copy_file(p1, ptrunc);
   fs::resize_file(ptrunc, fs::file_size(p1) - 5);
 
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 200;
+  auto o = table_of("t", dim, 200);
   training_cache<std::int64_t, Space> tc({}, {o});
   EMBCACHE_ASSERT_OK(tc.begin_pass_files({p1}));
   EXPECT_EQ(tc.cache(0).size(), 100u);
@@ -643,11 +651,7 @@ TYPED_TEST_P(conformance, keyset_errors_are_clear_and_change_nothing) {
 // Minimal movement: rows that stay in the next keyset stay; eviction only as capacity requires.
 TYPED_TEST_P(conformance, begin_pass_moves_only_the_difference) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = 150;
+  auto o = table_of("t", dim, 150, optimizer_kind::adam);
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t, Space> tc({}, {o});
   std::vector<std::int64_t> k1, k2;
@@ -819,11 +823,7 @@ class gated_store final : public param_store<Key> {
 TYPED_TEST_P(conformance, prefetch_stages_in_the_background_while_the_caller_trains) {
   using Space = TypeParam;
   auto store = std::make_shared<gated_store<std::int64_t>>(dim * 3);
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = 256;
+  auto o = table_of("t", dim, 256, optimizer_kind::adam);
   o.store = store;
   training_cache<std::int64_t, Space> tc({}, {o});
   std::vector<std::int64_t> k1, k2;
@@ -916,10 +916,7 @@ TYPED_TEST_P(conformance, staged_rows_are_never_older_than_a_write_back) {
 // written-back row, not the older staged one.
 TYPED_TEST_P(conformance, a_key_staged_again_after_its_write_back_comes_back_with_it) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 128;
+  auto o = table_of("t", dim, 128);
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t, Space> tc({}, {o});
   std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {10, 11, 12}, k3 = {20, 21}, k4 = {10, 30};
@@ -955,10 +952,7 @@ TYPED_TEST_P(conformance, a_key_staged_again_after_its_write_back_comes_back_wit
 // makes begin_pass re-pull it.
 TYPED_TEST_P(conformance, write_back_after_staging_forces_a_re_pull) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 128;
+  auto o = table_of("t", dim, 128);
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   training_cache<std::int64_t, Space> tc({}, {o});
   std::vector<std::int64_t> k1 = {10, 11, 12};
@@ -988,10 +982,7 @@ TYPED_TEST_P(conformance, write_back_after_staging_forces_a_re_pull) {
 // key erased after prefetch must be brought back by begin_pass.
 TYPED_TEST_P(conformance, a_key_erased_after_prefetch_is_resident_after_begin_pass) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 16;
+  auto o = table_of("t", dim, 16);
   training_cache<std::int64_t, Space> tc({}, {o});
   const std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {1, 2, 3, 4};
   EMBCACHE_ASSERT_OK(tc.begin_pass({k1}));
@@ -1023,11 +1014,7 @@ struct wb_fixture {
   std::vector<std::int64_t> a, b;
   std::vector<float> rows;  // the rows given to a
   explicit wb_fixture(training_cache_options opts = {}) {
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.optimizer.kind = optimizer_kind::adam;
-    o.capacity = 64;
+    auto o = table_of("t", dim, 64, optimizer_kind::adam);
     o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
     o.store = store;
     tc = std::make_unique<training_cache<std::int64_t, Space>>(opts, std::vector{o});
@@ -1248,11 +1235,7 @@ std::set<std::int64_t> resident_keys(training_cache<std::int64_t, Space>& tc) {
 // the staged rows: exactly the next keyset's missing rows, nothing else.
 TYPED_TEST_P(conformance, prefetch_inserts_exactly_the_next_keysets_missing_rows_early) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = 110;
+  auto o = table_of("t", dim, 110, optimizer_kind::adam);
   o.max_resident = o.capacity;  // every leaving row is evicted at its boundary
   o.store = filled_store(200);
   training_cache<std::int64_t, Space> tc({}, {o});
@@ -1326,11 +1309,7 @@ TYPED_TEST_P(conformance, prefetch_inserts_exactly_the_next_keysets_missing_rows
 // stay resident (readable, dirty) until a later worker writes them back in the background.
 TYPED_TEST_P(conformance, leaving_rows_wait_in_the_slack_and_leave_in_the_background) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = 100;
+  auto o = table_of("t", dim, 100, optimizer_kind::adam);
   o.slots = 128;
   o.max_resident = 115;
   o.store = filled_store(200);
@@ -1392,10 +1371,7 @@ TYPED_TEST_P(conformance, leaving_rows_wait_in_the_slack_and_leave_in_the_backgr
 
 TYPED_TEST_P(conformance, max_resident_outside_capacity_and_slots_is_refused) {
   using Space = TypeParam;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 100;
+  auto o = table_of("t", dim, 100);
   o.slots = 128;
   for (std::size_t bad : {std::size_t{99}, std::size_t{129}}) {
     o.max_resident = bad;
@@ -1416,11 +1392,7 @@ TYPED_TEST_P(conformance, max_resident_outside_capacity_and_slots_is_refused) {
 TYPED_TEST_P(conformance, early_install_keeps_the_model_and_the_exports) {
   using Space = TypeParam;
   auto run = [](std::size_t cap, bool prefetch, bool write_behind, bool tight = false) {
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.optimizer.kind = optimizer_kind::adam;
-    o.capacity = cap;
+    auto o = table_of("t", dim, cap, optimizer_kind::adam);
     o.max_resident = tight ? cap : 0;
     o.store = filled_store(600, 2);
     training_cache_options opts;
@@ -1482,11 +1454,7 @@ TYPED_TEST_P(conformance, early_install_keeps_the_model_and_the_exports) {
 TYPED_TEST_P(conformance, replaced_and_unused_prefetches_keep_the_model) {
   using Space = TypeParam;
   auto run = [](bool prefetch) {
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.optimizer.kind = optimizer_kind::adam;
-    o.capacity = 160;
+    auto o = table_of("t", dim, 160, optimizer_kind::adam);
     o.store = filled_store(700, 3);
     training_cache<std::int64_t, Space> tc({}, {o});
     auto keyset = [](int p) { return range_keys(p * 41, p * 41 + 100); };
@@ -1512,11 +1480,7 @@ TYPED_TEST_P(conformance, on_demand_small_cache_equals_full_cache) {
   auto run = [](std::size_t cap) {
     training_cache_options opts;
     opts.mode = cache_mode::on_demand;
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.optimizer.kind = optimizer_kind::adam;
-    o.capacity = cap;
+    auto o = table_of("t", dim, cap, optimizer_kind::adam);
     training_cache<std::int64_t, Space> tc(opts, {o});
     std::mt19937_64 rng(3);
     cache_access<std::int64_t, Space> rows(tc, 0);  // the rows in place, in the space's memory
@@ -1550,10 +1514,7 @@ TYPED_TEST_P(conformance, on_demand_small_cache_equals_full_cache) {
 
   training_cache_options opts;
   opts.mode = cache_mode::on_demand;
-  table_options<std::int64_t> o;
-  o.name = "t";
-  o.dim = dim;
-  o.capacity = 128;
+  auto o = table_of("t", dim, 128);
   training_cache<std::int64_t, Space> tc(opts, {o});
   std::vector<std::int64_t> many(200);
   for (std::size_t i = 0; i < many.size(); ++i) many[i] = std::int64_t(i);
@@ -1565,11 +1526,7 @@ TYPED_TEST_P(conformance, on_demand_small_cache_equals_full_cache) {
 
 template <class Space>
 std::unique_ptr<training_cache<std::int64_t, Space>> make_crash_model() {
-  table_options<std::int64_t> o;
-  o.name = "emb";
-  o.dim = 16;
-  o.optimizer.kind = optimizer_kind::adam;
-  o.capacity = 20000;
+  auto o = table_of("emb", 16, 20000, optimizer_kind::adam);
   auto tc = std::make_unique<training_cache<std::int64_t, Space>>(training_cache_options{},
                                                                   std::vector{o});
   std::vector<std::int64_t> keys(20000);
@@ -1623,11 +1580,7 @@ TYPED_TEST_P(conformance, kill_during_save_keeps_previous_save) {
     int st = 0;
     ::waitpid(pid, &st, 0);
     ASSERT_TRUE(WIFSIGNALED(st)) << "the child ended by itself: " << st;
-    table_options<std::int64_t> o;
-    o.name = "emb";
-    o.dim = 16;
-    o.optimizer.kind = optimizer_kind::adam;
-    o.capacity = 128;
+    auto o = table_of("emb", 16, 128, optimizer_kind::adam);
     training_cache<std::int64_t, Space> loaded({}, {o});
     const status s = loaded.load(ckpt);
     EMBCACHE_ASSERT_OK(s) << "round " << round << ": " << s.to_string();
