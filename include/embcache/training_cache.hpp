@@ -286,6 +286,14 @@ class training_cache {
   /// non-finite floats are refused (invalid_argument) unless `options` allows them. Everything
   /// is validated before anything changes.
   status load(const std::string& dir, const load_options& options = {});
+  /// After the stores were written from outside the cache while it held none of their rows (a
+  /// sharded save loaded into them, distributed/sharded_table.hpp): as the constructor does with
+  /// a store's rows, moves each table's version clock to at least its store's max_version(), so
+  /// that a row updated from now on is newer than its stored version (else its write-back would
+  /// take it for clean and drop the update), and, as load() does, starts the next export there
+  /// with its logs of written and erased keys emptied. Waits for a running prefetch and drops
+  /// staged rows. invalid_argument, before anything changes, when a table holds resident rows.
+  status adopt_stores();
 
   /// Records the slot id of each key of table `t` (`keys` and `slot_ids`: n each; a key given
   /// twice keeps the later id), for the `slot_id` file of save(). They stay until load() replaces

@@ -265,7 +265,13 @@ class sharded_path final : public embedding_path {
           comm_, local.with_context("rank " + std::to_string(comm_.rank())), "trainer::load"));
       EMBCACHE_RETURN_IF_ERROR(sharded_[t]->load(folder, part_opener_for(config_.tables[t])));
     }
-    return {};
+    // Keyset mode: the rows reached the stores without the training cache, whose version clock
+    // must pass theirs (or rows updated after the resume look clean and are never written back)
+    // and whose next export starts at them (or it repeats the exports before the save).
+    if (!keyset_) return {};
+    return agree(comm_,
+                 tables_.cache->adopt_stores().with_context("rank " + std::to_string(comm_.rank())),
+                 "trainer::load");
   }
   void set_step(std::uint64_t step) override {
     for (auto& s : sharded_)

@@ -141,4 +141,31 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
   return {};
 }
 
+// The clock and the export point of rows that reached the stores without the cache.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::adopt_stores() {
+  drop_staging();  // staged rows may predate the stores' new rows
+  EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
+  for (const auto& tb : tables) {
+    if (tb.cache->size() != 0) {
+      return status::invalid_argument("adopt_stores: table '" + tb.opt.name + "' holds " +
+                                      std::to_string(tb.cache->size()) +
+                                      " resident rows (erase them before the stores change)");
+    }
+  }
+  for (auto& tb : tables) {
+    std::lock_guard<std::mutex> install_lock(*tb.sync.install_mutex);
+    std::uint64_t stored = 0;
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      stored = tb.sync.store->max_version();
+    }
+    tb.cache->advance_version(stored);
+    tb.exports.last_version = tb.cache->version();
+    tb.exports.written.clear();
+    tb.exports.erased.clear();
+  }
+  return {};
+}
+
 }  // namespace embcache::detail

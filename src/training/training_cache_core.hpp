@@ -100,6 +100,7 @@ struct training_cache_core {
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);
   status load(const std::string& dir, const load_options& options);
+  status adopt_stores();
 };
 
 }  // namespace embcache::detail

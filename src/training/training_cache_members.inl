@@ -316,6 +316,11 @@ status training_cache<Key, Space>::load(const std::string& dir, const load_optio
 }
 
 template <class Key, class Space>
+status training_cache<Key, Space>::adopt_stores() {
+  return core_->adopt_stores();
+}
+
+template <class Key, class Space>
 status training_cache<Key, Space>::set_slot_ids(std::size_t t, const Key* keys,
                                                 const std::uint64_t* slot_ids, std::size_t n) {
   if (t >= core_->tables.size()) {

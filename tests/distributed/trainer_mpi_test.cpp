@@ -16,12 +16,8 @@
 #include "trainer_test_util.hpp"
 
 namespace embcache::test {
-namespace {
 
-namespace fs = std::filesystem;
-
-// The synthetic dataset, written once by rank 0 into a folder every rank sees.
-const std::string& data_dir() {
+const std::string& trainer_data_dir() {
   static const std::string dir = [] {
     const std::string d = shared_temp_dir("trainer-data");
     status s;
@@ -31,6 +27,12 @@ const std::string& data_dir() {
   }();
   return dir;
 }
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string& data_dir() { return trainer_data_dir(); }
 
 result<std::unique_ptr<trainer>> run_sharded(const trainer_config& c, communicator& comm) {
   auto t = trainer::create(c, comm);

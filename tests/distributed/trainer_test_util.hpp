@@ -24,6 +24,9 @@
 
 namespace embcache::test {
 
+/// The synthetic dataset of the MPI trainer tests, in a folder every rank sees: written by rank
+/// 0 at the first call (collective then), the same folder afterwards (trainer_mpi_test.cpp).
+const std::string& trainer_data_dir();
 
 /// Two passes (shards 0 and 1, then shard 2), evaluation on shard 3, host-hybrid tables, four
 /// blocks per batch of 128 (the last batch of each shard, 92 samples, makes blocks of 23).

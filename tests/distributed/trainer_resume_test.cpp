@@ -1,0 +1,232 @@
+// A sharded run in keyset mode interrupted after pass 1 (saved on N ranks) and resumed for pass 2
+// on M ranks gives what the uninterrupted run on M ranks gives: every row of the save (embedding
+// and optimizer state), dense.bin, the losses, and every row of every delta. ctest runs this
+// binary on 1, 2 and 4 ranks, so the pairs are 1 -> 1, 2 -> 1, 1 -> 2, 4 -> 1 and 1 -> 4.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embcache/distributed/ownership.hpp"
+#include "embcache/serving.hpp"
+#include "mpi_env.hpp"
+#include "trainer_test_util.hpp"
+
+namespace embcache::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Keyset mode over the shared dataset, exports with optimizer state.
+trainer_config keyset_config(const std::string& save, const std::string& exports) {
+  trainer_config c = sharded_trainer_config(trainer_data_dir());
+  c.mode = trainer_mode::keyset;
+  for (auto& t : c.tables) t.capacity_auto = true;
+  c.export_with_state = true;
+  c.save_dir = save;
+  c.export_dir = exports;
+  return c;
+}
+
+std::unique_ptr<trainer> run_on(const trainer_config& c, communicator& comm) {
+  auto t = trainer::create(c, comm);
+  EMBCACHE_EXPECT_OK(t);
+  if (!t.ok()) return nullptr;
+  EMBCACHE_EXPECT_OK(t.value()->run());
+  return std::move(t).value();
+}
+
+/// The parts of delta `number` of a sharded run's export folder, in rank order.
+std::vector<model_folder> delta_parts(const std::string& exports, std::uint64_t number) {
+  char name[32];
+  std::snprintf(name, sizeof name, "delta-%06llu", static_cast<unsigned long long>(number));
+  const auto parts = nlohmann::json::parse(read_bytes(exports + "/" + name + ".parts.json"));
+  std::vector<model_folder> out;
+  for (const auto& p : parts.at("parts")) {
+    auto d = read_delta_folder(exports + "/" + p.get<std::string>());
+    EMBCACHE_EXPECT_OK(d);
+    if (d.ok()) out.push_back(std::move(d).value());
+  }
+  return out;
+}
+
+/// Table `t` of every part of one delta together, sorted by key: keys, embeddings, optimizer
+/// state and tombstones (versions are left out: they count each rank's own updates).
+folder_table merged(const std::vector<model_folder>& parts, std::size_t t) {
+  folder_table all;
+  std::vector<std::pair<std::int64_t, std::pair<std::size_t, std::size_t>>> order;
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    const folder_table& x = parts[p].tables.at(t);
+    all.name = x.name;
+    all.dim = x.dim;
+    all.state_width = x.state_width;
+    for (std::size_t i = 0; i < x.keys.size(); ++i) order.push_back({x.keys[i], {p, i}});
+    all.erased.insert(all.erased.end(), x.erased.begin(), x.erased.end());
+  }
+  std::sort(order.begin(), order.end());
+  std::sort(all.erased.begin(), all.erased.end());
+  for (const auto& [key, at] : order) {
+    const folder_table& x = parts[at.first].tables[t];
+    all.keys.push_back(key);
+    all.vectors.insert(all.vectors.end(), x.vectors.begin() + at.second * x.dim,
+                       x.vectors.begin() + (at.second + 1) * x.dim);
+    all.states.insert(all.states.end(), x.states.begin() + at.second * x.state_width,
+                      x.states.begin() + (at.second + 1) * x.state_width);
+  }
+  return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Keys, embeddings, optimizer state and tombstones of one table, bit for bit.
+void expect_same_table_rows(const folder_table& a, const folder_table& b, const std::string& what) {
+  EXPECT_GT(a.keys.size(), 0u) << what;
+  EXPECT_EQ(a.keys, b.keys) << what;
+  EXPECT_TRUE(same_bits(a.vectors, b.vectors)) << what << ": embeddings differ";
+  EXPECT_GT(a.state_width, 0u) << what;
+  EXPECT_EQ(a.state_width, b.state_width) << what;
+  EXPECT_TRUE(same_bits(a.states, b.states)) << what << ": optimizer states differ";
+  EXPECT_EQ(a.erased, b.erased) << what;
+}
+
+/// The largest version among the rows of table `table` (row width `width`) in the sharded save
+/// `save` that rank `rank` of `world` owns: the version that rank's tables resume at.
+std::uint64_t resumed_version(const std::string& save, const char* table, std::size_t width,
+                              int rank, int world) {
+  const model m = sharded_rows(save, table, width);
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < m.keys.size(); ++i)
+    if (owner_of(m.keys[i], world) == rank) v = std::max(v, m.versions[i]);
+  return v;
+}
+
+/// The export folder `resumed` (pass 1 on `first_world` ranks with its save in `first_save`,
+/// pass 2 resumed on the ranks of `uninterrupted`'s run) against `uninterrupted`: every delta's
+/// rows, all parts together, and part by part where both ran on as many ranks. Versions count
+/// each rank's own updates (and a prefetch's, whose timing varies), so they are not compared
+/// across runs; instead each part of pass 2 starts at the version its rank resumed at (that of
+/// the newest row it loaded), which on the same number of ranks is where the rank's delta of
+/// pass 1 ended, and holds only rows newer than that: a model at pass 1 takes it whole.
+void expect_same_deltas(const std::string& resumed, const std::string& uninterrupted,
+                        int first_world, int world, const std::string& first_save) {
+  const std::size_t widths[2] = {wide_width, deep_width};
+  std::vector<model_folder> before;
+  for (std::uint64_t n : {1, 2}) {
+    const std::vector<model_folder> a = delta_parts(resumed, n), b = delta_parts(uninterrupted, n);
+    ASSERT_EQ(a.size(), std::size_t(n == 1 ? first_world : world)) << resumed << " delta " << n;
+    ASSERT_EQ(b.size(), std::size_t(world)) << uninterrupted << " delta " << n;
+    for (std::size_t t = 0; t < 2; ++t)
+      expect_same_table_rows(merged(a, t), merged(b, t),
+                             resumed + " delta " + std::to_string(n) + " table " +
+                                 a[0].tables.at(t).name + " against " + uninterrupted);
+    if (a.size() == b.size())
+      for (std::size_t r = 0; r < a.size(); ++r)
+        for (std::size_t t = 0; t < 2; ++t)
+          expect_same_table_rows(a[r].tables.at(t), b[r].tables.at(t),
+                                 a[r].path + " table " + std::to_string(t) + " against " +
+                                     b[r].path);
+    if (n == 1) {
+      before = a;
+      continue;
+    }
+    for (std::size_t r = 0; r < a.size(); ++r)
+      for (std::size_t t = 0; t < 2; ++t) {
+        const folder_table& x = a[r].tables[t];
+        const std::string what = a[r].path + " table " + x.name;
+        const std::uint64_t at =
+            resumed_version(first_save, x.name.c_str(), widths[t], int(r), world);
+        EXPECT_GT(at, 0u) << what;
+        EXPECT_EQ(x.since_version, at) << what;
+        if (first_world == world) EXPECT_EQ(x.since_version, before[r].tables[t].version) << what;
+        EXPECT_GT(x.version, x.since_version) << what;
+        for (std::size_t i = 0; i < x.keys.size(); ++i) {
+          EXPECT_GT(x.versions[i], x.since_version) << what << " key " << x.keys[i];
+          EXPECT_LE(x.versions[i], x.version) << what << " key " << x.keys[i];
+        }
+      }
+  }
+}
+
+/// Copies the export folder of pass 1 for the run that resumes from its save.
+void copy_exports(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::copy(from, to, fs::copy_options::recursive, ec);
+  ASSERT_FALSE(ec) << from << " -> " << to << ": " << ec.message();
+}
+
+// The bug this pins: after loading a sharded save in keyset mode the training cache's version
+// clock restarted below the loaded rows' versions, so rows updated in pass 2 were not written
+// back (the save held their pass-1 values) and the next delta said "since 0" (skipped by apply
+// as contained in the first).
+TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrupted_run_does) {
+  const int world_size = world().size();
+  const std::string dir = shared_temp_dir("trainer-keyset-resume");
+  single_process_communicator one;
+  const trainer_config whole = keyset_config(dir + "/whole_world", dir + "/exports_whole_world");
+  trainer_config first = whole;
+  first.passes = {whole.passes[0]};
+  first.save_dir = dir + "/first_world";
+  first.export_dir = dir + "/exports_first_world";
+  trainer_config rest = whole;
+  rest.passes = {whole.passes[1]};
+
+  // Uninterrupted and pass 1 on this job's ranks, and (several ranks) on one.
+  auto whole_world = run_on(whole, world());
+  ASSERT_NE(whole_world, nullptr);
+  ASSERT_NE(run_on(first, world()), nullptr);
+  trainer_config whole_one = whole, first_one = first;
+  whole_one.save_dir = dir + "/whole_one";
+  whole_one.export_dir = dir + "/exports_whole_one";
+  first_one.save_dir = dir + "/first_one";
+  first_one.export_dir = dir + "/exports_first_one";
+  std::unique_ptr<trainer> whole_alone;
+  if (world().rank() == 0 && world_size > 1) {
+    whole_alone = run_on(whole_one, one);
+    ASSERT_NE(whole_alone, nullptr);
+    ASSERT_NE(run_on(first_one, one), nullptr);
+  }
+  if (world_size == 1) first_one = first;
+  // Each resumed run continues the export folder of the run whose save it loads.
+  trainer_config rest_world = rest;  // 1 -> this job's ranks
+  rest_world.resume_from = first_one.save_dir;
+  rest_world.save_dir = dir + "/rest_world";
+  rest_world.export_dir = dir + "/exports_rest_world";
+  trainer_config rest_one = rest;  // this job's ranks -> 1
+  rest_one.resume_from = first.save_dir;
+  rest_one.save_dir = dir + "/rest_one";
+  rest_one.export_dir = dir + "/exports_rest_one";
+  if (world().rank() == 0) {
+    copy_exports(first_one.export_dir, rest_world.export_dir);
+    if (world_size > 1) copy_exports(first.export_dir, rest_one.export_dir);
+  }
+  ASSERT_TRUE(world().barrier().ok());
+  auto resumed_world = run_on(rest_world, world());
+  ASSERT_NE(resumed_world, nullptr);
+  EXPECT_EQ(resumed_world->passes_done(), 2u);
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() != 0) return;
+
+  // 1 -> world.
+  expect_same_sharded_model(whole.save_dir, rest_world.save_dir);
+  expect_same_history(whole_world->history(), resumed_world->history());
+  expect_same_deltas(rest_world.export_dir, whole.export_dir, 1, world_size, first_one.save_dir);
+  if (world_size == 1) return;
+
+  // world -> 1.
+  auto resumed_one = run_on(rest_one, one);
+  ASSERT_NE(resumed_one, nullptr);
+  expect_same_sharded_model(whole_one.save_dir, rest_one.save_dir);
+  expect_same_history(whole_alone->history(), resumed_one->history());
+  expect_same_deltas(rest_one.export_dir, whole_one.export_dir, world_size, 1, first.save_dir);
+}
+
+}  // namespace
+}  // namespace embcache::test
