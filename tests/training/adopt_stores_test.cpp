@@ -1,0 +1,82 @@
+// training_cache::adopt_stores: rows that reach a table's store without the cache (a sharded
+// save loaded into the stores of a keyset-mode run does this) keep their versions, so the cache's
+// clock must pass them, or a row updated afterwards looks older than its stored copy: clean, never
+// written back, never exported.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "embcache/host_store.hpp"
+#include "embcache/training_cache.hpp"
+#include "test_util.hpp"
+
+namespace embcache::testing {
+namespace {
+
+constexpr std::size_t dim = 4;
+
+struct outside_load {
+  std::shared_ptr<host_store<std::int64_t>> store;
+  std::unique_ptr<training_cache<std::int64_t>> tc;
+  std::vector<std::int64_t> keys{0, 1, 2, 3, 4, 5, 6, 7};
+
+  outside_load() {
+    host_store_options so;
+    so.table_name = "t";
+    so.row_width = dim;  // sgd: no optimizer state
+    store = std::make_shared<host_store<std::int64_t>>(so);
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.capacity = 16;
+    o.store = store;
+    tc = std::make_unique<training_cache<std::int64_t>>(training_cache_options{},
+                                                        std::vector{o});
+    // The rows of a save written at version 50, pushed into the store behind the cache's back.
+    const std::vector<float> rows(keys.size() * dim, 1.0f);
+    const std::vector<std::uint64_t> versions(keys.size(), 50);
+    EMBCACHE_EXPECT_OK(store->push(keys.data(), keys.size(), rows.data(), versions.data()));
+  }
+};
+
+TEST(training_cache_adopt_stores, rows_updated_after_an_outside_load_are_written_back_and_exported) {
+  outside_load f;
+  EMBCACHE_ASSERT_OK(f.tc->adopt_stores());
+  EXPECT_EQ(f.tc->cache(0).version(), 50u);
+  EMBCACHE_ASSERT_OK(f.tc->begin_pass({f.keys}));
+  const std::vector<float> updated(4 * dim, 2.0f);
+  EMBCACHE_ASSERT_OK(f.tc->assign(0, f.keys.data(), 4, updated.data()));  // keys 0..3
+  EMBCACHE_ASSERT_OK(f.tc->end_training());
+  const auto m = store_model(*f.tc, 0);
+  ASSERT_EQ(m.size(), 8u);
+  for (std::int64_t k = 0; k < 8; ++k)
+    EXPECT_EQ(m.at(k), std::vector<float>(dim, k < 4 ? 2.0f : 1.0f)) << "key " << k;
+  // The next export starts at the loaded rows: only the four updated ones, newer than 50.
+  auto d = f.tc->export_incremental();
+  EMBCACHE_ASSERT_OK(d);
+  ASSERT_EQ(d.value().size(), 1u);
+  const table_delta<std::int64_t>& t = d.value()[0];
+  EXPECT_EQ(t.since_version, 50u);
+  EXPECT_GT(t.until_version, 50u);
+  EXPECT_EQ(t.until_version, f.tc->cache(0).version());
+  EXPECT_EQ(t.keys, (std::vector<std::int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(t.versions, (std::vector<std::uint64_t>(4, t.until_version)));
+  EXPECT_TRUE(t.erased.empty());
+}
+
+TEST(training_cache_adopt_stores, a_table_with_resident_rows_is_refused_and_unchanged) {
+  outside_load f;
+  EMBCACHE_ASSERT_OK(f.tc->begin_pass({{100, 101}}));
+  const std::uint64_t before = f.tc->cache(0).version();
+  const status s = f.tc->adopt_stores();
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("adopt_stores: table 't' holds 2 resident rows"), std::string::npos)
+      << s.to_string();
+  EXPECT_EQ(f.tc->cache(0).version(), before);
+}
+
+}  // namespace
+}  // namespace embcache::testing
