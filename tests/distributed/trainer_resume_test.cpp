@@ -111,10 +111,11 @@ std::uint64_t resumed_version(const std::string& save, const char* table, std::s
 /// The export folder `resumed` (pass 1 on `first_world` ranks with its save in `first_save`,
 /// pass 2 resumed on the ranks of `uninterrupted`'s run) against `uninterrupted`: every delta's
 /// rows, all parts together, and part by part where both ran on as many ranks. Versions count
-/// each rank's own updates (and a prefetch's, whose timing varies), so they are not compared
-/// across runs; instead each part of pass 2 starts at the version its rank resumed at (that of
-/// the newest row it loaded), which on the same number of ranks is where the rank's delta of
-/// pass 1 ended, and holds only rows newer than that: a model at pass 1 takes it whole.
+/// each rank's own updates and swaps (and the uninterrupted run prefetched pass 2's keys during
+/// pass 1), so they are not compared across runs; instead each part of pass 2 starts at the
+/// version its rank resumed at (that of the newest row it loaded), which on the same number of
+/// ranks is where the rank's delta of pass 1 ended, and holds only rows newer than that: a model
+/// at pass 1 takes it whole (embcache-apply skipped it as contained when it said "since 0").
 void expect_same_deltas(const std::string& resumed, const std::string& uninterrupted,
                         int first_world, int world, const std::string& first_save) {
   const std::size_t widths[2] = {wide_width, deep_width};
