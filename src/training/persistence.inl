@@ -144,8 +144,7 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
 // The clock and the export point of rows that reached the stores without the cache.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::adopt_stores() {
-  drop_staging();  // staged rows may predate the stores' new rows
-  EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
+  wait_worker();  // its early installs change which rows are resident
   for (const auto& tb : tables) {
     if (tb.cache->size() != 0) {
       return status::invalid_argument("adopt_stores: table '" + tb.opt.name + "' holds " +
@@ -153,6 +152,8 @@ status training_cache_core<Key, Space>::adopt_stores() {
                                       " resident rows (erase them before the stores change)");
     }
   }
+  drop_staging();  // staged rows may predate the stores' new rows
+  EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
   for (auto& tb : tables) {
     std::lock_guard<std::mutex> install_lock(*tb.sync.install_mutex);
     std::uint64_t stored = 0;
