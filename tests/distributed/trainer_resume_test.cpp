@@ -188,11 +188,11 @@ TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrup
   whole_one.export_dir = dir + "/exports_whole_one";
   first_one.save_dir = dir + "/first_one";
   first_one.export_dir = dir + "/exports_first_one";
+  // Rank 0 alone: failures are counted, not returned on, so that the others are not left waiting.
   std::unique_ptr<trainer> whole_alone;
   if (world().rank() == 0 && world_size > 1) {
     whole_alone = run_on(whole_one, one);
-    ASSERT_NE(whole_alone, nullptr);
-    ASSERT_NE(run_on(first_one, one), nullptr);
+    EXPECT_NE(run_on(first_one, one), nullptr);
   }
   if (world_size == 1) first_one = first;
   // Each resumed run continues the export folder of the run whose save it loads.
@@ -222,6 +222,7 @@ TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrup
   if (world_size == 1) return;
 
   // world -> 1.
+  ASSERT_NE(whole_alone, nullptr);
   auto resumed_one = run_on(rest_one, one);
   ASSERT_NE(resumed_one, nullptr);
   expect_same_sharded_model(whole_one.save_dir, rest_one.save_dir);
