@@ -11,12 +11,15 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "redis_detail.hpp"
 #include "training/model_folder.hpp"
 
 namespace embcache {
 
 namespace {
 
+using detail::parse_u64;
+using detail::redis_where;
 using args = std::vector<std::string>;
 
 struct reply_deleter {
@@ -24,17 +27,17 @@ struct reply_deleter {
 };
 using reply = std::unique_ptr<redisReply, reply_deleter>;
 
-std::string where_of(const redis_options& o) {
+}  // namespace
+
+std::string detail::redis_where(const redis_options& o) {
   const bool v6 = o.host.find(':') != std::string::npos;
   return "redis " + (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
 }
 
-bool parse_u64(const char* s, std::size_t n, std::uint64_t* out) {
+bool detail::parse_u64(const char* s, std::size_t n, std::uint64_t* out) {
   const auto [p, ec] = std::from_chars(s, s + n, *out);
   return n > 0 && ec == std::errc() && p == s + n;
 }
-
-}  // namespace
 
 // One hiredis connection; every failure names the server and the command.
 struct detail::redis_connection {
@@ -47,7 +50,7 @@ struct detail::redis_connection {
 
   static result<std::unique_ptr<redis_connection>> open(const redis_options& o) {
     auto c = std::make_unique<redis_connection>();
-    c->where = where_of(o);
+    c->where = redis_where(o);
     const double t = o.timeout_seconds > 0 ? o.timeout_seconds : 10;
     timeval tv{static_cast<time_t>(t), static_cast<suseconds_t>((t - std::floor(t)) * 1e6)};
     c->ctx = redisConnectWithTimeout(o.host.c_str(), o.port, tv);
@@ -278,10 +281,8 @@ args count_rows(const std::string& p, const std::vector<std::string>& names) {
 
 result<redis_model> read_model(connection& c, const redis_options& o) {
   const std::string& p = o.prefix;
-  auto replies = c.pipeline({{"GET", p + ":schema"},
-                             {"GET", p + ":applied"},
-                             {"HGETALL", p + ":versions"},
-                             {"HGETALL", p + ":rows"}});
+  auto replies =
+      c.pipeline({{"GET", p + ":schema"}, {"GET", p + ":applied"}, {"HGETALL", p + ":versions"}});
   if (!replies.ok()) return replies.get_status();
   const auto& r = replies.value();
   if (r[0]->type != REDIS_REPLY_STRING || r[1]->type != REDIS_REPLY_STRING)
@@ -317,27 +318,38 @@ result<redis_model> read_model(connection& c, const redis_options& o) {
                                   "' is not a decimal number");
     }
   }
-  std::vector<args> hlen;
+  // The rows recorded and held, read in one transaction: a delta landing meanwhile changes both.
+  std::vector<args> snap = {{"MULTI"}, {"HGETALL", p + ":rows"}};
   for (const auto& [name, dim] : m.dims) {
     m.rows.emplace_back(-1, 0);
-    hlen.push_back({"HLEN", p + ":table:" + name});
+    snap.push_back({"HLEN", p + ":table:" + name});
   }
-  for (std::size_t i = 0; i + 1 < r[3]->elements; i += 2) {
-    const std::string name(r[3]->element[i]->str, r[3]->element[i]->len);
+  snap.push_back({"EXEC"});
+  auto counted = c.pipeline(snap);
+  if (!counted.ok()) return counted.get_status();
+  const redisReply* e = counted.value().back().get();
+  if (e->type != REDIS_REPLY_ARRAY || e->elements != m.dims.size() + 1 ||
+      e->element[0]->type != REDIS_REPLY_ARRAY)
+    return status::io_error(c.where + ": reading the row counts under prefix '" + p + "' failed");
+  const redisReply* recorded = e->element[0];
+  for (std::size_t i = 0; i + 1 < recorded->elements; i += 2) {
+    const std::string name(recorded->element[i]->str, recorded->element[i]->len);
     std::uint64_t n = 0;
     for (std::size_t t = 0; t < m.dims.size(); ++t) {
       if (m.dims[t].first != name) continue;
-      if (!parse_u64(r[3]->element[i + 1]->str, r[3]->element[i + 1]->len, &n) ||
+      if (!parse_u64(recorded->element[i + 1]->str, recorded->element[i + 1]->len, &n) ||
           n > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
         return status::corruption(c.where + ": '" + p + ":rows' field '" + name +
                                   "' is not a decimal number");
       m.rows[t].first = static_cast<std::int64_t>(n);
     }
   }
-  if (hlen.empty()) return m;
-  auto lens = c.pipeline(hlen);
-  if (!lens.ok()) return lens.get_status();
-  for (std::size_t t = 0; t < m.dims.size(); ++t) m.rows[t].second = lens.value()[t]->integer;
+  for (std::size_t t = 0; t < m.dims.size(); ++t) {
+    if (e->element[t + 1]->type != REDIS_REPLY_INTEGER)
+      return status::io_error(c.where + ": HLEN '" + p + ":table:" + m.dims[t].first +
+                              "' failed (not a hash?)");
+    m.rows[t].second = e->element[t + 1]->integer;
+  }
   return m;
 }
 
@@ -449,29 +461,6 @@ status check_run(const redis_model& m, const model_folder& f, const std::string&
 
 }  // namespace
 
-result<redis_options> parse_redis_address(const std::string& host_port, redis_options base) {
-  const auto colon = host_port.rfind(':');
-  std::uint64_t port = 0;
-  const auto bad = [&] {
-    return status::invalid_argument("'" + host_port +
-                                    "': expected HOST:PORT or [IPV6]:PORT, PORT in 1..65535");
-  };
-  if (colon == std::string::npos || colon == 0 ||
-      !parse_u64(host_port.data() + colon + 1, host_port.size() - colon - 1, &port) || port == 0 ||
-      port > 65535)
-    return bad();
-  std::string host = host_port.substr(0, colon);
-  if (host.front() == '[') {  // [::1]:6379
-    if (host.size() < 3 || host.back() != ']') return bad();
-    host = host.substr(1, host.size() - 2);
-  } else if (host.find_first_of(":[]") != std::string::npos) {
-    return bad();  // an IPv6 address needs its brackets
-  }
-  base.host = host;
-  base.port = static_cast<int>(port);
-  return base;
-}
-
 result<redis_model> redis_read_model(const redis_options& options) {
   auto c = connection::open(options);
   if (!c.ok()) return c.get_status();
@@ -550,40 +539,6 @@ result<std::unique_ptr<redis_rows>> redis_rows::connect(const redis_options& opt
                                 (now == 0 ? " (the key is missing: renamed or deleted?)" : ""));
   }
   return r;
-}
-
-status redis_check_model(const redis_model& m, const redis_options& options,
-                         const std::string& save_dir) {
-  const std::string where = where_of(options) + " prefix '" + options.prefix + "'";
-  const std::string sparse = model_folder_of(save_dir);
-  auto f = detail::read_folder_manifest(sparse, detail::folder_kind::model);
-  if (!f.ok()) return f.get_status().with_context("checking the store against the save");
-  const detail::folder_manifest& s = f.value();
-  if (s.key_type != m.key_type)
-    return status::invalid_argument(where + " holds " + m.key_type + " keys, the save '" + s.dir +
-                                    "' " + s.key_type);
-  for (const auto& t : s.tables) {
-    const auto it = std::find_if(m.dims.begin(), m.dims.end(),
-                                 [&](const auto& x) { return x.first == t.name; });
-    if (it == m.dims.end())
-      return status::invalid_argument(where + " has no table '" + t.name + "' of the save '" +
-                                      s.dir + "' in its schema");
-    if (it->second != t.dim)
-      return status::invalid_argument(where + ": table '" + t.name + "' has dim " +
-                                      std::to_string(it->second) + ", the save '" + s.dir + "' " +
-                                      std::to_string(t.dim));
-    const std::size_t i = static_cast<std::size_t>(it - m.dims.begin());
-    const std::int64_t now = m.rows[i].second;
-    if (now == 0 && t.count > 0)
-      return status::invalid_argument(where + ": table '" + t.name +
-                                      "' holds no rows (key missing?), the save " +
-                                      std::to_string(t.count));
-  }
-  if (!m.run_id.empty() && !s.run_id.empty() && m.run_id != s.run_id)
-    return status::invalid_argument(where + " holds a model of run " + m.run_id + ", the save '" +
-                                    s.dir + "' belongs to run " + s.run_id +
-                                    " (its dense network would score another run's rows)");
-  return {};
 }
 
 status redis_rows::lookup(const std::string& table, std::size_t dim, const std::int64_t* keys,
