@@ -67,6 +67,9 @@ struct redis_push_report {
   std::vector<std::uint64_t> deltas;  ///< deltas taken, in order (contained ones included)
   std::uint64_t rows_written = 0;     ///< HSET fields sent
   std::uint64_t keys_deleted = 0;     ///< HDEL fields sent (tombstones)
+  /// The store or a delta taken has no run identity (written by an earlier version): the runs
+  /// were not checked.
+  bool run_unchecked = false;
 };
 
 /// Pushes a model into the store. When the store holds no model under the prefix (no

@@ -121,6 +121,9 @@ struct apply_report {
   std::uint64_t rows_erased = 0;      ///< tombstones applied to keys the model held
   bool state_dropped = false;         ///< a delta carried no optimizer state: the result has none
   bool changed = false;               ///< false when there was nothing to apply (folder untouched)
+  /// The base or a delta taken has no run identity (written by an earlier version): the runs of
+  /// those folders were not checked.
+  bool run_unchecked = false;
 };
 
 /// Applies the deltas of `deltas_dir` that follow `base_dir` (plan_deltas, advance_position) in

@@ -275,6 +275,7 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
                                       ", the base '" + dir + "' to run " + m.run_id +
                                       " (deltas of different runs do not mix)");
     }
+    report.run_unchecked = report.run_unchecked || run.empty() || m.run_id.empty();
     if (m.run_id.empty()) m.run_id = run;
     std::vector<bool> apply;
     EMBCACHE_RETURN_IF_ERROR(advance_position(pos, d.value(), &apply).with_context("apply"));

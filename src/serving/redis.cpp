@@ -507,6 +507,7 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
                                       d.value().key_type + " keys; expected " +
                                       std::to_string(e.sequence) + " and " + m.key_type);
     EMBCACHE_RETURN_IF_ERROR(check_run(m, d.value(), conn.where).with_context("redis push"));
+    report.run_unchecked = report.run_unchecked || m.run_id.empty() || d.value().run_id.empty();
     model_position next = m.position;
     std::vector<bool> flags;
     EMBCACHE_RETURN_IF_ERROR(advance_position(next, d.value(), &flags).with_context("redis push"));

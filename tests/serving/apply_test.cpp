@@ -143,6 +143,12 @@ TEST(apply_deltas, deltas_of_another_run_are_refused) {
             run_a);
   EXPECT_EQ(nlohmann::json::parse(file_bytes(a.final_save + "/manifest.json")).at("run_id"), run_a);
   const auto before = folder_bytes(a.base);
+  {  // One run's own deltas: checked.
+    const std::string copy = copy_of(a.base, scratch("run_a_copy") + "/base");
+    auto own = apply_deltas(copy, a.deltas);
+    ASSERT_TRUE(own.ok()) << own.get_status().to_string();
+    EXPECT_FALSE(own.value().run_unchecked);
+  }
   auto r = apply_deltas(a.base, d.deltas);
   EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
   EXPECT_EQ(r.get_status().message(), "apply: '" + d.deltas + "/delta-000001' belongs to run " +
@@ -157,6 +163,7 @@ TEST(apply_deltas, deltas_of_another_run_are_refused) {
   }
   auto old = apply_deltas(a.base, d.deltas);
   ASSERT_TRUE(old.ok()) << old.get_status().to_string();
+  EXPECT_TRUE(old.value().run_unchecked);
   // The result takes the identity of the first delta that has one.
   EXPECT_EQ(nlohmann::json::parse(file_bytes(a.base + "/manifest.json")).at("run_id"), run_d);
   // A run identity that is not 32 hex digits is refused by the reader, naming the field.

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -631,10 +632,15 @@ TEST(serving_tools, a_server_gone_mid_write_is_an_error_not_sigpipe) {
   socklen_t len = sizeof a;
   ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(lfd, 1), 0);
+  const timeval bound{60, 0};  // a tool that never connects or writes fails the test, no hang
+  ::setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
   ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
   const int port = ntohs(a.sin_port);
   std::thread server([lfd] {
     const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    const timeval bound{60, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
     // Replies to SET NX (taken), GET schema, GET applied (none), HGETALL versions and rows.
     const char* replies[] = {"+OK\r\n", "$-1\r\n", "$-1\r\n", "*0\r\n", "*0\r\n"};
     std::string in;
