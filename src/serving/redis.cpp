@@ -172,10 +172,9 @@ class writer_lock {
     auto r = c_.run({"SET", key_, token_, "NX", "PX", lease_ms(o_)});
     if (!r.ok()) return r.get_status();
     if (r.value()->type == REDIS_REPLY_NIL)
-      return status::invalid_argument(c_.where + " prefix '" + o_.prefix +
-                                      "' is in use by another writer (lock '" + key_ +
-                                      "' is held; it expires at most " + lease_ms(o_) +
-                                      " ms after its writer stops)");
+      return status::invalid_argument(
+          c_.where + " prefix '" + o_.prefix + "' is in use by another writer (lock '" + key_ +
+          "' is held; it expires at most " + lease_ms(o_) + " ms after its writer stops)");
     held_ = true;
     return {};
   }
@@ -353,13 +352,15 @@ result<redis_model> read_model(connection& c, const redis_options& o) {
   return m;
 }
 
-status push_base(connection& c, const redis_options& o, writer_lock& lock,
-                 const model_folder& base, const redis_model* old, redis_push_report* report) {
+status push_base(connection& c, const redis_options& o, writer_lock& lock, const model_folder& base,
+                 const redis_model* old, redis_push_report* report) {
   const std::string& p = o.prefix;
   nlohmann::json tables = nlohmann::json::array();
   std::vector<args> swap;
-  std::vector<key_rule> rules = {{p + ":schema", "string"}, {p + ":applied", "string"},
-                                 {p + ":versions", "hash"}, {p + ":rows", "hash"}};
+  std::vector<key_rule> rules = {{p + ":schema", "string"},
+                                 {p + ":applied", "string"},
+                                 {p + ":versions", "hash"},
+                                 {p + ":rows", "hash"}};
   std::vector<std::string> names;
   args versions = {"HSET", p + ":versions"};
   // This writer's own staging hashes (named by its token), expiring with its lease: a writer
@@ -421,9 +422,9 @@ status push_delta(connection& c, const redis_options& o, writer_lock& lock, cons
   const std::string& p = o.prefix;
   std::vector<args> cmds;
   // The position the delta follows, checked under WATCH.
-  std::vector<key_rule> rules = {{p + ":applied", "string", false,
-                                  std::to_string(m.position.applied_delta)},
-                                 {p + ":versions", "hash"}};
+  std::vector<key_rule> rules = {
+      {p + ":applied", "string", false, std::to_string(m.position.applied_delta)},
+      {p + ":versions", "hash"}};
   args versions = {"HSET", p + ":versions"};
   for (std::size_t t = 0; t < d.tables.size(); ++t) {
     const folder_table& dt = d.tables[t];
@@ -454,8 +455,8 @@ status push_delta(connection& c, const redis_options& o, writer_lock& lock, cons
 // written by an earlier version, is not checked).
 status check_run(const redis_model& m, const model_folder& f, const std::string& where) {
   if (m.run_id.empty() || f.run_id.empty() || m.run_id == f.run_id) return {};
-  return status::invalid_argument("'" + f.path + "' belongs to run " + f.run_id + ", the model in " +
-                                  where + " to run " + m.run_id +
+  return status::invalid_argument("'" + f.path + "' belongs to run " + f.run_id +
+                                  ", the model in " + where + " to run " + m.run_id +
                                   " (deltas and bases of different runs do not mix)");
 }
 
@@ -486,8 +487,8 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
                                       options.prefix + "' and no base folder was given");
     auto base = read_model_folder(model_folder_of(base_dir));
     if (!base.ok()) return base.get_status().with_context("redis push: base");
-    EMBCACHE_RETURN_IF_ERROR(push_base(conn, options, lock, base.value(),
-                                       held.ok() ? &held.value() : nullptr, &report));
+    EMBCACHE_RETURN_IF_ERROR(
+        push_base(conn, options, lock, base.value(), held.ok() ? &held.value() : nullptr, &report));
     held = read_model(conn, options);
     if (!held.ok()) return held.get_status();
   }
@@ -534,8 +535,8 @@ result<std::unique_ptr<redis_rows>> redis_rows::connect(const redis_options& opt
   for (std::size_t t = 0; t < mm.dims.size(); ++t) {
     const auto [recorded, now] = mm.rows[t];
     if (recorded >= 0 && recorded != now)
-      return status::corruption(r->conn_->where + ": '" + options.prefix + ":table:" +
-                                mm.dims[t].first + "' holds " + std::to_string(now) +
+      return status::corruption(r->conn_->where + ": '" + options.prefix +
+                                ":table:" + mm.dims[t].first + "' holds " + std::to_string(now) +
                                 " rows, the last push left " + std::to_string(recorded) +
                                 (now == 0 ? " (the key is missing: renamed or deleted?)" : ""));
   }

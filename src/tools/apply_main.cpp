@@ -76,8 +76,9 @@ int main(int argc, char** argv) {
     }
     const auto& p = r.value();
     if (p.run_unchecked)
-      spdlog::warn("embcache-apply: the store or a delta has no run identity (written by an "
-                   "earlier version): whether they belong to one run was not checked");
+      spdlog::warn(
+          "embcache-apply: the store or a delta has no run identity (written by an "
+          "earlier version): whether they belong to one run was not checked");
     std::printf("base          %s\n", p.base_pushed ? "pushed" : "kept (the store had a model)");
     print_summary(p.deltas, p.applied_delta, p.from_delta, p.rows_written, p.keys_deleted,
                   "deleted");
@@ -94,8 +95,9 @@ int main(int argc, char** argv) {
   }
   const auto& a = r.value();
   if (a.run_unchecked)
-    spdlog::warn("embcache-apply: the base or a delta has no run identity (written by an earlier "
-                 "version): whether they belong to one run was not checked");
+    spdlog::warn(
+        "embcache-apply: the base or a delta has no run identity (written by an earlier "
+        "version): whether they belong to one run was not checked");
   std::printf("model         %s%s\n", a.model_dir.c_str(), a.changed ? "" : " (unchanged)");
   print_summary(a.deltas, a.applied_delta, a.from_delta, a.rows_written, a.rows_erased, "erased");
   if (a.state_dropped)

@@ -63,9 +63,8 @@ result<json> sparse_point(const std::string& sparse) {
   if (!m.ok()) return m.get_status();
   json versions = json::object();
   for (const auto& t : m.value().tables) versions[t.name] = t.version;
-  return json{{"run_id", m.value().run_id},
-              {"applied_delta", m.value().sequence},
-              {"versions", versions}};
+  return json{
+      {"run_id", m.value().run_id}, {"applied_delta", m.value().sequence}, {"versions", versions}};
 }
 
 // Reads trainer.json's counters and history, and the bytes of dense.bin, of the save in `dir`.
@@ -114,8 +113,8 @@ status detail::lock_output_folders(const trainer::impl& s,
     for (const auto& [dir, field] : {std::pair{s.config.save_dir, "config.save_dir"},
                                      std::pair{s.config.export_dir, "config.export_dir"}}) {
       const std::string d = strip_slashes(dir);
-      if (d.empty() || std::any_of(folders.begin(), folders.end(),
-                                   [&](const auto& f) { return f.first == d; }))
+      if (d.empty() ||
+          std::any_of(folders.begin(), folders.end(), [&](const auto& f) { return f.first == d; }))
         continue;
       folders.emplace_back(d, field);
     }
@@ -125,9 +124,8 @@ status detail::lock_output_folders(const trainer::impl& s,
       std::error_code ec;
       fs::create_directories(parent, ec);
       held->push_back(std::make_unique<file_lock>());
-      local = held->back()->try_lock(
-          parent + "/." + fs::path(dir).filename().string() + ".lock",
-          std::string(field) + " '" + dir + "'");
+      local = held->back()->try_lock(parent + "/." + fs::path(dir).filename().string() + ".lock",
+                                     std::string(field) + " '" + dir + "'");
       if (!local.ok()) break;
     }
   }

@@ -133,14 +133,16 @@ TEST(apply_deltas, GapsAreRefused) {
 TEST(apply_deltas, deltas_of_another_run_are_refused) {
   const history a = test::make_history(scratch("run_a"), false);
   const history d = test::make_history(scratch("run_d"), false);
-  const std::string run_a = nlohmann::json::parse(file_bytes(a.base + "/manifest.json")).at("run_id");
+  const std::string run_a =
+      nlohmann::json::parse(file_bytes(a.base + "/manifest.json")).at("run_id");
   const std::string run_d =
       nlohmann::json::parse(file_bytes(d.deltas + "/delta-000001/manifest.json")).at("run_id");
   ASSERT_EQ(run_a.size(), 32u);
   ASSERT_NE(run_a, run_d);
   // One run's folders share its identity, the final save included.
-  EXPECT_EQ(nlohmann::json::parse(file_bytes(a.deltas + "/delta-000002/manifest.json")).at("run_id"),
-            run_a);
+  EXPECT_EQ(
+      nlohmann::json::parse(file_bytes(a.deltas + "/delta-000002/manifest.json")).at("run_id"),
+      run_a);
   EXPECT_EQ(nlohmann::json::parse(file_bytes(a.final_save + "/manifest.json")).at("run_id"), run_a);
   const auto before = folder_bytes(a.base);
   {  // One run's own deltas: checked.
@@ -156,7 +158,8 @@ TEST(apply_deltas, deltas_of_another_run_are_refused) {
                                           " (deltas of different runs do not mix)");
   EXPECT_EQ(folder_bytes(a.base), before);
   // A base and a delta without identities (as earlier versions wrote them) are not checked.
-  for (const std::string m : {a.base + "/manifest.json", d.deltas + "/delta-000001/manifest.json"}) {
+  for (const std::string m :
+       {a.base + "/manifest.json", d.deltas + "/delta-000001/manifest.json"}) {
     auto j = nlohmann::json::parse(file_bytes(m));
     j.erase("run_id");
     std::ofstream(m, std::ios::trunc) << j.dump(2);

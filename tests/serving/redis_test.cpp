@@ -529,8 +529,8 @@ TEST(serving_tools, serve_refuses_a_store_that_does_not_fit_the_save) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const trained& t = trained_model();
-  const std::string serve_args = " --model '" + t.final_save + "' --shard '" + t.data + "/" +
-                                 shard_file_name(3) + "'";
+  const std::string serve_args =
+      " --model '" + t.final_save + "' --shard '" + t.data + "/" + shard_file_name(3) + "'";
   const auto serve = [&](const std::string& prefix) {
     return run_tool(std::string(EMBCACHE_SERVE_EXE) + " --redis " + srv.address() + " --prefix " +
                     prefix + serve_args);

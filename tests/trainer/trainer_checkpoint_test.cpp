@@ -167,7 +167,6 @@ TEST(trainer_checkpoint, a_failed_dense_write_leaves_the_previous_save_whole) {
   EXPECT_NE(files_of(c.save_dir).at("dense.bin"), saved.at("dense.bin"));
 }
 
-
 // Two trainers writing one save_dir or one export_dir: while the first runs, a second is refused
 // "in use", naming the folder, before it trains; once the first is done the folders are free.
 TEST(trainer_checkpoint, a_second_trainer_on_the_same_save_or_export_dir_is_refused) {
@@ -234,8 +233,9 @@ TEST(trainer_checkpoint, a_save_whose_sparse_part_was_rewritten_is_refused_on_re
   EXPECT_EQ(state.at("sparse").at("applied_delta"), 0);
   EXPECT_EQ(state.at("sparse").at("versions").at("deep"), manifest.at("tables")[1].at("version"));
   // A resumed run keeps the identity of the save it resumed.
-  EXPECT_EQ(nlohmann::json::parse(read_bytes(later.save_dir + "/sparse/manifest.json")).at("run_id"),
-            manifest.at("run_id"));
+  EXPECT_EQ(
+      nlohmann::json::parse(read_bytes(later.save_dir + "/sparse/manifest.json")).at("run_id"),
+      manifest.at("run_id"));
   fs::remove_all(c.save_dir + "/sparse");
   fs::copy(later.save_dir + "/sparse", c.save_dir + "/sparse", fs::copy_options::recursive);
   trainer_config resumed = c;
@@ -246,7 +246,8 @@ TEST(trainer_checkpoint, a_save_whose_sparse_part_was_rewritten_is_refused_on_re
   EXPECT_EQ(t.get_status().code(), status_code::invalid_argument) << t.get_status().to_string();
   EXPECT_NE(t.get_status().message().find("'" + c.save_dir +
                                           "/sparse' is not the sparse part 'dense.bin' was saved "
-                                          "with: " + c.save_dir + "/trainer.json records"),
+                                          "with: " +
+                                          c.save_dir + "/trainer.json records"),
             std::string::npos)
       << t.get_status().message();
 }
