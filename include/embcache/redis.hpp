@@ -9,14 +9,21 @@
 ///                     float32 (the row's emb_vector)
 ///   `P:versions`      hash: table name -> the table version the store holds (decimal)
 ///   `P:applied`       string: the last delta applied (decimal; 0 = the base only)
+///   `P:rows`          hash: table name -> the rows `P:table:<name>` held after the last push
+///   `P:lock`          string: the token of the one writer pushing now (expires with its lease)
 ///
-/// where P is the prefix. A delta lands in one MULTI/EXEC transaction (HDEL of its tombstones,
-/// HSET of its rows, its versions and `P:applied`), guarded by WATCH on `P:applied`, so a reader
-/// sees each delta wholly or not at all; a base lands through staging hashes renamed in one
-/// transaction.
+/// where P is the prefix; the schema also carries the model's run identity (`run_id`) when its
+/// folders record one. One writer at a time: a push takes `P:lock` (SET NX PX with a random token
+/// and a lease it renews) and a second one is refused as "in use". A delta lands in one MULTI/EXEC
+/// transaction (HDEL of its tombstones, HSET of its rows, its versions, `P:rows` and `P:applied`);
+/// a base lands through staging hashes of its writer, renamed in one transaction. Before each
+/// EXEC the writer WATCHes every key the transaction touches and checks its lock and the keys'
+/// types, so a transaction either runs whole (no command in it can fail) or aborts whole, and a
+/// reader sees each delta wholly or not at all.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,9 +44,19 @@ struct redis_options {
   std::string prefix = "embcache";  ///< P of every key (default "embcache"); no spaces
   double timeout_seconds = 10;      ///< connect and per-reply timeout (default 10 s)
   std::size_t batch_rows = 1000;    ///< rows per HSET / HDEL / HMGET command (default 1000)
+  /// Sent with AUTH after connecting when not empty (default "": no AUTH). The tools take it
+  /// from a file or the environment, never from the command line.
+  std::string password;
+  /// Lease of a writer's lock `P:lock`, renewed as the push goes on (default 60 s): a writer that
+  /// died frees the store after at most this long.
+  double lock_lease_seconds = 60;
+  /// Test hook (default empty): called right before each transaction's EXEC of a push, with the
+  /// name of what it commits, so that tests can make a second writer race the first.
+  std::function<void(const std::string& what)> before_commit;
 };
 
-/// Reads "HOST:PORT" (PORT in 1..65535) into a copy of `base`; invalid_argument otherwise.
+/// Reads "HOST:PORT" or "[IPV6]:PORT" (PORT in 1..65535) into a copy of `base`; invalid_argument
+/// otherwise.
 result<redis_options> parse_redis_address(const std::string& host_port, redis_options base = {});
 
 /// What redis_push did.
@@ -50,6 +67,9 @@ struct redis_push_report {
   std::vector<std::uint64_t> deltas;  ///< deltas taken, in order (contained ones included)
   std::uint64_t rows_written = 0;     ///< HSET fields sent
   std::uint64_t keys_deleted = 0;     ///< HDEL fields sent (tombstones)
+  /// The store or a delta taken has no run identity (written by an earlier version): the runs
+  /// were not checked.
+  bool run_unchecked = false;
 };
 
 /// Pushes a model into the store. When the store holds no model under the prefix (no
@@ -69,16 +89,29 @@ struct redis_model {
   std::string key_type;                                   ///< "int64" or "uint32"
   std::vector<std::pair<std::string, std::size_t>> dims;  ///< (table, dim) in schema order
   model_position position;                                ///< `P:applied` and `P:versions`
+  std::string run_id;  ///< the schema's run identity ("" when the model has none)
+  /// Per table of `dims`: the rows `P:rows` recorded at the last push (-1: not recorded, a store
+  /// written by an earlier version) and the rows `P:table:<name>` holds now.
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows;
 };
 
-/// Reads `P:schema`, `P:applied` and `P:versions`; not_found when the store holds no model.
+/// Reads `P:schema`, `P:applied`, `P:versions`, `P:rows` and each table's row count; not_found
+/// when the store holds no model.
 result<redis_model> redis_read_model(const redis_options& options);
+
+/// Checks a store's model against the trainer save `save_dir` (its `sparse/manifest.json`) before
+/// scoring: key type, run identity (when both record one), every table of the save in the schema
+/// with its dim and holding rows. invalid_argument naming the server and what differs.
+[[nodiscard]] status redis_check_model(const redis_model& model, const redis_options& options,
+                                       const std::string& save_dir);
 
 /// The store's rows for score_shard: one HMGET per table and batch of keys (each HMGET sees one
 /// delta wholly). A value of another size than dim floats is corruption naming the table and key.
 class redis_rows : public row_lookup {
  public:
-  /// Connects and reads the model's schema (not_found when the store holds none).
+  /// Connects and reads the model's schema (not_found when the store holds none), then checks
+  /// that every table holds the rows the last push recorded (corruption naming the table's key:
+  /// a table renamed or deleted behind the store's back).
   static result<std::unique_ptr<redis_rows>> connect(const redis_options& options);
   ~redis_rows() override;
   /// row_lookup::lookup through HMGET `P:table:<table>`.

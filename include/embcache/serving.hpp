@@ -45,6 +45,9 @@ struct model_folder {
   /// Delta: its sequence number. Model: the last delta applied to it (`applied_delta` in its
   /// manifest, written by apply_deltas), 0 when none is recorded.
   std::uint64_t sequence = 0;
+  /// The identity of the run that wrote it (`run_id`, 32 hex digits); "" for folders of earlier
+  /// versions, which did not record one.
+  std::string run_id;
   std::vector<folder_table> tables;  ///< in manifest order
 };
 
@@ -118,6 +121,9 @@ struct apply_report {
   std::uint64_t rows_erased = 0;      ///< tombstones applied to keys the model held
   bool state_dropped = false;         ///< a delta carried no optimizer state: the result has none
   bool changed = false;               ///< false when there was nothing to apply (folder untouched)
+  /// The base or a delta taken has no run identity (written by an earlier version): the runs of
+  /// those folders were not checked.
+  bool run_unchecked = false;
 };
 
 /// Applies the deltas of `deltas_dir` that follow `base_dir` (plan_deltas, advance_position) in
@@ -132,7 +138,9 @@ struct apply_report {
 /// `emb_vector` are byte-identical to a save taken when the last delta was exported. When a delta
 /// carries no `opt_state`, the result's tables have state_width 0 and an empty `opt_state`
 /// (a serving model: load() refuses it for a table with optimizer state). Concurrent applies to
-/// one base are refused through a lock file `<parent>/.<name>.apply.lock`.
+/// one base are refused through a lock file `<parent>/.<name>.apply.lock`. A delta of another run
+/// than the base's (both record a `run_id`) is invalid_argument naming both identities and the
+/// delta; the result records the base's identity (or, for a base without one, the deltas').
 result<apply_report> apply_deltas(const std::string& base_dir, const std::string& deltas_dir,
                                   const apply_options& options = {});
 

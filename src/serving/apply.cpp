@@ -156,11 +156,12 @@ status write_model(const std::string& dir, const model_folder& m) {
                       {"files", files}});
     if (t.rows_without_slot_id > 0) tables.back()["rows_without_slot_id"] = t.rows_without_slot_id;
   }
-  const nlohmann::json manifest = {{"format", "embcache-model"},
-                                   {"format_version", model_format_version},
-                                   {"key_type", m.key_type},
-                                   {"applied_delta", m.sequence},
-                                   {"tables", tables}};
+  nlohmann::json manifest = {{"format", "embcache-model"},
+                             {"format_version", model_format_version},
+                             {"key_type", m.key_type},
+                             {"applied_delta", m.sequence},
+                             {"tables", tables}};
+  if (!m.run_id.empty()) manifest["run_id"] = m.run_id;
   const std::string text = manifest.dump(2);
   detail::durable_file_writer w;
   EMBCACHE_RETURN_IF_ERROR(w.open(dir + "/manifest.json", detail::file_placement::in_staged_folder));
@@ -266,6 +267,16 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
       return status::invalid_argument("apply: '" + e.path + "' holds " + d.value().key_type +
                                       " keys, the base " + m.key_type);
     }
+    // Another run's delta would mix two models; a side without an identity (written by an
+    // earlier version) is not checked, and the result takes the first identity it meets.
+    const std::string& run = d.value().run_id;
+    if (!run.empty() && !m.run_id.empty() && run != m.run_id) {
+      return status::invalid_argument("apply: '" + e.path + "' belongs to run " + run +
+                                      ", the base '" + dir + "' to run " + m.run_id +
+                                      " (deltas of different runs do not mix)");
+    }
+    report.run_unchecked = report.run_unchecked || run.empty() || m.run_id.empty();
+    if (m.run_id.empty()) m.run_id = run;
     std::vector<bool> apply;
     EMBCACHE_RETURN_IF_ERROR(advance_position(pos, d.value(), &apply).with_context("apply"));
     for (std::size_t t = 0; t < apply.size(); ++t) {

@@ -26,6 +26,7 @@ result<model_folder> read_folder(const std::string& dir, detail::folder_kind kin
   m.path = fm.dir;
   m.key_type = fm.key_type;
   m.sequence = fm.sequence;
+  m.run_id = fm.run_id;
   m.tables.resize(fm.tables.size());
   detail::row_rules rules;
   rules.key_type = fm.key_type;

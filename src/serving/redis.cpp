@@ -8,12 +8,18 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "redis_detail.hpp"
+#include "training/model_folder.hpp"
 
 namespace embcache {
 
 namespace {
 
+using detail::parse_u64;
+using detail::redis_where;
 using args = std::vector<std::string>;
 
 struct reply_deleter {
@@ -21,16 +27,17 @@ struct reply_deleter {
 };
 using reply = std::unique_ptr<redisReply, reply_deleter>;
 
-std::string where_of(const redis_options& o) {
-  return "redis " + o.host + ":" + std::to_string(o.port);
+}  // namespace
+
+std::string detail::redis_where(const redis_options& o) {
+  const bool v6 = o.host.find(':') != std::string::npos;
+  return "redis " + (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
 }
 
-bool parse_u64(const char* s, std::size_t n, std::uint64_t* out) {
+bool detail::parse_u64(const char* s, std::size_t n, std::uint64_t* out) {
   const auto [p, ec] = std::from_chars(s, s + n, *out);
   return n > 0 && ec == std::errc() && p == s + n;
 }
-
-}  // namespace
 
 // One hiredis connection; every failure names the server and the command.
 struct detail::redis_connection {
@@ -43,7 +50,7 @@ struct detail::redis_connection {
 
   static result<std::unique_ptr<redis_connection>> open(const redis_options& o) {
     auto c = std::make_unique<redis_connection>();
-    c->where = where_of(o);
+    c->where = redis_where(o);
     const double t = o.timeout_seconds > 0 ? o.timeout_seconds : 10;
     timeval tv{static_cast<time_t>(t), static_cast<suseconds_t>((t - std::floor(t)) * 1e6)};
     c->ctx = redisConnectWithTimeout(o.host.c_str(), o.port, tv);
@@ -53,7 +60,17 @@ struct detail::redis_connection {
     }
     if (redisSetTimeout(c->ctx, tv) != REDIS_OK)
       return status::io_error(c->where + ": cannot set the timeout");
+    if (!o.password.empty()) {  // the password itself never goes into a message
+      auto r = c->run({"AUTH", o.password});
+      if (!r.ok()) return r.get_status();
+    }
     return c;
+  }
+
+  // The connection failed (server gone, reset, timeout): every later call fails the same way.
+  status lost(const std::string& command) const {
+    return status::io_error(where + ": lost the connection (no reply to " + command +
+                            "): " + (ctx->err ? ctx->errstr : "unknown error"));
   }
 
   status append(const args& a) {
@@ -65,14 +82,13 @@ struct detail::redis_connection {
     }
     if (redisAppendCommandArgv(ctx, static_cast<int>(a.size()), argv.data(), lens.data()) !=
         REDIS_OK)
-      return status::io_error(where + ": cannot send " + a[0] + ": " + ctx->errstr);
+      return lost(a[0]);
     return {};
   }
 
   result<reply> get(const std::string& command) {
     void* r = nullptr;
-    if (redisGetReply(ctx, &r) != REDIS_OK || !r)
-      return status::io_error(where + ": no reply to " + command + ": " + ctx->errstr);
+    if (redisGetReply(ctx, &r) != REDIS_OK || !r) return lost(command);
     reply out(static_cast<redisReply*>(r));
     if (out->type == REDIS_REPLY_ERROR)
       return status::io_error(where + ": " + command +
@@ -108,6 +124,11 @@ std::string row_bytes(const float* row, std::size_t dim) {
   return std::string(reinterpret_cast<const char*>(row), dim * sizeof(float));
 }
 
+std::string lease_ms(const redis_options& o) {
+  const double s = o.lock_lease_seconds > 0 ? o.lock_lease_seconds : 60;
+  return std::to_string(static_cast<std::uint64_t>(std::ceil(s * 1000)));
+}
+
 // Appends to `cmds` one `verb key field [value] ...` command per batch of rows.
 void batched(std::vector<args>* cmds, const char* verb, const std::string& key,
              const std::vector<std::int64_t>& keys, const std::vector<float>* vectors,
@@ -123,21 +144,138 @@ void batched(std::vector<args>* cmds, const char* verb, const std::string& key,
   }
 }
 
-// Runs MULTI, `cmds`, EXEC; io_error when EXEC aborts (a watched key changed) or a command fails.
-status transaction(connection& c, std::vector<args> cmds, const std::string& what) {
+// Lua: renews the lock KEYS[1] for ARGV[2] ms when it still holds our token ARGV[1] (1), else 0.
+constexpr const char* renew_script =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+// Lua: deletes the lock KEYS[1] only when it still holds our token ARGV[1].
+constexpr const char* release_script =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) "
+    "else return 0 end";
+// Lua: records in the hash KEYS[1] the rows of each table hash KEYS[i + 1] under name ARGV[i].
+constexpr const char* count_script =
+    "redis.call('DEL', KEYS[1]) for i = 2, #KEYS do "
+    "redis.call('HSET', KEYS[1], ARGV[i - 1], redis.call('HLEN', KEYS[i])) end return 1";
+
+// The one writer of a store: `P:lock` set to a random token with a lease (SET NX PX), renewed
+// while the push goes on, released at the end only when it still holds the token.
+class writer_lock {
+ public:
+  writer_lock(connection& c, const redis_options& o)
+      : c_(c), o_(o), key_(o.prefix + ":lock"), token_(detail::new_run_id()) {}
+  writer_lock(const writer_lock&) = delete;
+  writer_lock& operator=(const writer_lock&) = delete;
+  ~writer_lock() {
+    if (held_) c_.run({"EVAL", release_script, "1", key_, token_}).ok();
+  }
+  [[nodiscard]] status acquire() {
+    auto r = c_.run({"SET", key_, token_, "NX", "PX", lease_ms(o_)});
+    if (!r.ok()) return r.get_status();
+    if (r.value()->type == REDIS_REPLY_NIL)
+      return status::invalid_argument(
+          c_.where + " prefix '" + o_.prefix + "' is in use by another writer (lock '" + key_ +
+          "' is held; it expires at most " + lease_ms(o_) + " ms after its writer stops)");
+    held_ = true;
+    return {};
+  }
+  [[nodiscard]] status renew() {
+    auto r = c_.run({"EVAL", renew_script, "1", key_, token_, lease_ms(o_)});
+    if (!r.ok()) return r.get_status();
+    if (r.value()->type != REDIS_REPLY_INTEGER || r.value()->integer != 1) return lost();
+    return {};
+  }
+  status lost() {
+    held_ = false;
+    return status::io_error(c_.where + ": lost the writer lock '" + key_ +
+                            "' (its lease ran out or another writer took it): push stopped");
+  }
+  const std::string& key() const noexcept { return key_; }
+  const std::string& token() const noexcept { return token_; }
+
+ private:
+  connection& c_;
+  const redis_options& o_;
+  std::string key_, token_;
+  bool held_ = false;
+};
+
+// A key a transaction touches and the type it must have ("hash", "string"; `may_be_absent`), and
+// the value it must hold when `equals` is set.
+struct key_rule {
+  key_rule(std::string k, std::string t, bool absent = true, std::string value = {})
+      : key(std::move(k)), type(std::move(t)), may_be_absent(absent), equals(std::move(value)) {}
+  std::string key, type;
+  bool may_be_absent;
+  std::string equals;
+};
+
+// Runs `cmds` in MULTI/EXEC all or nothing: WATCHes the lock and every key of `rules`, checks
+// that the lock still holds our token and each key's type (so that no command of the transaction
+// can fail inside EXEC, where Redis would run the others), renews the lock in the transaction, and
+// reports an EXEC that aborted because a watched key changed.
+status transaction(connection& c, const redis_options& o, writer_lock& lock,
+                   const std::vector<key_rule>& rules, std::vector<args> cmds,
+                   const std::string& what) {
+  args watch = {"WATCH", lock.key()};
+  std::vector<args> checks = {{"GET", lock.key()}};
+  for (const auto& r : rules) {
+    watch.push_back(r.key);
+    checks.push_back({"TYPE", r.key});
+    checks.push_back({"GET", r.equals.empty() ? lock.key() : r.key});
+  }
+  EMBCACHE_RETURN_IF_ERROR(c.run(watch).get_status().with_context(what));
+  auto seen = c.pipeline(checks);
+  if (!seen.ok()) return seen.get_status().with_context(what);
+  const auto& v = seen.value();
+  status bad;
+  if (v[0]->type != REDIS_REPLY_STRING || std::string(v[0]->str, v[0]->len) != lock.token()) {
+    bad = lock.lost();
+  } else {
+    for (std::size_t i = 0; i < rules.size() && bad.ok(); ++i) {
+      const key_rule& r = rules[i];
+      const redisReply* t = v[2 * i + 1].get();
+      const redisReply* value = v[2 * i + 2].get();
+      const std::string type(t->str ? t->str : "", t->len);
+      if (type != r.type && !(type == "none" && r.may_be_absent)) {
+        bad = status::io_error(c.where + ": " + what + ": '" + r.key + "' is " +
+                               (type == "none" ? "missing" : "a " + type) + ", expected a " +
+                               r.type + " (nothing of it was applied)");
+      } else if (!r.equals.empty() &&
+                 std::string(value->str ? value->str : "", value->len) != r.equals) {
+        bad = status::io_error(c.where + ": '" + r.key + "' changed while " + what +
+                               " (nothing of it was applied)");
+      }
+    }
+  }
+  if (!bad.ok()) {
+    c.run({"UNWATCH"}).ok();
+    return bad;
+  }
+  if (o.before_commit) o.before_commit(what);
+  cmds.push_back({"PEXPIRE", lock.key(), lease_ms(o)});
   cmds.insert(cmds.begin(), args{"MULTI"});
   cmds.push_back({"EXEC"});
   auto replies = c.pipeline(cmds);
   if (!replies.ok()) return replies.get_status().with_context(what);
   const redisReply* exec = replies.value().back().get();
   if (exec->type == REDIS_REPLY_NIL)
-    return status::io_error(c.where + ": " + what + " aborted: another writer changed the model");
+    return status::io_error(c.where + ": " + what +
+                            " aborted: another client changed the model meanwhile (nothing of it "
+                            "was applied)");
   for (std::size_t i = 0; i < exec->elements; ++i) {
     if (exec->element[i]->type == REDIS_REPLY_ERROR)
       return status::io_error(c.where + ": " + what + ": " + cmds[i + 1][0] + " failed: " +
                               std::string(exec->element[i]->str, exec->element[i]->len));
   }
   return {};
+}
+
+// The EVAL of count_script over the tables of `names`, for the end of a transaction.
+args count_rows(const std::string& p, const std::vector<std::string>& names) {
+  args a = {"EVAL", count_script, std::to_string(names.size() + 1), p + ":rows"};
+  for (const auto& n : names) a.push_back(p + ":table:" + n);
+  for (const auto& n : names) a.push_back(n);
+  return a;
 }
 
 result<redis_model> read_model(connection& c, const redis_options& o) {
@@ -156,6 +294,11 @@ result<redis_model> read_model(connection& c, const redis_options& o) {
       !j["key_type"].is_string())
     return status::corruption(at + " is not an embcache-redis schema");
   m.key_type = j["key_type"].get<std::string>();
+  if (j.contains("run_id")) {
+    if (!j["run_id"].is_string() || !detail::is_run_id(j["run_id"].get<std::string>()))
+      return status::corruption(at + ": 'run_id' must be 32 lowercase hex digits");
+    m.run_id = j["run_id"].get<std::string>();
+  }
   for (const auto& t : j["tables"]) {
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string() || !t.contains("dim") ||
         !t["dim"].is_number_unsigned())
@@ -174,21 +317,78 @@ result<redis_model> read_model(connection& c, const redis_options& o) {
                                   "' is not a decimal number");
     }
   }
+  // The rows recorded and held, read in one transaction: a delta landing meanwhile changes both.
+  std::vector<args> snap = {{"MULTI"}, {"HGETALL", p + ":rows"}};
+  for (const auto& [name, dim] : m.dims) {
+    m.rows.emplace_back(-1, 0);
+    snap.push_back({"HLEN", p + ":table:" + name});
+  }
+  snap.push_back({"EXEC"});
+  auto counted = c.pipeline(snap);
+  if (!counted.ok()) return counted.get_status();
+  const redisReply* e = counted.value().back().get();
+  if (e->type != REDIS_REPLY_ARRAY || e->elements != m.dims.size() + 1 ||
+      e->element[0]->type != REDIS_REPLY_ARRAY)
+    return status::io_error(c.where + ": reading the row counts under prefix '" + p + "' failed");
+  const redisReply* recorded = e->element[0];
+  for (std::size_t i = 0; i + 1 < recorded->elements; i += 2) {
+    const std::string name(recorded->element[i]->str, recorded->element[i]->len);
+    std::uint64_t n = 0;
+    for (std::size_t t = 0; t < m.dims.size(); ++t) {
+      if (m.dims[t].first != name) continue;
+      if (!parse_u64(recorded->element[i + 1]->str, recorded->element[i + 1]->len, &n) ||
+          n > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+        return status::corruption(c.where + ": '" + p + ":rows' field '" + name +
+                                  "' is not a decimal number");
+      m.rows[t].first = static_cast<std::int64_t>(n);
+    }
+  }
+  for (std::size_t t = 0; t < m.dims.size(); ++t) {
+    if (e->element[t + 1]->type != REDIS_REPLY_INTEGER)
+      return status::io_error(c.where + ": HLEN '" + p + ":table:" + m.dims[t].first +
+                              "' failed (not a hash?)");
+    m.rows[t].second = e->element[t + 1]->integer;
+  }
   return m;
 }
 
-status push_base(connection& c, const redis_options& o, const model_folder& base,
+status push_base(connection& c, const redis_options& o, writer_lock& lock, const model_folder& base,
                  const redis_model* old, redis_push_report* report) {
   const std::string& p = o.prefix;
   nlohmann::json tables = nlohmann::json::array();
-  std::vector<args> staging, swap;
+  std::vector<args> swap;
+  std::vector<key_rule> rules = {{p + ":schema", "string"},
+                                 {p + ":applied", "string"},
+                                 {p + ":versions", "hash"},
+                                 {p + ":rows", "hash"}};
+  std::vector<std::string> names;
   args versions = {"HSET", p + ":versions"};
+  // This writer's own staging hashes (named by its token), expiring with its lease: a writer
+  // that dies leaves nothing behind for long, and two writers never share one.
+  const std::size_t chunk = 64;  // HSETs between two renewals of the lock
   for (const auto& t : base.tables) {
-    const std::string stage = p + ":staging:" + t.name, live = p + ":table:" + t.name;
-    staging.push_back({"DEL", stage});
+    const std::string stage = p + ":staging:" + lock.token() + ":" + t.name,
+                      live = p + ":table:" + t.name;
+    std::vector<args> staging;
     batched(&staging, "HSET", stage, t.keys, &t.vectors, t.dim, o.batch_rows);
-    swap.push_back(t.keys.empty() ? args{"DEL", live} : args{"RENAME", stage, live});
+    for (std::size_t b = 0; b < staging.size(); b += chunk) {
+      std::vector<args> part(staging.begin() + b,
+                             staging.begin() + std::min(staging.size(), b + chunk));
+      part.push_back({"PEXPIRE", stage, lease_ms(o)});
+      auto staged = c.pipeline(part);
+      if (!staged.ok()) return staged.get_status().with_context("pushing base '" + base.path + "'");
+      EMBCACHE_RETURN_IF_ERROR(lock.renew());
+    }
+    rules.push_back({live, "hash"});
+    if (t.keys.empty()) {
+      swap.push_back({"DEL", live});
+    } else {
+      rules.push_back({stage, "hash", false});
+      swap.push_back({"RENAME", stage, live});
+      swap.push_back({"PERSIST", live});
+    }
     tables.push_back({{"name", t.name}, {"dim", t.dim}});
+    names.push_back(t.name);
     versions.push_back(t.name);
     versions.push_back(std::to_string(t.version));
     report->rows_written += t.keys.size();
@@ -200,26 +400,31 @@ status push_base(connection& c, const redis_options& o, const model_folder& base
         swap.push_back({"DEL", p + ":table:" + name});
     }
   }
-  const nlohmann::json schema = {{"format", "embcache-redis"},
-                                 {"format_version", 1},
-                                 {"key_type", base.key_type},
-                                 {"tables", tables}};
+  nlohmann::json schema = {{"format", "embcache-redis"},
+                           {"format_version", 1},
+                           {"key_type", base.key_type},
+                           {"tables", tables}};
+  if (!base.run_id.empty()) schema["run_id"] = base.run_id;
   swap.push_back({"SET", p + ":schema", schema.dump()});
   swap.push_back({"DEL", p + ":versions"});
   if (!base.tables.empty()) swap.push_back(versions);
   swap.push_back({"SET", p + ":applied", std::to_string(base.sequence)});
-  auto staged = c.pipeline(staging);
-  if (!staged.ok()) return staged.get_status().with_context("pushing base '" + base.path + "'");
-  EMBCACHE_RETURN_IF_ERROR(transaction(c, swap, "swapping in base '" + base.path + "'"));
+  swap.push_back(count_rows(p, names));
+  EMBCACHE_RETURN_IF_ERROR(
+      transaction(c, o, lock, rules, std::move(swap), "swapping in base '" + base.path + "'"));
   report->base_pushed = true;
   return {};
 }
 
-status push_delta(connection& c, const redis_options& o, const redis_model& m,
+status push_delta(connection& c, const redis_options& o, writer_lock& lock, const redis_model& m,
                   const model_folder& d, const std::vector<bool>& apply,
                   redis_push_report* report) {
   const std::string& p = o.prefix;
   std::vector<args> cmds;
+  // The position the delta follows, checked under WATCH.
+  std::vector<key_rule> rules = {
+      {p + ":applied", "string", false, std::to_string(m.position.applied_delta)},
+      {p + ":versions", "hash"}};
   args versions = {"HSET", p + ":versions"};
   for (std::size_t t = 0; t < d.tables.size(); ++t) {
     const folder_table& dt = d.tables[t];
@@ -230,6 +435,7 @@ status push_delta(connection& c, const redis_options& o, const redis_model& m,
                                       std::to_string(dt.dim) + " is not in the store's schema");
     if (!apply[t]) continue;
     const std::string live = p + ":table:" + dt.name;
+    rules.push_back({live, "hash"});
     batched(&cmds, "HDEL", live, dt.erased, nullptr, 0, o.batch_rows);
     batched(&cmds, "HSET", live, dt.keys, &dt.vectors, dt.dim, o.batch_rows);
     versions.push_back(dt.name);
@@ -239,33 +445,22 @@ status push_delta(connection& c, const redis_options& o, const redis_model& m,
   }
   if (versions.size() > 2) cmds.push_back(versions);
   cmds.push_back({"SET", p + ":applied", std::to_string(d.sequence)});
-  // WATCH: a concurrent pusher that moves P:applied first makes this EXEC abort.
-  EMBCACHE_RETURN_IF_ERROR(c.run({"WATCH", p + ":applied"}).get_status());
-  auto now = c.run({"GET", p + ":applied"});
-  if (!now.ok()) return now.get_status();
-  std::uint64_t at = 0;
-  if (now.value()->type != REDIS_REPLY_STRING ||
-      !parse_u64(now.value()->str, now.value()->len, &at) || at != m.position.applied_delta) {
-    c.run({"UNWATCH"}).ok();
-    return status::io_error(c.where + ": '" + p + ":applied' changed while pushing '" + d.path +
-                            "'");
-  }
-  return transaction(c, std::move(cmds), "pushing '" + d.path + "'");
+  std::vector<std::string> names;
+  for (const auto& [name, dim] : m.dims) names.push_back(name);
+  cmds.push_back(count_rows(p, names));
+  return transaction(c, o, lock, rules, std::move(cmds), "pushing '" + d.path + "'");
+}
+
+// A folder of another run than the store's: refused, naming both (a side without a run identity,
+// written by an earlier version, is not checked).
+status check_run(const redis_model& m, const model_folder& f, const std::string& where) {
+  if (m.run_id.empty() || f.run_id.empty() || m.run_id == f.run_id) return {};
+  return status::invalid_argument("'" + f.path + "' belongs to run " + f.run_id +
+                                  ", the model in " + where + " to run " + m.run_id +
+                                  " (deltas and bases of different runs do not mix)");
 }
 
 }  // namespace
-
-result<redis_options> parse_redis_address(const std::string& host_port, redis_options base) {
-  const auto colon = host_port.rfind(':');
-  std::uint64_t port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !parse_u64(host_port.data() + colon + 1, host_port.size() - colon - 1, &port) || port == 0 ||
-      port > 65535)
-    return status::invalid_argument("'" + host_port + "': expected HOST:PORT, PORT in 1..65535");
-  base.host = host_port.substr(0, colon);
-  base.port = static_cast<int>(port);
-  return base;
-}
 
 result<redis_model> redis_read_model(const redis_options& options) {
   auto c = connection::open(options);
@@ -281,6 +476,8 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
   auto c = connection::open(options);
   if (!c.ok()) return c.get_status();
   connection& conn = *c.value();
+  writer_lock lock(conn, options);
+  EMBCACHE_RETURN_IF_ERROR(lock.acquire());
   redis_push_report report;
   auto held = read_model(conn, options);
   if (!held.ok() && held.get_status().code() != status_code::not_found) return held.get_status();
@@ -291,7 +488,7 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
     auto base = read_model_folder(model_folder_of(base_dir));
     if (!base.ok()) return base.get_status().with_context("redis push: base");
     EMBCACHE_RETURN_IF_ERROR(
-        push_base(conn, options, base.value(), held.ok() ? &held.value() : nullptr, &report));
+        push_base(conn, options, lock, base.value(), held.ok() ? &held.value() : nullptr, &report));
     held = read_model(conn, options);
     if (!held.ok()) return held.get_status();
   }
@@ -310,10 +507,12 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
                                       std::to_string(d.value().sequence) + " and " +
                                       d.value().key_type + " keys; expected " +
                                       std::to_string(e.sequence) + " and " + m.key_type);
+    EMBCACHE_RETURN_IF_ERROR(check_run(m, d.value(), conn.where).with_context("redis push"));
+    report.run_unchecked = report.run_unchecked || m.run_id.empty() || d.value().run_id.empty();
     model_position next = m.position;
     std::vector<bool> flags;
     EMBCACHE_RETURN_IF_ERROR(advance_position(next, d.value(), &flags).with_context("redis push"));
-    EMBCACHE_RETURN_IF_ERROR(push_delta(conn, options, m, d.value(), flags, &report));
+    EMBCACHE_RETURN_IF_ERROR(push_delta(conn, options, lock, m, d.value(), flags, &report));
     m.position = std::move(next);
     report.applied_delta = e.sequence;
     report.deltas.push_back(e.sequence);
@@ -332,6 +531,15 @@ result<std::unique_ptr<redis_rows>> redis_rows::connect(const redis_options& opt
   auto m = read_model(*r->conn_, options);
   if (!m.ok()) return m.get_status();
   r->model_ = std::move(m).value();
+  const redis_model& mm = r->model_;
+  for (std::size_t t = 0; t < mm.dims.size(); ++t) {
+    const auto [recorded, now] = mm.rows[t];
+    if (recorded >= 0 && recorded != now)
+      return status::corruption(r->conn_->where + ": '" + options.prefix +
+                                ":table:" + mm.dims[t].first + "' holds " + std::to_string(now) +
+                                " rows, the last push left " + std::to_string(recorded) +
+                                (now == 0 ? " (the key is missing: renamed or deleted?)" : ""));
+  }
   return r;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli_checks.hpp"
+#include "redis_cli.hpp"
 #include "tool_log.hpp"
 #include "embcache/serving.hpp"
 #ifdef EMBCACHE_APPLY_WITH_REDIS
@@ -31,12 +32,13 @@ void print_summary(const std::vector<std::uint64_t>& deltas, std::uint64_t appli
 }  // namespace
 
 int main(int argc, char** argv) {
+  embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Applies the numbered deltas of DELTAS_DIR (delta-NNNNNN, as training_cache::"
       "export_incremental_to writes them) to the base model folder BASE (a save's sparse folder "
       "or a trainer save) atomically; with --redis, pushes BASE and the deltas into a Redis "
       "serving store instead and leaves BASE alone."};
-  std::string base, deltas, redis, prefix = "embcache";
+  std::string base, deltas, redis, prefix = "embcache", password_file;
   std::uint64_t until = std::numeric_limits<std::uint64_t>::max();
   bool replace = false;
   app.add_option("BASE", base, "Base model folder")->required();
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--prefix", prefix, "Prefix of the Redis keys")->capture_default_str();
   app.add_flag("--replace-base", replace,
                "With --redis: push BASE even when the store already holds a model");
+  embcache::tools::redis_password_option(app, &password_file);
   embcache::tools::standard_options(app, "embcache-apply");
   EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-apply");
@@ -60,12 +63,22 @@ int main(int argc, char** argv) {
       return embcache::tools::usage_error;
     }
     where.value().prefix = prefix;
+    auto password = embcache::tools::redis_password(password_file);
+    if (!password.ok()) {
+      spdlog::error("embcache-apply: {}", password.get_status().message());
+      return embcache::tools::run_time_failure;
+    }
+    where.value().password = password.value();
     auto r = embcache::redis_push(where.value(), base, deltas, ao, replace);
     if (!r.ok()) {
       spdlog::error("embcache-apply: {}", r.get_status().to_string());
       return embcache::tools::run_time_failure;
     }
     const auto& p = r.value();
+    if (p.run_unchecked)
+      spdlog::warn(
+          "embcache-apply: the store or a delta has no run identity (written by an "
+          "earlier version): whether they belong to one run was not checked");
     std::printf("base          %s\n", p.base_pushed ? "pushed" : "kept (the store had a model)");
     print_summary(p.deltas, p.applied_delta, p.from_delta, p.rows_written, p.keys_deleted,
                   "deleted");
@@ -81,6 +94,10 @@ int main(int argc, char** argv) {
     return embcache::tools::run_time_failure;
   }
   const auto& a = r.value();
+  if (a.run_unchecked)
+    spdlog::warn(
+        "embcache-apply: the base or a delta has no run identity (written by an earlier "
+        "version): whether they belong to one run was not checked");
   std::printf("model         %s%s\n", a.model_dir.c_str(), a.changed ? "" : " (unchanged)");
   print_summary(a.deltas, a.applied_delta, a.from_delta, a.rows_written, a.rows_erased, "erased");
   if (a.state_dropped)

@@ -8,16 +8,18 @@
 #include <string>
 
 #include "cli_checks.hpp"
+#include "redis_cli.hpp"
 #include "tool_log.hpp"
 #include "embcache/redis.hpp"
 #include "embcache/serving.hpp"
 
 int main(int argc, char** argv) {
+  embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Scores SHARD.bin with the dense network of the trainer save SAVE_DIR (trainer.json, "
       "dense.bin) and the embedding rows held by a Redis serving store (embcache-apply --redis): "
       "lookup only, no training. Prints the samples, AUC and log loss."};
-  std::string redis, prefix = "embcache", model, shard, output;
+  std::string redis, prefix = "embcache", model, shard, output, password_file;
   embcache::score_options so;
   app.add_option("--redis", redis, "Redis server HOST:PORT")->required();
   app.add_option("--prefix", prefix, "Prefix of the Redis keys")->capture_default_str();
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
                  "Score at most this many samples (default: the save's eval_max_samples)")
       ->check(embcache::tools::integer_at_least(1));
   app.add_option("-o,--output", output, "Also write the metrics as JSON to this file");
+  embcache::tools::redis_password_option(app, &password_file);
   embcache::tools::standard_options(app, "embcache-serve");
   EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-serve");
@@ -38,9 +41,22 @@ int main(int argc, char** argv) {
     return embcache::tools::usage_error;
   }
   where.value().prefix = prefix;
+  auto password = embcache::tools::redis_password(password_file);
+  if (!password.ok()) {
+    spdlog::error("embcache-serve: {}", password.get_status().message());
+    return embcache::tools::run_time_failure;
+  }
+  where.value().password = password.value();
   auto rows = embcache::redis_rows::connect(where.value());
   if (!rows.ok()) {
     spdlog::error("embcache-serve: {}", rows.get_status().to_string());
+    return embcache::tools::run_time_failure;
+  }
+  // The store must hold the save's tables, with rows, of the save's run, before a row is scored.
+  const embcache::status fits =
+      embcache::redis_check_model(rows.value()->model(), where.value(), model);
+  if (!fits.ok()) {
+    spdlog::error("embcache-serve: {}", fits.to_string());
     return embcache::tools::run_time_failure;
   }
   auto m = embcache::score_shard(model, shard, *rows.value(), so);

@@ -262,6 +262,8 @@ status trainer::run() {
     impl_->dense_note_logged = true;
   }
   if (!impl_->diverged.ok()) return impl_->diverged;
+  std::vector<std::unique_ptr<detail::file_lock>> folder_locks;  // one writer per save/export dir
+  EMBCACHE_RETURN_IF_ERROR(detail::lock_output_folders(*impl_, &folder_locks));
   if (impl_->leader() && !impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
     EMBCACHE_RETURN_IF_ERROR(detail::start_metrics_files(impl_->config.output_dir));

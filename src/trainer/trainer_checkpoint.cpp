@@ -10,6 +10,8 @@
 #include <optional>
 
 #include "common/durable_file.hpp"
+#include "store/store_io.hpp"
+#include "training/model_folder.hpp"
 #include "embcache/detail/progress.hpp"
 #include "reporting.hpp"
 #include "trainer_impl.hpp"
@@ -51,6 +53,20 @@ json state_json(const trainer::impl& s) {
           {"config", json(s.config)}};
 }
 
+// The export point of a save's sparse part (its manifest's run identity, applied_delta and table
+// versions), which trainer.json records beside dense.bin; null for a sparse part without one
+// manifest (a sharded save).
+result<json> sparse_point(const std::string& sparse) {
+  std::error_code ec;
+  if (!fs::exists(sparse + "/manifest.json", ec)) return json(nullptr);
+  auto m = detail::read_folder_manifest(sparse, detail::folder_kind::model);
+  if (!m.ok()) return m.get_status();
+  json versions = json::object();
+  for (const auto& t : m.value().tables) versions[t.name] = t.version;
+  return json{
+      {"run_id", m.value().run_id}, {"applied_delta", m.value().sequence}, {"versions", versions}};
+}
+
 // Reads trainer.json's counters and history, and the bytes of dense.bin, of the save in `dir`.
 status read_state(trainer::impl& s, const std::string& dir, std::uint64_t& step,
                   std::uint64_t& passes, std::uint64_t& samples,
@@ -76,7 +92,11 @@ status write_save(trainer::impl& s, const std::string& staged, const std::string
   status written;
   if (s.leader()) {  // the files of the whole run: one writer
     written = write_staged_file(staged + "/dense.bin", dense.data(), dense.size());
-    const std::string text = state_json(s).dump(2) + "\n";
+    json state = state_json(s);
+    auto sparse = sparse_point(staged + "/sparse");
+    if (!sparse.ok()) written = sparse.get_status();
+    if (written.ok() && !sparse.value().is_null()) state["sparse"] = sparse.value();
+    const std::string text = state.dump(2) + "\n";
     if (written.ok())
       written = write_staged_file(staged + "/" + state_file, text.data(), text.size());
   }
@@ -84,6 +104,35 @@ status write_save(trainer::impl& s, const std::string& staged, const std::string
 }
 
 }  // namespace
+
+status detail::lock_output_folders(const trainer::impl& s,
+                                   std::vector<std::unique_ptr<file_lock>>* held) {
+  status local;
+  if (s.leader()) {
+    std::vector<std::pair<std::string, std::string>> folders;  // (folder, its config field)
+    for (const auto& [dir, field] : {std::pair{s.config.save_dir, "config.save_dir"},
+                                     std::pair{s.config.export_dir, "config.export_dir"}}) {
+      const std::string d = strip_slashes(dir);
+      if (d.empty() ||
+          std::any_of(folders.begin(), folders.end(), [&](const auto& f) { return f.first == d; }))
+        continue;
+      folders.emplace_back(d, field);
+    }
+    for (const auto& [dir, field] : folders) {
+      // Beside the folder, not in it: a save replaces its folder whole.
+      const std::string parent = parent_dir(dir);
+      std::error_code ec;
+      fs::create_directories(parent, ec);
+      held->push_back(std::make_unique<file_lock>());
+      local = held->back()->try_lock(parent + "/." + fs::path(dir).filename().string() + ".lock",
+                                     std::string(field) + " '" + dir + "'");
+      if (!local.ok()) break;
+    }
+  }
+  status out = s.comm != nullptr ? agree(*s.comm, local, "trainer::run") : local;
+  if (!out.ok()) held->clear();
+  return out;
+}
 
 // Layout in docs/model.md. The blob is the device-independent picture of the dense state, so
 // this works whichever device the network runs on. A blob that does not parse counts as not
@@ -190,6 +239,18 @@ status read_state(trainer::impl& s, const std::string& dir, std::uint64_t& step,
     passes = state.at("passes_done").get<std::uint64_t>();
     samples = state.at("samples").get<std::uint64_t>();
     for (const auto& h : state.at("history")) history.push_back(detail::pass_metrics_from_json(h));
+    // dense.bin belongs to the sparse part saved with it; one rewritten since (embcache-apply on
+    // the save) would resume pass-k dense weights with the embeddings of another point.
+    if (state.contains("sparse")) {
+      auto now = sparse_point(dir + "/sparse");
+      if (!now.ok()) return now.get_status();
+      if (!now.value().is_null() && now.value() != state.at("sparse"))
+        return status::invalid_argument(
+            "'" + dir + "/sparse' is not the sparse part 'dense.bin' was saved with: " +
+            state_path + " records " + state.at("sparse").dump() + ", '" + dir +
+            "/sparse/manifest.json' says " + now.value().dump() +
+            " (deltas applied to the save?); resume from a save taken at one point");
+    }
   } catch (const std::exception& e) {
     return status::corruption(state_path + ": " + e.what());
   }

@@ -28,6 +28,13 @@ struct table_read {
 /// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
 status check_sharded_config(const trainer_config& config, const communicator& comm);
 
+class file_lock;
+/// Takes the lock file `<parent>/.<name>.lock` of config.save_dir and config.export_dir (those
+/// set; the leader of a sharded run for all its ranks) into `held`, for a run() that writes them:
+/// a second trainer writing one of them meanwhile fails "in use" naming the folder
+/// (trainer_checkpoint.cpp).
+status lock_output_folders(const trainer::impl& s, std::vector<std::unique_ptr<file_lock>>* held);
+
 }  // namespace detail
 
 struct trainer::impl {

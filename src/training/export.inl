@@ -153,7 +153,8 @@ result<std::string> training_cache_core<Key, Space>::export_to_folder(const std:
   nlohmann::json manifest = {{"format", "embcache-delta"},
                              {"format_version", model_format_version},
                              {"key_type", to_string(key_type_of<Key>())},
-                             {"sequence", next}};
+                             {"sequence", next},
+                             {"run_id", run_id}};
   nlohmann::json entries = nlohmann::json::array();
   for (std::size_t t = 0; t < deltas.value().size(); ++t) {
     const auto& d = deltas.value()[t];

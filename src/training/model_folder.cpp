@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <random>
 #include <utility>
 
 #include "common/durable_file.hpp"
@@ -13,6 +14,18 @@
 namespace embcache::detail {
 
 namespace fs = std::filesystem;
+
+std::string new_run_id() {
+  std::random_device rd;
+  const auto word = [&] { return (std::uint64_t{rd()} << 32) | std::uint64_t{rd()}; };
+  return hex64(word()) + hex64(word());
+}
+
+bool is_run_id(const std::string& text) {
+  return text.size() == 32 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
 
 state_layout hugectr_state_layout(optimizer_kind optimizer, std::size_t dim) {
   state_layout s;
@@ -187,7 +200,7 @@ status write_stored_table(const std::string& folder, const stored_table<Key>& t,
 
 template <class Key>
 status write_model_folder(const std::string& dir_in, const std::vector<stored_table<Key>>& tables,
-                          const save_progress& on_progress) {
+                          const save_progress& on_progress, const std::string& run_id) {
   std::uint64_t rows_total = 0, rows_done = 0;
   for (const auto& t : tables) rows_total += t.store->size();
   if (on_progress) on_progress(0, rows_total);
@@ -205,10 +218,11 @@ status write_model_folder(const std::string& dir_in, const std::vector<stored_ta
     entries.push_back(std::move(entry));
     if (on_progress) on_progress(rows_done, rows_total);
   }
-  const nlohmann::json manifest = {{"format", "embcache-model"},
-                                   {"format_version", model_format_version},
-                                   {"key_type", to_string(key_type_of<Key>())},
-                                   {"tables", entries}};
+  nlohmann::json manifest = {{"format", "embcache-model"},
+                             {"format_version", model_format_version},
+                             {"key_type", to_string(key_type_of<Key>())},
+                             {"tables", entries}};
+  if (!run_id.empty()) manifest["run_id"] = run_id;
   EMBCACHE_RETURN_IF_ERROR(write_manifest(staged, manifest));
   // `dir` is replaced as a whole: a crash at any point leaves the previous save loadable.
   return publish_folder(staged, dir);
@@ -238,10 +252,10 @@ status save_stores(const std::string& dir, const std::vector<table_options<Key>>
 
 template status write_model_folder(const std::string&,
                                    const std::vector<stored_table<std::int64_t>>&,
-                                   const save_progress&);
+                                   const save_progress&, const std::string&);
 template status write_model_folder(const std::string&,
                                    const std::vector<stored_table<std::uint32_t>>&,
-                                   const save_progress&);
+                                   const save_progress&, const std::string&);
 template status save_stores(const std::string&, const std::vector<table_options<std::int64_t>>&,
                             const save_progress&);
 template status save_stores(const std::string&, const std::vector<table_options<std::uint32_t>>&,

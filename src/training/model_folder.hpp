@@ -27,6 +27,12 @@ class durable_file_writer;
 /// A saved model (training_cache::save) or an incremental one (export_incremental_to).
 enum class folder_kind { model, delta };
 
+/// A new run identity: 128 random bits (std::random_device) as 32 lowercase hex digits. Saves
+/// and deltas record it as `run_id` in their manifests so that readers can refuse a mix of runs.
+std::string new_run_id();
+/// True for 32 lowercase hex digits (what new_run_id() writes).
+bool is_run_id(const std::string& text);
+
 // --- writing -------------------------------------------------------------------------------------
 
 /// Which files of a table folder hold the optimizer state: `files[p]` holds floats
@@ -103,10 +109,12 @@ struct stored_table {
 /// Each table is streamed: one for_each lists its keys (8 bytes a row), sorted; the rows are then
 /// pulled in key order, a batch at a time, and appended to the files. The stores must not change
 /// meanwhile. `slot_id` is written when every row has one. `on_progress` as save() documents.
+/// `run_id` (may be empty: none) goes into the manifest.
 template <class Key>
 [[nodiscard]] status write_model_folder(const std::string& dir,
                                         const std::vector<stored_table<Key>>& tables,
-                                        const save_progress& on_progress);
+                                        const save_progress& on_progress,
+                                        const std::string& run_id = {});
 
 /// Saves tables that live in parameter stores only (the trainer's host-hybrid mode), exactly as
 /// training_cache::save would with those tables, without building a training cache: per table its
@@ -144,6 +152,9 @@ struct folder_manifest {
   std::string path;  ///< dir + "/manifest.json"
   std::string key_type;
   std::uint64_t sequence = 0;  ///< delta: its number; model: applied_delta (0 when absent)
+  /// `run_id` (optional, 32 hex digits): the run that wrote the folder; "" for folders of
+  /// earlier versions, which did not record one.
+  std::string run_id;
   std::vector<manifest_table> tables;
 };
 [[nodiscard]] result<folder_manifest> read_folder_manifest(const std::string& dir,

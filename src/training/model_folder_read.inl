@@ -275,6 +275,10 @@ result<folder_manifest> read_folder_manifest(const std::string& dir_in, folder_k
   } else if (j.contains("applied_delta")) {
     EMBCACHE_RETURN_IF_ERROR(f.u64(j, "applied_delta", "", &m.sequence));
   }
+  if (j.contains("run_id")) {  // written since run identities exist; older folders have none
+    EMBCACHE_RETURN_IF_ERROR(f.str(j, "run_id", "", &m.run_id));
+    if (!is_run_id(m.run_id)) return f.bad("run_id", "32 lowercase hex digits");
+  }
   const auto tables = j.find("tables");
   if (tables == j.end() || !tables->is_array()) return f.bad("tables", "an array");
   m.tables.resize(tables->size());

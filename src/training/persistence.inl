@@ -26,14 +26,15 @@ status training_cache_core<Key, Space>::save(const std::string& dir,
     stored.push_back({tb.opt.name, tb.opt.dim, tb.opt.optimizer.kind, tb.sync.store.get(),
                       tb.cache->version(), &tb.slot_ids, tb.opt.slot_of});
   }
-  return write_model_folder(dir, stored, on_progress);
+  return write_model_folder(dir, stored, on_progress, run_id);
 }
 
 // Reads every table of `dir` (a save, or a plain HugeCTR folder when allowed) and checks it
 // against `tables` before anything changes.
 template <class Key, class Space>
 status read_model_for(const std::vector<table_state<Key, Space>>& tables, const std::string& dir,
-                      const load_options& options, std::vector<table_rows>* data) {
+                      const load_options& options, std::vector<table_rows>* data,
+                      std::string* run_id) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -44,6 +45,7 @@ status read_model_for(const std::vector<table_state<Key, Space>>& tables, const 
   if (fs::exists(manifest_path, ec)) {
     auto m = read_folder_manifest(dir, folder_kind::model);
     if (!m.ok()) return m.get_status().with_context("load");
+    *run_id = m.value().run_id;
     std::vector<table_schema> schemas;
     for (const auto& tb : tables) {
       schemas.push_back({tb.opt.name, tb.opt.dim, tb.state_width, tb.opt.optimizer.kind});
@@ -93,7 +95,9 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
   // A save interrupted between its two renames left the complete folder as `dir.old`.
   const std::string dir = published_folder(strip_slashes(dir_in), "manifest.json");
   std::vector<table_rows> data;
-  EMBCACHE_RETURN_IF_ERROR(read_model_for(tables, dir, options, &data));
+  std::string loaded_run;
+  EMBCACHE_RETURN_IF_ERROR(read_model_for(tables, dir, options, &data, &loaded_run));
+  if (!loaded_run.empty()) run_id = loaded_run;  // a resumed run keeps its identity
   // Validated: replace the rows (write-behind rows of the old model would land on the new one).
   drop_staging();
   discard_write_behind();

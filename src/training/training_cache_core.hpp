@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "training/model_folder.hpp"
 #include "training/table_state.hpp"
 
 namespace embcache::detail {
@@ -33,6 +34,9 @@ struct training_cache_core {
   int device = 0;  // cuda space: the device the caches live on
   std::vector<table_type> tables;
   cache_counters counters;
+  // The identity of the run (model_folder.hpp): new with the cache, adopted from a save it loads,
+  // recorded in every save and delta so that readers can refuse a mix of runs.
+  std::string run_id = new_run_id();
 
   // The prefetch worker (prefetch.inl): stages the next pass's rows and installs what it can.
   std::thread worker;

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "embcache/serving.hpp"
@@ -124,6 +125,59 @@ TEST(apply_deltas, GapsAreRefused) {
   const status n = apply_deltas(h.base, h.deltas).get_status();
   EXPECT_EQ(n.code(), status_code::invalid_argument);
   EXPECT_NE(n.message().find("delta-2 is missing"), std::string::npos) << n.message();
+}
+
+// Every run has an identity in its saves and deltas: another run's deltas are refused, naming
+// both identities and the delta, and the base stays as it was. Folders of earlier versions (no
+// identity) are not checked: they apply as before.
+TEST(apply_deltas, deltas_of_another_run_are_refused) {
+  const history a = test::make_history(scratch("run_a"), false);
+  const history d = test::make_history(scratch("run_d"), false);
+  const std::string run_a =
+      nlohmann::json::parse(file_bytes(a.base + "/manifest.json")).at("run_id");
+  const std::string run_d =
+      nlohmann::json::parse(file_bytes(d.deltas + "/delta-000001/manifest.json")).at("run_id");
+  ASSERT_EQ(run_a.size(), 32u);
+  ASSERT_NE(run_a, run_d);
+  // One run's folders share its identity, the final save included.
+  EXPECT_EQ(
+      nlohmann::json::parse(file_bytes(a.deltas + "/delta-000002/manifest.json")).at("run_id"),
+      run_a);
+  EXPECT_EQ(nlohmann::json::parse(file_bytes(a.final_save + "/manifest.json")).at("run_id"), run_a);
+  const auto before = folder_bytes(a.base);
+  {  // One run's own deltas: checked.
+    const std::string copy = copy_of(a.base, scratch("run_a_copy") + "/base");
+    auto own = apply_deltas(copy, a.deltas);
+    ASSERT_TRUE(own.ok()) << own.get_status().to_string();
+    EXPECT_FALSE(own.value().run_unchecked);
+  }
+  auto r = apply_deltas(a.base, d.deltas);
+  EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(r.get_status().message(), "apply: '" + d.deltas + "/delta-000001' belongs to run " +
+                                          run_d + ", the base '" + a.base + "' to run " + run_a +
+                                          " (deltas of different runs do not mix)");
+  EXPECT_EQ(folder_bytes(a.base), before);
+  // A base and a delta without identities (as earlier versions wrote them) are not checked.
+  for (const std::string m :
+       {a.base + "/manifest.json", d.deltas + "/delta-000001/manifest.json"}) {
+    auto j = nlohmann::json::parse(file_bytes(m));
+    j.erase("run_id");
+    std::ofstream(m, std::ios::trunc) << j.dump(2);
+  }
+  auto old = apply_deltas(a.base, d.deltas);
+  ASSERT_TRUE(old.ok()) << old.get_status().to_string();
+  EXPECT_TRUE(old.value().run_unchecked);
+  // The result takes the identity of the first delta that has one.
+  EXPECT_EQ(nlohmann::json::parse(file_bytes(a.base + "/manifest.json")).at("run_id"), run_d);
+  // A run identity that is not 32 hex digits is refused by the reader, naming the field.
+  auto j = nlohmann::json::parse(file_bytes(a.base + "/manifest.json"));
+  j["run_id"] = "not-hex";
+  std::ofstream(a.base + "/manifest.json", std::ios::trunc) << j.dump(2);
+  auto bad = read_model_folder(a.base);
+  EXPECT_EQ(bad.get_status().code(), status_code::corruption);
+  EXPECT_EQ(bad.get_status().message(), "'" + a.base +
+                                            "/manifest.json': field 'run_id' must be 32 lowercase "
+                                            "hex digits");
 }
 
 TEST(apply_deltas, ACorruptedDeltaLeavesTheBaseUntouched) {

@@ -9,12 +9,16 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "embcache/serving.hpp"
 #include "embcache/synth.hpp"
@@ -178,9 +182,14 @@ TEST(redis_store, BaseAndDeltasLandInTheDocumentedLayout) {
   EXPECT_EQ(r.value().keys_deleted, 1u);
   EXPECT_EQ(srv.command({"GET", "h:applied"}), "2");
   const auto schema = nlohmann::json::parse(srv.command({"GET", "h:schema"}));
-  EXPECT_EQ(schema, nlohmann::json::parse(
-                        R"({"format":"embcache-redis","format_version":1,"key_type":"int64",
-                            "tables":[{"name":"emb","dim":4},{"name":"lin","dim":1}]})"));
+  auto want = nlohmann::json::parse(
+      R"({"format":"embcache-redis","format_version":1,"key_type":"int64",
+          "tables":[{"name":"emb","dim":4},{"name":"lin","dim":1}]})");
+  want["run_id"] = read_model_folder(h.base).value().run_id;  // the run of base and deltas
+  EXPECT_EQ(schema, want);
+  EXPECT_EQ(srv.command({"HGET", "h:rows", "emb"}), "7");  // 6 - 1 erased + 2 new
+  EXPECT_EQ(srv.command({"HGET", "h:rows", "lin"}), "8");
+  EXPECT_EQ(srv.command({"EXISTS", "h:lock"}), "0");
   for (const char* t : {"emb", "lin"}) {
     const auto [keys, vectors] = saved_rows(h.final_save, t);
     const std::size_t dim = vectors.size() / keys.size();
@@ -218,6 +227,156 @@ TEST(redis_store, AGapStopsThePushAtTheLastDeltaPushed) {
       << r.get_status().message();
   EXPECT_EQ(srv.command({"GET", "g:applied"}), "0");  // the base only
   EXPECT_EQ(srv.command({"HEXISTS", "g:table:emb", "12"}), "1");
+}
+
+// Two writers into one store: while the first holds the store (its hook runs right before its
+// EXEC), a second push is refused as "in use" and changes nothing; the first lands whole.
+TEST(redis_store, a_second_writer_is_refused_while_one_pushes) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const std::string root = scratch("two_writers");
+  const test::history h = test::make_history(root, false);
+  redis_options first = srv.options("w");
+  status second;
+  int commits = 0;
+  first.before_commit = [&](const std::string&) {
+    if (commits++ == 0) second = redis_push(srv.options("w"), h.base, h.deltas).get_status();
+  };
+  auto r = redis_push(first, h.base, h.deltas);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(second.code(), status_code::invalid_argument) << second.to_string();
+  EXPECT_NE(second.message().find("prefix 'w' is in use by another writer (lock 'w:lock' is held"),
+            std::string::npos)
+      << second.message();
+  EXPECT_EQ(r.value().deltas, (std::vector<std::uint64_t>{1, 2}));
+  EXPECT_EQ(srv.command({"GET", "w:applied"}), "2");
+  for (const char* t : {"emb", "lin"}) {
+    const auto [keys, vectors] = saved_rows(h.final_save, t);
+    EXPECT_EQ(srv.command({"HLEN", std::string("w:table:") + t}), std::to_string(keys.size()));
+    EXPECT_EQ(srv.command({"HGET", "w:rows", t}), std::to_string(keys.size()));
+  }
+  // The lock is gone with its writer, and nothing staged is left behind.
+  EXPECT_EQ(srv.command({"EXISTS", "w:lock"}), "0");
+  EXPECT_EQ(srv.command({"EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "w:staging:*"}), "0");
+}
+
+// A transaction that cannot run whole runs not at all: here another client deletes the staging
+// hash of a base right before its EXEC (where a failed RENAME used to let the rest through).
+TEST(redis_store, a_base_swap_is_all_or_nothing) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const std::string root = scratch("all_or_nothing");
+  const test::history h = test::make_history(root, false);
+  ASSERT_TRUE(redis_push(srv.options("a"), h.base, h.deltas).ok());
+  const std::string schema = srv.command({"GET", "a:schema"});
+  redis_options o = srv.options("a");
+  o.before_commit = [&](const std::string& what) {
+    if (what.rfind("swapping in base", 0) != 0) return;
+    for (const char* t : {"emb", "lin"}) {
+      const std::string token = srv.command({"GET", "a:lock"});
+      srv.command({"DEL", "a:staging:" + token + ":" + t});
+    }
+  };
+  auto r = redis_push(o, h.final_save, "", {}, /*replace_base=*/true);
+  EXPECT_EQ(r.get_status().code(), status_code::io_error) << r.get_status().to_string();
+  EXPECT_NE(r.get_status().message().find("nothing of it was applied"), std::string::npos)
+      << r.get_status().message();
+  EXPECT_EQ(srv.command({"GET", "a:applied"}), "2");
+  EXPECT_EQ(srv.command({"GET", "a:schema"}), schema);
+  for (const char* t : {"emb", "lin"}) {
+    const auto [keys, vectors] = saved_rows(h.final_save, t);
+    EXPECT_EQ(srv.command({"HLEN", std::string("a:table:") + t}), std::to_string(keys.size()));
+  }
+}
+
+// A delta of another run is refused, naming both identities; nothing of it lands.
+TEST(redis_store, a_delta_of_another_run_is_refused) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::history a = test::make_history(scratch("run_a"), false);
+  const test::history d = test::make_history(scratch("run_d"), false);
+  const std::string run_a = read_model_folder(a.base).value().run_id;
+  const std::string run_d = read_delta_folder(d.deltas + "/delta-000001").value().run_id;
+  ASSERT_EQ(run_a.size(), 32u);
+  ASSERT_NE(run_a, run_d);
+  apply_options none;
+  none.until = 0;
+  ASSERT_TRUE(redis_push(srv.options("r"), a.base, a.deltas, none).ok());
+  auto r = redis_push(srv.options("r"), "", d.deltas);
+  EXPECT_EQ(r.get_status().code(), status_code::invalid_argument);
+  EXPECT_NE(r.get_status().message().find("'" + d.deltas + "/delta-000001' belongs to run " +
+                                          run_d + ", the model in redis 127.0.0.1:"),
+            std::string::npos)
+      << r.get_status().message();
+  EXPECT_NE(r.get_status().message().find(" to run " + run_a), std::string::npos);
+  EXPECT_EQ(srv.command({"GET", "r:applied"}), "0");
+  EXPECT_NE(srv.command({"GET", "r:schema"}).find(run_a), std::string::npos);
+  // Its own run's deltas go on.
+  EXPECT_TRUE(redis_push(srv.options("r"), "", a.deltas).ok());
+  EXPECT_EQ(srv.command({"GET", "r:applied"}), "2");
+}
+
+// A table key renamed behind the store's back: the store no longer holds what its last push left,
+// and a reader refuses it instead of scoring every key as a zero row.
+TEST(redis_store, a_reader_refuses_a_table_that_lost_its_rows) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::history h = test::make_history(scratch("renamed"), false);
+  ASSERT_TRUE(redis_push(srv.options("n"), h.base, h.deltas).ok());
+  ASSERT_TRUE(redis_rows::connect(srv.options("n")).ok());
+  srv.command({"RENAME", "n:table:emb", "n:table:other"});
+  auto r = redis_rows::connect(srv.options("n"));
+  EXPECT_EQ(r.get_status().code(), status_code::corruption);
+  EXPECT_NE(r.get_status().message().find(
+                "'n:table:emb' holds 0 rows, the last push left 7 (the key is missing"),
+            std::string::npos)
+      << r.get_status().message();
+}
+
+TEST(redis_address, host_port_and_bracketed_ipv6) {
+  auto v4 = parse_redis_address("10.0.0.1:7000");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4.value().host, "10.0.0.1");
+  EXPECT_EQ(v4.value().port, 7000);
+  auto v6 = parse_redis_address("[::1]:6380");
+  ASSERT_TRUE(v6.ok()) << v6.get_status().to_string();
+  EXPECT_EQ(v6.value().host, "::1");
+  EXPECT_EQ(v6.value().port, 6380);
+  for (const char* bad : {"::1:6380", "[::1]", "[]:6380", "[::1:6380", "host:0", ":6379"}) {
+    auto r = parse_redis_address(bad);
+    EXPECT_EQ(r.get_status().code(), status_code::invalid_argument) << bad;
+    EXPECT_NE(r.get_status().message().find("expected HOST:PORT or [IPV6]:PORT"), std::string::npos)
+        << bad;
+  }
+}
+
+// A server with a password: refused without it (naming the server, never the password), served
+// with it.
+TEST(redis_store, auth_sends_the_password) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::history h = test::make_history(scratch("auth"), false);
+  ASSERT_EQ(srv.command({"CONFIG", "SET", "requirepass", "s3cret pass"}), "OK");
+  auto without = redis_push(srv.options("p"), h.base, h.deltas);
+  redis_options o = srv.options("p");
+  o.password = "xyzzy-pw";
+  auto wrong = redis_push(o, h.base, h.deltas);
+  o.password = "s3cret pass";
+  auto with = redis_push(o, h.base, h.deltas);
+  // Back to no password for the other tests.
+  redisContext* c = redisConnect("127.0.0.1", o.port);
+  freeReplyObject(redisCommand(c, "AUTH %s", "s3cret pass"));
+  freeReplyObject(redisCommand(c, "CONFIG SET requirepass %s", ""));
+  redisFree(c);
+  EXPECT_EQ(without.get_status().code(), status_code::io_error);
+  EXPECT_NE(without.get_status().message().find("NOAUTH"), std::string::npos)
+      << without.get_status().message();
+  EXPECT_EQ(wrong.get_status().code(), status_code::io_error);
+  EXPECT_NE(wrong.get_status().message().find(": AUTH failed: "), std::string::npos)
+      << wrong.get_status().message();
+  EXPECT_EQ(wrong.get_status().message().find("xyzzy-pw"), std::string::npos);
+  ASSERT_TRUE(with.ok()) << with.get_status().to_string();
+  EXPECT_EQ(srv.command({"GET", "p:applied"}), "2");
 }
 
 // A small trained model: pass 1 saved as the base, passes 2 and 3 resumed from it; a delta
@@ -362,6 +521,171 @@ TEST(serving_tools, ApplyIntoRedisThenServeGiveTheTrainersMetrics) {
   EXPECT_EQ(missing.first, 1);
   EXPECT_NE(missing.second.find("holds no model under prefix 'empty'"), std::string::npos)
       << missing.second;
+}
+
+// embcache-serve checks the store against the save before scoring: a table key renamed, a store
+// of other tables, a store of another run.
+TEST(serving_tools, serve_refuses_a_store_that_does_not_fit_the_save) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const trained& t = trained_model();
+  const std::string serve_args =
+      " --model '" + t.final_save + "' --shard '" + t.data + "/" + shard_file_name(3) + "'";
+  const auto serve = [&](const std::string& prefix) {
+    return run_tool(std::string(EMBCACHE_SERVE_EXE) + " --redis " + srv.address() + " --prefix " +
+                    prefix + serve_args);
+  };
+  ASSERT_TRUE(redis_push(srv.options("ren"), t.base, t.deltas).ok());
+  ASSERT_EQ(serve("ren").first, 0);
+  const std::string rows = srv.command({"HGET", "ren:rows", "deep"});
+  srv.command({"RENAME", "ren:table:deep", "ren:gone"});
+  const auto renamed = serve("ren");
+  EXPECT_EQ(renamed.first, 1) << renamed.second;
+  EXPECT_NE(renamed.second.find("'ren:table:deep' holds 0 rows, the last push left " + rows),
+            std::string::npos)
+      << renamed.second;
+  // A store written before P:rows existed: the schema check still sees the empty table.
+  srv.command({"DEL", "ren:rows"});
+  const auto old = serve("ren");
+  EXPECT_EQ(old.first, 1) << old.second;
+  EXPECT_NE(old.second.find("prefix 'ren': table 'deep' holds no rows (key missing?)"),
+            std::string::npos)
+      << old.second;
+  // Other tables.
+  const test::history h = test::make_history(scratch("other_tables"), false);
+  ASSERT_TRUE(redis_push(srv.options("oth"), h.base, h.deltas).ok());
+  const auto other = serve("oth");
+  EXPECT_EQ(other.first, 1);
+  EXPECT_NE(other.second.find("prefix 'oth' has no table 'wide' of the save '" + t.final_save +
+                              "/sparse'"),
+            std::string::npos)
+      << other.second;
+  // Another run's model of the same shape.
+  const std::string copy = scratch("other_run") + "/base";
+  fs::copy(t.base, copy, fs::copy_options::recursive);
+  auto m = nlohmann::json::parse(file_bytes(copy + "/sparse/manifest.json"));
+  const std::string ours = m.at("run_id");
+  const std::string theirs(32, 'e');
+  m["run_id"] = theirs;
+  std::ofstream(copy + "/sparse/manifest.json", std::ios::trunc) << m.dump(2);
+  ASSERT_TRUE(redis_push(srv.options("run"), copy, "").ok());
+  const auto run = serve("run");
+  EXPECT_EQ(run.first, 1);
+  EXPECT_NE(run.second.find("prefix 'run' holds a model of run " + theirs + ", the save '" +
+                            t.final_save + "/sparse' belongs to run " + ours),
+            std::string::npos)
+      << run.second;
+}
+
+// The password from a file or from EMBCACHE_REDIS_PASSWORD, never from the command line.
+TEST(serving_tools, apply_takes_the_redis_password_from_a_file_or_the_environment) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::history h = test::make_history(scratch("tool_auth"), false);
+  const std::string file = scratch("tool_auth_pw") + "/password";
+  std::ofstream(file) << "tool pw\n";
+  const std::string apply = std::string(EMBCACHE_APPLY_EXE) + " '" + h.base + "' '" + h.deltas +
+                            "' --redis " + srv.address();
+  ASSERT_EQ(srv.command({"CONFIG", "SET", "requirepass", "tool pw"}), "OK");
+  const auto without = run_tool(apply + " --prefix t1");
+  const auto from_file = run_tool(apply + " --prefix t2 --redis-password-file '" + file + "'");
+  const auto from_env = run_tool("EMBCACHE_REDIS_PASSWORD='tool pw' " + apply + " --prefix t3");
+  const auto no_file = run_tool(apply + " --prefix t4 --redis-password-file /nonexistent/pw");
+  redisContext* c = redisConnect("127.0.0.1", srv.options("").port);
+  freeReplyObject(redisCommand(c, "AUTH %s", "tool pw"));
+  freeReplyObject(redisCommand(c, "CONFIG SET requirepass %s", ""));
+  redisFree(c);
+  EXPECT_EQ(without.first, 1);
+  EXPECT_NE(without.second.find("NOAUTH"), std::string::npos) << without.second;
+  EXPECT_EQ(from_file.first, 0) << from_file.second;
+  EXPECT_EQ(from_env.first, 0) << from_env.second;
+  EXPECT_EQ(no_file.first, 1);
+  EXPECT_NE(no_file.second.find("--redis-password-file '/nonexistent/pw': cannot read it"),
+            std::string::npos)
+      << no_file.second;
+  EXPECT_EQ(srv.command({"GET", "t2:applied"}), "2");
+  EXPECT_EQ(srv.command({"GET", "t3:applied"}), "2");
+}
+
+// A server that goes away while embcache-apply writes to it: an error naming the server, exit 1,
+// not a silent death by SIGPIPE. The stand-in server answers the lock and the model read (no
+// model: the base is pushed), then closes; the base's rows (about 17 MB) are then written to a
+// closed connection, which fails with EPIPE after the first write.
+TEST(serving_tools, a_server_gone_mid_write_is_an_error_not_sigpipe) {
+  const std::string root = scratch("gone");
+  {
+    table_options<std::int64_t> big;
+    big.name = "big";
+    big.dim = 64;
+    big.capacity = std::size_t{1} << 17;
+    training_cache<std::int64_t> tc({}, {big});
+    std::vector<std::int64_t> keys(65536);
+    for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<std::int64_t>(i);
+    tc.begin_pass({keys}).throw_if_error();
+    tc.save(root + "/base").throw_if_error();
+  }
+  fs::create_directories(root + "/deltas");
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 1), 0);
+  const timeval bound{60, 0};  // a tool that never connects or writes fails the test, no hang
+  ::setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+  ASSERT_EQ(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  std::thread server([lfd] {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    const timeval bound{60, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &bound, sizeof bound);
+    // Replies to SET NX (taken), GET schema, GET applied (none), HGETALL versions and rows.
+    const char* replies[] = {"+OK\r\n", "$-1\r\n", "$-1\r\n", "*0\r\n", "*0\r\n"};
+    std::string in;
+    char buf[4096];
+    std::size_t answered = 0, at = 0;
+    while (answered < 5) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      in.append(buf, static_cast<std::size_t>(n));
+      // Each command is "*N\r\n" then N "$len\r\n<bytes>\r\n".
+      for (;;) {
+        std::size_t p = at;
+        const auto line = [&](std::size_t from) { return in.find("\r\n", from); };
+        std::size_t e = line(p);
+        if (e == std::string::npos) break;
+        const long items = std::atol(in.c_str() + p + 1);
+        p = e + 2;
+        bool whole = true;
+        for (long i = 0; i < items && whole; ++i) {
+          e = line(p);
+          if (e == std::string::npos) {
+            whole = false;
+            break;
+          }
+          const std::size_t bytes = std::strtoul(in.c_str() + p + 1, nullptr, 10);
+          p = e + 2 + bytes + 2;
+          whole = p <= in.size();
+        }
+        if (!whole) break;
+        at = p;
+        const std::string r = replies[answered++];
+        if (::write(fd, r.data(), r.size()) != static_cast<ssize_t>(r.size())) answered = 5;
+        if (answered == 5) break;
+      }
+    }
+    ::close(fd);
+  });
+  const auto r = run_tool(std::string(EMBCACHE_APPLY_EXE) + " '" + root + "/base' '" + root +
+                          "/deltas' --redis 127.0.0.1:" + std::to_string(port));
+  server.join();
+  ::close(lfd);
+  EXPECT_EQ(r.first, 1) << r.second;
+  EXPECT_NE(r.second.find("redis 127.0.0.1:" + std::to_string(port) + ": lost the connection"),
+            std::string::npos)
+      << r.second;
 }
 #endif
 

@@ -167,5 +167,89 @@ TEST(trainer_checkpoint, a_failed_dense_write_leaves_the_previous_save_whole) {
   EXPECT_NE(files_of(c.save_dir).at("dense.bin"), saved.at("dense.bin"));
 }
 
+// Two trainers writing one save_dir or one export_dir: while the first runs, a second is refused
+// "in use", naming the folder, before it trains; once the first is done the folders are free.
+TEST(trainer_checkpoint, a_second_trainer_on_the_same_save_or_export_dir_is_refused) {
+  trainer_config c = small_config("two_trainers");
+  c.passes = {c.passes[0]};
+  c.export_dir = temp_dir("two_trainers_export") + "/deltas";
+  trainer_config same_save = c;
+  same_save.export_dir = temp_dir("two_trainers_other_export") + "/deltas";
+  trainer_config same_export = c;
+  same_export.save_dir = temp_dir("two_trainers_other_save") + "/save";
+  auto first = trainer::create(c);
+  EMBCACHE_ASSERT_OK(first);
+  status save_clash, export_clash;
+  bool tried = false;
+  first.value()->set_log([&](const std::string& line) {
+    if (tried || line.rfind("pass 1 done", 0) != 0) return;
+    tried = true;
+    auto a = trainer::create(same_save);
+    auto b = trainer::create(same_export);
+    if (!a.ok() || !b.ok()) return;
+    a.value()->set_log([](const std::string&) {});
+    b.value()->set_log([](const std::string&) {});
+    save_clash = a.value()->run();
+    export_clash = b.value()->run();
+  });
+  EMBCACHE_ASSERT_OK(first.value()->run());
+  ASSERT_TRUE(tried);
+  const std::string save_parent = fs::path(c.save_dir).parent_path().string();
+  const std::string export_parent = fs::path(c.export_dir).parent_path().string();
+  EXPECT_EQ(save_clash.code(), status_code::invalid_argument) << save_clash.to_string();
+  EXPECT_EQ(save_clash.message(), "config.save_dir '" + c.save_dir +
+                                      "' is in use by another process (lock '" + save_parent +
+                                      "/.save.lock' is held)");
+  EXPECT_EQ(export_clash.code(), status_code::invalid_argument) << export_clash.to_string();
+  EXPECT_EQ(export_clash.message(), "config.export_dir '" + c.export_dir +
+                                        "' is in use by another process (lock '" + export_parent +
+                                        "/.deltas.lock' is held)");
+  // The refused runs wrote nothing: one delta, of the first run.
+  EXPECT_TRUE(fs::exists(c.export_dir + "/delta-000001"));
+  EXPECT_FALSE(fs::exists(c.export_dir + "/delta-000002"));
+  EXPECT_FALSE(fs::exists(same_save.export_dir + "/delta-000001"));
+  EXPECT_FALSE(fs::exists(same_export.save_dir));
+  // After the first run, the same folders are free.
+  same_save.resume_from = c.save_dir;
+  run(same_save);
+}
+
+// A save whose sparse part was rewritten after it was taken (embcache-apply on the save, here:
+// the sparse part of a later save put in its place) does not resume with the dense network of
+// the earlier point: the resume is refused, naming both files and what each records.
+TEST(trainer_checkpoint, a_save_whose_sparse_part_was_rewritten_is_refused_on_resume) {
+  trainer_config c = small_config("rewritten");
+  c.passes = {c.passes[0]};
+  run(c);
+  trainer_config later = c;
+  later.resume_from = c.save_dir;
+  later.save_dir = temp_dir("rewritten_later") + "/save";
+  run(later);
+  // The save records the export point of its sparse part beside dense.bin.
+  const auto state = nlohmann::json::parse(read_bytes(c.save_dir + "/trainer.json"));
+  ASSERT_TRUE(state.contains("sparse"));
+  const auto manifest = nlohmann::json::parse(read_bytes(c.save_dir + "/sparse/manifest.json"));
+  EXPECT_EQ(state.at("sparse").at("run_id"), manifest.at("run_id"));
+  EXPECT_EQ(state.at("sparse").at("applied_delta"), 0);
+  EXPECT_EQ(state.at("sparse").at("versions").at("deep"), manifest.at("tables")[1].at("version"));
+  // A resumed run keeps the identity of the save it resumed.
+  EXPECT_EQ(
+      nlohmann::json::parse(read_bytes(later.save_dir + "/sparse/manifest.json")).at("run_id"),
+      manifest.at("run_id"));
+  fs::remove_all(c.save_dir + "/sparse");
+  fs::copy(later.save_dir + "/sparse", c.save_dir + "/sparse", fs::copy_options::recursive);
+  trainer_config resumed = c;
+  resumed.resume_from = c.save_dir;
+  resumed.save_dir = temp_dir("rewritten_resumed") + "/save";
+  auto t = trainer::create(resumed);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument) << t.get_status().to_string();
+  EXPECT_NE(t.get_status().message().find("'" + c.save_dir +
+                                          "/sparse' is not the sparse part 'dense.bin' was saved "
+                                          "with: " +
+                                          c.save_dir + "/trainer.json records"),
+            std::string::npos)
+      << t.get_status().message();
+}
 }  // namespace
 }  // namespace embcache::test
