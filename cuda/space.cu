@@ -45,7 +45,11 @@ void* cuda_allocate(std::size_t bytes, CUstream_st* stream) {
   return p;
 }
 
-void cuda_deallocate(void* p, CUstream_st* stream) noexcept { (void)cudaFreeAsync(p, stream); }
+// A failed release is ignored (nothing can be done about it here); its error is cleared so that
+// no later check reports it as its own.
+void cuda_deallocate(void* p, CUstream_st* stream) noexcept {
+  if (cudaFreeAsync(p, stream) != cudaSuccess) (void)cudaGetLastError();
+}
 
 void cuda_copy(void* dst, const void* src, std::size_t bytes, CUstream_st* stream) {
   EMBCACHE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
@@ -61,11 +65,14 @@ void cuda_synchronize(CUstream_st* stream) { EMBCACHE_CUDA_CHECK(cudaStreamSynch
 
 void* cuda_allocate_pinned(std::size_t bytes) {
   void* p = nullptr;
-  EMBCACHE_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  // Pinned memory is the host's: its exhaustion is out_of_host_memory, not the device's.
+  EMBCACHE_CUDA_CHECK_AS(cudaMallocHost(&p, bytes), status_code_of_pinned_cuda_error);
   return p;
 }
 
-void cuda_deallocate_pinned(void* p) noexcept { (void)cudaFreeHost(p); }
+void cuda_deallocate_pinned(void* p) noexcept {
+  if (cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+}
 
 }  // namespace embcache::detail
 
@@ -78,7 +85,7 @@ cuda_stream::cuda_stream() {
 }
 
 cuda_stream::~cuda_stream() {
-  if (stream_) (void)cudaStreamDestroy(stream_);
+  if (stream_ && cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace embcache
