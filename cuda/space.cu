@@ -12,9 +12,11 @@ namespace embcache::detail {
 namespace {
 // Stream-ordered allocations come from the device's default pool. With its default release
 // threshold (0) the pool hands memory back at every synchronization, and the bulk calls, which
-// allocate scratch per call and synchronize before returning, would map fresh memory each time:
-// keep what was allocated instead (once per device).
-void keep_pool_memory() {
+// allocate scratch per call and synchronize before returning, would map fresh memory each time.
+// Keep up to an eighth of the device's memory instead (once per device): enough for the scratch
+// of a boundary to be reused, and finite, so that the pool's peak does not starve cudaMalloc's
+// users (cuBLAS, other libraries) for the rest of the run.
+void bound_pool_memory() {
   static std::mutex m;
   static std::uint64_t done = 0;  // bit per device
   int device = 0;
@@ -24,7 +26,9 @@ void keep_pool_memory() {
   if (done & (std::uint64_t{1} << device)) return;
   cudaMemPool_t pool;
   EMBCACHE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
-  std::uint64_t threshold = ~std::uint64_t{0};
+  std::size_t free = 0, total = 0;
+  EMBCACHE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  std::uint64_t threshold = total / 8;
   EMBCACHE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   done |= std::uint64_t{1} << device;
 }
@@ -39,7 +43,7 @@ int cuda_current_device() {
 void cuda_set_device(int device) { EMBCACHE_CUDA_CHECK(cudaSetDevice(device)); }
 
 void* cuda_allocate(std::size_t bytes, CUstream_st* stream) {
-  keep_pool_memory();
+  bound_pool_memory();
   void* p = nullptr;
   EMBCACHE_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
   return p;

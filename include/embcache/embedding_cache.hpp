@@ -266,6 +266,27 @@ class embedding_cache {
   }
   std::size_t dim() const noexcept { return options_.dim; }
   std::size_t row_width() const noexcept { return row_width_; }
+
+  /// Bytes of the space's memory one slot of a table with `options` takes: its row
+  /// (dim + state_width floats), its state, key, version, score, claim, synced version and mark,
+  /// and with score_policy::lfu its last-touch op. Each bucket (bucket_size slots) adds
+  /// bytes_per_bucket, its probe counter. For memory budgets; allocated_bytes() pins it.
+  static constexpr std::size_t bytes_per_slot(const cache_options& options) noexcept {
+    return (options.dim + options.state_width) * sizeof(float) + sizeof(std::uint8_t) +
+           sizeof(Key) + 4 * sizeof(std::uint64_t) + sizeof(std::uint32_t) +
+           (options.scores == score_policy::lfu ? sizeof(std::uint64_t) : 0);
+  }
+  /// Bytes of the space's memory each bucket adds to its slots (bytes_per_slot).
+  static constexpr std::size_t bytes_per_bucket = sizeof(std::uint32_t);
+  /// Bytes of scratch per slot of the table that a call over the whole table takes at its peak,
+  /// on top of the table: select_victims holds a flag, a position, a candidate and its sort key
+  /// per slot, and the sort its second buffers; export_if takes less. For memory budgets (the
+  /// sort's own small scratch is not counted).
+  static constexpr std::size_t scratch_bytes_per_slot =
+      sizeof(std::uint32_t) + sizeof(std::uint64_t) + 2 * sizeof(std::int64_t) +
+      2 * (sizeof(Key) > sizeof(std::uint64_t) ? sizeof(Key) : sizeof(std::uint64_t));
+  /// Bytes the table's arrays hold in the space's memory.
+  std::size_t allocated_bytes() const noexcept;
   const cache_options& options() const noexcept { return options_; }
   /// The space the cache was built with: its memory, and where its bulk calls run by default.
   const Space& space() const noexcept { return space_; }

@@ -449,6 +449,24 @@ TYPED_TEST_P(cache_conformance, writes_near_the_end_of_the_claim_epochs_are_not_
   EXPECT_EQ(h.cache.size(), 2u);
 }
 
+// The table's arrays hold what bytes_per_slot and bytes_per_bucket say, with LRU and with LFU:
+// the count memory budgets use (trainer_memory.cpp) cannot drift from the real arrays.
+TYPED_TEST_P(cache_conformance, the_table_holds_what_bytes_per_slot_says) {
+  using Key = typename TypeParam::key_type;
+  using cache_type = embedding_cache<Key, typename TypeParam::space_type>;
+  for (score_policy policy : {score_policy::lru, score_policy::lfu}) {
+    auto o = small_options(1000, 4, 2);
+    o.scores = policy;
+    harness<Key, typename TypeParam::space_type> h(o);
+    ASSERT_EQ(h.cache.capacity(), 1024u);  // 8 buckets
+    EXPECT_EQ(h.cache.allocated_bytes(),
+              1024 * cache_type::bytes_per_slot(o) + 8 * cache_type::bytes_per_bucket);
+    // 6 floats; state byte; key; version, score, claim and synced words; mark; LFU's touch op.
+    EXPECT_EQ(cache_type::bytes_per_slot(o),
+              24 + 1 + sizeof(Key) + 32 + 4 + (policy == score_policy::lfu ? 8 : 0));
+  }
+}
+
 TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
@@ -877,6 +895,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     VictimsAreUnmarkedOldestThenSmallestKey, EraseSlotsRemovesEachOnce,
     InsertAndEvictSaysWhichVictimsWereDirty, CallsRunWhereTheThreadsGuardSays,
     repeated_keys_report_one_insertion_each_in_a_long_batch,
-    writes_near_the_end_of_the_claim_epochs_are_not_skipped);
+    writes_near_the_end_of_the_claim_epochs_are_not_skipped,
+    the_table_holds_what_bytes_per_slot_says);
 
 }  // namespace embcache::testing

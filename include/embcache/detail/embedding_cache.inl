@@ -65,6 +65,13 @@ template <class Key, class Space>
 embedding_cache<Key, Space>::~embedding_cache() = default;
 
 template <class Key, class Space>
+std::size_t embedding_cache<Key, Space>::allocated_bytes() const noexcept {
+  auto bytes = [](const auto& b) { return b.size() * sizeof(*b.data()); };
+  return bytes(states_) + bytes(keys_) + bytes(overflow_) + bytes(versions_) + bytes(scores_) +
+         bytes(touched_) + bytes(claims_) + bytes(synced_) + bytes(marks_) + bytes(rows_);
+}
+
+template <class Key, class Space>
 embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
            touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(),
