@@ -9,7 +9,8 @@
 #   host_resident    every row resident in a host cache
 # Prints, per setup, where the dense network and the embeddings ran and the samples/s of passes
 # 2 and 3 (pass 1 fills the caches), then the ratios. Setups that cannot run here (no device)
-# are reported and skipped.
+# are reported and skipped; the exit status is then 1 (also when a device_* setup ran its
+# embeddings on the host), so a run that measured nothing on the device is not taken for one.
 #
 #   scripts/bench_trainer_device.sh WORK_DIR
 # Environment: TRAIN, SYNTH (the embcache-train and embcache-synth binaries; default: build/gpu),
@@ -29,6 +30,7 @@ if [[ ! -f $work/data/keysets.done ]]; then
   touch "$work/data/keysets.done"
 fi
 declare -A rate
+failed=0
 for setup in $setups; do
   case $setup in
     device_swap) extra='"mode": "keyset", "embedding_device": "cuda", "tables": [{"name": "wide", "capacity": "auto"}, {"name": "deep", "capacity": "auto"}]' ;;
@@ -45,7 +47,12 @@ for setup in $setups; do
 JSON
   if ! "$train" --config "$work/$setup.json" --no-plot >"$work/$setup.log" 2>&1; then
     echo "$setup: did not run: $(grep -m1 -i 'error\|unsupported' "$work/$setup.log")"
+    failed=1
     continue
+  fi
+  if [[ $setup == device_* ]] && ! grep -q 'embeddings on cuda' "$work/$setup.log"; then
+    echo "$setup: its embeddings did not run on the device"
+    failed=1
   fi
   echo "$setup: $(grep -m1 'dense network on' "$work/$setup.log"); $(grep -m1 'embeddings on' "$work/$setup.log")"
   rate[$setup]=$(python3 - "$work/out-$setup/metrics.jsonl" <<'PY'
@@ -65,3 +72,4 @@ ratio device_swap device_resident
 ratio device_resident host_hybrid
 ratio device_swap host_hybrid
 ratio device_resident host_resident
+exit "$failed"

@@ -7,23 +7,33 @@
 # unpacked) and run.sh, which unpacks it on first use; it must stay under the device tool's carry
 # limit (64 MiB with the working tree), which this script checks.
 #
-#   scripts/gpu_kit.sh            # sm_90 (H100, H200); EMBCACHE_KIT_ARCH=80 for an A100
-#   .gpu-kit/run.sh STEP          # there; logs to $OUT. STEP: tests, memcheck, racecheck, bench,
-#                                 # trainer, or all (tests, bench, trainer). Each fits in one call.
+#   scripts/gpu_kit.sh            # sm_90 (H100, H200); EMBCACHE_KIT_ARCH=80 for an A100;
+#                                 # EMBCACHE_KIT_JOBS: build jobs (default: every core)
+#   .gpu-kit/run.sh STEP          # there; logs to $OUT. STEP: tests, memcheck, synccheck,
+#                                 # initcheck, bench, trainer, or all (tests, bench, trainer).
+#                                 # Exits with the worst status of its steps (run.sh's header).
 #   EMBCACHE_KIT_CHECK=1 scripts/gpu_kit.sh   # also checks here that every binary loads with the
 #                                 # kit's libraries alone (the system's copies hidden), by running
-#                                 # cuda_tests, which skips its cases without a device
+#                                 # cuda_tests, which skips its cases without a device; and, with
+#                                 # no device here, that `run.sh tests` exits non-zero with every
+#                                 # suite group failed (EMBCACHE_REQUIRE_CUDA=1)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
 arch=${EMBCACHE_KIT_ARCH:-90}
 build=build/gpu-kit
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+# -lineinfo: compute-sanitizer's reports name the source line of a device fault.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DEMBCACHE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+  -DCMAKE_CUDA_FLAGS=-lineinfo "${launcher[@]}" \
   -DEMBCACHE_ROCKSDB=OFF "-DEMBCACHE_PARTS=cache;cuda;training"
 cmake --build "$build" --target cuda_tests bench_cache bench_training_cache embcache-train \
-  embcache-synth -j"$(nproc)"
+  embcache-synth -j"${EMBCACHE_KIT_JOBS:-$(nproc)}"
 
 kit=$build/kit
 rm -rf "$kit" .gpu-kit
@@ -31,7 +41,8 @@ mkdir -p "$kit/bin" "$kit/lib" .gpu-kit
 cp "$build/tests/cuda/cuda_tests" "$build/benchmarks/cache/bench_cache" \
   "$build/benchmarks/training/bench_training_cache" "$build/src/trainer/embcache-train" \
   "$build/src/tools/embcache-synth" "$kit/bin/"
-strip "$kit"/bin/*
+# Debug sections go; the symbol table stays, so sanitizer backtraces name host functions.
+strip --strip-debug "$kit"/bin/*
 cp scripts/bench_trainer_device.sh "$kit/bin/"
 # The C and C++ runtimes and CUDA's libraries come from the GPU machine; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+\.|libcudart|libcublas|libcuda\.)'
@@ -46,16 +57,23 @@ cat >.gpu-kit/run.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the GPU machine; logs to $OUT (or ./out). CUDA's libraries are looked up on that machine
 # (the toolkit's, or pip's nvidia-* ones). STEP:
-#   tests      every GPU test (cuda_tests)
-#   memcheck   cuda_tests under compute-sanitizer's memcheck (GTEST_FILTER narrows it)
-#   racecheck  the same under racecheck
+#   tests      every GPU test, one suite group per process, each under `timeout`
+#   memcheck   cuda_tests under compute-sanitizer's memcheck, a suite group per process
+#   synccheck  the same under synccheck (the warp-per-key lookups' ballots and shuffles)
+#   initcheck  the same under initcheck (reads of device memory never written)
 #   bench      bench_cache's cuda cases, the training cache's boundaries at 90% overlap
 #   trainer    the trainer with device embeddings against host-hybrid and all-resident
 #   all        tests, bench, trainer
+# GTEST_FILTER replaces the suite groups by one run of that filter. Exit status: the worst of
+# every step (0 only when each passed); EMBCACHE_REQUIRE_CUDA=1 (set here unless the caller set
+# it) makes every cuda test fail, not skip, without a usable device, so a run that could not use
+# the GPU never exits 0. TIMEOUT_S (default 300): the limit of each process.
 set -uo pipefail
 step=${1:-all}
 kit_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${OUT:-$kit_dir/out}
+limit=${TIMEOUT_S:-300}
+export EMBCACHE_REQUIRE_CUDA=${EMBCACHE_REQUIRE_CUDA:-1}
 mkdir -p "$out"
 # The binaries and libraries travel packed; unpack them once per machine.
 here=${TMPDIR:-/tmp}/embcache-kit
@@ -74,45 +92,97 @@ for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
   fi
 done
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-filter=${GTEST_FILTER:-*}
-status=0
-run_tests() {
-  "$here/bin/cuda_tests" --gtest_filter="$filter" 2>&1 | tee "$out/cuda_tests.log"
-  status=${PIPESTATUS[0]}
-  echo "cuda_tests exit status: $status"
+# What ran where: the device and driver, and which CUDA libraries each binary loaded.
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || echo "nvidia-smi exit status: $?" >>"$out/nvidia-smi.txt"
+for bin in "$here"/bin/*; do
+  [[ $bin == *.sh ]] && continue
+  echo "== $(basename "$bin")"
+  ldd "$bin"
+done >"$out/ldd.txt" 2>&1
+: >"$out/status.txt"
+worst=0
+note() {  # $1: what ran, $2: its exit status; keeps the worst (highest) status
+  echo "embcache-kit: $1 exit status: $2" | tee -a "$out/status.txt"
+  ((${2} > worst)) && worst=$2
+  return 0
 }
-run_sanitizer() {  # $1: memcheck or racecheck
-  compute-sanitizer --tool "$1" --error-exitcode 3 "$here/bin/cuda_tests" \
-    --gtest_filter="$filter" 2>&1 | tee "$out/cuda_tests_$1.log"
-  status=${PIPESTATUS[0]}
-  echo "compute-sanitizer $1 exit status: $status"
+# Suite groups of cuda_tests, one process each: a device fault fails every later test of its
+# process and a hang loses the rest, so neither may take other groups with it.
+groups=('space_cuda.*:cache_cuda.*:cuda/cache_conformance*'
+        'sparse_cuda.*:dense_network_cuda.*:dense_backend_cuda.*'
+        'training_cache_cuda*:-training_cache_cuda.without_a_device_*'
+        'trainer_*_device.*')
+if [[ -n ${GTEST_FILTER:-} ]]; then groups=("$GTEST_FILTER"); fi
+unset GTEST_FILTER
+run_group() {  # $1: log name, $2: filter, rest: the command prefix (empty or compute-sanitizer)
+  local name=$1 filter=$2
+  shift 2
+  timeout -k 10 "$limit" "$@" "$here/bin/cuda_tests" --gtest_filter="$filter" >"$out/$name.log" 2>&1
+  local rc=$?
+  tail -3 "$out/$name.log"
+  # A group that matched no test or skipped one did not test the device.
+  if ((rc == 0)) && ! grep -q '^\[  PASSED  \] [1-9]' "$out/$name.log"; then
+    echo "embcache-kit: $name ran no test" && rc=1
+  fi
+  # Skips for want of a device fail under EMBCACHE_REQUIRE_CUDA=1; the others (no root for a
+  # tmpfs) are listed for the reader.
+  grep '^\[  SKIPPED \] [a-z]' "$out/$name.log" || true
+  note "$name ($filter)" "$rc"
+}
+run_tests() {  # $1: "" or a compute-sanitizer tool
+  local i=0
+  for g in "${groups[@]}"; do
+    i=$((i + 1))
+    if [[ -z $1 ]]; then
+      run_group "cuda_tests_$i" "$g"
+    else
+      run_group "cuda_tests_${1}_$i" "$g" compute-sanitizer --tool "$1" --error-exitcode 3
+    fi
+  done
 }
 run_bench() {
-  "$here/bin/bench_cache" --benchmark_filter=/cuda/ --benchmark_min_time=0.2 \
-    --benchmark_out="$out/bench_cache_cuda.json" --benchmark_out_format=json 2>&1 |
-    tee "$out/bench_cache_cuda.log"
+  timeout -k 10 "$limit" "$here/bin/bench_cache" --benchmark_filter=/cuda/ \
+    --benchmark_min_time=0.2 --benchmark_out="$out/bench_cache_cuda.json" \
+    --benchmark_out_format=json >"$out/bench_cache_cuda.log" 2>&1
+  local rc=$?
+  ((rc == 0)) && ! grep -q '/cuda/' "$out/bench_cache_cuda.json" && rc=1
+  note bench_cache "$rc"
   # The training cache's pass boundaries at 90% overlap, host and cuda spaces in one run.
-  "$here/bin/bench_training_cache" \
+  timeout -k 10 "$limit" "$here/bin/bench_training_cache" \
     --benchmark_filter='training_begin_pass(/cuda)?/overlap:90/.*/rocksdb:0/room:[01]' \
-    --benchmark_out="$out/bench_training_cache.json" --benchmark_out_format=json 2>&1 |
-    tee "$out/bench_training_cache.log"
+    --benchmark_out="$out/bench_training_cache.json" --benchmark_out_format=json \
+    >"$out/bench_training_cache.log" 2>&1
+  rc=$?
+  ((rc == 0)) && ! grep -q '/cuda/' "$out/bench_training_cache.json" && rc=1
+  note bench_training_cache "$rc"
 }
 run_trainer() {
-  TRAIN=$here/bin/embcache-train SYNTH=$here/bin/embcache-synth \
-    "$here/bin/bench_trainer_device.sh" /tmp/embcache_device_bench 2>&1 | tee "$out/trainer.log"
+  # The data stays outside $OUT; each setup's config, log and metrics come back.
+  local work=${TMPDIR:-/tmp}/embcache_device_bench
+  TRAIN=$here/bin/embcache-train SYNTH=$here/bin/embcache-synth timeout -k 10 "$limit" \
+    "$here/bin/bench_trainer_device.sh" "$work" >"$out/trainer.log" 2>&1
+  note trainer "$?"
+  cat "$out/trainer.log"
+  mkdir -p "$out/trainer"
+  for f in "$work"/*.json "$work"/*.log; do [[ -f $f ]] && cp "$f" "$out/trainer/"; done
+  for d in "$work"/out-*; do
+    [[ -f $d/metrics.jsonl ]] && cp "$d/metrics.jsonl" "$out/trainer/$(basename "$d").metrics.jsonl"
+  done
+  return 0
 }
 case $step in
-  tests) run_tests ;;
-  memcheck | racecheck) run_sanitizer "$step" ;;
+  tests) run_tests "" ;;
+  memcheck | synccheck | initcheck) run_tests "$step" ;;
   bench) run_bench ;;
   trainer) run_trainer ;;
-  all) run_tests; run_bench; run_trainer ;;
+  all) run_tests ""; run_bench; run_trainer ;;
   *) echo "unknown step '$step'" >&2; exit 2 ;;
 esac
-exit "$status"
+echo "embcache-kit: $step: exit status $worst (the worst of its steps; $out/status.txt)"
+exit "$worst"
 RUN
 chmod +x .gpu-kit/run.sh
+tar -C "$kit" -cf - bin lib | xz -T0 -6 >.gpu-kit/kit.tar.xz
 if [[ ${EMBCACHE_KIT_CHECK:-0} == 1 ]]; then
   # Hide this machine's copies of the bundled libraries, as on a bare image, then load everything.
   hide=()
@@ -130,8 +200,20 @@ if [[ ${EMBCACHE_KIT_CHECK:-0} == 1 ]]; then
     LD_LIBRARY_PATH="$1/lib" "$1/bin/cuda_tests" --gtest_brief=1 | tail -3
   ' check "$kit" "${hide[@]}"
   echo "embcache: every kit binary loads with the kit's libraries alone"
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    # A run that cannot use a device must not look green: run.sh's tests fail, group by group.
+    check_dir=$(mktemp -d)
+    rc=0
+    OUT=$check_dir/out TMPDIR=$check_dir EMBCACHE_REQUIRE_CUDA=1 .gpu-kit/run.sh tests || rc=$?
+    failed=$(grep -l 'EMBCACHE_REQUIRE_CUDA=1 but no usable CUDA device' "$check_dir"/out/*.log | wc -l)
+    rm -rf "$check_dir"
+    if ((rc == 0 || failed != 4)); then
+      echo "embcache: run.sh tests without a device exited $rc, $failed of 4 groups failed for want of it" >&2
+      exit 1
+    fi
+    echo "embcache: without a device run.sh tests exits $rc, every suite group failed (EMBCACHE_REQUIRE_CUDA=1)"
+  fi
 fi
-tar -C "$kit" -cf - bin lib | xz -T0 -6 >.gpu-kit/kit.tar.xz
 size=$(du -sm .gpu-kit | cut -f1)
 tree=$(git ls-files -z | du -cm --files0-from=- | tail -1 | cut -f1)
 echo "embcache: kit $(du -sh "$kit" | cut -f1) unpacked, ${size} MiB packed; working tree ${tree} MiB"

@@ -18,8 +18,9 @@
 ///
 /// Duplicate keys within one batch:
 ///  - find, lookup_slots, read_slots: every occurrence gets the same answer;
-///  - find_or_insert: the key is inserted once; every occurrence sees the same row, and only the
-///    first occurrence in batch order reports `inserted`;
+///  - find_or_insert (and lookup_slots with insert_missing): the key is inserted once; every
+///    occurrence sees the same row and slot, and exactly one occurrence reports `inserted` --
+///    which one is unspecified (the parallel loop decides, in either space);
 ///  - insert_or_assign, assign_slots: the last occurrence in batch order wins;
 ///  - erase: the key is erased once and counted once;
 ///  - insert_and_evict: occurrences are handled in batch order; the later ones are hits.
@@ -100,6 +101,9 @@ call_space_entry<Space>*& innermost_call_space() noexcept {
   return innermost;
 }
 
+// Test access to an embedding_cache's internals (detail/embedding_cache_access.hpp).
+struct embedding_cache_access;
+
 }  // namespace detail
 
 /// Fixed-capacity hash table of embedding rows in the memory of `Space`.
@@ -149,7 +153,8 @@ class embedding_cache {
   void find(const Key* keys, std::size_t n, float* rows_out, bool* found_out);
 
   /// Finds each key, inserting the missing ones with the initializer. `rows_out` (may be nullptr)
-  /// receives every row; `inserted_out` (may be nullptr) says which occurrence inserted. When the
+  /// receives every row; `inserted_out` (may be nullptr) says which occurrence inserted (exactly
+  /// one of a repeated key's, not necessarily the first). When the
   /// table has no room for some keys it returns capacity_exceeded naming how many and one of
   /// them; the keys that fit are inserted, the others are absent.
   /// `slots_out` (may be nullptr) receives each key's slot (-1 for a key that found no room).
@@ -261,6 +266,27 @@ class embedding_cache {
   }
   std::size_t dim() const noexcept { return options_.dim; }
   std::size_t row_width() const noexcept { return row_width_; }
+
+  /// Bytes of the space's memory one slot of a table with `options` takes: its row
+  /// (dim + state_width floats), its state, key, version, score, claim, synced version and mark,
+  /// and with score_policy::lfu its last-touch op. Each bucket (bucket_size slots) adds
+  /// bytes_per_bucket, its probe counter. For memory budgets; allocated_bytes() pins it.
+  static constexpr std::size_t bytes_per_slot(const cache_options& options) noexcept {
+    return (options.dim + options.state_width) * sizeof(float) + sizeof(std::uint8_t) +
+           sizeof(Key) + 4 * sizeof(std::uint64_t) + sizeof(std::uint32_t) +
+           (options.scores == score_policy::lfu ? sizeof(std::uint64_t) : 0);
+  }
+  /// Bytes of the space's memory each bucket adds to its slots (bytes_per_slot).
+  static constexpr std::size_t bytes_per_bucket = sizeof(std::uint32_t);
+  /// Bytes of scratch per slot of the table that a call over the whole table takes at its peak,
+  /// on top of the table: select_victims holds a flag, a position, a candidate and its sort key
+  /// per slot, and the sort its second buffers; export_if takes less. For memory budgets (the
+  /// sort's own small scratch is not counted).
+  static constexpr std::size_t scratch_bytes_per_slot =
+      sizeof(std::uint32_t) + sizeof(std::uint64_t) + 2 * sizeof(std::int64_t) +
+      2 * (sizeof(Key) > sizeof(std::uint64_t) ? sizeof(Key) : sizeof(std::uint64_t));
+  /// Bytes the table's arrays hold in the space's memory.
+  std::size_t allocated_bytes() const noexcept;
   const cache_options& options() const noexcept { return options_; }
   /// The space the cache was built with: its memory, and where its bulk calls run by default.
   const Space& space() const noexcept { return space_; }
@@ -312,6 +338,23 @@ class embedding_cache {
                      bool* inserted_out, bool initialize, std::uint64_t op, const char* what);
   status check_no_failures(const std::int64_t* slots, const Key* keys, std::size_t n,
                            const char* what) const;
+  // The first of `count` consecutive claim epochs for one call, taken under `lock` (held
+  // shared). When they would reach 2^32 the claims are re-based first: zeroed and the epochs
+  // restarted at 1, under the exclusive lock (`lock` is released meanwhile and taken again), so a
+  // later call's tags are never smaller than an earlier call's (which would skip its writes).
+  std::uint64_t take_claim_epochs(std::shared_lock<std::shared_mutex>& lock, std::uint64_t count);
+  // Last-writer-wins writes of `rows` to `slots` (insert_or_assign, assign_slots), with the
+  // epochs from take_claim_epochs(claim_chunks(n)).
+  void claim_and_assign(const Space& sp, const std::int64_t* slots, std::size_t n,
+                        const std::uint8_t* outcome, const float* rows,
+                        const std::uint64_t* versions, std::uint64_t version,
+                        std::uint64_t first_epoch);
+  static std::uint64_t claim_chunks(std::size_t n) noexcept {
+    return (std::uint64_t(n) + claim_chunk - 1) / claim_chunk;
+  }
+  static constexpr std::uint64_t claim_chunk = std::uint64_t{1} << 32;  // batch indices per epoch
+  static constexpr std::uint64_t claim_epoch_end = std::uint64_t{1} << 32;  // epochs stay below
+  friend struct detail::embedding_cache_access;
 
   cache_options options_;
   Space space_;
@@ -321,7 +364,9 @@ class embedding_cache {
   std::atomic<std::size_t> size_{0};
   std::atomic<std::uint64_t> version_clock_{0};
   std::atomic<std::uint64_t> op_clock_{0};
-  std::atomic<std::uint32_t> claim_epoch_{0};
+  // The last claim epoch handed out. Claim tags are (epoch << 32 | batch index): an epoch stays
+  // in [1, 2^32) and a batch index below 2^32 (longer calls take one epoch per 2^32 keys).
+  std::atomic<std::uint64_t> claim_epoch_{0};
 
   buffer<std::uint8_t, Space> states_;
   buffer<Key, Space> keys_;
@@ -330,8 +375,8 @@ class embedding_cache {
   buffer<std::uint64_t, Space> scores_;
   buffer<std::uint64_t, Space> touched_;  // LFU only: op of the last touch
   buffer<std::uint64_t, Space> claims_;   // last-writer-wins tags of insert_or_assign/assign_slots
-  buffer<std::uint64_t, Space> synced_;  // version of each row the store last held
-  buffer<std::uint32_t, Space> marks_;   // keyset marks
+  buffer<std::uint64_t, Space> synced_;   // version of each row the store last held
+  buffer<std::uint32_t, Space> marks_;    // keyset marks
   buffer<float, Space> rows_;
   std::unique_ptr<std::shared_mutex> mutex_;
 };

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 struct CUstream_st;  // cudaStream_t without the CUDA headers
@@ -60,5 +61,12 @@ constexpr const char* space_name() {
 
 /// Whether a CUDA device can be used by this process (false when built without CUDA).
 bool cuda_device_available() noexcept;
+
+/// Why no CUDA device can be used by this process, or "" when one can: the CUDA runtime's error
+/// from cudaGetDeviceCount (its name and text, e.g. "cudaGetDeviceCount failed:
+/// cudaErrorNoDevice (no CUDA-capable device is detected)"), "cudaGetDeviceCount found no
+/// device", or "built without the CUDA runtime". For messages that must say why a run could not
+/// use a device.
+std::string cuda_device_problem();
 
 }  // namespace embcache

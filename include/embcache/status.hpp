@@ -22,6 +22,7 @@ enum class status_code : std::uint8_t {
   unsupported,           ///< the build or the data asks for something this build lacks
   internal,              ///< an invariant broke; please report it
   out_of_device_memory,  ///< a device (GPU) allocation failed: the device's memory is exhausted
+  out_of_host_memory,    ///< a host allocation the device needs (pinned memory) failed
 };
 
 /// The name of a status code ("ok", "invalid_argument", ...).
@@ -60,6 +61,9 @@ class [[nodiscard]] status {
   static status internal(std::string m) { return {status_code::internal, std::move(m)}; }
   static status out_of_device_memory(std::string m) {
     return {status_code::out_of_device_memory, std::move(m)};
+  }
+  static status out_of_host_memory(std::string m) {
+    return {status_code::out_of_host_memory, std::move(m)};
   }
 
   /// True when the operation succeeded.
@@ -117,8 +121,9 @@ class [[nodiscard]] result {
 inline const char* to_string(status_code code) noexcept {
   // In the order of the enumerators.
   constexpr const char* names[] = {
-      "ok",         "invalid_argument", "not_found",   "capacity_exceeded", "io_error",
-      "corruption", "out_of_space",     "unsupported", "internal",          "out_of_device_memory"};
+      "ok",       "invalid_argument",     "not_found",         "capacity_exceeded",
+      "io_error", "corruption",           "out_of_space",      "unsupported",
+      "internal", "out_of_device_memory", "out_of_host_memory"};
   const auto i = static_cast<std::size_t>(code);
   return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
 }

@@ -3,12 +3,14 @@
 // free memory for caches in the cuda space (trainer.hpp: check_memory).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "embcache/criteo.hpp"
+#include "embcache/embedding_cache.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/trainer/trainer.hpp"
 
@@ -53,9 +55,9 @@ status check_parts(const std::vector<memory_part>& parts, std::uint64_t availabl
   return status(code, all + " need " + bytes_text(total) + " together (" + list + ")" + limit);
 }
 
-// Per slot of a cache table: the row's floats plus the key, version, score, claim, state and
-// overflow words (embedding_cache.hpp).
-constexpr std::uint64_t slot_metadata_bytes = 40;
+// The trainer's tables (int64 keys; the same arrays in both spaces): their bytes per slot and
+// per bucket, and a boundary's scratch per slot, come from the table's own arrays.
+using trainer_table = embedding_cache<std::int64_t, host_space>;
 
 }  // namespace
 
@@ -75,30 +77,51 @@ status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
 
 status check_memory(const trainer_config& c, const memory_budget& budget) {
   std::vector<memory_part> parts, caches;
+  memory_part scratch;  // the largest table's boundary scratch (in the cuda space)
+  std::uint64_t largest_slots = 0;
   std::uint64_t dim = 16;  // the deep table's
   for (const auto& tc : c.tables)
     if (tc.name == "deep") dim = tc.dim;
-  // The caches (host_hybrid keeps a one-row cache per table): slots * (row floats + metadata).
+  // The caches (host_hybrid keeps a one-row cache per table): the tables' real arrays
+  // (embedding_cache::bytes_per_slot, bytes_per_bucket).
   if (c.mode != trainer_mode::host_hybrid)
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
       memory_part p;
       p.field = "config.tables[" + std::to_string(t) + "]." + (tc.slots ? "slots" : "capacity");
-      std::uint64_t slots = tc.slots, row = 0, per_slot = 0;
-      bool ok = true;
-      if (slots == 0) {  // the cache's default, capacity * 5 / 4
-        ok = checked_mul(tc.capacity, 5, slots);
-        slots /= 4;
-      }
-      ok = ok && checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
-           checked_mul(row, 4, per_slot) && checked_add(per_slot, slot_metadata_bytes, per_slot) &&
-           checked_mul(slots, per_slot, p.bytes);
+      // The training cache's table: the slots asked for (at least the capacity), else
+      // capacity + capacity / 4; rounded up to whole buckets.
+      constexpr std::uint64_t bucket = trainer_table::bucket_size;
+      std::uint64_t slots = std::max<std::uint64_t>(tc.slots, tc.capacity);
+      // (A dim past 2^32 counts as overflow: the row's bytes would not fit.)
+      bool ok = tc.dim < (std::uint64_t{1} << 32) &&
+                (tc.slots != 0 || checked_add(tc.capacity, tc.capacity / 4, slots));
+      ok = ok && checked_add(slots, bucket - 1, slots);
+      slots = slots / bucket * bucket;
+      cache_options co;
+      co.dim = tc.dim;
+      co.state_width = state_width(tc.optimizer.kind, tc.dim);
+      const std::uint64_t per_slot = trainer_table::bytes_per_slot(co);
+      std::uint64_t buckets = 0;
+      ok = ok && checked_mul(slots, per_slot, p.bytes) &&
+           checked_mul(slots / bucket, trainer_table::bytes_per_bucket, buckets) &&
+           checked_add(p.bytes, buckets, p.bytes);
       p.overflow = !ok;
       p.what = "the cache of table \"" + tc.name + "\" (" +
                (ok ? std::to_string(slots) + " slots of " + std::to_string(per_slot) + " bytes"
                    : std::to_string(tc.slots ? tc.slots : tc.capacity) +
                          (tc.slots ? " slots" : " rows")) +
                ")";
+      // At a pass boundary the largest table's select_victims / export_if hold scratch per slot
+      // beside the tables (one table at a time; the pool keeps it for the next boundary).
+      if (ok && slots > largest_slots) {
+        largest_slots = slots;
+        scratch.field = p.field + " (boundary scratch)";
+        scratch.what = "the pass boundary's scratch for table \"" + tc.name + "\" (" +
+                       std::to_string(slots) + " slots of " +
+                       std::to_string(trainer_table::scratch_bytes_per_slot) + " bytes)";
+        scratch.bytes = slots * trainer_table::scratch_bytes_per_slot;  // < the table's bytes
+      }
       caches.push_back(p);
     }
   if (!budget.caches_on_device) parts = caches;
@@ -147,7 +170,9 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
                                            : "config: the caches, the dense network and the batch",
                                        status_code::capacity_exceeded));
   if (!budget.caches_on_device) return {};
-  return check_parts(caches, budget.device_bytes, "free device memory", "config.tables: the caches",
+  if (largest_slots) caches.push_back(scratch);
+  return check_parts(caches, budget.device_bytes, "free device memory",
+                     "config.tables: the caches and a pass boundary's scratch",
                      status_code::out_of_device_memory);
 }
 

@@ -16,8 +16,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/cuda_device.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/buffer.hpp"
+#include "embcache/detail/embedding_cache_access.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/embedding_cache_ref.hpp"
 
@@ -263,7 +265,7 @@ class cache_conformance : public ::testing::Test {
   using Key = typename Case::key_type;
   using Space = typename Case::space_type;
   void SetUp() override {
-    if (is_cuda_space_v<Space> && !cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    if constexpr (is_cuda_space_v<Space>) EMBCACHE_NEED_CUDA_DEVICE();
   }
   static std::vector<Key> range_keys(std::size_t n, std::uint64_t seed) {
     std::mt19937_64 g(seed);
@@ -376,6 +378,93 @@ TYPED_TEST_P(cache_conformance, DuplicatesInFindOrInsertInsertOnce) {
     ASSERT_TRUE(std::equal(e.begin(), e.end(), rows.begin() + i * 6));
   }
   for (auto& [k, c] : per_key) EXPECT_EQ(c, 1) << "key " << k;
+}
+
+// Past the 4096 keys of the host's pipelined lookup too: every key of a batch with repeats is
+// inserted once, and exactly one of its occurrences (any one) reports it; all see one row and
+// one slot.
+TYPED_TEST_P(cache_conformance, repeated_keys_report_one_insertion_each_in_a_long_batch) {
+  using Key = typename TypeParam::key_type;
+  auto o = small_options(16384, 2, 0);
+  harness<Key, typename TypeParam::space_type> h(o);
+  const auto distinct = this->range_keys(5000, 11);
+  std::vector<Key> keys;
+  for (int rep = 0; rep < 3; ++rep) keys.insert(keys.end(), distinct.begin(), distinct.end());
+  std::shuffle(keys.begin(), keys.end(), std::mt19937_64(12));
+  std::vector<float> rows;
+  std::vector<bool> inserted;
+  EMBCACHE_ASSERT_OK(h.find_or_insert(keys, &rows, &inserted));
+  EXPECT_EQ(h.cache.size(), 5000u);
+  std::map<Key, int> per_key;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    per_key[keys[i]] += inserted[i];
+    auto e = expected_initial_row(o, keys[i]);
+    ASSERT_TRUE(std::equal(e.begin(), e.end(), rows.begin() + i * 2)) << "batch index " << i;
+  }
+  ASSERT_EQ(per_key.size(), 5000u);
+  for (auto& [k, c] : per_key) ASSERT_EQ(c, 1) << "key " << k;
+  // lookup_slots with insert_missing keeps the same promise, and every occurrence gets one slot.
+  const auto more = this->range_keys(9000, 13);
+  std::vector<Key> fresh(more.begin() + 5000, more.end());
+  std::vector<Key> batch;
+  for (int rep = 0; rep < 2; ++rep) batch.insert(batch.end(), fresh.begin(), fresh.end());
+  std::shuffle(batch.begin(), batch.end(), std::mt19937_64(14));
+  auto k = h.to_space(batch);
+  buffer<std::int64_t, typename TypeParam::space_type> slots(batch.size());
+  buffer<bool, typename TypeParam::space_type> ins(batch.size());
+  EMBCACHE_ASSERT_OK(h.cache.lookup_slots(k.data(), batch.size(), slots.data(), true, ins.data()));
+  const auto s = h.to_host(slots, batch.size());
+  const auto b = h.bools_to_host(ins, batch.size());
+  std::map<Key, std::pair<int, std::int64_t>> seen;  // insertions, slot
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto [it, first] = seen.try_emplace(batch[i], 0, s[i]);
+    it->second.first += b[i];
+    ASSERT_EQ(it->second.second, s[i]) << "key " << batch[i];
+  }
+  for (auto& [key, v] : seen) ASSERT_EQ(v.first, 1) << "key " << key;
+}
+
+// The claim epochs of last-writer-wins (insert_or_assign, assign_slots) re-base before they
+// reach 2^32: writes after that many calls are not skipped, and the last occurrence still wins.
+TYPED_TEST_P(cache_conformance, writes_near_the_end_of_the_claim_epochs_are_not_skipped) {
+  using Key = typename TypeParam::key_type;
+  using access = detail::embedding_cache_access;
+  harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
+  EMBCACHE_ASSERT_OK(h.insert_or_assign({1, 2, 1}, {1, 1, 2, 2, 3, 3}));
+  const auto s = h.slots({1, 2});
+  const std::uint64_t end = std::uint64_t{1} << 32;
+  access::set_claim_epoch(h.cache, end - 3);
+  for (int call = 0; call < 6; ++call) {
+    const float v = float(10 + call);
+    if (call % 2 == 0) {
+      EMBCACHE_ASSERT_OK(h.insert_or_assign({1, 2, 1}, {0, 0, v, v, v + 100, v + 100}));
+    } else {
+      h.assign_slots({s[0], s[1], s[0]}, {0, 0, v, v, v + 100, v + 100});
+    }
+    EXPECT_EQ(h.find({1, 2}).rows, std::vector<float>({v + 100, v + 100, v, v}))
+        << "call " << call << ", claim epoch " << access::claim_epoch(h.cache);
+  }
+  // Two calls took the last two epochs; the third re-based, and four calls took epochs 1 to 4.
+  EXPECT_EQ(access::claim_epoch(h.cache), 4u);
+  EXPECT_EQ(h.cache.size(), 2u);
+}
+
+// The table's arrays hold what bytes_per_slot and bytes_per_bucket say, with LRU and with LFU:
+// the count memory budgets use (trainer_memory.cpp) cannot drift from the real arrays.
+TYPED_TEST_P(cache_conformance, the_table_holds_what_bytes_per_slot_says) {
+  using Key = typename TypeParam::key_type;
+  using cache_type = embedding_cache<Key, typename TypeParam::space_type>;
+  for (score_policy policy : {score_policy::lru, score_policy::lfu}) {
+    auto o = small_options(1000, 4, 2);
+    o.scores = policy;
+    harness<Key, typename TypeParam::space_type> h(o);
+    ASSERT_EQ(h.cache.capacity(), 1024u);  // 8 buckets
+    EXPECT_EQ(h.cache.allocated_bytes(),
+              1024 * cache_type::bytes_per_slot(o) + 8 * cache_type::bytes_per_bucket);
+    // 6 floats; state byte; key; version, score, claim and synced words; mark; LFU's touch op.
+    EXPECT_EQ(cache_type::bytes_per_slot(o),
+              24 + 1 + sizeof(Key) + 32 + 4 + (policy == score_policy::lfu ? 8 : 0));
+  }
 }
 
 TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
@@ -804,6 +893,9 @@ REGISTER_TYPED_TEST_SUITE_P(
     ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap,
     InsertsHandBackTheirSlots, DirtyRowsFollowSyncsAndWrites,
     VictimsAreUnmarkedOldestThenSmallestKey, EraseSlotsRemovesEachOnce,
-    InsertAndEvictSaysWhichVictimsWereDirty, CallsRunWhereTheThreadsGuardSays);
+    InsertAndEvictSaysWhichVictimsWereDirty, CallsRunWhereTheThreadsGuardSays,
+    repeated_keys_report_one_insertion_each_in_a_long_batch,
+    writes_near_the_end_of_the_claim_epochs_are_not_skipped,
+    the_table_holds_what_bytes_per_slot_says);
 
 }  // namespace embcache::testing

@@ -155,6 +155,18 @@ TEST(cache_status, out_of_device_memory_is_its_own_code) {
   EXPECT_STREQ(to_string(static_cast<status_code>(200)), "unknown");
 }
 
+// A failed pinned host allocation (cudaMallocHost) is the host's memory running out, not the
+// device's: its own code, and no other CUDA failure maps to it.
+TEST(cache_status, out_of_pinned_host_memory_is_not_out_of_device_memory) {
+  EXPECT_STREQ(to_string(status_code::out_of_host_memory), "out_of_host_memory");
+  EXPECT_EQ(status::out_of_host_memory("x").code(), status_code::out_of_host_memory);
+  EXPECT_EQ(detail::status_code_of_pinned_cuda_error(detail::cuda_error_memory_allocation),
+            status_code::out_of_host_memory);
+  EXPECT_EQ(detail::status_code_of_pinned_cuda_error(1), status_code::internal);
+  EXPECT_EQ(detail::status_code_of_cuda_error(detail::cuda_error_memory_allocation),
+            status_code::out_of_device_memory);
+}
+
 // export_filter says which of its two kinds it is; changed_since(v) takes only newer rows.
 TEST(cache_status, export_filter_kinds) {
   constexpr auto all = export_filter::all();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_device.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/buffer.hpp"
 #include "embcache/trainer/dense_backend.hpp"
@@ -49,7 +50,7 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, doub
 }
 
 TEST(dense_network_cuda, ForwardBackwardAdamMatchHost) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   dense_network_options o;
   o.input_dim = 40;
   o.hidden = {64, 32};
@@ -88,7 +89,7 @@ TEST(dense_network_cuda, ForwardBackwardAdamMatchHost) {
 }
 
 TEST(dense_network_cuda, WideDeepMatchesHost) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.hidden = {32, 16};
   o.dropout = 0.2f;
@@ -121,7 +122,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // (which copies the pooled embeddings there first): the same losses, logits, gradients and dense
 // state, bit for bit, step after step.
 TEST(dense_backend_cuda, DeviceInputsGiveTheBitsOfHostArrays) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.num_wide_slots = 39;
   o.hidden = {32, 16};
@@ -161,7 +162,7 @@ TEST(dense_backend_cuda, DeviceInputsGiveTheBitsOfHostArrays) {
 // share of the batch's mean through the cuda backend, both ways in: twice the samples, half the
 // gradient (exactly: a power of two).
 TEST(dense_backend_cuda, KeepsTheMeanOverOfABlock) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.hidden = {16};
   const std::size_t n = 20, n_wide = n * 26, n_deep = n * 26 * 16;

@@ -11,7 +11,7 @@ using cuda_cases =
 INSTANTIATE_TYPED_TEST_SUITE_P(cuda, cache_conformance, cuda_cases);
 
 TEST(cache_cuda, SameRowsAsTheHostSpace) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   for (init_kind kind : {init_kind::uniform, init_kind::normal}) {
     auto o = small_options(1 << 16, 16, 16);
     o.init.kind = kind;
@@ -31,7 +31,7 @@ TEST(cache_cuda, SameRowsAsTheHostSpace) {
 // The cuda space finds keys with a warp per key (warp_find_slot); the host space runs the
 // portable find_slot. In a full table (many keys past their home bucket) both must answer alike.
 TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   auto o = small_options(8192, 37, 3);  // a row width that is not a multiple of 32
   harness<std::int64_t, host_space> h(o);
   harness<std::int64_t, cuda_space> d(o);
@@ -69,7 +69,7 @@ TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
 }
 
 TEST(cache_cuda, EvictionMatchesTheHostSpace) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   auto o = small_options(4096, 2, 0);
   harness<std::int64_t, host_space> h(o);
   harness<std::int64_t, cuda_space> d(o);

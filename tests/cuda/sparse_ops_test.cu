@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../sparse/test_util.hpp"
+#include "common/cuda_device.hpp"
 #include "embcache/buffer.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/sparse_ops.hpp"
@@ -44,7 +45,7 @@ device_batch upload(const test::owned_batch& b) {
 // Both spaces sum in the same order with the same float operations (no multiply, so nothing to
 // contract into an FMA): lookups and gradients are bit-identical.
 TEST(sparse_cuda, LookupAndGradientsAreBitIdenticalToTheHostSpace) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   std::mt19937_64 rng(17);
   const std::size_t dim = 16, width = 48, num_rows = 5000, B = 4096, S = 26;
   const auto rows = test::random_floats(rng, num_rows * width, -1, 1);
@@ -77,7 +78,7 @@ TEST(sparse_cuda, LookupAndGradientsAreBitIdenticalToTheHostSpace) {
 // Updates are computed in double and stored as float; nvcc may contract double multiply-adds into
 // FMAs, which can move a result by one double ulp and, rarely, the stored float by one ulp.
 TEST(sparse_cuda, OptimizersMatchTheHostSpace) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   std::mt19937_64 rng(23);
   const std::size_t dim = 16, num_rows = 20000;
   for (optimizer_kind kind :
@@ -122,7 +123,7 @@ TEST(sparse_cuda, OptimizersMatchTheHostSpace) {
 }
 
 TEST(sparse_cuda, EmptyBatchGivesZerosAndNoGradients) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   test::owned_batch b;
   b.batch_size = 2;
   b.num_slots = 2;

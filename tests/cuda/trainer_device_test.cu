@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_device.hpp"
 #include "common/status_assertions.hpp"
 #include "common/trainer_dataset.hpp"
 #include "embcache/synth.hpp"
@@ -90,7 +91,7 @@ std::string read_bytes(const std::string& path) {
 constexpr double loss_tolerance = 1e-3, auc_tolerance = 5e-3;
 
 TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_dense_backend();
   for (trainer_mode mode :
        {trainer_mode::keyset, trainer_mode::on_demand, trainer_mode::host_hybrid}) {
@@ -122,7 +123,7 @@ TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
 }
 
 TEST(trainer_dense_device, SavesMoveBetweenDevicesUnchanged) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_dense_backend();
   trainer_config c = config("cuda", trainer_mode::keyset);
   c.passes = {c.passes[0]};
@@ -201,7 +202,7 @@ table_counters totals(const cache_counters& c) {
 // same metrics and model bytes. The sparse ops sum in batch order on the device as on the host,
 // and each row's optimizer step depends on that row alone.
 TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   const std::pair<trainer_mode, const char*> runs[] = {{trainer_mode::keyset, "emb_keyset_a"},
                                                        {trainer_mode::keyset, "emb_keyset_b"},
@@ -235,7 +236,7 @@ TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes
 // The tables in the cuda space (with the dense network on the host, and with everything on the
 // device) against everything on the host, in both cache modes: within the tolerances above.
 TEST(trainer_embedding_device, DeviceTablesAgreeWithHostTablesInBothModes) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   register_cuda_dense_backend();
   for (trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
@@ -269,7 +270,7 @@ TEST(trainer_embedding_device, DeviceTablesAgreeWithHostTablesInBothModes) {
 // A save made with the tables in the cuda space loads into host tables and saves back the same
 // model bytes, and the other way round; training goes on from it.
 TEST(trainer_embedding_device, SavesMoveBetweenHostAndDeviceTablesUnchanged) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::keyset, "cuda");
   c.passes = {c.passes[0]};
@@ -349,7 +350,7 @@ std::unique_ptr<dense_backend> make_counting_backend(const wide_deep_options& o)
 // dense backend and their gradients back without leaving the device. The same bits as the host
 // round trip with the same backend, run to run, and in on-demand mode with small caches.
 TEST(trainer_embedding_device, PooledEmbeddingsStayOnTheDeviceWithTheSameBits) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   struct run_case {
     const char* name;
@@ -399,7 +400,7 @@ TEST(trainer_embedding_device, PooledEmbeddingsStayOnTheDeviceWithTheSameBits) {
 // The check of the caches against the device's free memory: tables larger than the device are
 // refused before anything is allocated, naming the field.
 TEST(trainer_embedding_device, CachesLargerThanTheDeviceAreOutOfDeviceMemory) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::on_demand, "cuda");
   c.tables[1].capacity = std::size_t{1} << 40;  // 1.25 Ti slots of 232 bytes

@@ -519,17 +519,18 @@ TEST(trainer_config, world_and_num_blocks_are_checked_and_round_trip) {
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
-  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
+  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes, and 4 bytes per bucket of 128 slots
+  c.tables[1].capacity = 1 << 20;
   EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{1} << 30));
   status s = check_memory(c, 100'000'000);
   EXPECT_EQ(s.code(), status_code::capacity_exceeded);
   EXPECT_EQ(s.message(),
-            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
-            "needs 304087040 bytes, more than the 100000000 bytes of physical memory");
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 237 bytes) "
+            "needs 310681600 bytes, more than the 100000000 bytes of physical memory");
   c.tables[1].slots = 2 << 20;
   EXPECT_EQ(check_memory(c, 100'000'000).message(),
-            "config.tables[1].slots: the cache of table \"deep\" (2097152 slots of 232 bytes) "
-            "needs 486539264 bytes, more than the 100000000 bytes of physical memory");
+            "config.tables[1].slots: the cache of table \"deep\" (2097152 slots of 237 bytes) "
+            "needs 497090560 bytes, more than the 100000000 bytes of physical memory");
   // Sizes whose product does not fit in 64 bits say so instead of wrapping.
   c.tables[1].slots = 0;
   c.tables[1].capacity = std::size_t(-1);
@@ -547,7 +548,7 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
   EXPECT_EQ(t.get_status().message().rfind(
                 "config.tables[1].capacity: the cache of table \"deep\" (1374389534720 slots of "
-                "232 bytes) needs 318858372055040 bytes, more than the ",
+                "237 bytes) needs 325773269401600 bytes, more than the ",
                 0),
             0u)
       << t.get_status().to_string();
@@ -579,16 +580,16 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
 TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
-  c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots of (1 + 2) * 4 + 40 bytes
-  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 40 bytes
+  c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots of (1 + 2) * 4 + 45 bytes
+  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes
   memory_budget b;
   b.host_bytes = 100'000'000;
   status s = check_memory(c, b);  // on the host: as check_memory(c, bytes)
   EXPECT_EQ(s.code(), status_code::capacity_exceeded);
   EXPECT_EQ(s.message(), check_memory(c, b.host_bytes).message());
   EXPECT_EQ(s.message(),
-            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
-            "needs 304087040 bytes, more than the 100000000 bytes of physical memory");
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 237 bytes) "
+            "needs 310681600 bytes, more than the 100000000 bytes of physical memory");
 
   // Too large for the host, on the device: not refused for host memory.
   b.caches_on_device = true;
@@ -597,17 +598,19 @@ TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
   s = check_memory(c, b);
   EXPECT_EQ(s.code(), status_code::out_of_device_memory);
   EXPECT_EQ(s.message(),
-            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 232 bytes) "
-            "needs 304087040 bytes, more than the 100000000 bytes of free device memory");
-  // Each fits, both together do not.
-  b.device_bytes = 310'000'000;
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 237 bytes) "
+            "needs 310681600 bytes, more than the 100000000 bytes of free device memory");
+  // Each fits, not all together: the tables and a pass boundary's scratch for the largest
+  // (select_victims: 44 bytes per slot, the first of the equal tables named).
+  b.device_bytes = 443'105'279;
   s = check_memory(c, b);
   EXPECT_EQ(s.code(), status_code::out_of_device_memory);
   EXPECT_EQ(s.message(),
-            "config.tables: the caches need 372244480 bytes together (config.tables[0].capacity "
-            "68157440 bytes, config.tables[1].capacity 304087040 bytes), more than the "
-            "310000000 bytes of free device memory");
-  b.device_bytes = 372'244'480;
+            "config.tables: the caches and a pass boundary's scratch need 443105280 bytes together "
+            "(config.tables[0].capacity 74752000 bytes, config.tables[1].capacity 310681600 bytes, "
+            "config.tables[0].capacity (boundary scratch) 57671680 bytes), more than the "
+            "443105279 bytes of free device memory");
+  b.device_bytes = 443'105'280;
   EMBCACHE_EXPECT_OK(check_memory(c, b));
   // The dense network and the batch stay on the host's account.
   c.model.hidden = {4096, 4096};

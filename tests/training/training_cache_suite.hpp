@@ -48,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cuda_device.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/buffer.hpp"
 #include "embcache/host_store.hpp"
@@ -86,7 +87,7 @@ template <class Space>
 class space_test : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (is_cuda_space_v<Space> && !cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    if constexpr (is_cuda_space_v<Space>) EMBCACHE_NEED_CUDA_DEVICE();
   }
 };
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "embcache/buffer.hpp"
 #include "embcache/detail/cuda_errors.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
@@ -24,15 +25,24 @@ static_assert(cudaErrorMemoryAllocation == ::embcache::detail::cuda_error_memory
               "detail/cuda_errors.hpp disagrees with the CUDA runtime");
 
 /// Throws embcache::error naming the call, the file and the line when a CUDA call fails:
-/// out_of_device_memory when the device's memory is exhausted, internal otherwise.
-#define EMBCACHE_CUDA_CHECK(call)                                                              \
+/// out_of_device_memory when the device's memory is exhausted, internal otherwise. The runtime's
+/// last error is cleared first (cudaGetLastError): a handled failure, such as an out-of-memory the
+/// caller reports as a status, must not resurface at the next launch check.
+#define EMBCACHE_CUDA_CHECK(call) \
+  EMBCACHE_CUDA_CHECK_AS(call, ::embcache::detail::status_code_of_cuda_error)
+
+/// EMBCACHE_CUDA_CHECK with the status code chosen by `code_of` (a function of the cudaError_t
+/// as int), for calls whose out-of-memory is not the device's (cudaMallocHost).
+#define EMBCACHE_CUDA_CHECK_AS(call, code_of)                                                  \
   do {                                                                                         \
     cudaError_t _embcache_e = (call);                                                          \
-    if (_embcache_e != cudaSuccess)                                                            \
-      throw ::embcache::error(::embcache::detail::status_code_of_cuda_error(int(_embcache_e)), \
-                              std::string(#call) + " failed at " + __FILE__ + ":" +            \
-                                  std::to_string(__LINE__) + ": " +                            \
-                                  cudaGetErrorString(_embcache_e));                            \
+    if (_embcache_e != cudaSuccess) {                                                          \
+      (void)cudaGetLastError();                                                                \
+      throw ::embcache::error(code_of(int(_embcache_e)), std::string(#call) + " failed at " +  \
+                                                             __FILE__ + ":" +                  \
+                                                             std::to_string(__LINE__) + ": " + \
+                                                             cudaGetErrorString(_embcache_e)); \
+    }                                                                                          \
   } while (0)
 
 namespace embcache::detail {
@@ -45,13 +55,36 @@ decltype(auto) thrust_call(const char* what, F&& f) {
   try {
     return f();
   } catch (const std::bad_alloc& e) {
+    (void)cudaGetLastError();  // handled here: no later check may report it again
     throw error(status_code::out_of_device_memory,
                 std::string(what) + ": out of device memory: " + e.what());
   } catch (const thrust::system_error& e) {
+    (void)cudaGetLastError();
     const bool cuda = e.code().category() == thrust::cuda_category();
     throw error(cuda ? status_code_of_cuda_error(e.code().value()) : status_code::internal,
                 std::string(what) + ": " + e.what());
   }
+}
+
+/// Thrust's scratch from the space's stream-ordered pool (cudaMallocAsync/cudaFreeAsync on the
+/// space's stream, as every buffer of the space). Without it Thrust takes scratch with
+/// cudaMalloc/cudaFree, and cudaFree synchronizes the whole device: the prefetch worker's stream
+/// would then overlap nothing. Its failure is embcache::error (out_of_device_memory).
+struct stream_scratch {
+  using value_type = char;
+  CUstream_st* stream = nullptr;
+  char* allocate(std::ptrdiff_t n) {
+    return static_cast<char*>(cuda_allocate(static_cast<std::size_t>(n), stream));
+  }
+  void deallocate(char* p, std::size_t) noexcept { cuda_deallocate(p, stream); }
+};
+
+/// The one Thrust policy of the cuda space: ordered on the space's stream, no synchronization
+/// Thrust could skip, scratch from stream_scratch. Every Thrust call of the space uses it (a
+/// ctest step, cuda_objects_take_no_cudamalloc, checks that no object file links cudaMalloc or
+/// cudaFree).
+inline auto thrust_policy(const cuda_space& space) {
+  return thrust::cuda::par_nosync(stream_scratch{space.stream}).on(space.stream);
 }
 
 template <class F>
@@ -98,26 +131,23 @@ void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
 template <class K, class V>
 void stable_sort_by_key(const cuda_space& space, K* keys, V* values, std::size_t n) {
   if (n < 2) return;
-  thrust_call("thrust::stable_sort_by_key", [&] {
-    thrust::stable_sort_by_key(thrust::cuda::par_nosync.on(space.stream), keys, keys + n, values);
-  });
+  thrust_call("thrust::stable_sort_by_key",
+              [&] { thrust::stable_sort_by_key(thrust_policy(space), keys, keys + n, values); });
 }
 
 /// Sort of `keys` (device pointer) on the space's stream.
 template <class K>
 void sort(const cuda_space& space, K* keys, std::size_t n) {
   if (n < 2) return;
-  thrust_call("thrust::sort",
-              [&] { thrust::sort(thrust::cuda::par_nosync.on(space.stream), keys, keys + n); });
+  thrust_call("thrust::sort", [&] { thrust::sort(thrust_policy(space), keys, keys + n); });
 }
 
 /// out[i] = sum of in[0..i) (exclusive prefix sum) on the space's stream.
 template <class T, class U>
 void exclusive_scan(const cuda_space& space, const T* in, U* out, std::size_t n) {
   if (n == 0) return;
-  thrust_call("thrust::exclusive_scan", [&] {
-    thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out, U{0});
-  });
+  thrust_call("thrust::exclusive_scan",
+              [&] { thrust::exclusive_scan(thrust_policy(space), in, in + n, out, U{0}); });
 }
 
 /// Number of elements of `in` (device memory) equal to `value`; synchronizes the stream.
@@ -125,7 +155,7 @@ template <class T>
 std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T value) {
   if (n == 0) return 0;
   return thrust_call("thrust::count", [&]() -> std::size_t {
-    return thrust::count(thrust::cuda::par.on(space.stream), in, in + n, value);
+    return thrust::count(thrust_policy(space), in, in + n, value);
   });
 }
 
@@ -134,9 +164,8 @@ std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T v
 template <class T>
 void exclusive_scan(const cuda_space& space, const T* in, T* out, std::size_t n) {
   if (n == 0) return;
-  thrust_call("thrust::exclusive_scan", [&] {
-    thrust::exclusive_scan(thrust::cuda::par_nosync.on(space.stream), in, in + n, out);
-  });
+  thrust_call("thrust::exclusive_scan",
+              [&] { thrust::exclusive_scan(thrust_policy(space), in, in + n, out); });
 }
 
 }  // namespace embcache::detail

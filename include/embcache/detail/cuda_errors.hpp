@@ -17,4 +17,12 @@ constexpr status_code status_code_of_cuda_error(int error) noexcept {
                                                : status_code::internal;
 }
 
+/// The status code of a failed pinned host allocation (cudaMallocHost) `error`:
+/// out_of_host_memory for cudaErrorMemoryAllocation (the host's memory, not the device's, ran
+/// out), internal for anything else.
+constexpr status_code status_code_of_pinned_cuda_error(int error) noexcept {
+  return error == cuda_error_memory_allocation ? status_code::out_of_host_memory
+                                               : status_code::internal;
+}
+
 }  // namespace embcache::detail

@@ -65,17 +65,26 @@ template <class Key, class Space>
 embedding_cache<Key, Space>::~embedding_cache() = default;
 
 template <class Key, class Space>
+std::size_t embedding_cache<Key, Space>::allocated_bytes() const noexcept {
+  auto bytes = [](const auto& b) { return b.size() * sizeof(*b.data()); };
+  return bytes(states_) + bytes(keys_) + bytes(overflow_) + bytes(versions_) + bytes(scores_) +
+         bytes(touched_) + bytes(claims_) + bytes(synced_) + bytes(marks_) + bytes(rows_);
+}
+
+template <class Key, class Space>
 embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
-           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
-           options_.init, options_.init.scale * 1.7320508075688772f, options_.scores}};
+           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(),
+           num_buckets_, row_width_, options_.dim, options_.init,
+           options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
 template <class Key, class Space>
 const_embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() const noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
-           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(), num_buckets_, row_width_, options_.dim,
-           options_.init, options_.init.scale * 1.7320508075688772f, options_.scores}};
+           touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(),
+           num_buckets_, row_width_, options_.dim, options_.init,
+           options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
 template <class Key, class Space>
@@ -171,16 +180,14 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
   buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, sp);
   std::int64_t* const slots = slots_out ? slots_out : slot_buffer.data();
   buffer<std::uint8_t, Space> outcome(n, sp);
+  // Before any work: taking epochs may release the lock for a moment.
+  const std::uint64_t epoch = take_claim_epochs(lock, claim_chunks(n));
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
   detail::for_each_index(sp, n,
-                         detail::insert_fn<Key>{ref(), keys, slots, outcome.data(), nullptr,
-                                                rows, versions, version, op, false});
-  const std::uint64_t epoch = ++claim_epoch_;
-  detail::for_each_index(sp, n, detail::claim_fn<Key>{ref(), slots, epoch});
-  detail::for_each_index(
-      sp, n,
-      detail::assign_fn<Key>{ref(), slots, outcome.data(), rows, versions, version, epoch});
+                         detail::insert_fn<Key>{ref(), keys, slots, outcome.data(), nullptr, rows,
+                                                versions, version, op, false});
+  claim_and_assign(sp, slots, n, outcome.data(), rows, versions, version, epoch);
   size_ += detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
   const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   detail::synchronize(sp);
@@ -216,12 +223,52 @@ void embedding_cache<Key, Space>::assign_slots(const std::int64_t* slots, std::s
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
+  const std::uint64_t epoch = take_claim_epochs(lock, claim_chunks(n));
   const std::uint64_t version = next_version();
-  const std::uint64_t epoch = ++claim_epoch_;
-  detail::for_each_index(sp, n, detail::claim_fn<Key>{ref(), slots, epoch});
-  detail::for_each_index(
-      sp, n, detail::assign_fn<Key>{ref(), slots, nullptr, rows, versions, version, epoch});
+  claim_and_assign(sp, slots, n, nullptr, rows, versions, version, epoch);
   detail::synchronize(sp);
+}
+
+template <class Key, class Space>
+std::uint64_t embedding_cache<Key, Space>::take_claim_epochs(
+    std::shared_lock<std::shared_mutex>& lock, std::uint64_t count) {
+  for (;;) {
+    const std::uint64_t first = claim_epoch_.fetch_add(count) + 1;
+    if (first + count <= claim_epoch_end) return first;
+    // Out of epochs: wait until no call holds tags (the exclusive lock), then zero the claims.
+    // Whoever gets the lock first re-bases; the others find fresh epochs.
+    lock.unlock();
+    {
+      std::unique_lock exclusive(*mutex_);
+      if (claim_epoch_.load() + count >= claim_epoch_end) {
+        claims_.fill_bytes(0);
+        detail::synchronize(space_);
+        claim_epoch_ = 0;
+      }
+    }
+    lock.lock();
+  }
+}
+
+template <class Key, class Space>
+void embedding_cache<Key, Space>::claim_and_assign(const Space& sp, const std::int64_t* slots,
+                                                   std::size_t n, const std::uint8_t* outcome,
+                                                   const float* rows, const std::uint64_t* versions,
+                                                   std::uint64_t version,
+                                                   std::uint64_t first_epoch) {
+  // A chunk of 2^32 keys per epoch: a later chunk's epoch is higher, so the last occurrence of
+  // a repeated slot still wins across chunks.
+  for (std::uint64_t c = 0; c * claim_chunk < n; ++c) {
+    const std::size_t at = std::size_t(c * claim_chunk);
+    const std::size_t m = std::size_t(std::min<std::uint64_t>(claim_chunk, n - at));
+    const std::uint64_t epoch = first_epoch + c;
+    detail::for_each_index(sp, m, detail::claim_fn<Key>{ref(), slots + at, epoch});
+    detail::for_each_index(
+        sp, m,
+        detail::assign_fn<Key>{ref(), slots + at, outcome ? outcome + at : nullptr,
+                               rows + at * row_width_, versions ? versions + at : nullptr, version,
+                               epoch});
+  }
 }
 
 template <class Key, class Space>

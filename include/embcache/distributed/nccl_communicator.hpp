@@ -9,6 +9,12 @@
 /// order) and only enqueues work on `stream` (`_async`); synchronize() waits for it and reports
 /// errors NCCL raised asynchronously. Failures name the NCCL or CUDA call and the rank.
 ///
+/// Errors: after any failed call (an enqueue, a CUDA error, an asynchronous NCCL error, a
+/// synchronize past its deadline) the communicator is aborted (ncclCommAbort), so that no rank
+/// waits on it for ever and the peers' calls fail too; every later call then fails with internal
+/// naming the first error. The destructor aborts a communicator that has work it never waited
+/// for, and destroys a quiet one.
+///
 /// Determinism: NCCL's all_reduce sums in an order that depends on the number of ranks and on the
 /// algorithm NCCL picks (ring, tree); its bits are pinned only for a fixed world size and
 /// topology. all_to_all_v, all_gather and broadcast are exact. A sum whose bits must not depend on
@@ -70,14 +76,24 @@ class nccl_communicator {
                                           const std::size_t* recv_counts,
                                           const std::size_t* recv_displs, CUstream_st* stream);
 
-  /// Waits for `stream`, then reports a CUDA error or an error NCCL raised asynchronously.
-  [[nodiscard]] status synchronize(CUstream_st* stream);
+  /// Waits for `stream`, polling NCCL's asynchronous error meanwhile, and reports a CUDA error
+  /// or an error NCCL raised. A dead peer would keep the stream busy for ever: past
+  /// `deadline_s` seconds (default 600) the communicator is aborted and the call fails with
+  /// internal saying so.
+  [[nodiscard]] status synchronize(CUstream_st* stream, double deadline_s = 600);
 
  private:
   nccl_communicator(ncclComm* comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
-  status check(int nccl_result, const char* call) const;
+  // The status of an NCCL result; a failure aborts the communicator.
+  status check(int nccl_result, const char* call);
+  // Aborts the communicator (once) and remembers `why` for later calls; returns `why`.
+  status fail(status why);
+  // Fails when an earlier error aborted the communicator.
+  status usable() const;
 
   ncclComm* comm_ = nullptr;
+  std::string broken_;    // the first error, once aborted
+  bool pending_ = false;  // work enqueued since the last successful synchronize
   int rank_ = 0;
   int size_ = 1;
 };

@@ -152,14 +152,16 @@ struct memory_budget {
   std::uint64_t device_bytes = std::numeric_limits<std::uint64_t>::max();
 };
 /// Checks that the caches, the dense network and one batch fit in `available_bytes` of host
-/// memory (an estimate from below: slots * (row bytes + 40), 16 bytes per MLP parameter, the
-/// batch's buffers), with overflow-checked arithmetic. capacity_exceeded names the field that
+/// memory (an estimate from below: the tables' arrays, embedding_cache::bytes_per_slot and
+/// bytes_per_bucket, 16 bytes per MLP parameter, the batch's buffers), with overflow-checked
+/// arithmetic. capacity_exceeded names the field that
 /// sizes the part that does not fit and the bytes it needs, e.g. "config.tables[1].capacity: the
 /// cache of table "deep" (...) needs N bytes, more than the M bytes of physical memory".
 [[nodiscard]] status check_memory(const trainer_config& config, std::uint64_t available_bytes);
 /// check_memory with the caches where `budget` puts them: on the host as above, or, with
 /// caches_on_device, the dense network and the batch against budget.host_bytes and the caches
-/// alone against budget.device_bytes, where too much is out_of_device_memory naming the field
+/// with the largest table's pass-boundary scratch (embedding_cache::scratch_bytes_per_slot)
+/// against budget.device_bytes, where too much is out_of_device_memory naming the field
 /// the same way ("... needs N bytes, more than the M bytes of free device memory").
 /// trainer::create checks host parts against physical_memory_bytes() before it allocates
 /// anything; the caches in the cuda space are checked against the device's free memory when the
