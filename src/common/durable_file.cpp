@@ -1,5 +1,7 @@
 #include "common/durable_file.hpp"
 
+#include "common/memory_check.hpp"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -382,6 +384,12 @@ result<std::vector<char>> read_file_bytes(const std::string& path, std::uint64_t
     return status::invalid_argument("'" + path + "' is " + std::to_string(st.st_size) +
                                     " bytes, more than the " + std::to_string(max_bytes) +
                                     " bytes allowed for it");
+  }
+  // A huge (sparse) file must end in a status naming it, not in std::bad_alloc.
+  if (status s = check_fits_in_memory("reading '" + path + "'", std::uint64_t(st.st_size));
+      !s.ok()) {
+    ::close(fd);
+    return s;
   }
   std::vector<char> bytes(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;

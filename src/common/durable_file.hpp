@@ -164,7 +164,8 @@ class file_lock {
 
 /// The whole content of the regular file `path` (not_found when it does not exist). A folder, a
 /// FIFO or a device is refused without reading it (invalid_argument naming it), and so is a
-/// file of more than `max_bytes` bytes, before anything is allocated.
+/// file of more than `max_bytes` bytes, before anything is allocated; a file larger than this
+/// machine's memory is capacity_exceeded (check_fits_in_memory).
 result<std::vector<char>> read_file_bytes(const std::string& path,
                                           std::uint64_t max_bytes = UINT64_MAX);
 

@@ -123,6 +123,27 @@ TEST(trainer_failures, a_save_too_large_for_memory_is_refused_before_it_is_alloc
       << t.get_status().message();
 }
 
+// A save whose dense.bin is a sparse file of 1 TiB: a status naming it, before anything is
+// allocated for it.
+TEST(trainer_failures, a_dense_file_too_large_for_memory_is_refused_before_it_is_allocated) {
+  trainer_config c = small_config("huge_dense");
+  c.passes = {{{shard(0)}}};
+  run(c);
+  std::error_code ec;
+  fs::resize_file(c.save_dir + "/dense.bin", std::uint64_t{1} << 40, ec);
+  if (ec) GTEST_SKIP() << "no sparse file of 1 TiB here: " << ec.message();
+  trainer_config resume = small_config("huge_dense_resume");
+  resume.resume_from = c.save_dir;
+  auto t = trainer::create(resume);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded) << t.get_status().to_string();
+  EXPECT_NE(t.get_status().message().find("reading '" + c.save_dir +
+                                          "/dense.bin' needs 1099511627776 bytes of memory, "
+                                          "more than this machine's "),
+            std::string::npos)
+      << t.get_status().message();
+}
+
 // --- output folders --------------------------------------------------------------------------
 
 TEST(trainer_outputs, output_folders_given_as_links_are_written_through_never_replaced) {
