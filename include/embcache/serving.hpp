@@ -75,7 +75,8 @@ struct delta_entry {
 };
 
 /// The `delta-NNNNNN` folders of `deltas_dir` (six or more digits) in increasing order; hidden
-/// temporaries and other names are ignored. not_found when the folder does not exist.
+/// temporaries and other names are ignored. not_found when the folder does not exist;
+/// invalid_argument naming the folder when its number does not fit in 64 bits.
 result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir);
 
 /// Where a model stands in a stream of deltas.

@@ -1,5 +1,7 @@
 #include "common/durable_file.hpp"
 
+#include "common/memory_check.hpp"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -174,7 +176,12 @@ status write_text_durably(const std::string& path, const std::string& text) {
 
 status append_to_file(const std::string& path, const std::string& text, bool truncate) {
   const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : O_APPEND), 0644);
+      ::open(path.c_str(),
+             O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (truncate ? O_TRUNC : O_APPEND), 0644);
+  if (fd < 0 && errno == ELOOP)
+    return status::invalid_argument("'" + path +
+                                    "' is a symbolic link: a log is never written through one "
+                                    "(it would truncate or grow the file it points to); remove it");
   if (fd < 0) return errno_status("cannot open", path, errno);
   status s = write_all(fd, text.data(), text.size(), path);
   if (::close(fd) != 0 && s.ok()) s = errno_status("cannot close", path, errno);
@@ -192,10 +199,106 @@ status sync_folder(const std::string& dir) {
   return {};
 }
 
-std::string staging_folder_of(const std::string& target) { return target + ".tmp"; }
-std::string previous_folder_of(const std::string& target) { return target + ".old"; }
+std::string output_folder_of(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  // A bounded walk down a chain of links, as the kernel's own limit on them (a loop stops here
+  // and fails later, when the folder is created).
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    std::error_code ec;
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = (to.is_absolute() ? to : fs::path(p).parent_path() / to).lexically_normal().string();
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+  }
+  return p;
+}
 
-status publish_folder(const std::string& staged, const std::string& target) {
+std::string staging_folder_of(const std::string& target) {
+  return output_folder_of(target) + ".tmp";
+}
+std::string previous_folder_of(const std::string& target) {
+  return output_folder_of(target) + ".old";
+}
+
+status check_output_path_length(const std::string& field, const std::string& path,
+                                std::size_t sibling_suffix) {
+  constexpr std::size_t name_max = 255, path_max = 4096, inside = 512;
+  if (path.size() + inside > path_max)
+    return status::invalid_argument(field + ": '" + path + "' is " + std::to_string(path.size()) +
+                                    " bytes long; at most " + std::to_string(path_max - inside) +
+                                    " fit (PATH_MAX " + std::to_string(path_max) + ", less " +
+                                    std::to_string(inside) + " for the files written inside it)");
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::size_t begin = 0;
+  while (begin < p.size()) {
+    std::size_t end = p.find('/', begin);
+    if (end == std::string::npos) end = p.size();
+    const bool last = end == p.size();
+    const std::size_t limit = last ? name_max - sibling_suffix : name_max;
+    if (end - begin > limit)
+      return status::invalid_argument(
+          field + ": '" + path + "': the name '" + p.substr(begin, end - begin) + "' is " +
+          std::to_string(end - begin) + " bytes long; at most " + std::to_string(limit) +
+          " fit (NAME_MAX " + std::to_string(name_max) +
+          (last && sibling_suffix ? ", less " + std::to_string(sibling_suffix) +
+                                        " for the '.tmp' and '.old' folders beside it"
+                                  : std::string()) +
+          ")");
+    begin = end + 1;
+  }
+  return {};
+}
+
+status remove_staging_folder(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return errno_status("cannot inspect the temporary folder", path, errno);
+  }
+  if (!S_ISDIR(st.st_mode))
+    return status::invalid_argument(
+        "'" + path +
+        "' is in the way of a temporary folder and is not one (only our own temporary folders "
+        "are removed); move it away");
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec)
+    return status::io_error("cannot remove the temporary folder '" + path + "': " + ec.message());
+  return {};
+}
+
+status staging_folder::create(const std::string& path) {
+  discard();
+  EMBCACHE_RETURN_IF_ERROR(remove_staging_folder(path));
+  std::error_code ec;
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (!ec && !fs::create_directory(path, ec) && !ec)
+    ec = std::make_error_code(std::errc::file_exists);
+  if (ec) return errno_status("cannot create the temporary folder", path, ec.value());
+  path_ = path;
+  return {};
+}
+
+status staging_folder::publish(const std::string& target) {
+  const std::string staged = path_;
+  path_.clear();  // publish_folder removes what is left of it (the previous folder) itself
+  return publish_folder(staged, target);
+}
+
+void staging_folder::discard() noexcept {
+  if (path_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(path_, ec);  // a failure to clean up must not hide the failure being reported
+  path_.clear();
+}
+
+status publish_folder(const std::string& staged, const std::string& target_in) {
+  const std::string target = output_folder_of(target_in);
   EMBCACHE_RETURN_IF_ERROR(sync_folder(staged));
   const std::string parent = parent_of(target);
   std::error_code ec;
@@ -259,8 +362,9 @@ void file_lock::unlock() noexcept {
   }
 }
 
-result<std::vector<char>> read_file_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+result<std::vector<char>> read_file_bytes(const std::string& path, std::uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return errno_status("cannot open", path, errno);
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -270,7 +374,22 @@ result<std::vector<char>> read_file_bytes(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return status::invalid_argument("'" + path + "' is not a regular file");
+    return status::invalid_argument("'" + path + "' is " +
+                                    (S_ISDIR(st.st_mode) ? "a folder, not a regular file"
+                                                         : "not a regular file (a FIFO, a device "
+                                                           "or a socket is never read)"));
+  }
+  if (std::uint64_t(st.st_size) > max_bytes) {
+    ::close(fd);
+    return status::invalid_argument("'" + path + "' is " + std::to_string(st.st_size) +
+                                    " bytes, more than the " + std::to_string(max_bytes) +
+                                    " bytes allowed for it");
+  }
+  // A huge (sparse) file must end in a status naming it, not in std::bad_alloc.
+  if (status s = check_fits_in_memory("reading '" + path + "'", std::uint64_t(st.st_size));
+      !s.ok()) {
+    ::close(fd);
+    return s;
   }
   std::vector<char> bytes(static_cast<std::size_t>(st.st_size));
   std::size_t got = 0;

@@ -74,17 +74,65 @@ class durable_file_writer {
 
 /// Appends `text` to `path` in place (created when missing; with `truncate` emptied first), every
 /// write checked, no fsync: for append-only logs such as metrics lines, which a crash may cut
-/// short but not replace. A failure names the file, as errno_status.
+/// short but not replace. A failure names the file, as errno_status. A symbolic link at `path`
+/// is never followed (O_NOFOLLOW): one planted in an output folder would make the log truncate
+/// or grow the file it points to; it is refused with invalid_argument naming it.
 [[nodiscard]] status append_to_file(const std::string& path, const std::string& text,
                                     bool truncate = false);
 
 /// fsyncs a folder so that the entries created or renamed in it are durable.
 [[nodiscard]] status sync_folder(const std::string& dir);
 
-/// The temporary sibling a folder is staged in before publish_folder(): `target` + ".tmp".
+/// The folder an output path names: `path` without trailing slashes, and when that is a
+/// symbolic link (or a chain of them), the folder it points to, whether it exists or not. A
+/// symlink given as an output folder is followed and its target written into, never replaced
+/// by a real folder (docs/reliability.md).
+std::string output_folder_of(const std::string& path);
+
+/// The temporary sibling a folder is staged in before publish_folder():
+/// output_folder_of(`target`) + ".tmp".
 std::string staging_folder_of(const std::string& target);
-/// The sibling the previous folder waits in while a publish replaces it: `target` + ".old".
+/// The sibling the previous folder waits in while a publish replaces it:
+/// output_folder_of(`target`) + ".old".
 std::string previous_folder_of(const std::string& target);
+
+/// Checks before a run that the output folder `path` can be written: each of its names at most
+/// NAME_MAX (255) bytes, its last `sibling_suffix` bytes fewer (the ".tmp" and ".old" of a
+/// published folder), and the whole at most PATH_MAX (4096) less 512 bytes for what is written
+/// inside it. invalid_argument "<field>: '<path>': ..." naming the name that is too long, so
+/// that a run fails at its start, not after training. An empty path passes.
+[[nodiscard]] status check_output_path_length(const std::string& field, const std::string& path,
+                                              std::size_t sibling_suffix);
+
+/// Removes the staging folder `path` (a leftover of an interrupted run) with everything in it;
+/// nothing to do when it is absent. Anything else of that name (a regular file, a symbolic
+/// link, a device) is not ours and is never removed: invalid_argument naming it.
+[[nodiscard]] status remove_staging_folder(const std::string& path);
+
+/// A staging folder that exists from create() until publish(), and is removed with everything
+/// in it on every other way out (a failed write, an early return, an exception), so that a
+/// failure leaves no folder behind.
+class staging_folder {
+ public:
+  staging_folder() = default;
+  staging_folder(const staging_folder&) = delete;
+  staging_folder& operator=(const staging_folder&) = delete;
+  ~staging_folder() { discard(); }
+
+  /// Creates `path` (and its parents), empty: a leftover folder of that name is removed first,
+  /// anything else of that name is refused as by remove_staging_folder().
+  [[nodiscard]] status create(const std::string& path);
+  /// publish_folder(path(), `target`); the folder is no longer this object's afterwards, even
+  /// when the publish fails (publish_folder keeps `target` or its previous folder whole).
+  [[nodiscard]] status publish(const std::string& target);
+  /// Removes the folder now unless it was published; no-op after publish().
+  void discard() noexcept;
+
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;  // empty when there is nothing to remove
+};
 
 /// Moves the complete folder `staged` to `target` (fsyncing it and the parent). A previous
 /// `target` is exchanged atomically where the file system can (renameat2), else moved to
@@ -114,7 +162,11 @@ class file_lock {
   int fd_ = -1;
 };
 
-/// The whole content of the regular file `path` (not_found when it does not exist).
-result<std::vector<char>> read_file_bytes(const std::string& path);
+/// The whole content of the regular file `path` (not_found when it does not exist). A folder, a
+/// FIFO or a device is refused without reading it (invalid_argument naming it), and so is a
+/// file of more than `max_bytes` bytes, before anything is allocated; a file larger than this
+/// machine's memory is capacity_exceeded (check_fits_in_memory).
+result<std::vector<char>> read_file_bytes(const std::string& path,
+                                          std::uint64_t max_bytes = UINT64_MAX);
 
 }  // namespace embcache::detail

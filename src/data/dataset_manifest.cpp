@@ -2,9 +2,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/durable_file.hpp"
+#include "common/strict_json.hpp"
 #include "dataset_files.hpp"
 #include "embcache/shard.hpp"
-#include "common/durable_file.hpp"
 
 namespace embcache {
 
@@ -227,8 +228,12 @@ result<dataset_summary> read_dataset_manifest(const std::string& dir) {
   if (!bytes.ok()) return bytes.get_status();
   const std::vector<char>& b = bytes.value();
   dataset_summary s;
+  // A key given twice would be read as its last value without a word: refused, named.
+  auto parsed = detail::parse_json_unique_keys(std::string_view(b.data(), b.size()),
+                                               "'" + path + "'", "manifest");
+  if (!parsed.ok()) return status::corruption(parsed.get_status().message());
   try {
-    const auto j = nlohmann::json::parse(b.begin(), b.end());
+    const auto& j = parsed.value();
     EMBCACHE_RETURN_IF_ERROR(parse_manifest(j, dir, path, s));
   } catch (const nlohmann::json::exception& e) {
     return status::corruption("'" + path + "': " + e.what());

@@ -94,6 +94,10 @@ result<dataset_paths> resolve_output(const std::string& output_dir) {
   fs::path abs = fs::absolute(fs::path(output_dir), ec).lexically_normal();
   if (ec) return status::io_error("output folder '" + output_dir + "': " + ec.message());
   if (!abs.has_filename()) abs = abs.parent_path();
+  // An output folder given as a symbolic link is followed: the dataset is written into (and
+  // swapped in at) the folder it points to; the link itself is never replaced.
+  abs = fs::path(detail::output_folder_of(abs.string()));
+  if (!abs.has_filename()) abs = abs.parent_path();
   if (!abs.has_filename() || abs.filename() == "..") {
     return status::invalid_argument("output folder '" + output_dir +
                                     "': expected a folder with a name inside a parent folder");

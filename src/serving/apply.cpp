@@ -124,14 +124,10 @@ status write_state(const std::string& folder, const folder_table& t, nlohmann::j
   return {};
 }
 
-// Writes `m` as save() does (plus applied_delta) into the new folder `dir`, every file and
-// folder fsynced.
+// Writes `m` as save() does (plus applied_delta) into the new, empty folder `dir`, every file
+// and folder fsynced.
 status write_model(const std::string& dir, const model_folder& m) {
   std::error_code ec;
-  fs::remove_all(dir, ec);
-  if (!fs::create_directory(dir, ec)) {
-    return status::io_error("cannot create '" + dir + "': " + ec.message());
-  }
   nlohmann::json tables = nlohmann::json::array();
   for (const folder_table& t : m.tables) {
     const std::string folder = dir + "/" + t.name;
@@ -305,9 +301,13 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
   }
   report.applied_delta = m.sequence;
   if (report.deltas.empty()) return report;
-  const std::string tmp = detail::staging_folder_of(dir);
-  EMBCACHE_RETURN_IF_ERROR(write_model(tmp, m).with_context("apply: writing the result"));
-  EMBCACHE_RETURN_IF_ERROR(detail::publish_folder(tmp, dir).with_context("apply"));
+  // Removed on every failure (a full disk): no partial `<base>.tmp` stays behind.
+  detail::staging_folder staging;
+  EMBCACHE_RETURN_IF_ERROR(
+      staging.create(detail::staging_folder_of(dir)).with_context("apply: writing the result"));
+  EMBCACHE_RETURN_IF_ERROR(
+      write_model(staging.path(), m).with_context("apply: writing the result"));
+  EMBCACHE_RETURN_IF_ERROR(staging.publish(dir).with_context("apply"));
   report.changed = true;
   return report;
 }

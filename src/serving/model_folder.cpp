@@ -80,13 +80,17 @@ result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir) {
   std::vector<delta_entry> out;
   for (const auto& e : fs::directory_iterator(deltas_dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("delta-", 0) != 0 || name.size() < 12 || name.size() > 25) continue;
+    if (name.rfind("delta-", 0) != 0 || name.size() < 12) continue;
     const std::string digits = name.substr(6);
     if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
+    // Named like a delta, it is one: a number too large for 64 bits is refused, not skipped.
     errno = 0;
     const unsigned long long v = std::strtoull(digits.c_str(), nullptr, 10);
-    if (errno == ERANGE) continue;
+    if (errno == ERANGE)
+      return status::invalid_argument("'" + (fs::path(deltas_dir) / name).string() +
+                                      "': the delta number " + digits +
+                                      " does not fit in 64 bits (at most 18446744073709551615)");
     out.push_back({v, (fs::path(deltas_dir) / name).string()});
   }
   if (ec) return status::io_error("cannot list '" + deltas_dir + "': " + ec.message());

@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <limits>
+#include <new>
 #include <string>
 
 #include "embcache/version.hpp"
@@ -79,6 +81,26 @@ inline CLI::Validator finite_number(double low = -std::numeric_limits<double>::m
         return {};
       },
       "FINITE");
+}
+
+/// Runs a tool's `body(argc, argv)` and returns its exit status; an exception that escapes it
+/// (std::bad_alloc from a size nobody checked, an error thrown by a device call) ends the tool
+/// with run_time_failure and a message naming it, instead of std::terminate's abort (rc 134).
+template <class Body>
+int run_tool(const char* tool, Body body, int argc, char** argv) {
+  const char* what = "an exception of an unknown type";
+  std::string text;
+  try {
+    return body(argc, argv);
+  } catch (const std::bad_alloc&) {
+    what = "out of memory (std::bad_alloc)";
+  } catch (const std::exception& e) {
+    text = std::string("unexpected exception: ") + e.what();
+    what = text.c_str();
+  } catch (...) {
+  }
+  std::fprintf(stderr, "%s: %s; stopped\n", tool, what);
+  return run_time_failure;
 }
 
 /// Parses like CLI11_PARSE, but a usage error exits with 2 (--help and --version with 0).

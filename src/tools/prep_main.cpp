@@ -36,9 +36,7 @@ class prep_reporter {
   std::optional<embcache::detail::progress_meter> meter_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int prep_main(int argc, char** argv) {
   CLI::App app{
       "Converts Criteo TSV files (label, I1..I13, C1..C26; plain or gzip) into binary "
       "shards with one keyset per shard and table, and a manifest.json."};
@@ -115,4 +113,10 @@ int main(int argc, char** argv) {
               static_cast<double>(s.lines) / secs, static_cast<double>(s.bytes) / 1e6 / secs,
               s.seconds);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return embcache::tools::run_tool("embcache-prep", &prep_main, argc, argv);
 }

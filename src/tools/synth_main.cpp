@@ -10,7 +10,9 @@
 #include "embcache/synth.hpp"
 #include "tool_log.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+int synth_main(int argc, char** argv) {
   CLI::App app{
       "Generates synthetic Criteo-like rows (Zipf values, Criteo-shaped cardinalities, "
       "labels from a hidden logistic model); deterministic from the seed."};
@@ -82,4 +84,10 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(d.rows), d.label_mean, d.shards.size(),
               output.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return embcache::tools::run_tool("embcache-synth", &synth_main, argc, argv);
 }

@@ -3,17 +3,20 @@
 #include "reporting.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -194,6 +197,10 @@ bool has_data_line(const std::string& path) {
   return false;
 }
 
+// The last 12 bytes of every complete PNG: the empty IEND chunk (length 0, type, CRC).
+constexpr unsigned char png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+constexpr unsigned char png_iend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', 0xae, 0x42, 0x60, 0x82};
+
 std::string describe_wait_status(int w) {
   if (WIFEXITED(w)) return "exit status " + std::to_string(WEXITSTATUS(w));
   if (WIFSIGNALED(w)) return "signal " + std::to_string(WTERMSIG(w));
@@ -201,6 +208,26 @@ std::string describe_wait_status(int w) {
 }
 
 }  // namespace
+
+temporary_images::~temporary_images() {
+  for (const auto& p : paths) ::unlink(p.c_str());
+}
+
+status check_png(const std::string& drawn, const std::string& image) {
+  std::ifstream in(drawn, std::ios::binary);
+  if (!in) return status::io_error(image + ": gnuplot wrote no image (disk full?); no image kept");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const bool complete = bytes.size() >= sizeof png_signature + sizeof png_iend &&
+                        std::equal(png_signature, png_signature + 8, b) &&
+                        std::equal(png_iend, png_iend + 12, b + bytes.size() - 12);
+  if (!complete)
+    return status::io_error(image + ": gnuplot wrote an incomplete image (" +
+                            std::to_string(bytes.size()) +
+                            " bytes, no PNG end; disk full?); no image kept");
+  return {};
+}
+
 }  // namespace detail
 
 namespace fs = std::filesystem;
@@ -241,7 +268,9 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
       "# Draws the curves of metrics.tsv (one line per pass) and metrics_steps.tsv (one line per\n"
       "# log_interval steps, at its fractional position in the pass) into PNG files. Run it as\n"
       "#   gnuplot -c plot.gp FOLDER    (or, inside the folder, gnuplot plot.gp)\n"
+      "# A second argument is appended to the image names (the trainer draws into temporaries).\n"
       "d = (ARGC >= 1) ? ARG1 : '.'\n"
+      "o = (ARGC >= 2) ? ARG2 : ''\n"
       "set terminal png size 900,550 noenhanced\n"
       "set datafile missing 'nan'\n"
       "set xlabel 'pass'\nset grid\n"
@@ -270,14 +299,14 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
       curves.push_back(
           "d.'/metrics.tsv' using 1:4 with linespoints lc rgb '#d95f0e' pt 5 title 'eval log "
           "loss'");
-    gp += "set output d.'/loss.png'\nset ylabel 'loss'\nplot ";
+    gp += "set output d.'/loss.png'.o\nset ylabel 'loss'\nplot ";
     for (std::size_t i = 0; i < curves.size(); ++i) gp += (i ? ", \\\n     " : "") + curves[i];
     gp += "\n";
   }
   if (have_auc) {
     images.push_back("auc.png");
     gp +=
-        "set output d.'/auc.png'\nset ylabel 'AUC'\n"
+        "set output d.'/auc.png'.o\nset ylabel 'AUC'\n"
         "plot d.'/metrics.tsv' using 1:3 with linespoints lc rgb '#31a354' pt 7 title 'eval AUC'\n";
   }
   gp += "unset output\n";
@@ -285,6 +314,23 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
   std::string skipped;
   if (!have_loss) skipped += ", no loss.png (no finite loss)";
   if (!have_auc) skipped += ", no auc.png (no eval AUC: no eval_shard, or a single class)";
+  // Temporaries of a plot whose process died (killed while gnuplot drew): "<png>.tmp.<pid>",
+  // regular files only, of a process that no longer exists; nothing else is touched.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    for (const std::string prefix : {"loss.png.tmp.", "auc.png.tmp."}) {
+      if (n.size() <= prefix.size() || n.compare(0, prefix.size(), prefix) != 0 ||
+          n.size() - prefix.size() > 9 ||
+          !std::all_of(n.begin() + prefix.size(), n.end(),
+                       [](char c) { return c >= '0' && c <= '9'; }))
+        continue;
+      std::error_code e2;
+      const pid_t pid = static_cast<pid_t>(std::stol(n.substr(prefix.size())));
+      if (e.is_regular_file(e2) && !e.is_symlink(e2) && ::kill(pid, 0) != 0 && errno == ESRCH)
+        fs::remove(e.path(), e2);
+    }
+  }
+  ec.clear();
   // A PNG of an earlier run must not pass for this run's.
   for (const char* png : {"loss.png", "auc.png"}) {
     fs::remove(dir + "/" + png, ec);
@@ -296,8 +342,13 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
     if (note) *note = "wrote " + dir + "/plot.gp and metrics.tsv" + skipped;
     return {};
   }
+  // gnuplot draws into temporaries, each checked whole (it may exit 0 after a failed write)
+  // and only then renamed into place: a failure leaves no partial image, and says so.
+  const std::string suffix = ".tmp." + std::to_string(::getpid());
+  detail::temporary_images temps;
+  for (const auto& png : images) temps.paths.push_back(dir + "/" + png + suffix);
   std::string output;
-  auto ran = run_program({"gnuplot", "-c", dir + "/plot.gp", dir}, &output);
+  auto ran = run_program({"gnuplot", "-c", dir + "/plot.gp", dir, suffix}, &output);
   if (!ran.ok() && ran.get_status().code() == status_code::not_found) {
     if (note) *note = "gnuplot not found: wrote " + dir + "/plot.gp and metrics.tsv, no PNG";
     return {};
@@ -306,18 +357,18 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
   if (!WIFEXITED(ran.value()) || WEXITSTATUS(ran.value()) != 0) {
     if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
     return status::io_error(dir + "/plot.gp: gnuplot failed (" + describe_wait_status(ran.value()) +
-                            ")" + (output.empty() ? "" : ": " + output));
+                            ")" + (output.empty() ? "" : ": " + output) + "; no image was kept");
   }
+  for (std::size_t i = 0; i < images.size(); ++i)
+    EMBCACHE_RETURN_IF_ERROR(detail::check_png(temps.paths[i], dir + "/" + images[i]));
   std::string drew;
-  for (const auto& png : images) {
-    const std::string path = dir + "/" + png;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0)
-      return status::io_error(path + ": gnuplot wrote no image: " + std::strerror(errno));
-    if (st.st_size == 0)
-      return status::io_error(path + ": gnuplot wrote an empty image (0 bytes; disk full?)");
+  for (std::size_t i = 0; i < images.size(); ++i) {
+    const std::string path = dir + "/" + images[i];
+    if (std::rename(temps.paths[i].c_str(), path.c_str()) != 0)
+      return detail::errno_status("cannot rename to", path, errno);
     drew += (drew.empty() ? "" : " and ") + path;
   }
+  temps.paths.clear();
   if (note) *note = "drew " + drew + skipped;
   return {};
 }

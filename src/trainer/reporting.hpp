@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "embcache/status.hpp"
 #include "embcache/trainer/trainer.hpp"
@@ -68,5 +69,19 @@ std::string pass_summary_line(const pass_metrics& m);
 /// The line of a completed save: "saved to DIR: 12.3 MB in 1.20 s (10.2 MB/s)", the bytes being
 /// those of every file under `dir`.
 std::string save_summary_line(const std::string& dir, double seconds);
+
+/// The temporaries plot_metrics() has gnuplot draw into: removed on destruction, so that a
+/// failed plot leaves no partial image; cleared once they are renamed into place.
+struct temporary_images {
+  std::vector<std::string> paths;
+  temporary_images() = default;
+  temporary_images(const temporary_images&) = delete;
+  temporary_images& operator=(const temporary_images&) = delete;
+  ~temporary_images();
+};
+
+/// ok when the file `drawn` is a complete PNG (its signature first, its IEND chunk last);
+/// io_error naming `image` otherwise (gnuplot may exit 0 after a write failed on a full disk).
+[[nodiscard]] status check_png(const std::string& drawn, const std::string& image);
 
 }  // namespace embcache::detail

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "common/durable_file.hpp"
@@ -273,17 +274,52 @@ status trainer::run() {
   impl_->run_done = 0;
   impl_->run_t0 = clock_type::now();
   status s;
-  for (std::size_t p = 0; p < passes.size() && s.ok(); ++p) {
-    auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
-    if (!m.ok())
-      s = m.get_status();
-    else if (impl_->config.save_every_pass && !impl_->config.save_dir.empty() &&
-             p + 1 < passes.size())
+  // What the loop is doing, for an exception that escapes it: "pass 3" or "save to DIR".
+  std::string doing;
+  bool saving = false;
+  try {
+    for (std::size_t p = 0; p < passes.size() && s.ok(); ++p) {
+      doing = "pass " + std::to_string(impl_->passes_done + 1);
+      saving = false;
+      auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
+      if (!m.ok()) {
+        s = m.get_status();
+      } else if (impl_->config.save_every_pass && !impl_->config.save_dir.empty() &&
+                 p + 1 < passes.size()) {
+        doing = "save to " + impl_->config.save_dir;
+        saving = true;
+        s = save(impl_->config.save_dir);
+      }
+    }
+    if (s.ok() && !impl_->config.save_dir.empty()) {
+      doing = "save to " + impl_->config.save_dir;
+      saving = true;
       s = save(impl_->config.save_dir);
+    }
+  } catch (...) {
+    s = detail::status_of_exception(std::current_exception(),
+                                    doing + (saving ? " after step " : " step ") +
+                                        std::to_string(impl_->step + (saving ? 0 : 1)));
   }
-  if (s.ok() && !impl_->config.save_dir.empty()) s = save(impl_->config.save_dir);
   impl_->run_last_pass = impl_->run_total = 0;  // a run_pass() of its own has no run part
   return s;
+}
+
+status detail::status_of_exception(std::exception_ptr e, const std::string& where) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::bad_alloc&) {
+    return status::capacity_exceeded(
+        where +
+        ": out of memory (std::bad_alloc); the run stops here, saving nothing more (lower the "
+        "tables' capacity, batch_size or the model size, or free memory)");
+  } catch (const error& x) {
+    return status(x.code(), where + ": " + x.what());
+  } catch (const std::exception& x) {
+    return status::internal(where + ": unexpected exception: " + x.what());
+  } catch (...) {
+    return status::internal(where + ": unexpected exception of an unknown type");
+  }
 }
 
 result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,

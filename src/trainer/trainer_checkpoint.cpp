@@ -181,8 +181,9 @@ status trainer::save(const std::string& dir) {
   std::error_code ec;
   status ready;
   if (s.leader()) {
-    fs::remove_all(staged, ec);
-    fs::create_directories(staged, ec);
+    // Only a folder of that name is ours to remove: a file named like it is refused, kept.
+    ready = detail::remove_staging_folder(staged);
+    if (ready.ok()) fs::create_directories(staged, ec);
     if (ec) ready = status::io_error(staged + ": cannot create (" + ec.message() + ")");
   }
   EMBCACHE_RETURN_IF_ERROR(agreed(s, ready, "trainer::save"));

@@ -3,12 +3,13 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "common/durable_file.hpp"
+#include "common/strict_json.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
@@ -391,6 +392,11 @@ status validate(const trainer_config& c) {
   if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
     return status::invalid_argument(
         "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");
+  // A name too long for the file system would fail only when the first file is written, after
+  // training: checked here. A save is published beside ".tmp" and ".old" siblings.
+  EMBCACHE_RETURN_IF_ERROR(detail::check_output_path_length("config.save_dir", c.save_dir, 4));
+  EMBCACHE_RETURN_IF_ERROR(detail::check_output_path_length("config.export_dir", c.export_dir, 0));
+  EMBCACHE_RETURN_IF_ERROR(detail::check_output_path_length("config.output_dir", c.output_dir, 0));
   return {};
 }
 
@@ -533,24 +539,23 @@ result<trainer_config> trainer_config_from_json(const json& j) {
 }
 
 result<trainer_config> trainer_config_from_text(std::string_view text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const std::exception& e) {
-    return status::invalid_argument(origin + ": not valid JSON: " + e.what());
-  }
-  auto c = trainer_config_from_json(j);
+  auto j = detail::parse_json_unique_keys(text, origin, "config");
+  if (!j.ok()) return j.get_status();
+  auto c = trainer_config_from_json(j.value());
   if (!c.ok()) return c.get_status().with_context(origin);
   return c;
 }
 
 result<trainer_config> load_trainer_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return status::not_found(path + ": cannot open the configuration file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return status::io_error(path + ": cannot read the configuration file");
-  return trainer_config_from_text(ss.str(), path);
+  // Bounded, and only a regular file: /dev/zero, a FIFO or a folder is refused, not read forever.
+  auto text = detail::read_file_bytes(path, max_trainer_config_bytes);
+  if (!text.ok()) {
+    const status& s = text.get_status();
+    if (s.code() == status_code::not_found)
+      return status::not_found(path + ": cannot open the configuration file (" + s.message() + ")");
+    return status(s.code(), "the configuration file: " + s.message());
+  }
+  return trainer_config_from_text(std::string_view(text.value().data(), text.value().size()), path);
 }
 
 void to_json(json& j, const trainer_config& c) {

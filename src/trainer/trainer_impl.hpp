@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -107,6 +108,11 @@ namespace detail {
 
 /// "pass 2 step 14 (step 2 of the pass)": the global step counts from 1, resumes included.
 std::string step_label(std::uint64_t pass, std::uint64_t global_step, std::uint64_t pass_step);
+
+/// The status of an exception that escaped a run (`where`: "pass 2 step 14"): capacity_exceeded
+/// for std::bad_alloc, the code of an embcache::error, internal for anything else; the message
+/// starts with `where` and names the exception.
+status status_of_exception(std::exception_ptr e, const std::string& where);
 
 /// Whether every float of a wide_deep_model blob is finite (trainer_checkpoint.cpp).
 bool dense_blob_finite(const std::vector<std::uint8_t>& blob);

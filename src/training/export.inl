@@ -148,8 +148,10 @@ result<std::string> training_cache_core<Key, Space>::export_to_folder(const std:
   char name[32];
   std::snprintf(name, sizeof name, "delta-%06d", next);
   const std::string final_dir = dir + "/" + name;
-  const std::string staged = dir + "/." + name + ".tmp";
-  fs::remove_all(staged, ec);
+  // Removed on every failure below: a full disk leaves no partial delta folder.
+  staging_folder staging;
+  EMBCACHE_RETURN_IF_ERROR(staging.create(dir + "/." + name + ".tmp"));
+  const std::string& staged = staging.path();
   nlohmann::json manifest = {{"format", "embcache-delta"},
                              {"format_version", model_format_version},
                              {"key_type", to_string(key_type_of<Key>())},
@@ -174,7 +176,7 @@ result<std::string> training_cache_core<Key, Space>::export_to_folder(const std:
   }
   manifest["tables"] = entries;
   EMBCACHE_RETURN_IF_ERROR(write_manifest(staged, manifest));
-  EMBCACHE_RETURN_IF_ERROR(publish_folder(staged, final_dir));
+  EMBCACHE_RETURN_IF_ERROR(staging.publish(final_dir));
   commit_deltas(marks);  // the delta is in place: its rows leave the logs
   return final_dir;
 }

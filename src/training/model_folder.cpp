@@ -205,11 +205,10 @@ status write_model_folder(const std::string& dir_in, const std::vector<stored_ta
   for (const auto& t : tables) rows_total += t.store->size();
   if (on_progress) on_progress(0, rows_total);
   const std::string dir = strip_slashes(dir_in);
-  const std::string staged = staging_folder_of(dir);
-  std::error_code ec;
-  fs::remove_all(staged, ec);
-  fs::create_directories(staged, ec);
-  if (ec) return status::io_error("cannot create '" + staged + "': " + ec.message());
+  // Removed on every failure below: a full disk leaves no partial folder.
+  staging_folder staging;
+  EMBCACHE_RETURN_IF_ERROR(staging.create(staging_folder_of(dir)));
+  const std::string& staged = staging.path();
   nlohmann::json entries = nlohmann::json::array();
   for (const auto& t : tables) {
     nlohmann::json entry;
@@ -225,7 +224,7 @@ status write_model_folder(const std::string& dir_in, const std::vector<stored_ta
   if (!run_id.empty()) manifest["run_id"] = run_id;
   EMBCACHE_RETURN_IF_ERROR(write_manifest(staged, manifest));
   // `dir` is replaced as a whole: a crash at any point leaves the previous save loadable.
-  return publish_folder(staged, dir);
+  return staging.publish(dir);
 }
 
 template <class Key>

@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/durable_file.hpp"
+#include "common/memory_check.hpp"
 #include "store/store_io.hpp"
 #include "training/model_folder.hpp"
 
@@ -44,6 +45,8 @@ status read_items(const std::string& path, std::uint64_t bytes, std::vector<T>* 
                               " bytes, not a whole number of " + std::to_string(sizeof(T)) +
                               "-byte items");
   }
+  // A size that agrees with its manifest can still be more than this machine holds.
+  EMBCACHE_RETURN_IF_ERROR(check_fits_in_memory("reading '" + path + "'", bytes));
   out->assign(static_cast<std::size_t>(bytes / sizeof(T)), T{});
   checked_file_reader r;
   std::uint64_t size = 0;
@@ -342,6 +345,16 @@ status read_listed_table(const folder_manifest& m, const manifest_table& t, tabl
   r.folder = m.dir + "/" + t.name;
   r.version = t.version;
   EMBCACHE_RETURN_IF_ERROR(read_listed_file(f, t, r.folder, "key", t.count, 1, nullptr, &r.keys));
+  // The key file holds count keys: the table's other arrays (vectors, versions, state, slot ids
+  // and one optimizer part at a time) must fit too, before any of them is allocated.
+  std::uint64_t row_bytes = 0, table_bytes = 0;
+  if (!checked_mul(t.dim, 8, &row_bytes) || !checked_mul(t.state_width, 4, &table_bytes) ||
+      !checked_mul(t.count, row_bytes + table_bytes + 24, &table_bytes))
+    table_bytes = UINT64_MAX;
+  EMBCACHE_RETURN_IF_ERROR(check_fits_in_memory("'" + f.path + "': " + t.at + "count " +
+                                                    std::to_string(t.count) + " (table '" + t.name +
+                                                    "' of dim " + std::to_string(t.dim) + ")",
+                                                table_bytes));
   EMBCACHE_RETURN_IF_ERROR(
       read_listed_file(f, t, r.folder, "emb_vector", t.count, t.dim, "dim", &r.vectors));
   EMBCACHE_RETURN_IF_ERROR(

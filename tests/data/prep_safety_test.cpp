@@ -145,6 +145,25 @@ TEST(prep_safety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
   EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{".out.lock", "a.tsv", "b.tsv", "out"}));
 }
 
+TEST(prep_safety, OutputFolderGivenAsALinkIsWrittenThroughNeverReplaced) {
+  scratch_dir dir;
+  write_text(dir / "a.tsv", tsv(0, 10));
+  write_text(dir / "b.tsv", tsv(100, 3));
+  fs::create_directory(dir / "real");
+  fs::create_directory_symlink("real", dir / "out");  // relative to the link's folder
+  const std::string out = dir / "out";
+  EMBCACHE_ASSERT_OK(prepare_criteo(options(out, {dir / "a.tsv"})));
+  EXPECT_TRUE(fs::is_symlink(out));
+  EXPECT_EQ(load_all(dir / "real"), 10u);
+  auto o = options(out, {dir / "b.tsv"});
+  o.overwrite = true;  // the swap happens at the folder the link points to
+  EMBCACHE_ASSERT_OK(prepare_criteo(o));
+  EXPECT_TRUE(fs::is_symlink(out));
+  EXPECT_EQ(load_all(out), 3u);
+  EXPECT_EQ(names_in(dir.path()),
+            (std::vector<std::string>{".real.lock", "a.tsv", "b.tsv", "out", "real"}));
+}
+
 TEST(prep_safety, SecondPrepIntoAFolderInUseFailsAtOnce) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));

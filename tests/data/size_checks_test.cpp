@@ -291,5 +291,13 @@ TEST_F(manifest_checks, WrongTypesAreRefusedByField) {
   EXPECT_TRUE(contains(top.message(), "not a JSON object")) << top.message();
 }
 
+TEST_F(manifest_checks, AKeyGivenTwiceIsRefusedNamingItAndItsPlace) {
+  expect_refused("\"rows\": 3", "\"rows\": 3, \"rows\": 2",
+                 "duplicate key \"rows\" in manifest (JSON keys must be unique)");
+  expect_refused("\"file\": \"shard-00000.bin\"",
+                 "\"file\": \"shard-00000.bin\", \"file\": \"shard-00001.bin\"",
+                 "duplicate key \"file\" in manifest.shards[0] (JSON keys must be unique)");
+}
+
 }  // namespace
 }  // namespace embcache

@@ -379,6 +379,91 @@ TEST(trainer_embedding_device, auto_uses_the_registered_path_only_with_a_device)
 
 // --- configuration ranges and memory ---------------------------------------------------------
 
+TEST(trainer_config, a_key_given_twice_is_refused_naming_it_and_its_place) {
+  auto err = [](const std::string& text) {
+    auto c = trainer_config_from_text(text, "run.json");
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  EXPECT_EQ(err(R"({"passes": [["a.bin"]], "batch_size": 64})"), "ok");
+  EXPECT_EQ(err(R"({"passes": [["a.bin"]], "batch_size": 64, "batch_size": 128})"),
+            "run.json: duplicate key \"batch_size\" in config (JSON keys must be unique)");
+  EXPECT_EQ(err(R"({"passes": [["a.bin"]], "tables": [{"name": "wide"},
+                   {"name": "deep", "dim": 8, "dim": 16}]})"),
+            "run.json: duplicate key \"dim\" in config.tables[1] (JSON keys must be unique)");
+  EXPECT_EQ(err(R"({"passes": [["a.bin"]], "model": {"hidden": [8], "seed": 1, "seed": 2}})"),
+            "run.json: duplicate key \"seed\" in config.model (JSON keys must be unique)");
+  // The same key in two objects is two keys.
+  EXPECT_EQ(err(R"({"passes": [["a.bin"]], "tables": [{"name": "wide", "dim": 1},
+                   {"name": "deep", "dim": 8}]})"),
+            "ok");
+}
+
+TEST(trainer_config, a_config_file_is_read_only_when_it_is_a_small_regular_file) {
+  const std::string dir = temp_dir("config_files");
+  auto err = [](const std::string& path) {
+    auto c = load_trainer_config(path);
+    return c.ok() ? std::string("ok") : c.get_status().to_string();
+  };
+  // Nothing is read from a device, a FIFO (no writer: opening it must not wait) or a folder.
+  EXPECT_EQ(err("/dev/zero"),
+            "invalid_argument: the configuration file: '/dev/zero' is not a regular file (a "
+            "FIFO, a device or a socket is never read)");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_EQ(err(dir + "/fifo"),
+            "invalid_argument: the configuration file: '" + dir +
+                "/fifo' is not a regular file (a FIFO, a device or a socket is never read)");
+  EXPECT_EQ(err(dir), "invalid_argument: the configuration file: '" + dir +
+                          "' is a folder, not a regular file");
+  // A file larger than 16 MiB is refused before it is read (a sparse one here).
+  const std::string big = dir + "/big.json";
+  std::ofstream(big) << "{}";
+  fs::resize_file(big, max_trainer_config_bytes + 1);
+  EXPECT_EQ(err(big), "invalid_argument: the configuration file: '" + big + "' is 16777217 " +
+                          "bytes, more than the 16777216 bytes allowed for it");
+  EXPECT_EQ(err(dir + "/missing.json")
+                .rfind("not_found: " + dir +
+                           "/missing.json: cannot open "
+                           "the configuration file (cannot open '",
+                       0),
+            0u)
+      << err(dir + "/missing.json");
+  std::ofstream(dir + "/ok.json") << R"({"passes": [["a.bin"]]})";
+  EXPECT_EQ(err(dir + "/ok.json"), "ok");
+}
+
+TEST(trainer_config, output_names_too_long_for_the_file_system_are_refused_at_validation) {
+  const std::string base = temp_dir("config_long");
+  trainer_config c = small_config("config_long");
+  // A save is published beside its ".tmp" and ".old": 251 bytes is the longest name it takes.
+  c.save_dir = base + "/" + std::string(251, 's');
+  EMBCACHE_EXPECT_OK(validate(c));
+  c.save_dir = base + "/" + std::string(252, 's');
+  status s = validate(c);
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_EQ(s.message(), "config.save_dir: '" + c.save_dir + "': the name '" +
+                             std::string(252, 's') +
+                             "' is 252 bytes long; at most 251 fit (NAME_MAX 255, less 4 for the "
+                             "'.tmp' and '.old' folders beside it)");
+  // trainer::create checks before anything is built or trained.
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message(), s.message());
+  c.save_dir = base + "/save";
+  c.export_dir = base + "/" + std::string(256, 'e') + "/deltas";
+  s = validate(c);
+  EXPECT_EQ(s.message(), "config.export_dir: '" + c.export_dir + "': the name '" +
+                             std::string(256, 'e') +
+                             "' is 256 bytes long; at most 255 fit (NAME_MAX 255)");
+  c.export_dir.clear();
+  c.output_dir = base;
+  for (int i = 0; i < 40; ++i) c.output_dir += "/" + std::string(100, 'o');
+  s = validate(c);
+  EXPECT_EQ(s.message(), "config.output_dir: '" + c.output_dir + "' is " +
+                             std::to_string(c.output_dir.size()) +
+                             " bytes long; at most 3584 fit (PATH_MAX 4096, less 512 for the "
+                             "files written inside it)");
+}
+
 TEST(trainer_config, numbers_out_of_range_name_the_field_and_the_range) {
   auto err = [](const std::string& text) {
     auto c = trainer_config_from_text(text);

@@ -31,6 +31,13 @@ std::vector<pass_metrics> two_passes(bool with_eval) {
   return h;
 }
 
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::uintmax_t file_size_or_zero(const std::string& p) {
   std::error_code ec;
   const auto n = fs::file_size(p, ec);
@@ -108,13 +115,100 @@ TEST(trainer_plot, write_errors_name_the_file) {
       << s.message();
 }
 
+// Puts a stand-in gnuplot first on the PATH for the scope: a shell script with `body`, given the
+// arguments plot_metrics passes (-c SCRIPT FOLDER SUFFIX).
+class fake_gnuplot {
+ public:
+  fake_gnuplot(const std::string& name, const std::string& body) {
+    const std::string bin = temp_dir(name + "_bin");
+    std::ofstream(bin + "/gnuplot") << "#!/bin/sh\n" << body;
+    fs::permissions(bin + "/gnuplot", fs::perms::owner_all);
+    const char* path = std::getenv("PATH");
+    old_ = path ? path : "";
+    ::setenv("PATH", (bin + ":" + old_).c_str(), 1);
+  }
+  ~fake_gnuplot() { ::setenv("PATH", old_.c_str(), 1); }
+
+ private:
+  std::string old_;
+};
+
+// printf arguments of a PNG's first and last bytes.
+const std::string png_start = "'\\211PNG\\r\\n\\032\\n'";
+const std::string png_end = "'\\000\\000\\000\\000IEND\\256B`\\202'";
+
+TEST(trainer_plot, an_incomplete_image_is_an_error_and_no_partial_png_remains) {
+  // gnuplot exits 0 after its write failed on a full disk: 4096 bytes, no end.
+  {
+    const std::string dir = temp_dir("plot_truncated");
+    fake_gnuplot fake("plot_truncated", "printf " + png_start +
+                                            " > \"$3/loss.png$4\"\n"
+                                            "head -c 4088 /dev/zero >> \"$3/loss.png$4\"\n"
+                                            "printf " +
+                                            png_start +
+                                            " > \"$3/auc.png$4\"\n"
+                                            "printf " +
+                                            png_end + " >> \"$3/auc.png$4\"\n");
+    // A temporary of a plot whose process is gone is removed; nothing else is touched.
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    ::waitpid(child, nullptr, 0);
+    const std::string stale = dir + "/loss.png.tmp." + std::to_string(child);
+    std::ofstream(stale) << "stale";
+    std::ofstream(dir + "/loss.png.tmp.x") << "not ours";
+    std::string note;
+    const status s = plot_metrics(dir, two_passes(true), &note);
+    EXPECT_EQ(s.code(), status_code::io_error) << s.to_string();
+    EXPECT_EQ(s.message(), dir +
+                               "/loss.png: gnuplot wrote an incomplete image (4096 bytes, no "
+                               "PNG end; disk full?); no image kept");
+    EXPECT_EQ(names_in(dir),
+              (std::vector<std::string>{"loss.png.tmp.x", "metrics.tsv", "plot.gp"}));
+  }
+  // An empty auc.png beside a complete loss.png: neither is kept.
+  {
+    const std::string dir = temp_dir("plot_empty");
+    fake_gnuplot fake("plot_empty", "printf " + png_start +
+                                        " > \"$3/loss.png$4\"\n"
+                                        "printf " +
+                                        png_end +
+                                        " >> \"$3/loss.png$4\"\n"
+                                        ": > \"$3/auc.png$4\"\n");
+    std::string note;
+    const status s = plot_metrics(dir, two_passes(true), &note);
+    EXPECT_EQ(s.message(), dir +
+                               "/auc.png: gnuplot wrote an incomplete image (0 bytes, no PNG "
+                               "end; disk full?); no image kept");
+    EXPECT_EQ(names_in(dir), (std::vector<std::string>{"metrics.tsv", "plot.gp"}));
+  }
+  // gnuplot failing: its status and output, and no image.
+  {
+    const std::string dir = temp_dir("plot_failing");
+    fake_gnuplot fake("plot_failing", "printf 'half' > \"$3/loss.png$4\"\necho cannot; exit 3\n");
+    std::string note;
+    const status s = plot_metrics(dir, two_passes(true), &note);
+    EXPECT_EQ(s.message(),
+              dir + "/plot.gp: gnuplot failed (exit status 3): cannot\n; no image was kept");
+    EXPECT_EQ(names_in(dir), (std::vector<std::string>{"metrics.tsv", "plot.gp"}));
+  }
+  // Complete images are renamed into place.
+  const std::string dir = temp_dir("plot_complete");
+  fake_gnuplot fake("plot_complete", "for f in loss auc; do printf " + png_start +
+                                         " > \"$3/$f.png$4\"; printf " + png_end +
+                                         " >> \"$3/$f.png$4\"; done\n");
+  std::string note;
+  EMBCACHE_ASSERT_OK(plot_metrics(dir, two_passes(true), &note));
+  EXPECT_EQ(note, "drew " + dir + "/loss.png and " + dir + "/auc.png");
+  EXPECT_EQ(names_in(dir),
+            (std::vector<std::string>{"auc.png", "loss.png", "metrics.tsv", "plot.gp"}));
+}
+
 TEST(trainer_metrics, a_full_disk_fails_the_run_naming_metrics_jsonl) {
-  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   trainer_config c = small_config("metrics_full");
   c.passes = {{{shard(0)}}};
   c.save_dir.clear();
   c.output_dir = temp_dir("metrics_full_out");
-  fs::create_symlink("/dev/full", c.output_dir + "/metrics.jsonl");
+  if (!make_full_device(c.output_dir + "/metrics.jsonl")) GTEST_SKIP() << "cannot mknod (not root)";
   auto t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
   const status s = t.value()->run();
@@ -272,14 +366,16 @@ TEST(trainer_cli, failures_exit_non_zero_and_say_why) {
   std::string root = temp_dir("cli_full");
   json c = cli_config(root);
   fs::create_directories(root + "/out");
-  fs::create_symlink("/dev/full", root + "/out/metrics.jsonl");
-  cli_result r = train_cli(root, c);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("embcache-train: out_of_space: cannot write '" + root +
-                          "/out/metrics.jsonl': No space left on device"),
-            std::string::npos)
-      << r.output;
-  EXPECT_FALSE(fs::exists(root + "/save"));
+  cli_result r;
+  if (make_full_device(root + "/out/metrics.jsonl")) {
+    r = train_cli(root, c);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("embcache-train: out_of_space: cannot write '" + root +
+                            "/out/metrics.jsonl': No space left on device"),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(root + "/save"));
+  }
 
   // A diverged run.
   root = temp_dir("cli_diverged");
@@ -302,6 +398,19 @@ TEST(trainer_cli, failures_exit_non_zero_and_say_why) {
   EXPECT_NE(r.output.find("config.batch_size: expected an integer in [1, 1048576], got -1"),
             std::string::npos)
       << r.output;
+}
+
+TEST(trainer_cli, a_config_that_is_not_a_small_regular_file_is_a_usage_error_at_once) {
+  const std::string root = temp_dir("cli_dev_zero");
+  const std::string log = root + "/cli.log";
+  const std::string cmd =
+      std::string("'") + EMBCACHE_TRAIN_EXE + "' --config /dev/zero > '" + log + "' 2>&1";
+  const int w = std::system(cmd.c_str());
+  EXPECT_EQ(WIFEXITED(w) ? WEXITSTATUS(w) : -1, 2);
+  EXPECT_NE(read_bytes(log).find("embcache-train: invalid_argument: the configuration file: "
+                                 "'/dev/zero' is not a regular file"),
+            std::string::npos)
+      << read_bytes(log);
 }
 
 TEST(trainer_cli, lines_carry_a_timestamp_and_a_level) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +55,13 @@ inline std::string temp_dir(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// A character device like /dev/full (1, 7) at `path`: every write to it fails with ENOSPC. A
+// device node, not a link to /dev/full: the metrics logs refuse links. False when this process
+// may not create device nodes (not root).
+inline bool make_full_device(const std::string& path) {
+  return ::mknod(path.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0;
 }
 
 // Six shards of 1,500 synthetic rows with crossed keys, made once per test binary.

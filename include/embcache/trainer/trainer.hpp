@@ -174,10 +174,15 @@ std::uint64_t physical_memory_bytes() noexcept;
 /// fields finite numbers within theirs. Never throws.
 result<trainer_config> trainer_config_from_json(const nlohmann::json& j);
 /// Parses JSON text and reads it as a configuration; errors start with `origin` (a file name,
-/// or "config text"). Never throws, whatever the bytes.
+/// or "config text"). A key given twice in one object is refused, naming it and its place
+/// (`config.tables[1]`). Never throws, whatever the bytes.
 result<trainer_config> trainer_config_from_text(std::string_view text,
                                                 const std::string& origin = "config text");
-/// Reads and parses a JSON configuration file (errors name the file).
+/// The largest configuration file load_trainer_config() reads: 16 MiB.
+inline constexpr std::uint64_t max_trainer_config_bytes = std::uint64_t{16} << 20;
+/// Reads and parses a JSON configuration file (errors name the file). Only a regular file of at
+/// most max_trainer_config_bytes is read: a larger one, a folder, a FIFO or a device
+/// (/dev/zero) is refused with invalid_argument before anything is read.
 result<trainer_config> load_trainer_config(const std::string& path);
 /// A path of the configuration as the trainer opens it: relative to `data_dir` unless it is
 /// absolute or data_dir is empty.

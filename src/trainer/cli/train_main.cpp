@@ -26,9 +26,7 @@ int launcher_world_size() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int train_main(int argc, char** argv) {
   CLI::App app{"Trains the reference Wide&Deep model on Criteo-format shards (docs/trainer.md)"};
   std::string config_path, resume, save_dir, output_dir;
   bool print_config = false, no_plot = false;
@@ -136,4 +134,10 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return embcache::tools::run_tool("embcache-train", &train_main, argc, argv);
 }
