@@ -29,9 +29,7 @@ void print_summary(const std::vector<std::uint64_t>& deltas, std::uint64_t appli
               static_cast<unsigned long long>(erased), erased_word);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int apply_main(int argc, char** argv) {
   embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Applies the numbered deltas of DELTAS_DIR (delta-NNNNNN, as training_cache::"
@@ -105,4 +103,10 @@ int main(int argc, char** argv) {
         "note          a delta carried no optimizer state: the result has none "
         "(a serving model)\n");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return embcache::tools::run_tool("embcache-apply", &apply_main, argc, argv);
 }

@@ -13,7 +13,9 @@
 #include "embcache/redis.hpp"
 #include "embcache/serving.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+int serve_main(int argc, char** argv) {
   embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Scores SHARD.bin with the dense network of the trainer save SAVE_DIR (trainer.json, "
@@ -83,4 +85,10 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return embcache::tools::run_tool("embcache-serve", &serve_main, argc, argv);
 }
