@@ -245,7 +245,8 @@ class embedding_cache {
   status export_if(const export_filter& filter, Key* keys_out, float* rows_out,
                    std::uint64_t* versions_out, std::size_t max_out, std::size_t* count_out) const;
 
-  /// export_if into host vectors, in any space.
+  /// export_if into host vectors, in any space. Host memory that cannot be allocated gives
+  /// capacity_exceeded naming the bytes.
   result<exported_rows<Key>> export_to_host(const export_filter& filter) const;
 
   /// Removes every row. The version clock keeps its value.
