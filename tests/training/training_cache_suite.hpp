@@ -1272,6 +1272,52 @@ std::set<std::int64_t> resident_keys(training_cache<std::int64_t, Space>& tc) {
   return std::set<std::int64_t>(ex.keys.begin(), ex.keys.end());
 }
 
+// The caller's lookups on cache(t) run beside the prefetch worker's early inserts with no lock
+// between them (both hold the table's lock for reading): the worker publishes each new slot's
+// state byte with a release store while the caller's probes read the state bytes, which must be
+// atomic loads (a plain vector load there is a data race that preset tsan reports). A key is
+// absent until published, then found; its row is read once the worker is done (begin_pass).
+TYPED_TEST_P(conformance, lookups_beside_the_workers_early_inserts_find_keys_once_published) {
+  using Space = TypeParam;
+  auto store = std::make_shared<gated_store<std::int64_t>>(dim * 3);
+  auto o = table_of("t", dim, 256, optimizer_kind::adam);
+  o.store = store;
+  training_cache<std::int64_t, Space> tc({}, {o});
+  const auto current = range_keys(0, 50), next = range_keys(0, 100), arriving = range_keys(50, 100);
+  std::vector<float> rows(arriving.size() * dim * 3);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f + float(i);
+  const std::vector<std::uint64_t> ones(arriving.size(), 1);
+  EMBCACHE_ASSERT_OK(store->push(arriving.data(), arriving.size(), rows.data(), ones.data()));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({current}));
+  store->close_gate();
+  EMBCACHE_ASSERT_OK(tc.prefetch({next}));
+  ASSERT_TRUE(store->wait_for_blocked_pull());
+  cache_access<std::int64_t, Space> cache(tc, 0);
+  std::vector<std::int64_t> slots;
+  EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &slots));
+  for (std::size_t i = 0; i < slots.size(); ++i) EXPECT_EQ(slots[i], -1) << "key " << arriving[i];
+  store->open_gate();
+  // Probes while the worker inserts, until every arriving key is in (a minute against a hang).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  bool all_in = false;
+  while (!all_in && std::chrono::steady_clock::now() < give_up) {
+    EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &slots));
+    all_in = std::all_of(slots.begin(), slots.end(), [](std::int64_t s) { return s >= 0; });
+    if (!all_in) std::this_thread::yield();
+  }
+  ASSERT_TRUE(all_in);
+  EMBCACHE_ASSERT_OK(tc.begin_pass({next}));
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.rows_staged, 50u);  // all inserted early by the worker
+  EXPECT_EQ(c.rows_pulled, 0u);
+  std::vector<std::int64_t> after;
+  EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &after));
+  EXPECT_EQ(after, slots);
+  std::vector<float> got(rows.size());
+  EMBCACHE_ASSERT_OK(tc.read(0, arriving.data(), arriving.size(), got.data(), nullptr));
+  EXPECT_EQ(got, rows);
+}
+
 // With room in the cache, the prefetch worker evicts rows outside both the current and the next
 // keyset (oldest version first, then smallest key) as far as the next keyset needs, and inserts
 // the staged rows: exactly the next keyset's missing rows, nothing else.
@@ -1965,6 +2011,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     an_exception_of_the_store_is_a_status_of_the_public_call,
     write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps,
     prefetch_inserts_exactly_the_next_keysets_missing_rows_early,
+    lookups_beside_the_workers_early_inserts_find_keys_once_published,
     leaving_rows_wait_in_the_slack_and_leave_in_the_background,
     max_resident_outside_capacity_and_slots_is_refused,
     early_install_keeps_the_model_and_the_exports, replaced_and_unused_prefetches_keep_the_model,
