@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 
 #include "training/training_cache_core.hpp"
@@ -96,7 +97,13 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   }
   tb.exports.written.insert(tb.exports.written.end(), pk.begin(), pk.end());
   c.rows_evicted += ev_count;
-  if (const status pushed = push(tb, pk.data(), pk.size(), pr.data(), pv.data()); !pushed.ok()) {
+  status pushed;
+  try {
+    pushed = push(tb, pk.data(), pk.size(), pr.data(), pv.data());
+  } catch (const std::exception& e) {
+    pushed = status_of(e);  // a store that throws: the victims must not be lost either
+  }
+  if (!pushed.ok()) {
     // The victims have left the cache: they wait as write-behind rows, which the next call that
     // needs the store pushes first (finish_write_behind), so that none is lost.
     tb.wb.keys = std::move(pk);

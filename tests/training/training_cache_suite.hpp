@@ -1673,20 +1673,27 @@ TYPED_TEST_P(conformance, a_lookup_without_room_writes_its_evicted_rows_back_fir
 }
 
 // A failed write-back of the rows a lookup evicted loses none: they wait as write-behind rows and
-// the next call that needs the store pushes them.
+// the next call that needs the store pushes them. A store that throws instead is handled alike.
 TYPED_TEST_P(conformance, a_failed_write_back_of_evicted_rows_is_retried_by_the_next_call) {
   using Space = TypeParam;
-  full_bucket_fixture<Space> f;
-  f.second.pop_back();  // every key fits
-  f.store->fail_pushes(1);
-  const status s = f.tc->lookup(0, f.second.data(), f.second.size(), nullptr);
-  EXPECT_EQ(s.code(), status_code::io_error);
-  EXPECT_NE(s.message().find("write-back of the rows evicted by lookup in table 't'"),
-            std::string::npos)
-      << s.to_string();
-  EXPECT_EQ(f.tc->counters().last[0].rows_evicted, 128u);
-  EMBCACHE_ASSERT_OK(f.tc->end_training());
-  f.expect_first_in_store();
+  for (const bool throws : {false, true}) {
+    SCOPED_TRACE(throws ? "push throws" : "push fails");
+    full_bucket_fixture<Space> f;
+    f.second.pop_back();  // every key fits
+    if (throws) {
+      f.store->throw_on_pushes(1);
+    } else {
+      f.store->fail_pushes(1);
+    }
+    const status s = f.tc->lookup(0, f.second.data(), f.second.size(), nullptr);
+    EXPECT_EQ(s.code(), throws ? status_code::internal : status_code::io_error);
+    EXPECT_EQ(s.message(), std::string("write-back of the rows evicted by lookup in table 't': ") +
+                               (throws ? "injected push exception" : "injected push failure"))
+        << s.to_string();
+    EXPECT_EQ(f.tc->counters().last[0].rows_evicted, 128u);
+    EMBCACHE_ASSERT_OK(f.tc->end_training());
+    f.expect_first_in_store();
+  }
 }
 
 // --- crash during save ---------------------------------------------------------------------------
