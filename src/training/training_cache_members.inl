@@ -143,8 +143,13 @@ template <class Key, class Space>
 param_store<Key>& training_cache<Key, Space>::store(std::size_t t) {
   auto& tb = core_->tables.at(t);
   core_->wait_worker();  // its early evictions push to the store
-  // A failed push keeps its rows pending; the next call returning a status reports it.
-  (void)core_->finish_write_behind();
+  // A failed push keeps its rows pending; the next call returning a status reports it. So does
+  // a push that throws, here or in the flusher (whose failure is left for that call to report):
+  // nothing escapes a call that cannot return a status.
+  if (core_->flusher.joinable()) core_->flusher.join();
+  if (core_->flusher_failure.ok()) {
+    (void)detail::public_call("store", [&] { return core_->finish_write_behind(); });
+  }
   return *tb.sync.store;
 }
 template <class Key, class Space>
