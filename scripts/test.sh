@@ -2,7 +2,9 @@
 # Builds embcache for the host space and runs every test (fuzz targets included); runs the
 # suite again under AddressSanitizer + UndefinedBehaviorSanitizer (preset `sanitize`); also
 # compile-checks the cuda space when nvcc is present. Installs missing Debian packages first.
-# Exits non-zero on any failure. EMBCACHE_SANITIZE=0 skips the sanitizer run.
+# Then the threaded tests (training cache, trainer) under ThreadSanitizer (preset `tsan`).
+# Exits non-zero on any failure. EMBCACHE_SANITIZE=0 skips the sanitizer run, EMBCACHE_TSAN=0 the
+# ThreadSanitizer run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -16,6 +18,13 @@ if [[ "${EMBCACHE_SANITIZE:-1}" != 0 ]]; then
   cmake --preset sanitize
   cmake --build --preset sanitize
   ctest --preset sanitize
+fi
+
+if [[ "${EMBCACHE_TSAN:-1}" != 0 ]]; then
+  echo "embcache: the training-cache and trainer tests under ThreadSanitizer (preset tsan)"
+  cmake --preset tsan
+  cmake --build --preset tsan
+  ctest --preset tsan
 fi
 
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then

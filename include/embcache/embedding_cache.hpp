@@ -16,6 +16,18 @@
 /// cuda space, calls are ordered by the space's stream (or the calling thread's, see
 /// order_calls_on) and return once done.
 ///
+/// The contract behind "at the same time": lookups are lock-free readers beside inserters (they
+/// share the table's lock, held for reading). A slot's state byte is only ever written atomically
+/// (compare-and-swap to busy, release store of the digest) and only ever read atomically, the
+/// host's SSE2 probes of 16 state bytes included (two relaxed or acquire 64-bit loads, each a
+/// plain `mov` on x86); a slot's key, row and metadata are read only after an acquire load of that
+/// slot's own state byte saw its digest, which pairs with the release store that published them.
+/// So a lookup beside an insert finds a key either not yet or completely, and a key being
+/// inserted is absent until published. Rows are plain memory: calls running at the same time
+/// must not write a row that another reads or writes (the training cache's prefetch worker
+/// installs only keys outside the caller's keyset). The threaded tests run under
+/// ThreadSanitizer (preset `tsan`).
+///
 /// Duplicate keys within one batch:
 ///  - find, lookup_slots, read_slots: every occurrence gets the same answer;
 ///  - find_or_insert (and lookup_slots with insert_missing): the key is inserted once; every
@@ -250,7 +262,8 @@ class embedding_cache {
   status export_if(const export_filter& filter, Key* keys_out, float* rows_out,
                    std::uint64_t* versions_out, std::size_t max_out, std::size_t* count_out) const;
 
-  /// export_if into host vectors, in any space.
+  /// export_if into host vectors, in any space. Host memory that cannot be allocated gives
+  /// capacity_exceeded naming the bytes.
   result<exported_rows<Key>> export_to_host(const export_filter& filter) const;
 
   /// Removes every row. The version clock keeps its value.

@@ -90,13 +90,14 @@ struct cache_ref_base {
     using detail::atomic_load;
     constexpr std::size_t bucket = detail::cache_bucket_size;
 #if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
-    // Host fast path: 16 state bytes per compare. Same candidates as the portable loop below;
-    // each is confirmed by the same acquire load of its state byte.
+    // Host fast path: 16 state bytes per compare (two relaxed 64-bit loads, see
+    // load_state_group16). Same candidates as the portable loop below; each is confirmed by the
+    // same acquire load of its state byte before its key is read.
     const __m128i needle = _mm_set1_epi8(static_cast<char>(d));
     const std::uint8_t* base = states + b * bucket;
     for (std::size_t g = 0; g < bucket; g += 16) {
-      unsigned m = static_cast<unsigned>(_mm_movemask_epi8(
-          _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(base + g)), needle)));
+      unsigned m = static_cast<unsigned>(
+          _mm_movemask_epi8(_mm_cmpeq_epi8(detail::load_state_group16(base + g), needle)));
       while (m) {
         const std::size_t s = b * bucket + g + static_cast<std::size_t>(__builtin_ctz(m));
         m &= m - 1;
@@ -221,13 +222,13 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
     const std::size_t first = b * detail::cache_bucket_size + g * group_size;
     for (;;) {
 #if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
-      // x86 loads are not reordered with later loads, so this load acts as an acquire.
-      const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(this->states + first));
+      // Acquire loads (plain `mov`s on x86); find_or_claim still confirms a match's own state
+      // byte before reading its key (see load_state_group16).
+      const __m128i v =
+          detail::load_state_group16(this->states + first, cuda::std::memory_order_acquire);
       const std::uint64_t busy = static_cast<unsigned>(
           _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(state_busy)))));
       if (!busy) {
-        // Orders the key and row reads that follow after this load (free on x86).
-        cuda::std::atomic_thread_fence(cuda::std::memory_order_acquire);
         return {static_cast<unsigned>(
                     _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(static_cast<char>(d))))),
                 static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128())))};
@@ -268,6 +269,12 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
           while (m) {
             const std::size_t s = first + (detail::ctz64(m) >> group_shift);
             m &= m - 1;
+#if !EMBCACHE_ON_DEVICE
+            // Host: the acquire of the slot's own state byte pairs with the publish of its key
+            // (the group's 64-bit loads cover the byte with another address and size). On the
+            // device the group's 32-bit acquires are already of the publish's own word.
+            if (detail::load_state_acquire(this->states, s) != h.digest) continue;
+#endif
             if (this->keys[s] == k) return {static_cast<std::int64_t>(s), false, h.digest};
           }
           if (candidate < 0 && gm.empty)

@@ -166,6 +166,12 @@ struct load_options {
 /// prefetch worker and write-behind flusher. Rows may be updated in place through cache(t)
 /// (lookup_slots, rows(), mark_updated) between begin_pass / lookup calls; in keyset mode, while
 /// a prefetch is pending, only rows of the current pass's keyset (see prefetch()).
+///
+/// Failures: every call that returns a status or a result reports through it whatever fails at
+/// run time, a CUDA failure or a failed allocation included (`training_cache::<call>: ...`; host
+/// memory that cannot be allocated is capacity_exceeded, naming the bytes where the call knows
+/// them), and so does the next call for a failure in the background threads. Only misuse throws
+/// (embcache::error, or std::out_of_range for a table index).
 template <class Key, class Space = host_space>
 class training_cache {
  public:
@@ -235,7 +241,10 @@ class training_cache {
   /// On-demand mode: makes the keys of the batch resident and writes each key's slot into
   /// `slots_out` (n, may be nullptr; rows at cache(t).rows() + slot * row_width). Misses are
   /// pulled or initialized and inserted with eviction by score; dirty victims are written back.
-  /// More distinct keys than the capacity gives capacity_exceeded before anything changes.
+  /// More distinct keys than the capacity gives capacity_exceeded before anything changes. When
+  /// some keys find no room (more keys of the batch share a home bucket than it holds), the
+  /// others are made resident, the victims written back, `slots_out` is -1 for those keys and
+  /// capacity_exceeded names how many and the first.
   /// Throws in keyset mode.
   status lookup(std::size_t t, const Key* keys, std::size_t n, std::int64_t* slots_out);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <numeric>
 
 #include "training/training_cache_core.hpp"
@@ -131,7 +132,16 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
   std::vector<Key> dirty_keys(m);
   std::vector<std::uint64_t> dirty_vers(m);
   auto& rows = tb.wb.spare_rows;
-  if (rows.size() < m * w) rows.resize(m * w);
+  if (rows.size() < m * w) {
+    try {
+      rows.resize(m * w);
+    } catch (const std::bad_alloc&) {
+      // m <= the table's slots, whose rows are allocated already: m * w cannot overflow.
+      return out_of_host_memory("evicting " + std::to_string(m) + " rows of table '" +
+                                    tb.opt.name + "': their write-back buffer",
+                                m * w * sizeof(float));
+    }
+  }
   std::size_t d = 0;
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, m, dirty_keys.data(), rows.data(),
                                                   dirty_vers.data(), &d));

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "embcache/buffer.hpp"
@@ -55,10 +56,20 @@ struct staging_allocator {
   }
 };
 
-// The status of an exception thrown by a CUDA call, an allocation or Thrust.
+// The status of a host allocation of `bytes` for `what` that failed: capacity_exceeded, the
+// project's out-of-memory status (the trainer's and the host store's too).
+inline status out_of_host_memory(const std::string& what, std::size_t bytes) {
+  return status::capacity_exceeded(what + ": out of host memory (std::bad_alloc) allocating " +
+                                   std::to_string(bytes) + " bytes");
+}
+
+// The status of an exception thrown by a CUDA call, an allocation or Thrust (a failed allocation
+// whose size is not known here: the callers that know it use out_of_host_memory).
 inline status status_of(const std::exception& e) {
   if (const auto* x = dynamic_cast<const error*>(&e)) return status(x->code(), x->what());
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return status::out_of_space(e.what());
+  if (dynamic_cast<const std::bad_alloc*>(&e)) {
+    return status::capacity_exceeded(std::string("out of host memory (") + e.what() + ")");
+  }
   return status::internal(e.what());
 }
 

@@ -47,8 +47,13 @@ result<std::vector<table_delta<Key>>> training_cache_core<Key, Space>::collect_d
     d.since_version = tb.exports.last_version;
     d.until_version = tb.cache->version();
     const auto f = export_filter::changed_since(d.since_version);
-    auto res = tb.cache->export_to_host(f);
-    if (!res.ok()) return res.get_status();
+    // Host memory that cannot be allocated is a status of export_to_host; a CUDA failure throws
+    // in the space code and becomes this call's status here.
+    result<exported_rows<Key>> res = status::internal("export_to_host did not run");
+    EMBCACHE_RETURN_IF_ERROR(guarded([&]() -> status {
+                               res = tb.cache->export_to_host(f);
+                               return res.get_status();
+                             }).with_context("export of table '" + tb.opt.name + "'"));
     auto& ex = res.value();
     // Rows written back since the last export and not resident any more come from the store.
     std::vector<Key> written = tb.exports.written;

@@ -1,9 +1,12 @@
 // On-demand mode: a lookup batch makes its keys resident, pulling or initializing the misses and
-// inserting them with eviction by score; the dirty victims are written back at once.
+// inserting them with eviction by score; the dirty victims are written back at once, also when
+// some key of the batch found no room (its home bucket full of the batch's own keys): the keys
+// that fit are resident, the victims are in the store, and then capacity_exceeded is returned.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 
 #include "training/training_cache_core.hpp"
@@ -70,9 +73,51 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(m, 1)]);
   std::unique_ptr<bool[]> dirty(new bool[std::max<std::size_t>(m, 1)]);
   std::vector<std::int64_t> placed(m);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.insert_and_evict(
+  // capacity_exceeded: some keys found no room, but the others are in and the victims are out (the
+  // outputs are complete), so the victims must still reach the store before it is reported.
+  const status inserted = tb.bridge.insert_and_evict(
       u.data(), m, rows.data(), vers.data(), ev_keys.data(), ev_rows.data(), ev_vers.data(),
-      &ev_count, found.get(), placed.data(), dirty.get()));
+      &ev_count, found.get(), placed.data(), dirty.get());
+  if (!inserted.ok() && inserted.code() != status_code::capacity_exceeded) return inserted;
+  if (slots_out) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto d = std::lower_bound(u.begin(), u.end(), keys[i]) - u.begin();
+      slots_out[i] = placed[d];
+    }
+  }
+  const auto t1 = clock_type::now();
+  std::vector<Key> pk;
+  std::vector<float> pr;
+  std::vector<std::uint64_t> pv;
+  for (std::size_t j = 0; j < ev_count; ++j) {
+    if (!dirty[j]) continue;
+    pk.push_back(ev_keys[j]);
+    pr.insert(pr.end(), ev_rows.begin() + j * w, ev_rows.begin() + (j + 1) * w);
+    pv.push_back(ev_vers[j]);
+  }
+  tb.exports.written.insert(tb.exports.written.end(), pk.begin(), pk.end());
+  c.rows_evicted += ev_count;
+  status pushed;
+  try {
+    pushed = push(tb, pk.data(), pk.size(), pr.data(), pv.data());
+  } catch (const std::exception& e) {
+    pushed = status_of(e);  // a store that throws: the victims must not be lost either
+  }
+  if (!pushed.ok()) {
+    // The victims have left the cache: they wait as write-behind rows, which the next call that
+    // needs the store pushes first (finish_write_behind), so that none is lost.
+    tb.wb.keys = std::move(pk);
+    tb.wb.versions = std::move(pv);
+    tb.wb.rows.assign(pr.begin(), pr.end());
+    tb.wb.pushed = false;
+    counters.last[tb.index] = c;
+    counters.total[tb.index] += c;
+    return pushed.with_context("write-back of the rows evicted by lookup in table '" +
+                               tb.opt.name + "'");
+  }
+  c.rows_pushed += pk.size();
+  c.bytes_cache_to_store += pk.size() * w * sizeof(float);
+  c.seconds_write_back += seconds_since(t1);
   // Rows pulled from the store are in sync with it; initialized ones stay dirty (new rows start
   // so), and hits keep what they were.
   {
@@ -85,37 +130,20 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
     }
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(pulled.data(), pulled.size(), pulled_vers.data()));
   }
-  const auto t1 = clock_type::now();
-  std::vector<Key> pk;
-  std::vector<float> pr;
-  std::vector<std::uint64_t> pv;
-  for (std::size_t j = 0; j < ev_count; ++j) {
-    if (!dirty[j]) continue;
-    pk.push_back(ev_keys[j]);
-    pr.insert(pr.end(), ev_rows.begin() + j * w, ev_rows.begin() + (j + 1) * w);
-    pv.push_back(ev_vers[j]);
-  }
-  EMBCACHE_RETURN_IF_ERROR(push(tb, pk.data(), pk.size(), pr.data(), pv.data()));
-  tb.exports.written.insert(tb.exports.written.end(), pk.begin(), pk.end());
-  c.rows_pushed += pk.size();
-  c.rows_evicted += ev_count;
-  c.bytes_cache_to_store += pk.size() * w * sizeof(float);
-  c.seconds_write_back += seconds_since(t1);
-  if (slots_out) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto d = std::lower_bound(u.begin(), u.end(), keys[i]) - u.begin();
-      slots_out[i] = placed[d];
-    }
-  }
   counters.last[tb.index] = c;
   counters.total[tb.index] += c;
+  std::size_t no_room = 0, first = m;
   for (std::size_t i = 0; i < m; ++i) {
-    if (placed[i] < 0) {
-      return status::capacity_exceeded("lookup: no room for key " + std::to_string(u[i]) +
-                                       " in table '" + tb.opt.name + "'");
-    }
+    if (placed[i] >= 0) continue;
+    if (first == m) first = i;
+    ++no_room;
   }
-  return {};
+  if (no_room == 0) return {};
+  return status::capacity_exceeded(
+      "lookup: no room for " + std::to_string(no_room) + " of " + std::to_string(m) +
+      " distinct keys in table '" + tb.opt.name + "' (first: key " + std::to_string(u[first]) +
+      "; its home bucket is full of this batch's keys); the other keys are resident (slot -1 for "
+      "these) and every row evicted was written back");
 }
 
 }  // namespace embcache::detail

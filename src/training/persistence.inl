@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <new>
 
 #include "common/durable_file.hpp"
 #include "store/store_io.hpp"
@@ -105,7 +106,12 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
     auto& tb = tables[t];
     const table_rows& L = data[t];
     ++tb.book.residency;
-    tb.cache->clear();
+    // A CUDA failure throws in the space code; here it is load's status.
+    EMBCACHE_RETURN_IF_ERROR(guarded([&]() -> status {
+                               tb.cache->clear();
+                               return {};
+                             }).with_context("load: clearing the cache of table '" +
+                                             tb.opt.name + "'"));
     std::vector<Key> old;
     {
       std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
@@ -117,8 +123,17 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
       EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(old.data(), old.size()));
     }
     const std::size_t n = L.keys.size(), w = tb.row_width, dim = tb.opt.dim;
-    std::vector<Key> keys(L.keys.begin(), L.keys.end());
-    std::vector<float> rows(n * w);
+    std::vector<Key> keys;
+    std::vector<float> rows;
+    try {
+      keys.assign(L.keys.begin(), L.keys.end());
+      rows.resize(n * w);
+    } catch (const std::bad_alloc&) {
+      // n rows of dim floats are in memory already (L.vectors): n * w cannot overflow.
+      return out_of_host_memory("load: the " + std::to_string(n) + " rows of table '" +
+                                    tb.opt.name + "'",
+                                n * (sizeof(Key) + w * sizeof(float)));
+    }
     std::uint64_t maxv = L.version;
     for (std::size_t i = 0; i < n; ++i) {
       float* row = rows.data() + i * w;

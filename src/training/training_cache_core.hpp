@@ -50,6 +50,9 @@ struct training_cache_core {
   std::mutex flush_mutex;
   std::condition_variable flush_cv;
   bool flushing = false;
+  // An exception that escaped the flusher's push (its rows stay pending): reported by the next
+  // finish_write_behind(), never std::terminate; the call after that pushes the rows again.
+  status flusher_failure;
 
   // --- store access and write-behind (write_behind.inl) ---
   status push(table_type& tb, const Key* keys, std::size_t n, const float* rows,

@@ -17,6 +17,21 @@
 
 namespace embcache {
 
+namespace detail {
+// Runs the body of a public call that returns a status (or a result): an exception escaping it (a
+// CUDA failure, which the space code throws by design, or a failed allocation) becomes the status
+// it stands for, named after the call, never an exception out of the call. Misuse is checked
+// before, outside the body, and still throws.
+template <class F>
+auto public_call(const char* call, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return status_of(e).with_context(std::string("training_cache::") + call);
+  }
+}
+}  // namespace detail
+
 template <class Key, class Space>
 training_cache<Key, Space>::training_cache(training_cache_options options,
                                            std::vector<table_options<Key>> tables, Space space)
@@ -128,8 +143,13 @@ template <class Key, class Space>
 param_store<Key>& training_cache<Key, Space>::store(std::size_t t) {
   auto& tb = core_->tables.at(t);
   core_->wait_worker();  // its early evictions push to the store
-  // A failed push keeps its rows pending; the next call returning a status reports it.
-  (void)core_->finish_write_behind();
+  // A failed push keeps its rows pending; the next call returning a status reports it. So does
+  // a push that throws, here or in the flusher (whose failure is left for that call to report):
+  // nothing escapes a call that cannot return a status.
+  if (core_->flusher.joinable()) core_->flusher.join();
+  if (core_->flusher_failure.ok()) {
+    (void)detail::public_call("store", [&] { return core_->finish_write_behind(); });
+  }
   return *tb.sync.store;
 }
 template <class Key, class Space>
@@ -146,7 +166,7 @@ status training_cache<Key, Space>::begin_pass(const std::vector<std::vector<Key>
   if (core_->options.mode != cache_mode::keyset) {
     throw error(status_code::invalid_argument, "begin_pass needs cache_mode::keyset");
   }
-  return core_->begin_pass(keysets);
+  return detail::public_call("begin_pass", [&] { return core_->begin_pass(keysets); });
 }
 
 namespace detail {
@@ -167,19 +187,21 @@ status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
 template <class Key, class Space>
 status training_cache<Key, Space>::begin_pass_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::read_keysets(paths, core_->options.keyset_fmt, &ks));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
+      "begin_pass_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
   return begin_pass(ks);
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>& keysets) {
-  return core_->prefetch(keysets);
+  return detail::public_call("prefetch", [&] { return core_->prefetch(keysets); });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::prefetch_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::read_keysets(paths, core_->options.keyset_fmt, &ks));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
+      "prefetch_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
   return prefetch(ks);
 }
 
@@ -194,125 +216,139 @@ status training_cache<Key, Space>::lookup(std::size_t t, const Key* keys, std::s
   if (core_->options.mode != cache_mode::on_demand) {
     throw error(status_code::invalid_argument, "lookup needs cache_mode::on_demand");
   }
-  EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
   auto& tb = core_->tables.at(t);
-  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
-  ++tb.book.residency;
-  return core_->lookup(tb, keys, n, slots_out);
+  return detail::public_call("lookup", [&]() -> status {
+    EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    ++tb.book.residency;
+    return core_->lookup(tb, keys, n, slots_out);
+  });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::assign(std::size_t t, const Key* keys, std::size_t n,
                                           const float* rows) {
   auto& tb = core_->tables.at(t);
-  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
-  std::vector<std::int64_t> slots(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
-  for (std::size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) {
-      return status::not_found("assign: key " + std::to_string(keys[i]) +
-                               " is not resident in table '" + tb.opt.name + "'");
+  return detail::public_call("assign", [&]() -> status {
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    std::vector<std::int64_t> slots(n);
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots[i] < 0) {
+        return status::not_found("assign: key " + std::to_string(keys[i]) +
+                                 " is not resident in table '" + tb.opt.name + "'");
+      }
     }
-  }
-  return tb.bridge.assign_slots(slots.data(), n, rows);
+    return tb.bridge.assign_slots(slots.data(), n, rows);
+  });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::read(std::size_t t, const Key* keys, std::size_t n,
                                         float* rows_out, bool* found_out) {
   auto& tb = core_->tables.at(t);
-  // Slots found here must not change owner before they are read.
-  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
-  std::vector<std::int64_t> slots(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(slots.data(), n, rows_out));
-  bool all_resident = true;
-  for (std::size_t i = 0; i < n && all_resident; ++i) all_resident = slots[i] >= 0;
-  // A row that left at the last boundary may still be on its way to the store.
-  if (!all_resident) EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
-  std::vector<Key> rest;
-  std::vector<std::size_t> at;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (found_out) found_out[i] = slots[i] >= 0;
-    if (slots[i] < 0) {
-      rest.push_back(keys[i]);
-      at.push_back(i);
+  return detail::public_call("read", [&]() -> status {
+    // Slots found here must not change owner before they are read.
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    std::vector<std::int64_t> slots(n);
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, n, slots.data()));
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_slots(slots.data(), n, rows_out));
+    bool all_resident = true;
+    for (std::size_t i = 0; i < n && all_resident; ++i) all_resident = slots[i] >= 0;
+    // A row that left at the last boundary may still be on its way to the store.
+    if (!all_resident) EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+    std::vector<Key> rest;
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (found_out) found_out[i] = slots[i] >= 0;
+      if (slots[i] < 0) {
+        rest.push_back(keys[i]);
+        at.push_back(i);
+      }
     }
-  }
-  if (rest.empty()) return {};
-  const std::size_t w = tb.row_width;
-  std::vector<float> r(rest.size() * w);
-  std::unique_ptr<bool[]> f(new bool[rest.size()]);
-  EMBCACHE_RETURN_IF_ERROR(core_->pull(tb, rest.data(), rest.size(), r.data(), f.get(), nullptr));
-  for (std::size_t i = 0; i < rest.size(); ++i) {
-    if (f[i]) std::memcpy(rows_out + at[i] * w, r.data() + i * w, w * sizeof(float));
-    if (found_out) found_out[at[i]] = f[i];
-  }
-  return {};
+    if (rest.empty()) return {};
+    const std::size_t w = tb.row_width;
+    std::vector<float> r(rest.size() * w);
+    std::unique_ptr<bool[]> f(new bool[rest.size()]);
+    EMBCACHE_RETURN_IF_ERROR(core_->pull(tb, rest.data(), rest.size(), r.data(), f.get(), nullptr));
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      if (f[i]) std::memcpy(rows_out + at[i] * w, r.data() + i * w, w * sizeof(float));
+      if (found_out) found_out[at[i]] = f[i];
+    }
+    return {};
+  });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::size_t n) {
   auto& tb = core_->tables.at(t);
-  std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
-  // A pending write-behind of these keys must not land after the erase and revive them.
-  EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
-  ++tb.book.residency;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys, n));
-  {
-    std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
-    if (tb.sync.log_writes) tb.sync.writes_log.insert(tb.sync.writes_log.end(), keys, keys + n);
-    EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(keys, n));
-  }
-  tb.exports.erased.insert(tb.exports.erased.end(), keys, keys + n);
-  return {};
+  return detail::public_call("erase", [&]() -> status {
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    // A pending write-behind of these keys must not land after the erase and revive them.
+    EMBCACHE_RETURN_IF_ERROR(core_->finish_write_behind());
+    ++tb.book.residency;
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys, n));
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      if (tb.sync.log_writes) tb.sync.writes_log.insert(tb.sync.writes_log.end(), keys, keys + n);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(keys, n));
+    }
+    tb.exports.erased.insert(tb.exports.erased.end(), keys, keys + n);
+    return {};
+  });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::end_training() {
-  auto& im = *core_;
-  // No early eviction of the worker may push after the flush.
-  im.wait_worker();
-  EMBCACHE_RETURN_IF_ERROR(im.finish_write_behind());
-  for (auto& tb : im.tables) {
-    im.counters.total[tb.index] += tb.worker_counters;
-    tb.worker_counters = {};
-    std::vector<Key> rk;
-    std::vector<std::uint64_t> rv;
-    EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
-    EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, false, im.counters.total[tb.index]));
-    std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
-    EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
-  }
-  return {};
+  return detail::public_call("end_training", [&]() -> status {
+    auto& im = *core_;
+    // No early eviction of the worker may push after the flush.
+    im.wait_worker();
+    EMBCACHE_RETURN_IF_ERROR(im.finish_write_behind());
+    for (auto& tb : im.tables) {
+      im.counters.total[tb.index] += tb.worker_counters;
+      tb.worker_counters = {};
+      std::vector<Key> rk;
+      std::vector<std::uint64_t> rv;
+      EMBCACHE_RETURN_IF_ERROR(im.residents(tb, &rk, &rv));
+      EMBCACHE_RETURN_IF_ERROR(im.write_back(tb, rk, false, im.counters.total[tb.index]));
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
+    }
+    return {};
+  });
 }
 
 template <class Key, class Space>
 result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
     bool with_state) {
-  std::vector<detail::export_mark> marks;
-  auto out = core_->collect_deltas(with_state, &marks);
-  if (out.ok()) core_->commit_deltas(marks);
-  return out;
+  return detail::public_call(
+      "export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
+        std::vector<detail::export_mark> marks;
+        auto out = core_->collect_deltas(with_state, &marks);
+        if (out.ok()) core_->commit_deltas(marks);
+        return out;
+      });
 }
 
 template <class Key, class Space>
 result<std::string> training_cache<Key, Space>::export_incremental_to(const std::string& dir,
                                                                       bool with_state,
                                                                       std::uint64_t number) {
-  return core_->export_to_folder(dir, with_state, number);
+  return detail::public_call("export_incremental_to",
+                             [&] { return core_->export_to_folder(dir, with_state, number); });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::save(const std::string& dir, const save_progress& on_progress) {
   core_->wait_worker();  // the store must not change between the write-back and the save
   EMBCACHE_RETURN_IF_ERROR(end_training());
-  return core_->save(dir, on_progress);
+  return detail::public_call("save", [&] { return core_->save(dir, on_progress); });
 }
 
 template <class Key, class Space>
 status training_cache<Key, Space>::load(const std::string& dir, const load_options& options) {
-  return core_->load(dir, options);
+  return detail::public_call("load", [&] { return core_->load(dir, options); });
 }
 
 template <class Key, class Space>
@@ -323,13 +359,15 @@ status training_cache<Key, Space>::adopt_stores() {
 template <class Key, class Space>
 status training_cache<Key, Space>::set_slot_ids(std::size_t t, const Key* keys,
                                                 const std::uint64_t* slot_ids, std::size_t n) {
-  if (t >= core_->tables.size()) {
-    return status::invalid_argument("set_slot_ids: table " + std::to_string(t) + " of " +
-                                    std::to_string(core_->tables.size()));
-  }
-  auto& ids = core_->tables[t].slot_ids;
-  for (std::size_t i = 0; i < n; ++i) ids[keys[i]] = slot_ids[i];
-  return {};
+  return detail::public_call("set_slot_ids", [&]() -> status {
+    if (t >= core_->tables.size()) {
+      return status::invalid_argument("set_slot_ids: table " + std::to_string(t) + " of " +
+                                      std::to_string(core_->tables.size()));
+    }
+    auto& ids = core_->tables[t].slot_ids;
+    for (std::size_t i = 0; i < n; ++i) ids[keys[i]] = slot_ids[i];
+    return {};
+  });
 }
 
 template <class Key, class Space>

@@ -3,9 +3,11 @@
 // wrote behind while the next pass trains, and the synchronous write-back of end_training().
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "training/training_cache_core.hpp"
 
@@ -30,12 +32,21 @@ void training_cache_core<Key, Space>::start_flusher() {
     for (auto& tb : tables) {
       if (tb.wb.keys.empty()) continue;
       const auto t0 = clock_type::now();
-      {
+      try {
         // Not logged for the prefetch hazard: staging starts pulling only after this push is
         // over (wait_flush), so no staged row can predate it.
         std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
         s = tb.sync.store->push(tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(),
                                 tb.wb.versions.data());
+      } catch (const std::exception& e) {
+        // A store that throws (an allocation, a device): kept for the caller's thread.
+        flusher_failure = status_of(e).with_context("write-behind of table '" + tb.opt.name +
+                                                    "' (background push)");
+        break;
+      } catch (...) {
+        flusher_failure = status::internal("write-behind of table '" + tb.opt.name +
+                                           "' (background push): an exception of unknown type");
+        break;
       }
       tb.wb.seconds = seconds_since(t0);
       if (!s.ok()) break;  // finish_write_behind() pushes what is left and reports the error
@@ -57,10 +68,16 @@ void training_cache_core<Key, Space>::wait_flush() {
 // Waits for the write-behind and retires its rows. Rows the flusher did not push (its push
 // failed, or begin_pass failed before starting it) are pushed here, logged like every push of
 // the caller; while that fails they stay pending and every call that needs the store returns
-// the error.
+// the error. An exception of the flusher is returned first, once, with its rows left pending.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::finish_write_behind() {
   if (flusher.joinable()) flusher.join();
+  if (!flusher_failure.ok()) {
+    // Reported once; the rows stay pending and the next call pushes them again.
+    status s = std::move(flusher_failure);
+    flusher_failure = {};
+    return s;
+  }
   for (auto& tb : tables) {
     if (tb.wb.keys.empty()) continue;
     if (!tb.wb.pushed) {
@@ -82,6 +99,7 @@ status training_cache_core<Key, Space>::finish_write_behind() {
 template <class Key, class Space>
 void training_cache_core<Key, Space>::discard_write_behind() {
   if (flusher.joinable()) flusher.join();
+  flusher_failure = {};
   for (auto& tb : tables) {
     tb.wb.keys.clear();
     tb.wb.versions.clear();

@@ -753,6 +753,11 @@ class gated_store final : public param_store<Key> {
     std::lock_guard<std::mutex> l(m_);
     fail_pushes_ = n;
   }
+  // The next `n` pushes throw std::runtime_error("injected push exception") instead.
+  void throw_on_pushes(int n) {
+    std::lock_guard<std::mutex> l(m_);
+    throw_pushes_ = n;
+  }
 
   std::size_t row_width() const noexcept override { return inner_->row_width(); }
   const std::string& table_name() const noexcept override { return inner_->table_name(); }
@@ -776,6 +781,10 @@ class gated_store final : public param_store<Key> {
       if (fail_pushes_ > 0) {
         --fail_pushes_;
         return status::io_error("injected push failure");
+      }
+      if (throw_pushes_ > 0) {
+        --throw_pushes_;
+        throw std::runtime_error("injected push exception");
       }
       ++push_blocked_;
       cv_.notify_all();
@@ -817,6 +826,7 @@ class gated_store final : public param_store<Key> {
   bool push_open_ = true;
   int push_blocked_ = 0;
   int fail_pushes_ = 0;
+  int throw_pushes_ = 0;
   std::size_t calls_during_push_ = 0;
   std::thread::id push_thread_;
 };
@@ -1176,6 +1186,39 @@ TYPED_TEST_P(conformance, a_failed_write_behind_is_reported_and_retried) {
   }
 }
 
+// A store push that throws in the flusher's thread ends neither the process nor a row: the next
+// call reports it as a status naming the table, and the call after pushes the pending rows.
+TYPED_TEST_P(conformance, an_exception_in_the_background_push_is_a_status_of_the_next_call) {
+  using Space = TypeParam;
+  wb_fixture<Space> f;
+  f.store->throw_on_pushes(1);  // the background push
+  EMBCACHE_ASSERT_OK(f.tc->begin_pass({f.b}));
+  (void)f.tc->store(0);  // returns no status: leaves the report to the next call
+  const status s = f.tc->end_training();
+  EXPECT_EQ(s.code(), status_code::internal);
+  EXPECT_EQ(s.message(), "write-behind of table 't' (background push): injected push exception")
+      << s.to_string();
+  EMBCACHE_ASSERT_OK(f.tc->end_training());
+  const auto m = store_model(*f.tc, 0);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_EQ(m.count(i), 1u);
+    EXPECT_EQ(m.at(i),
+              std::vector<float>(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3));
+  }
+}
+
+// A store push that throws in the caller's thread is a status of the call, named after it.
+TYPED_TEST_P(conformance, an_exception_of_the_store_is_a_status_of_the_public_call) {
+  using Space = TypeParam;
+  wb_fixture<Space> f;
+  f.store->throw_on_pushes(1);
+  const status s = f.tc->end_training();  // the write-back of the 40 dirty rows
+  EXPECT_EQ(s.code(), status_code::internal);
+  EXPECT_EQ(s.message(), "training_cache::end_training: injected push exception") << s.to_string();
+  EMBCACHE_ASSERT_OK(f.tc->end_training());
+  EXPECT_EQ(store_model(*f.tc, 0).size(), 40u);
+}
+
 // Write-behind changes when rows reach the store, never which rows: the scripted passes leave the
 // same store with it on and off, with and without prefetch.
 TYPED_TEST_P(conformance, write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps) {
@@ -1229,6 +1272,52 @@ std::set<std::int64_t> resident_keys(training_cache<std::int64_t, Space>& tc) {
   const auto all = export_filter::all();
   const auto ex = tc.cache(0).export_to_host(all).value();
   return std::set<std::int64_t>(ex.keys.begin(), ex.keys.end());
+}
+
+// The caller's lookups on cache(t) run beside the prefetch worker's early inserts with no lock
+// between them (both hold the table's lock for reading): the worker publishes each new slot's
+// state byte with a release store while the caller's probes read the state bytes, which must be
+// atomic loads (a plain vector load there is a data race that preset tsan reports). A key is
+// absent until published, then found; its row is read once the worker is done (begin_pass).
+TYPED_TEST_P(conformance, lookups_beside_the_workers_early_inserts_find_keys_once_published) {
+  using Space = TypeParam;
+  auto store = std::make_shared<gated_store<std::int64_t>>(dim * 3);
+  auto o = table_of("t", dim, 256, optimizer_kind::adam);
+  o.store = store;
+  training_cache<std::int64_t, Space> tc({}, {o});
+  const auto current = range_keys(0, 50), next = range_keys(0, 100), arriving = range_keys(50, 100);
+  std::vector<float> rows(arriving.size() * dim * 3);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.25f + float(i);
+  const std::vector<std::uint64_t> ones(arriving.size(), 1);
+  EMBCACHE_ASSERT_OK(store->push(arriving.data(), arriving.size(), rows.data(), ones.data()));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({current}));
+  store->close_gate();
+  EMBCACHE_ASSERT_OK(tc.prefetch({next}));
+  ASSERT_TRUE(store->wait_for_blocked_pull());
+  cache_access<std::int64_t, Space> cache(tc, 0);
+  std::vector<std::int64_t> slots;
+  EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &slots));
+  for (std::size_t i = 0; i < slots.size(); ++i) EXPECT_EQ(slots[i], -1) << "key " << arriving[i];
+  store->open_gate();
+  // Probes while the worker inserts, until every arriving key is in (a minute against a hang).
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  bool all_in = false;
+  while (!all_in && std::chrono::steady_clock::now() < give_up) {
+    EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &slots));
+    all_in = std::all_of(slots.begin(), slots.end(), [](std::int64_t s) { return s >= 0; });
+    if (!all_in) std::this_thread::yield();
+  }
+  ASSERT_TRUE(all_in);
+  EMBCACHE_ASSERT_OK(tc.begin_pass({next}));
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.rows_staged, 50u);  // all inserted early by the worker
+  EXPECT_EQ(c.rows_pulled, 0u);
+  std::vector<std::int64_t> after;
+  EMBCACHE_ASSERT_OK(cache.lookup_slots(arriving, &after));
+  EXPECT_EQ(after, slots);
+  std::vector<float> got(rows.size());
+  EMBCACHE_ASSERT_OK(tc.read(0, arriving.data(), arriving.size(), got.data(), nullptr));
+  EXPECT_EQ(got, rows);
 }
 
 // With room in the cache, the prefetch worker evicts rows outside both the current and the next
@@ -1521,6 +1610,92 @@ TYPED_TEST_P(conformance, on_demand_small_cache_equals_full_cache) {
   for (std::size_t i = 0; i < many.size(); ++i) many[i] = std::int64_t(i);
   EXPECT_EQ(tc.lookup(0, many.data(), many.size(), nullptr).code(), status_code::capacity_exceeded);
   EXPECT_EQ(tc.cache(0).size(), 0u);
+}
+
+// An on-demand table of 2 buckets (capacity 200: 250 slots, rounded up to 256) and 257 keys
+// whose home is bucket 0: the first 128 fill it (trained, so dirty, with known rows), the other
+// 129 evict all of them and one finds no room.
+template <class Space>
+struct full_bucket_fixture {
+  std::shared_ptr<gated_store<std::int64_t>> store =
+      std::make_shared<gated_store<std::int64_t>>(dim);
+  std::unique_ptr<training_cache<std::int64_t, Space>> tc;
+  std::vector<std::int64_t> first, second;
+  std::vector<float> rows;  // the rows given to `first`
+  full_bucket_fixture() {
+    training_cache_options opts;
+    opts.mode = cache_mode::on_demand;
+    auto o = table_of("t", dim, 200);
+    o.store = store;
+    tc = std::make_unique<training_cache<std::int64_t, Space>>(opts, std::vector{o});
+    EXPECT_EQ(tc->cache(0).capacity(), 256u);
+    const auto hashing = tc->cache(0).ref();  // hash() only reads the view's sizes: host code
+    for (std::int64_t k = 0; first.size() + second.size() < 257; ++k) {
+      if (hashing.hash(k).home != 0) continue;
+      (first.size() < 128 ? first : second).push_back(k);
+    }
+    std::vector<std::int64_t> slots(first.size());
+    EMBCACHE_EXPECT_OK(tc->lookup(0, first.data(), first.size(), slots.data()));
+    rows.resize(first.size() * dim);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 1.5f + float(i);
+    EMBCACHE_EXPECT_OK(tc->assign(0, first.data(), first.size(), rows.data()));
+  }
+  // Every row of `first` is in the store with the value assigned to it.
+  void expect_first_in_store() {
+    const auto m = store_model(*tc, 0);
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      ASSERT_EQ(m.count(first[i]), 1u) << "key " << first[i];
+      EXPECT_EQ(m.at(first[i]),
+                std::vector<float>(rows.begin() + i * dim, rows.begin() + (i + 1) * dim))
+          << "key " << first[i];
+    }
+  }
+};
+
+// A batch whose last key finds no room still writes back the dirty rows it evicted, then reports
+// capacity_exceeded; the keys that fit are resident.
+TYPED_TEST_P(conformance, a_lookup_without_room_writes_its_evicted_rows_back_first) {
+  using Space = TypeParam;
+  full_bucket_fixture<Space> f;
+  std::vector<std::int64_t> slots(f.second.size());
+  const status s = f.tc->lookup(0, f.second.data(), f.second.size(), slots.data());
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_NE(s.message().find("no room for 1 of 129 distinct keys in table 't' (first: key " +
+                             std::to_string(f.second.back()) + ";"),
+            std::string::npos)
+      << s.to_string();
+  for (std::size_t i = 0; i + 1 < slots.size(); ++i) EXPECT_GE(slots[i], 0) << "key " << i;
+  EXPECT_EQ(slots.back(), -1);
+  const auto& c = f.tc->counters().last[0];
+  EXPECT_EQ(c.misses, 129u);
+  EXPECT_EQ(c.rows_evicted, 128u);
+  EXPECT_EQ(c.rows_pushed, 128u);
+  EXPECT_EQ(f.tc->cache(0).size(), 128u);
+  f.expect_first_in_store();
+}
+
+// A failed write-back of the rows a lookup evicted loses none: they wait as write-behind rows and
+// the next call that needs the store pushes them. A store that throws instead is handled alike.
+TYPED_TEST_P(conformance, a_failed_write_back_of_evicted_rows_is_retried_by_the_next_call) {
+  using Space = TypeParam;
+  for (const bool throws : {false, true}) {
+    SCOPED_TRACE(throws ? "push throws" : "push fails");
+    full_bucket_fixture<Space> f;
+    f.second.pop_back();  // every key fits
+    if (throws) {
+      f.store->throw_on_pushes(1);
+    } else {
+      f.store->fail_pushes(1);
+    }
+    const status s = f.tc->lookup(0, f.second.data(), f.second.size(), nullptr);
+    EXPECT_EQ(s.code(), throws ? status_code::internal : status_code::io_error);
+    EXPECT_EQ(s.message(), std::string("write-back of the rows evicted by lookup in table 't': ") +
+                               (throws ? "injected push exception" : "injected push failure"))
+        << s.to_string();
+    EXPECT_EQ(f.tc->counters().last[0].rows_evicted, 128u);
+    EMBCACHE_ASSERT_OK(f.tc->end_training());
+    f.expect_first_in_store();
+  }
 }
 
 // --- crash during save ---------------------------------------------------------------------------
@@ -1841,12 +2016,17 @@ REGISTER_TYPED_TEST_SUITE_P(
     reads_exports_and_erases_wait_for_a_pending_write_behind,
     load_while_a_write_behind_is_pending_keeps_the_loaded_model,
     a_failed_write_behind_is_reported_and_retried,
+    an_exception_in_the_background_push_is_a_status_of_the_next_call,
+    an_exception_of_the_store_is_a_status_of_the_public_call,
     write_behind_and_prefetch_leave_the_same_store_as_synchronous_swaps,
     prefetch_inserts_exactly_the_next_keysets_missing_rows_early,
+    lookups_beside_the_workers_early_inserts_find_keys_once_published,
     leaving_rows_wait_in_the_slack_and_leave_in_the_background,
     max_resident_outside_capacity_and_slots_is_refused,
     early_install_keeps_the_model_and_the_exports, replaced_and_unused_prefetches_keep_the_model,
-    on_demand_small_cache_equals_full_cache, child_saves_in_a_loop,
+    on_demand_small_cache_equals_full_cache,
+    a_lookup_without_room_writes_its_evicted_rows_back_first,
+    a_failed_write_back_of_evicted_rows_is_retried_by_the_next_call, child_saves_in_a_loop,
     kill_during_save_keeps_previous_save, keyset_passes_match_the_host_space,
     small_cache_leaves_the_same_store_as_a_full_one, on_demand_batches_match_the_host_space);
 

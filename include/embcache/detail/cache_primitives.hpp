@@ -8,6 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda/atomic>
+#if !defined(__CUDA_ARCH__) && defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "embcache/cache_options.hpp"
 #include "embcache/detail/config.hpp"
@@ -83,6 +86,23 @@ EMBCACHE_HD inline std::uint64_t load_state_group_acquire(const std::uint8_t* fi
                      cuda::std::memory_order_acquire);
 #endif
 }
+
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+/// Host, SSE2: the 16 state bytes at `first` (16-aligned) in a vector register, for a compare of a
+/// whole group at once. The bytes are shared with concurrent inserters (CAS to busy, release store
+/// of the digest), so they are read as two 64-bit atomic loads, never one plain vector load (a
+/// data race). With `o` relaxed or acquire each is one plain `mov` on x86, so the cost over
+/// `movdqa` is the move of two words into the register. The group's bytes are a snapshot: a
+/// caller that then reads what a slot's state guards (its key, row) first confirms that slot's
+/// state with load_state_acquire, which pairs with the publish of that very byte.
+inline __m128i load_state_group16(const std::uint8_t* first,
+                                  cuda::std::memory_order o = cuda::std::memory_order_relaxed) {
+  const auto* w = reinterpret_cast<const std::uint64_t*>(first);
+  const std::uint64_t lo = atomic_load(w, o);
+  const std::uint64_t hi = atomic_load(w + 1, o);
+  return _mm_set_epi64x(static_cast<long long>(hi), static_cast<long long>(lo));
+}
+#endif
 
 /// High 64 bits of a 64x64-bit product (the same value on host and device).
 EMBCACHE_HD inline std::uint64_t mulhi64(std::uint64_t a, std::uint64_t b) {

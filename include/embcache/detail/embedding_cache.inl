@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -488,9 +489,18 @@ result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
   const Space sp = call_space();
   const std::size_t count = count_if(filter);
   exported_rows<Key> out;
-  out.keys.resize(count);
-  out.rows.resize(count * row_width_);
-  out.versions.resize(count);
+  try {
+    out.keys.resize(count);
+    out.rows.resize(count * row_width_);
+    out.versions.resize(count);
+  } catch (const std::bad_alloc&) {
+    // count <= capacity, whose rows are allocated already: the product cannot overflow.
+    const std::size_t bytes =
+        count * (sizeof(Key) + row_width_ * sizeof(float) + sizeof(std::uint64_t));
+    return status::capacity_exceeded("embedding_cache::export_to_host: out of host memory "
+                                     "(std::bad_alloc) allocating " + std::to_string(bytes) +
+                                     " bytes for " + std::to_string(count) + " rows");
+  }
   std::size_t written = 0;
   if constexpr (is_host_space_v<Space>) {
     EMBCACHE_RETURN_IF_ERROR(

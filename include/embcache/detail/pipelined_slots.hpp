@@ -5,9 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#if !defined(__CUDA_ARCH__) && defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "embcache/detail/cache_primitives.hpp"
 
@@ -65,8 +62,8 @@ void pipelined_slots(const Ref& t, const Key* keys, std::size_t begin, std::size
 #if defined(__SSE2__)
     const __m128i needle = _mm_set1_epi8(static_cast<char>(digest[j % ring]));
     for (std::size_t g = 0; g < cache_bucket_size; g += 16) {
-      unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(
-          _mm_load_si128(reinterpret_cast<const __m128i*>(t.states + first + g)), needle)));
+      unsigned m = static_cast<unsigned>(
+          _mm_movemask_epi8(_mm_cmpeq_epi8(load_state_group16(t.states + first + g), needle)));
       for (; m; m &= m - 1) __builtin_prefetch(t.keys + first + g + __builtin_ctz(m));
     }
 #else
