@@ -5,6 +5,7 @@
 
 #include "embcache/distributed/communicator.hpp"
 #include "embedding_path.hpp"  // src/trainer: the cuda path's factory, for a stand-in
+#include "../common/address_space.hpp"
 #include "trainer_test_support.hpp"
 
 namespace embcache::test {
@@ -726,15 +727,7 @@ TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
 // memory estimate lets through (this machine has the memory) but that cannot be allocated is a
 // status naming the tables, not an uncaught std::bad_alloc. Exit 0 when so.
 int create_under_an_address_space_limit() {
-  std::ifstream st("/proc/self/status");
-  std::string line;
-  std::uint64_t vm_kb = 0;
-  while (std::getline(st, line))
-    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
-  if (vm_kb == 0) return 2;
-  const rlim_t cap = rlim_t(vm_kb + 300 * 1024) * 1024;
-  const rlimit rl{cap, cap};
-  if (::setrlimit(RLIMIT_AS, &rl) != 0) return 3;
+  if (const int e = embcache::test::cap_address_space_above_use(300u << 20)) return 1 + e;
   trainer_config c;
   c.passes = {{{"a.bin"}}};
   c.model.hidden = {16};

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "../common/address_space.hpp"
 #include "training_cache_suite.hpp"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -30,15 +31,7 @@ int export_under_an_address_space_limit() {
   std::vector<std::int64_t> keys(200000);
   for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i);
   if (!tc.begin_pass({keys}).ok()) return 2;
-  std::ifstream st("/proc/self/status");
-  std::string line;
-  std::uint64_t vm_kb = 0;
-  while (std::getline(st, line))
-    if (line.rfind("VmSize:", 0) == 0) vm_kb = std::stoull(line.substr(7));
-  if (vm_kb == 0) return 3;
-  const rlim_t cap = rlim_t(vm_kb + 16 * 1024) * 1024;
-  const rlimit rl{cap, cap};
-  if (::setrlimit(RLIMIT_AS, &rl) != 0) return 4;
+  if (const int e = embcache::test::cap_address_space_above_use(16u << 20)) return 2 + e;
   auto d = tc.export_incremental();
   if (d.ok()) return 5;
   std::fprintf(stderr, "%s\n", d.get_status().to_string().c_str());
