@@ -317,6 +317,15 @@ class training_cache {
   /// Options of the cache.
   const training_cache_options& options() const noexcept;
 
+  /// The identity of the run (32 lowercase hex digits) recorded as `run_id` in every save and
+  /// delta: drawn at random when the cache is built, replaced by the one a loaded save records
+  /// (a save without one keeps the current identity).
+  const std::string& run_id() const noexcept;
+  /// Makes `id` the run identity, so that several caches of one run record the same one (the
+  /// ranks of a sharded run take rank 0's; a resume from a sharded save takes the save's).
+  /// invalid_argument naming `id` unless it is 32 lowercase hex digits (nothing changes then).
+  status set_run_id(const std::string& id);
+
  private:
   std::unique_ptr<detail::training_cache_core<Key, Space>> core_;
 };

@@ -12,9 +12,10 @@
 #include <utility>
 
 #include "common/durable_file.hpp"
-#include "store/store_io.hpp"
 #include "embcache/distributed/ownership.hpp"
 #include "embcache/host_store.hpp"
+#include "store/store_io.hpp"
+#include "training/model_folder.hpp"
 
 namespace embcache {
 namespace {
@@ -98,7 +99,10 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
   // Rank 0 picks the generation; everyone learns it.
   std::uint64_t generation = 0;
   status local;
-  if (rank == 0) {
+  if (!info.run_id.empty() && !detail::is_run_id(info.run_id))
+    local = status::invalid_argument(who + ": run_id '" + info.run_id +
+                                     "' is not 32 lowercase hex digits");
+  if (local.ok() && rank == 0) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) local = detail::errno_status(who + ": cannot create folder", dir, ec.value());
@@ -137,6 +141,7 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
     m["optimizer"] = info.optimizer;
     m["step"] = info.step;
     m["num_blocks"] = info.num_blocks;
+    if (!info.run_id.empty()) m["run_id"] = info.run_id;
     m["world_size"] = world;
     m["owner_function"] = owner_function_name;
     m["generation"] = generation;
@@ -224,6 +229,12 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
   EMBCACHE_RETURN_IF_ERROR(count_field(m, "num_blocks", "num_blocks", &blocks));
   EMBCACHE_RETURN_IF_ERROR(count_field(m, "world_size", "world_size", &world));
   EMBCACHE_RETURN_IF_ERROR(count_field(m, "generation", "generation", &out.generation));
+  // Optional: saves written before run identities existed have none (accepted as unknown).
+  if (m.contains("run_id")) {
+    EMBCACHE_RETURN_IF_ERROR(string_field("run_id", &out.info.run_id));
+    if (!detail::is_run_id(out.info.run_id))
+      return bad("run_id", "is '" + out.info.run_id + "', expected 32 lowercase hex digits");
+  }
   // Widths become allocation sizes (rows * width * 4 bytes): bound them before any use.
   if (dim == 0 || width < dim || width > (std::uint64_t{1} << 24))
     return bad("row_width", "is " + std::to_string(width) + " for dim " + std::to_string(dim) +

@@ -377,7 +377,7 @@ status sharded_table<Key>::read_impl(const Key* keys, std::size_t n, float* rows
 }
 
 template <class Key>
-status sharded_table<Key>::save(const std::string& dir) {
+status sharded_table<Key>::save(const std::string& dir, const std::string& run_id) {
   sharded_save_info info;
   info.table_name = shard_.table_name();
   info.dim = options_.table.dim;
@@ -385,11 +385,13 @@ status sharded_table<Key>::save(const std::string& dir) {
   info.optimizer = to_string(options_.table.optimizer.kind);
   info.step = step();
   info.num_blocks = options_.num_blocks;
+  info.run_id = run_id;
   return save_sharded(comm_, shard_, dir, info);
 }
 
 template <class Key>
-status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& open) {
+status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& open,
+                                std::string* run_id_out) {
   auto manifest = read_sharded_manifest(dir);
   status local = manifest.get_status();
   if (local.ok()) {
@@ -405,6 +407,7 @@ status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& 
   auto loaded = load_sharded(comm_, dir, shard_, open);
   if (!loaded.ok()) return loaded.get_status();
   set_step(loaded.value().info.step);
+  if (run_id_out) *run_id_out = loaded.value().info.run_id;
   return {};
 }
 

@@ -298,10 +298,11 @@ void set_cuda_cache_path_factory(cuda_cache_path_factory factory) noexcept;
 cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept;
 /// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
 /// rank's rows in its own stores (host_hybrid: `tables` built with a save-only cache) or its
-/// training cache (keyset).
-std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config, host_space space,
-                                                  communicator& comm, embedding_tables tables,
-                                                  std::string* building);
+/// training cache (keyset). Collective: the ranks' training caches take rank 0's run identity.
+result<std::unique_ptr<embedding_path>> make_sharded_path(const trainer_config& config,
+                                                          host_space space, communicator& comm,
+                                                          embedding_tables tables,
+                                                          std::string* building);
 /// The host-hybrid path (host_hybrid_path.cpp).
 std::unique_ptr<embedding_path> make_host_hybrid_path(const trainer_config& config,
                                                       embedding_tables tables,

@@ -6,6 +6,7 @@
 // of ranks; in keyset mode each rank exports its own deltas.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -158,6 +159,18 @@ class sharded_path final : public embedding_path {
     }
   }
 
+  // One identity per run: every rank's training cache takes rank 0's, so that the ranks' deltas
+  // and the sharded saves record the same run_id. Collective.
+  status share_run_id() {
+    char id[32] = {};
+    const std::string& own = tables_.cache->run_id();
+    if (comm_.rank() == 0) std::memcpy(id, own.data(), std::min(own.size(), sizeof id));
+    EMBCACHE_RETURN_IF_ERROR(comm_.broadcast(id, sizeof id, 0));
+    const status local = tables_.cache->set_run_id(std::string(id, sizeof id));
+    return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
+                 "the run identity");
+  }
+
   // Keyset mode: every rank swaps in its part of the shard's keysets (collective through the
   // agreement on the outcome).
   status begin_shard(const std::string& shard, const std::string& upcoming) override {
@@ -225,12 +238,10 @@ class sharded_path final : public embedding_path {
     const std::string parts = dir + "/" + name + ".parts.json";
     status written;
     if (comm_.rank() == 0) {
-      nlohmann::json j{{"format", "embcache.sharded_delta"},
-                       {"format_version", 1},
-                       {"sequence", number},
-                       {"world_size", comm_.size()},
-                       {"rows", rows},
-                       {"parts", nlohmann::json::array()}};
+      nlohmann::json j{
+          {"format", "embcache.sharded_delta"}, {"format_version", 1},        {"sequence", number},
+          {"run_id", tables_.cache->run_id()},  {"world_size", comm_.size()}, {"rows", rows},
+          {"parts", nlohmann::json::array()}};
       for (int r = 0; r < comm_.size(); ++r)
         j["parts"].push_back(rank_folder_name(r) + "/" + name);
       written = write_text_durably(parts, j.dump(2) + "\n");
@@ -244,11 +255,15 @@ class sharded_path final : public embedding_path {
     if (keyset_)
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep})
-      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name));
+      EMBCACHE_RETURN_IF_ERROR(
+          sharded_[t]->save(dir + "/" + config_.tables[t].name, tables_.cache->run_id()));
     return {};
   }
-  // Any number of ranks may have written the save: each rank keeps the rows it owns now.
+  // Any number of ranks may have written the save: each rank keeps the rows it owns now, and
+  // the run continues under the save's identity (a save without one, written before run
+  // identities existed, keeps the run's own).
   status load_sparse(const std::string& dir) override {
+    std::string adopted, adopted_from;
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       const std::string folder = dir + "/" + config_.tables[t].name;
       status local;
@@ -263,8 +278,20 @@ class sharded_path final : public embedding_path {
         local = clear_store(*tables_.stores[t]);
       EMBCACHE_RETURN_IF_ERROR(agree(
           comm_, local.with_context("rank " + std::to_string(comm_.rank())), "trainer::load"));
-      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->load(folder, part_opener_for(config_.tables[t])));
+      std::string saved;
+      EMBCACHE_RETURN_IF_ERROR(
+          sharded_[t]->load(folder, part_opener_for(config_.tables[t]), &saved));
+      if (!saved.empty() && !adopted.empty() && saved != adopted)
+        local = status::invalid_argument(folder + "/manifest.json: run_id " + saved + ", but " +
+                                         adopted_from + "/manifest.json has run_id " + adopted +
+                                         " (tables of two runs)");
+      else if (!saved.empty())
+        adopted = saved, adopted_from = folder;
+      EMBCACHE_RETURN_IF_ERROR(agree(comm_, local, "trainer::load"));
     }
+    // Every rank read the same manifests, so they adopt the same identity.
+    if (!adopted.empty())
+      EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->set_run_id(adopted), "trainer::load"));
     // Keyset mode: the rows reached the stores without the training cache, whose version clock
     // must pass theirs (or rows updated after the resume look clean and are never written back)
     // and whose next export starts at them (or it repeats the exports before the save).
@@ -291,10 +318,13 @@ class sharded_path final : public embedding_path {
 
 }  // namespace
 
-std::unique_ptr<embedding_path> make_sharded_path(const trainer_config& config, host_space space,
-                                                  communicator& comm, embedding_tables tables,
-                                                  std::string* building) {
-  return std::make_unique<sharded_path>(config, space, comm, std::move(tables), building);
+result<std::unique_ptr<embedding_path>> make_sharded_path(const trainer_config& config,
+                                                          host_space space, communicator& comm,
+                                                          embedding_tables tables,
+                                                          std::string* building) {
+  auto path = std::make_unique<sharded_path>(config, space, comm, std::move(tables), building);
+  EMBCACHE_RETURN_IF_ERROR(path->share_run_id());
+  return std::unique_ptr<embedding_path>(std::move(path));
 }
 
 }  // namespace embcache::detail

@@ -160,6 +160,18 @@ template <class Key, class Space>
 const training_cache_options& training_cache<Key, Space>::options() const noexcept {
   return core_->options;
 }
+template <class Key, class Space>
+const std::string& training_cache<Key, Space>::run_id() const noexcept {
+  return core_->run_id;
+}
+template <class Key, class Space>
+status training_cache<Key, Space>::set_run_id(const std::string& id) {
+  if (!detail::is_run_id(id))
+    return status::invalid_argument("training_cache::set_run_id: '" + id +
+                                    "' is not a run identity (32 lowercase hex digits)");
+  core_->run_id = id;
+  return {};
+}
 
 template <class Key, class Space>
 status training_cache<Key, Space>::begin_pass(const std::vector<std::vector<Key>>& keysets) {

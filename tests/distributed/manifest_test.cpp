@@ -115,6 +115,46 @@ TEST_F(sharded_manifest_test, damaged_fields_are_refused_by_name) {
   EXPECT_EQ(read_sharded_manifest(dir_).get_status().code(), status_code::not_found);
 }
 
+TEST_F(sharded_manifest_test, the_run_identity_is_recorded_and_read_back) {
+  // A save without one (as before run identities existed) reads back as none.
+  EXPECT_FALSE(manifest_.contains("run_id"));
+  auto plain = read_sharded_manifest(dir_);
+  EMBCACHE_ASSERT_OK(plain);
+  EXPECT_EQ(plain.value().info.run_id, "");
+  single_process_communicator alone;
+  host_store<std::int64_t> fresh_store{store_options(options_)};
+  sharded_table<std::int64_t> fresh{alone, fresh_store, options_};
+  std::string loaded = "not read";
+  EMBCACHE_ASSERT_OK(fresh.load(dir_, {}, &loaded));
+  EXPECT_EQ(loaded, "");
+
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  const std::string with_id = root_ + "/with_id";
+  EMBCACHE_ASSERT_OK(table_.save(with_id, id));
+  std::ifstream in(with_id + "/manifest.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(nlohmann::json::parse(text.str()).value("run_id", ""), id);
+  auto m = read_sharded_manifest(with_id);
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().info.run_id, id);
+  host_store<std::int64_t> again_store{store_options(options_)};
+  sharded_table<std::int64_t> again{alone, again_store, options_};
+  EMBCACHE_ASSERT_OK(again.load(with_id, {}, &loaded));
+  EXPECT_EQ(loaded, id);
+
+  // A damaged identity is refused by name; so is one given to save, before anything is written.
+  nlohmann::json bad = manifest_;
+  bad["run_id"] = "0123456789ABCDEF0123456789ABCDEF";
+  expect_refused(bad, status_code::corruption, "'run_id'");
+  bad["run_id"] = 7;
+  expect_refused(bad, status_code::corruption, "'run_id'");
+  const status refused = table_.save(root_ + "/bad_id", "xyz");
+  EXPECT_EQ(refused.code(), status_code::invalid_argument) << refused.to_string();
+  EXPECT_NE(refused.message().find("run_id 'xyz'"), std::string::npos) << refused.to_string();
+  EXPECT_FALSE(fs::exists(root_ + "/bad_id/manifest.json"));
+}
+
 TEST_F(sharded_manifest_test, loads_check_the_parts_and_the_target) {
   // A part with another row count than the manifest says.
   nlohmann::json m = manifest_;

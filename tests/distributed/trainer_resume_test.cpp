@@ -1,6 +1,7 @@
 // A sharded run in keyset mode interrupted after pass 1 (saved on N ranks) and resumed for pass 2
 // on M ranks gives what the uninterrupted run on M ranks gives: every row of the save (embedding
-// and optimizer state), dense.bin, the losses, and every row of every delta. ctest runs this
+// and optimizer state), dense.bin, the losses, and every row of every delta; and every delta and
+// save of a run, on every rank and across the resume, records one run identity. ctest runs this
 // binary on 1, 2 and 4 ranks, so the pairs are 1 -> 1, 2 -> 1, 1 -> 2, 4 -> 1 and 1 -> 4.
 #include <gtest/gtest.h>
 
@@ -156,6 +157,37 @@ void expect_same_deltas(const std::string& resumed, const std::string& uninterru
   }
 }
 
+/// The run identity table `table`'s sharded save in the trainer save `save` records ("" when
+/// none).
+std::string saved_run_id(const std::string& save, const char* table) {
+  auto m = read_sharded_manifest(save + "/sparse/" + table);
+  EMBCACHE_EXPECT_OK(m);
+  return m.ok() ? m.value().info.run_id : std::string();
+}
+
+/// One run identity in every part of deltas 1 and 2 of the export folder `exports` (and in
+/// their parts files), and in both tables of every trainer save of `saves`; returns it.
+std::string expect_one_run(const std::string& exports, const std::vector<std::string>& saves) {
+  const std::vector<model_folder> first = delta_parts(exports, 1);
+  if (first.empty()) {
+    ADD_FAILURE() << exports << ": no delta 1";
+    return {};
+  }
+  const std::string id = first[0].run_id;
+  EXPECT_EQ(id.size(), 32u) << first[0].path << ": run_id '" << id << "'";
+  for (const char* name : {"delta-000001", "delta-000002"}) {
+    const auto parts = nlohmann::json::parse(read_bytes(exports + "/" + name + ".parts.json"));
+    EXPECT_EQ(parts.value("run_id", ""), id) << exports << "/" << name << ".parts.json";
+  }
+  for (std::uint64_t n : {1, 2})
+    for (const model_folder& part : delta_parts(exports, n))
+      EXPECT_EQ(part.run_id, id) << part.path << " against " << first[0].path;
+  for (const std::string& save : saves)
+    for (const char* table : {"wide", "deep"})
+      EXPECT_EQ(saved_run_id(save, table), id) << save << " table " << table;
+  return id;
+}
+
 /// Copies the export folder of pass 1 for the run that resumes from its save.
 void copy_exports(const std::string& from, const std::string& to) {
   std::error_code ec;
@@ -215,6 +247,12 @@ TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrup
   ASSERT_TRUE(world().barrier().ok());
   if (world().rank() != 0) return;
 
+  // One run identity per run, on every rank and across the resume (its save records it).
+  const std::string whole_id = expect_one_run(whole.export_dir, {whole.save_dir});
+  const std::string resumed_id =
+      expect_one_run(rest_world.export_dir, {first_one.save_dir, rest_world.save_dir});
+  EXPECT_NE(whole_id, resumed_id) << "two runs, one identity";
+
   // 1 -> world.
   expect_same_sharded_model(whole.save_dir, rest_world.save_dir);
   expect_same_history(whole_world->history(), resumed_world->history());
@@ -228,6 +266,7 @@ TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrup
   expect_same_sharded_model(whole_one.save_dir, rest_one.save_dir);
   expect_same_history(whole_alone->history(), resumed_one->history());
   expect_same_deltas(rest_one.export_dir, whole_one.export_dir, world_size, 1, first.save_dir);
+  expect_one_run(rest_one.export_dir, {first.save_dir, rest_one.save_dir});
 }
 
 }  // namespace

@@ -130,6 +130,32 @@ TEST(model_folder, save_stores_writes_the_folder_a_training_cache_saves) {
   EMBCACHE_EXPECT_OK(detail::check_table_rows(rows, 1, {}));
 }
 
+TEST(model_folder, set_run_id_gives_the_identity_saves_and_loads_carry) {
+  temp_dir dir;
+  training_cache<std::int64_t> tc({}, two_tables(3, 2));
+  EXPECT_TRUE(detail::is_run_id(tc.run_id())) << tc.run_id();
+  const std::string drawn = tc.run_id();
+  // Refused by name, and nothing changes.
+  for (const std::string bad : {"", "0123456789ABCDEF0123456789ABCDEF", "0123456789abcdef",
+                                "0123456789abcdef0123456789abcdeg"}) {
+    const status s = tc.set_run_id(bad);
+    EXPECT_EQ(s.code(), status_code::invalid_argument) << bad;
+    EXPECT_NE(s.message().find("'" + bad + "'"), std::string::npos) << s.to_string();
+    EXPECT_EQ(tc.run_id(), drawn);
+  }
+  const std::string id = "00112233445566778899aabbccddeeff";
+  EMBCACHE_ASSERT_OK(tc.set_run_id(id));
+  EXPECT_EQ(tc.run_id(), id);
+  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
+  auto m = detail::read_folder_manifest(dir.path + "/save", detail::folder_kind::model);
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().run_id, id);
+  training_cache<std::int64_t> back({}, two_tables(0, 0));
+  EXPECT_NE(back.run_id(), id);
+  EMBCACHE_ASSERT_OK(back.load(dir.path + "/save"));
+  EXPECT_EQ(back.run_id(), id);
+}
+
 TEST(model_folder, save_stores_refuses_a_table_without_a_store_or_of_another_width) {
   temp_dir dir;
   auto tables = two_tables(10, 10);

@@ -19,7 +19,9 @@
 /// manifest.json fields: format "embcache.sharded_save", format_version 1, table_name,
 /// key_type ("int64" or "uint32"), dim, row_width, optimizer, step, num_blocks, world_size,
 /// owner_function (ownership.hpp's owner_function_name), generation, parts: [{rank, path, rows}]
-/// with one entry per rank in rank order and path "gen-GGGGGG/rank-RRRRR".
+/// with one entry per rank in rank order and path "gen-GGGGGG/rank-RRRRR"; and run_id (the run's
+/// identity, 32 lowercase hex digits), written when sharded_save_info::run_id is set and optional
+/// when read (saves written before it existed have none).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +45,9 @@ struct sharded_save_info {
   std::string optimizer;       ///< to_string() of the sparse optimizer (default "")
   std::uint64_t step = 0;      ///< steps applied when saved (default 0)
   std::size_t num_blocks = 0;  ///< blocks of the global batch of the run (default 0)
+  /// The run's identity (training_cache::run_id(), 32 lowercase hex digits), recorded as
+  /// `run_id`; default "": none recorded (as in saves written before run identities existed).
+  std::string run_id;
 };
 
 /// One part of a save.
@@ -73,7 +78,8 @@ part_opener<Key> host_store_part_opener();
 /// Writes a save of `shard` (this rank's store) into `dir` as the file comment describes.
 /// Collective: every rank calls it with the same `dir` and `info`. Ok on every rank once the save
 /// is published; otherwise every rank fails (its own error, or one naming the rank that failed)
-/// and the previous save stays the published one.
+/// and the previous save stays the published one. A `info.run_id` that is set but not 32
+/// lowercase hex digits is invalid_argument before anything is written.
 template <class Key>
 [[nodiscard]] status save_sharded(communicator& comm, param_store<Key>& shard,
                                   const std::string& dir, const sharded_save_info& info);
@@ -81,7 +87,8 @@ template <class Key>
 /// Reads and checks `dir`/manifest.json: every field's presence and type, the format and its
 /// version (unsupported for a later version), the owner function (unsupported for another),
 /// world_size in [1, 2^20], one part per rank in rank order with the path the layout dictates
-/// (a path that points elsewhere is corruption), and the rows' sum without overflow. Errors name
+/// (a path that points elsewhere is corruption), a run_id (when present) of 32 lowercase hex
+/// digits (corruption otherwise), and the rows' sum without overflow. Errors name
 /// the file and the field.
 [[nodiscard]] result<sharded_manifest> read_sharded_manifest(const std::string& dir);
 
