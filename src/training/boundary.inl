@@ -137,7 +137,7 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
       rows.resize(m * w);
     } catch (const std::bad_alloc&) {
       // m <= the table's slots, whose rows are allocated already: m * w cannot overflow.
-      return out_of_host_memory("evicting " + std::to_string(m) + " rows of table '" +
+      return host_allocation_failed("evicting " + std::to_string(m) + " rows of table '" +
                                     tb.opt.name + "': their write-back buffer",
                                 m * w * sizeof(float));
     }

@@ -56,15 +56,16 @@ struct staging_allocator {
   }
 };
 
-// The status of a host allocation of `bytes` for `what` that failed: capacity_exceeded, the
-// project's out-of-memory status (the trainer's and the host store's too).
-inline status out_of_host_memory(const std::string& what, std::size_t bytes) {
+// The status of a host allocation of `bytes` for `what` that failed: capacity_exceeded, as the
+// trainer and the host store report one (status_code::out_of_host_memory is kept for pinned
+// memory that a device call could not get).
+inline status host_allocation_failed(const std::string& what, std::size_t bytes) {
   return status::capacity_exceeded(what + ": out of host memory (std::bad_alloc) allocating " +
                                    std::to_string(bytes) + " bytes");
 }
 
 // The status of an exception thrown by a CUDA call, an allocation or Thrust (a failed allocation
-// whose size is not known here: the callers that know it use out_of_host_memory).
+// whose size is not known here: the callers that know it use host_allocation_failed).
 inline status status_of(const std::exception& e) {
   if (const auto* x = dynamic_cast<const error*>(&e)) return status(x->code(), x->what());
   if (dynamic_cast<const std::bad_alloc*>(&e)) {

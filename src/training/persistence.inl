@@ -130,7 +130,7 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
       rows.resize(n * w);
     } catch (const std::bad_alloc&) {
       // n rows of dim floats are in memory already (L.vectors): n * w cannot overflow.
-      return out_of_host_memory("load: the " + std::to_string(n) + " rows of table '" +
+      return host_allocation_failed("load: the " + std::to_string(n) + " rows of table '" +
                                     tb.opt.name + "'",
                                 n * (sizeof(Key) + w * sizeof(float)));
     }
