@@ -82,6 +82,17 @@ void cuda_deallocate_pinned(void* p) noexcept {
 
 namespace embcache {
 
+cuda_device_guard::cuda_device_guard(int device) {
+  previous_ = detail::cuda_current_device();
+  if (previous_ == device) return;
+  detail::cuda_set_device(device);
+  changed_ = true;
+}
+
+cuda_device_guard::~cuda_device_guard() {
+  if (changed_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+}
+
 cuda_stream::cuda_stream() {
   cudaStream_t s = nullptr;
   EMBCACHE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

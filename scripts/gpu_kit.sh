@@ -108,7 +108,7 @@ note() {  # $1: what ran, $2: its exit status; keeps the worst (highest) status
 }
 # Suite groups of cuda_tests, one process each: a device fault fails every later test of its
 # process and a hang loses the rest, so neither may take other groups with it.
-groups=('space_cuda.*:cache_cuda.*:cuda/cache_conformance*'
+groups=('space_cuda.*:several_devices_cuda.*:cache_cuda.*:cuda/cache_conformance*'
         'sparse_cuda.*:dense_network_cuda.*:dense_backend_cuda.*'
         'training_cache_cuda*:-training_cache_cuda.without_a_device_*'
         'trainer_*_device.*')

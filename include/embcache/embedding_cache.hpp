@@ -98,6 +98,13 @@ struct exported_rows {
 
 namespace detail {
 
+// What embedding_cache::on_own_device returns in the host space.
+struct no_device_guard {
+  // User-provided, like a real guard's: a held guard is not an unused variable.
+  no_device_guard() noexcept {}
+  ~no_device_guard() {}
+};
+
 // One embedding_cache::call_space_guard in its thread's list of guards, innermost first.
 template <class Space>
 struct call_space_entry {
@@ -303,6 +310,9 @@ class embedding_cache {
   const cache_options& options() const noexcept { return options_; }
   /// The space the cache was built with: its memory, and where its bulk calls run by default.
   const Space& space() const noexcept { return space_; }
+  /// cuda space: the device the cache was built on (current at construction), which each bulk
+  /// call and the destructor make current while they run; host space: 0.
+  int device() const noexcept { return device_; }
 
   /// Until the returned guard is destroyed, the bulk calls the calling thread makes on this cache
   /// run on `space` instead of space(), their scratch memory included: in the cuda space, a
@@ -369,8 +379,19 @@ class embedding_cache {
   static constexpr std::uint64_t claim_epoch_end = std::uint64_t{1} << 32;  // epochs stay below
   friend struct detail::embedding_cache_access;
 
+  // cuda space: makes the cache's device current for a bulk call and the caller's device again
+  // after it, so that a cache works on its own device whatever thread calls it; host: nothing.
+  auto on_own_device() const {
+    if constexpr (is_cuda_space_v<Space>) {
+      return cuda_device_guard(device_);
+    } else {
+      return detail::no_device_guard{};
+    }
+  }
+
   cache_options options_;
   Space space_;
+  int device_ = 0;  // cuda space: the device current at construction, where the arrays live
   std::size_t capacity_ = 0;
   std::size_t num_buckets_ = 0;
   std::size_t row_width_ = 0;

@@ -298,7 +298,7 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
 
   /// Makes a claimed slot visible with its key, row and metadata.
   EMBCACHE_HD void publish(std::int64_t slot, std::uint8_t digest) const {
-    detail::atomic_store(this->states + slot, digest, cuda::std::memory_order_release);
+    detail::store_state_release(this->states, static_cast<std::size_t>(slot), digest);
   }
 
   /// Removes `k`; false when absent (or removed by a concurrent duplicate). Not safe against
@@ -311,7 +311,7 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
     const std::size_t sb = static_cast<std::size_t>(s) / detail::cache_bucket_size;
     for (std::size_t bb = h.home; bb != sb; bb = this->next_bucket(bb))
       detail::atomic_sub(this->overflow + bb, 1u);
-    detail::atomic_store(this->states + s, detail::state_empty, cuda::std::memory_order_release);
+    detail::store_state_release(this->states, static_cast<std::size_t>(s), detail::state_empty);
     return true;
   }
 

@@ -19,7 +19,8 @@ struct host_space {
   int max_threads = 0;
 };
 
-/// Device memory of the current CUDA device; bulk operations run on `stream`.
+/// Device memory of a CUDA device; bulk operations run on `stream`. A cache of this space lives on
+/// the device current when it is built and makes that device current in each of its calls.
 /// Using it needs the embcache::cuda library and a CUDA-capable device.
 struct cuda_space {
   /// Stream the operations are ordered on; nullptr (default) = the legacy default stream.
@@ -43,6 +44,24 @@ class cuda_stream {
 
  private:
   CUstream_st* stream_ = nullptr;
+};
+
+/// Makes a CUDA device the calling thread's current device for the guard's lifetime, then makes
+/// the device that was current before current again (cudaGetDevice / cudaSetDevice). A
+/// cuda-space object that remembers the device it was built on holds one in each of its calls,
+/// so that it runs there whatever the calling thread's current device is. Needs the
+/// embcache::cuda library: the constructor throws embcache::error when `device` cannot be made
+/// current; a failure to restore the previous device is ignored (and cleared).
+class cuda_device_guard {
+ public:
+  explicit cuda_device_guard(int device);
+  ~cuda_device_guard();
+  cuda_device_guard(const cuda_device_guard&) = delete;
+  cuda_device_guard& operator=(const cuda_device_guard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;  // false: `device` was already current, nothing to restore
 };
 
 /// True for the host space.

@@ -29,7 +29,19 @@ void training_cache_core<Key, Space>::start_flusher() {
   }
   flusher = std::thread([this] {
     status s;
+    // cuda space: any CUDA call of the pushes runs on the caches' device (a new thread starts on
+    // device 0). Should it not become current, nothing is pushed here: finish_write_behind()
+    // pushes the rows on the caller's thread.
+    std::shared_ptr<void> on_device;  // type-erased: the host build has no cuda_device_guard
+    if constexpr (is_cuda_space_v<Space>) {
+      try {
+        on_device = std::make_shared<cuda_device_guard>(device);
+      } catch (const std::exception& e) {
+        s = status_of(e);
+      }
+    }
     for (auto& tb : tables) {
+      if (!s.ok()) break;
       if (tb.wb.keys.empty()) continue;
       const auto t0 = clock_type::now();
       try {

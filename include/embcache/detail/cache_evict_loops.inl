@@ -94,7 +94,7 @@ struct evict_fn {
       outcome[k] = outcome_failed;
       return;
     }
-    atomic_store(t.states + s, state_busy, cuda::std::memory_order_release);
+    store_state_release(t.states, static_cast<std::size_t>(s), state_busy);
     t.keys[s] = key;
     if (rows_in) {
       embedding_cache_ref<Key>::copy_row(t.row(s), rows_in + k * t.row_width, t.row_width);

@@ -73,6 +73,37 @@ EMBCACHE_HD inline std::uint8_t load_state_acquire(const std::uint8_t* states, s
 #endif
 }
 
+/// Stores `value` into byte `i` of `bytes` by a 32-bit compare-exchange loop on the aligned word
+/// holding it (`bytes` 4-byte aligned, little-endian like load_state_acquire), with order `o` on
+/// success; the word's other three bytes keep whatever concurrent writers put there. Written by
+/// hand rather than left to how libcu++ lowers a one-byte store (a 32-bit CAS loop today), so
+/// the device's 32-bit acquire loads pair with a release of their own size whatever libcu++ does.
+EMBCACHE_HD inline void store_byte_in_word(std::uint8_t* bytes, std::size_t i, std::uint8_t value,
+                                           cuda::std::memory_order o) {
+  cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> word(
+      *reinterpret_cast<std::uint32_t*>(bytes + (i & ~std::size_t{3})));
+  const unsigned shift = 8 * static_cast<unsigned>(i & 3);
+  const std::uint32_t keep = ~(std::uint32_t{0xff} << shift);
+  const std::uint32_t put = static_cast<std::uint32_t>(value) << shift;
+  std::uint32_t cur = word.load(cuda::std::memory_order_relaxed);
+  while (!word.compare_exchange_weak(cur, (cur & keep) | put, o, cuda::std::memory_order_relaxed)) {
+  }
+}
+
+/// Release store of the state byte of slot `s` (publish, erase, eviction's re-claim). On the
+/// device a 32-bit CAS on the word holding it (store_byte_in_word), the size load_state_acquire
+/// loads. The host keeps the one-byte store: its acquires there are one-byte loads of the same
+/// address, and x86-64 and AArch64 store a byte with release order natively, where a CAS loop
+/// would add a locked read-modify-write to every publish.
+EMBCACHE_HD inline void store_state_release(std::uint8_t* states, std::size_t s,
+                                            std::uint8_t value) {
+#if EMBCACHE_ON_DEVICE
+  store_byte_in_word(states, s, value, cuda::std::memory_order_release);
+#else
+  atomic_store(states + s, value, cuda::std::memory_order_release);
+#endif
+}
+
 /// Acquire load of the 8 state bytes at `first` (8-aligned) as one little-endian word: on the
 /// device two 32-bit acquire loads, for the reason load_state_acquire gives.
 EMBCACHE_HD inline std::uint64_t load_state_group_acquire(const std::uint8_t* first) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
   num_buckets_ = (options.capacity + bucket_size - 1) / bucket_size;
   capacity_ = num_buckets_ * bucket_size;
   row_width_ = options.dim + options.state_width;
+  if constexpr (is_cuda_space_v<Space>) device_ = detail::cuda_current_device();
   states_ = buffer<std::uint8_t, Space>(capacity_, space_);
   keys_ = buffer<Key, Space>(capacity_, space_);
   overflow_ = buffer<std::uint32_t, Space>(num_buckets_, space_);
@@ -63,7 +65,27 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
 }
 
 template <class Key, class Space>
-embedding_cache<Key, Space>::~embedding_cache() = default;
+embedding_cache<Key, Space>::~embedding_cache() {
+  if constexpr (is_cuda_space_v<Space>) {
+    // The arrays go back to their own device's pool, not the destroying thread's current device.
+    // Should the device not become current, they are freed as the runtime lets us (never throw).
+    std::optional<cuda_device_guard> on_device;
+    try {
+      on_device.emplace(device_);
+    } catch (const std::exception&) {
+    }
+    states_.reset();
+    keys_.reset();
+    overflow_.reset();
+    versions_.reset();
+    scores_.reset();
+    touched_.reset();
+    claims_.reset();
+    synced_.reset();
+    marks_.reset();
+    rows_.reset();
+  }
+}
 
 template <class Key, class Space>
 std::size_t embedding_cache<Key, Space>::allocated_bytes() const noexcept {
@@ -91,6 +113,7 @@ const_embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() const noexcept
 template <class Key, class Space>
 void embedding_cache<Key, Space>::find(const Key* keys, std::size_t n, float* rows_out,
                                        bool* found_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   detail::for_each_index(sp, n,
@@ -101,6 +124,7 @@ void embedding_cache<Key, Space>::find(const Key* keys, std::size_t n, float* ro
 template <class Key, class Space>
 status embedding_cache<Key, Space>::check_no_failures(const std::int64_t* slots, const Key* keys,
                                                       std::size_t n, const char* what) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   // Rare path: copy back to name the first key that did not fit.
   std::vector<std::int64_t> s(n);
@@ -127,6 +151,7 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
                                                 float* rows_out, bool* inserted_out,
                                                 bool initialize, std::uint64_t op,
                                                 const char* what) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   buffer<std::uint8_t, Space> outcome(n, sp);
   const std::uint64_t version = next_version();
@@ -150,6 +175,7 @@ status embedding_cache<Key, Space>::insert_pass(const Key* keys, std::size_t n, 
 template <class Key, class Space>
 status embedding_cache<Key, Space>::find_or_insert(const Key* keys, std::size_t n, float* rows_out,
                                                    bool* inserted_out, std::int64_t* slots_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   buffer<std::int64_t, Space> slots(slots_out ? 0 : n, sp);
@@ -161,6 +187,7 @@ template <class Key, class Space>
 status embedding_cache<Key, Space>::lookup_slots(const Key* keys, std::size_t n,
                                                  std::int64_t* slots_out, bool insert_missing,
                                                  bool* inserted_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (insert_missing)
@@ -175,6 +202,7 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
                                                      const float* rows,
                                                      const std::uint64_t* versions,
                                                      std::int64_t* slots_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return {};
@@ -198,6 +226,7 @@ status embedding_cache<Key, Space>::insert_or_assign(const Key* keys, std::size_
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::erase(const Key* keys, std::size_t n, std::size_t* erased_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   buffer<std::uint8_t, Space> erased(n, sp);
@@ -212,6 +241,7 @@ void embedding_cache<Key, Space>::erase(const Key* keys, std::size_t n, std::siz
 template <class Key, class Space>
 void embedding_cache<Key, Space>::read_slots(const std::int64_t* slots, std::size_t n,
                                              float* rows_out) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   detail::for_each_index(sp, n, detail::read_slots_fn<Key>{ref(), slots, rows_out});
@@ -221,6 +251,7 @@ void embedding_cache<Key, Space>::read_slots(const std::int64_t* slots, std::siz
 template <class Key, class Space>
 void embedding_cache<Key, Space>::assign_slots(const std::int64_t* slots, std::size_t n,
                                                const float* rows, const std::uint64_t* versions) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
@@ -274,6 +305,7 @@ void embedding_cache<Key, Space>::claim_and_assign(const Space& sp, const std::i
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::mark_updated(const std::int64_t* slots, std::size_t n) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
@@ -286,6 +318,7 @@ status embedding_cache<Key, Space>::insert_and_evict(
     const Key* keys, std::size_t n, const float* rows_in, const std::uint64_t* versions_in,
     Key* evicted_keys, float* evicted_rows, std::uint64_t* evicted_versions,
     std::size_t* evicted_count, bool* found_out, std::int64_t* slots_out, bool* evicted_dirty) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (evicted_count) *evicted_count = 0;
@@ -340,6 +373,7 @@ status embedding_cache<Key, Space>::insert_and_evict(
 template <class Key, class Space>
 void embedding_cache<Key, Space>::mark_synced(const std::int64_t* slots, std::size_t n,
                                               const std::uint64_t* versions) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
@@ -350,6 +384,7 @@ void embedding_cache<Key, Space>::mark_synced(const std::int64_t* slots, std::si
 template <class Key, class Space>
 void embedding_cache<Key, Space>::set_marks(const std::int64_t* slots, std::size_t n,
                                             std::uint32_t mark) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   if (n == 0) return;
@@ -361,6 +396,7 @@ template <class Key, class Space>
 void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::size_t need,
                                                  victim_order order, std::int64_t* victims_out,
                                                  std::size_t* count_out) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   *count_out = 0;
@@ -409,6 +445,7 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
                                                std::uint64_t* versions_out,
                                                std::int64_t* slots_out,
                                                std::size_t* count_out) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::shared_lock lock(*mutex_);
   *count_out = 0;
@@ -430,6 +467,7 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
 template <class Key, class Space>
 void embedding_cache<Key, Space>::erase_slots(const std::int64_t* slots, std::size_t n,
                                               std::size_t* erased_out) {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (erased_out) *erased_out = 0;
@@ -445,6 +483,7 @@ void embedding_cache<Key, Space>::erase_slots(const std::int64_t* slots, std::si
 
 template <class Key, class Space>
 std::size_t embedding_cache<Key, Space>::count_if(const export_filter& filter) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   buffer<std::uint32_t, Space> flags(capacity_, sp);
@@ -458,6 +497,7 @@ template <class Key, class Space>
 status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* keys_out,
                                               float* rows_out, std::uint64_t* versions_out,
                                               std::size_t max_out, std::size_t* count_out) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (count_out) *count_out = 0;
@@ -486,6 +526,7 @@ status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* 
 template <class Key, class Space>
 result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
     const export_filter& filter) const {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   const std::size_t count = count_if(filter);
   exported_rows<Key> out;
@@ -522,6 +563,7 @@ result<exported_rows<Key>> embedding_cache<Key, Space>::export_to_host(
 
 template <class Key, class Space>
 void embedding_cache<Key, Space>::clear() {
+  const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   detail::fill_bytes(sp, states_.data(), 0, states_.bytes());
