@@ -54,12 +54,13 @@ class host_hybrid_path final : public embedding_path {
   result<exported_delta> export_incremental_to(const std::string&, bool) override {
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   }
-  // The stores are written straight into the save layout (the cache holds none of their rows).
+  // The stores are written straight into the save layout (the cache holds none of their rows),
+  // under the run identity of the cache, which load() below adopts from a save.
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
     std::vector<table_options<trainer_key>> tables;
     for (std::size_t t = 0; t < tables_.cache->num_tables(); ++t)
       tables.push_back(tables_.cache->table(t));
-    return detail::save_stores<trainer_key>(dir, tables, on_progress);
+    return detail::save_stores<trainer_key>(dir, tables, on_progress, tables_.cache->run_id());
   }
   status load_sparse(const std::string& dir) override { return tables_.cache->load(dir); }
   void set_step(std::uint64_t step) override {

@@ -229,7 +229,7 @@ status write_model_folder(const std::string& dir_in, const std::vector<stored_ta
 
 template <class Key>
 status save_stores(const std::string& dir, const std::vector<table_options<Key>>& tables,
-                   const save_progress& on_progress) {
+                   const save_progress& on_progress, const std::string& run_id) {
   std::vector<stored_table<Key>> stored;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     const auto& o = tables[t];
@@ -246,7 +246,7 @@ status save_stores(const std::string& dir, const std::vector<table_options<Key>>
     stored.push_back({o.name, o.dim, o.optimizer.kind, o.store.get(), o.store->max_version(),
                       nullptr, o.slot_of});
   }
-  return write_model_folder(dir, stored, on_progress);
+  return write_model_folder(dir, stored, on_progress, run_id);
 }
 
 template status write_model_folder(const std::string&,
@@ -256,9 +256,9 @@ template status write_model_folder(const std::string&,
                                    const std::vector<stored_table<std::uint32_t>>&,
                                    const save_progress&, const std::string&);
 template status save_stores(const std::string&, const std::vector<table_options<std::int64_t>>&,
-                            const save_progress&);
+                            const save_progress&, const std::string&);
 template status save_stores(const std::string&, const std::vector<table_options<std::uint32_t>>&,
-                            const save_progress&);
+                            const save_progress&, const std::string&);
 
 }  // namespace embcache::detail
 

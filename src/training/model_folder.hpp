@@ -121,11 +121,13 @@ template <class Key>
 /// `store` (required, row width dim + state width of its optimizer), `name`, `dim`,
 /// `optimizer.kind` and `slot_of` are used; the manifest's version of a table is its store's
 /// max_version(). Each store is flushed first. invalid_argument for a table without a store or
-/// with another row width; load it back with training_cache::load().
+/// with another row width; load it back with training_cache::load(). `run_id` (may be empty:
+/// none) goes into the manifest, as training_cache::save writes its own.
 template <class Key>
 [[nodiscard]] status save_stores(const std::string& dir,
                                  const std::vector<table_options<Key>>& tables,
-                                 const save_progress& on_progress = {});
+                                 const save_progress& on_progress = {},
+                                 const std::string& run_id = {});
 
 // --- reading -------------------------------------------------------------------------------------
 

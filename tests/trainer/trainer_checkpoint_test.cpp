@@ -63,7 +63,14 @@ TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
 TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
   trainer_config whole = small_config("hybrid_whole");
   whole.mode = trainer_mode::host_hybrid;
-  expect_resume_equals_whole(whole, "hybrid");
+  const trainer_config rest = expect_resume_equals_whole(whole, "hybrid");
+  // The run's identity is recorded as the cache's saves record it, and a resume keeps it.
+  const auto run_of = [](const std::string& save) {
+    return nlohmann::json::parse(read_bytes(save + "/sparse/manifest.json")).value("run_id", "");
+  };
+  EXPECT_EQ(run_of(rest.resume_from).size(), 32u);
+  EXPECT_EQ(run_of(rest.save_dir), run_of(rest.resume_from));
+  EXPECT_NE(run_of(whole.save_dir), run_of(rest.save_dir));
 }
 
 // Copies the files of a save (to compare it with what a later save or load left).
