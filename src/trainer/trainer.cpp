@@ -264,20 +264,22 @@ status trainer::run() {
   }
   if (!impl_->diverged.ok()) return impl_->diverged;
   std::vector<std::unique_ptr<detail::file_lock>> folder_locks;  // one writer per save/export dir
-  EMBCACHE_RETURN_IF_ERROR(detail::lock_output_folders(*impl_, &folder_locks));
-  if (impl_->leader() && !impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
-    EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
-    EMBCACHE_RETURN_IF_ERROR(detail::start_metrics_files(impl_->config.output_dir));
-  }
-  impl_->run_last_pass = impl_->passes_done + passes.size();
-  impl_->run_total = samples_of_passes(impl_->config.data_dir, passes);
-  impl_->run_done = 0;
-  impl_->run_t0 = clock_type::now();
   status s;
-  // What the loop is doing, for an exception that escapes it: "pass 3" or "save to DIR".
-  std::string doing;
-  bool saving = false;
+  // What the run is doing, for an exception that escapes it: "pass 3" or "save to DIR" (then with
+  // the step), or its start (the folder locks, whose agreement is a collective, and the logs).
+  std::string doing = "the start of the run";
+  bool stepping = false, saving = false;
   try {
+    EMBCACHE_RETURN_IF_ERROR(detail::lock_output_folders(*impl_, &folder_locks));
+    if (impl_->leader() && !impl_->config.output_dir.empty() && impl_->config.resume_from.empty()) {
+      EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
+      EMBCACHE_RETURN_IF_ERROR(detail::start_metrics_files(impl_->config.output_dir));
+    }
+    impl_->run_last_pass = impl_->passes_done + passes.size();
+    impl_->run_total = samples_of_passes(impl_->config.data_dir, passes);
+    impl_->run_done = 0;
+    impl_->run_t0 = clock_type::now();
+    stepping = true;
     for (std::size_t p = 0; p < passes.size() && s.ok(); ++p) {
       doing = "pass " + std::to_string(impl_->passes_done + 1);
       saving = false;
@@ -297,9 +299,11 @@ status trainer::run() {
       s = save(impl_->config.save_dir);
     }
   } catch (...) {
-    s = detail::status_of_exception(std::current_exception(),
-                                    doing + (saving ? " after step " : " step ") +
-                                        std::to_string(impl_->step + (saving ? 0 : 1)));
+    s = detail::status_of_exception(
+        std::current_exception(),
+        !stepping ? doing
+                  : doing + (saving ? " after step " : " step ") +
+                        std::to_string(impl_->step + (saving ? 0 : 1)));
   }
   impl_->run_last_pass = impl_->run_total = 0;  // a run_pass() of its own has no run part
   return s;

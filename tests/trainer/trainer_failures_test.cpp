@@ -17,11 +17,14 @@ namespace {
 
 // One rank, as single_process_communicator, whose collectives throw `thrown` once armed: an
 // exception from deep inside a pass (std::bad_alloc from an allocation, an error a device call
-// throws) without needing the allocation or the device.
+// throws) without needing the allocation or the device. `armed` arms every collective but
+// all_reduce_max (the one agree() takes, as the run's folder locks do at its start), `armed_max`
+// that one alone.
 class throwing_communicator final : public communicator {
  public:
   explicit throwing_communicator(std::exception_ptr thrown) : thrown_(std::move(thrown)) {}
   bool armed = false;
+  bool armed_max = false;
 
   int rank() const noexcept override { return 0; }
   int size() const noexcept override { return 1; }
@@ -51,7 +54,8 @@ class throwing_communicator final : public communicator {
     return maybe_throw(one_.all_reduce_sum(d, n));
   }
   status all_reduce_max(std::uint64_t* d, std::size_t n) override {
-    return maybe_throw(one_.all_reduce_max(d, n));
+    if (armed_max) std::rethrow_exception(thrown_);
+    return one_.all_reduce_max(d, n);
   }
 
  private:
@@ -91,6 +95,17 @@ TEST(trainer_failures, an_exception_inside_a_pass_is_a_status_naming_the_pass_an
     EXPECT_EQ(s.message(), e.message);
     EXPECT_FALSE(fs::exists(c.save_dir));
   }
+  // Before the first pass: the ranks' agreement on the output folders' locks.
+  throwing_communicator comm(std::make_exception_ptr(std::runtime_error("boom")));
+  trainer_config c = small_config("start_exception");
+  c.passes = {{{shard(0)}}};
+  auto t = trainer::create(c, comm);
+  EMBCACHE_ASSERT_OK(t);
+  comm.armed_max = true;
+  const status s = t.value()->run();
+  EXPECT_EQ(s.code(), status_code::internal) << s.to_string();
+  EXPECT_EQ(s.message(), "the start of the run: unexpected exception: boom");
+  EXPECT_FALSE(fs::exists(c.save_dir));
 }
 
 // A save whose `deep` table claims 2^36 rows, with a key file of exactly that many keys (sparse,
