@@ -1036,6 +1036,16 @@ struct wb_fixture {
     EMBCACHE_EXPECT_OK(tc->begin_pass({a}));
     EMBCACHE_EXPECT_OK(tc->assign(0, a.data(), a.size(), rows.data()));
   }
+  // The store holds the first 16 rows given to a (the ones evicted at the boundary to b), each
+  // with the values assigned before it left.
+  void expect_store_holds_the_evicted_rows() const {
+    const auto m = store_model(*tc, 0);
+    for (int i = 0; i < 16; ++i) {
+      const std::vector<float> want(rows.begin() + i * dim * 3, rows.begin() + (i + 1) * dim * 3);
+      ASSERT_EQ(m.count(i), 1u);
+      EXPECT_EQ(m.at(i), want) << "key " << i;
+    }
+  }
   // Opens the push gate from another thread after a while, so that a call of the caller's thread
   // that wrongly touches the store before the pending push shows up in
   // calls_during_blocked_push(); a call that rightly waits for the push returns once it is open.
@@ -1068,13 +1078,7 @@ TYPED_TEST_P(conformance, begin_pass_returns_while_the_write_back_is_pushed_behi
   EMBCACHE_ASSERT_OK(f.tc->end_training());  // waits for the push
   opener.join();
   EXPECT_EQ(f.store->calls_during_blocked_push(), 0u);
-  const auto m = store_model(*f.tc, 0);
-  // The 16 evicted rows are in the store with the values assigned before they left.
-  for (int i = 0; i < 16; ++i) {
-    const std::vector<float> want(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3);
-    ASSERT_EQ(m.count(i), 1u);
-    EXPECT_EQ(m.at(i), want) << "key " << i;
-  }
+  f.expect_store_holds_the_evicted_rows();
 }
 
 // A row written behind and needed again by the very next keyset, without and with prefetch.
@@ -1178,12 +1182,7 @@ TYPED_TEST_P(conformance, a_failed_write_behind_is_reported_and_retried) {
   EXPECT_EQ(s.code(), status_code::io_error);
   EXPECT_NE(s.to_string().find("write-behind of table 't'"), std::string::npos) << s.to_string();
   EMBCACHE_ASSERT_OK(f.tc->end_training());
-  const auto m = store_model(*f.tc, 0);
-  for (int i = 0; i < 16; ++i) {
-    ASSERT_EQ(m.count(i), 1u);
-    EXPECT_EQ(m.at(i),
-              std::vector<float>(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3));
-  }
+  f.expect_store_holds_the_evicted_rows();
 }
 
 // A store push that throws in the flusher's thread ends neither the process nor a row: the next
@@ -1199,12 +1198,7 @@ TYPED_TEST_P(conformance, an_exception_in_the_background_push_is_a_status_of_the
   EXPECT_EQ(s.message(), "write-behind of table 't' (background push): injected push exception")
       << s.to_string();
   EMBCACHE_ASSERT_OK(f.tc->end_training());
-  const auto m = store_model(*f.tc, 0);
-  for (int i = 0; i < 16; ++i) {
-    ASSERT_EQ(m.count(i), 1u);
-    EXPECT_EQ(m.at(i),
-              std::vector<float>(f.rows.begin() + i * dim * 3, f.rows.begin() + (i + 1) * dim * 3));
-  }
+  f.expect_store_holds_the_evicted_rows();
 }
 
 // A store push that throws in the caller's thread is a status of the call, named after it.
