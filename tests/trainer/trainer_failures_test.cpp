@@ -108,6 +108,21 @@ TEST(trainer_failures, an_exception_inside_a_pass_is_a_status_naming_the_pass_an
   EXPECT_FALSE(fs::exists(c.save_dir));
 }
 
+// A resume from `save` is refused before anything is allocated: capacity_exceeded naming the
+// file (`file` under the save) and the `bytes` its reading would need.
+void expect_resume_refused_for_memory(const std::string& save, const std::string& file,
+                                      const std::string& bytes) {
+  trainer_config resume = small_config("huge_resume");
+  resume.resume_from = save;
+  auto t = trainer::create(resume);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded) << t.get_status().to_string();
+  EXPECT_NE(t.get_status().message().find("reading '" + save + file + "' needs " + bytes +
+                                          " bytes of memory, more than this machine's "),
+            std::string::npos)
+      << t.get_status().message();
+}
+
 // A save whose `deep` table claims 2^36 rows, with a key file of exactly that many keys (sparse,
 // 512 GiB): the counts agree, the memory does not exist.
 TEST(trainer_failures, a_save_too_large_for_memory_is_refused_before_it_is_allocated) {
@@ -126,16 +141,7 @@ TEST(trainer_failures, a_save_too_large_for_memory_is_refused_before_it_is_alloc
   std::error_code ec;
   fs::resize_file(c.save_dir + "/sparse/deep/key", key_bytes, ec);
   if (ec) GTEST_SKIP() << "no sparse file of 512 GiB here: " << ec.message();
-  trainer_config resume = small_config("huge_save_resume");
-  resume.resume_from = c.save_dir;
-  auto t = trainer::create(resume);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded) << t.get_status().to_string();
-  EXPECT_NE(t.get_status().message().find("reading '" + c.save_dir +
-                                          "/sparse/deep/key' needs 549755813888 bytes of memory, "
-                                          "more than this machine's "),
-            std::string::npos)
-      << t.get_status().message();
+  expect_resume_refused_for_memory(c.save_dir, "/sparse/deep/key", "549755813888");
 }
 
 // A save whose dense.bin is a sparse file of 1 TiB: a status naming it, before anything is
@@ -147,16 +153,7 @@ TEST(trainer_failures, a_dense_file_too_large_for_memory_is_refused_before_it_is
   std::error_code ec;
   fs::resize_file(c.save_dir + "/dense.bin", std::uint64_t{1} << 40, ec);
   if (ec) GTEST_SKIP() << "no sparse file of 1 TiB here: " << ec.message();
-  trainer_config resume = small_config("huge_dense_resume");
-  resume.resume_from = c.save_dir;
-  auto t = trainer::create(resume);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded) << t.get_status().to_string();
-  EXPECT_NE(t.get_status().message().find("reading '" + c.save_dir +
-                                          "/dense.bin' needs 1099511627776 bytes of memory, "
-                                          "more than this machine's "),
-            std::string::npos)
-      << t.get_status().message();
+  expect_resume_refused_for_memory(c.save_dir, "/dense.bin", "1099511627776");
 }
 
 // --- output folders --------------------------------------------------------------------------
