@@ -281,7 +281,7 @@ class cache_conformance : public ::testing::Test {
 
 TYPED_TEST_SUITE_P(cache_conformance);
 
-TYPED_TEST_P(cache_conformance, EmptyFindsNothing) {
+TYPED_TEST_P(cache_conformance, empty_finds_nothing) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
   auto r = h.find({1, 2, 3});
@@ -290,7 +290,7 @@ TYPED_TEST_P(cache_conformance, EmptyFindsNothing) {
   EXPECT_EQ(h.cache.capacity(), 1024u);
 }
 
-TYPED_TEST_P(cache_conformance, FindOrInsertInitializesDeterministically) {
+TYPED_TEST_P(cache_conformance, find_or_insert_initializes_deterministically) {
   using Key = typename TypeParam::key_type;
   auto o = small_options();
   harness<Key, typename TypeParam::space_type> h(o);
@@ -314,7 +314,7 @@ TYPED_TEST_P(cache_conformance, FindOrInsertInitializesDeterministically) {
   EXPECT_EQ(std::count(f.found.begin(), f.found.end(), true), 500);
 }
 
-TYPED_TEST_P(cache_conformance, InitializerKindsHaveTheirShape) {
+TYPED_TEST_P(cache_conformance, initializer_kinds_have_their_shape) {
   using Key = typename TypeParam::key_type;
   for (init_kind kind : {init_kind::uniform, init_kind::normal, init_kind::constant}) {
     auto o = small_options(8192, 16, 0);
@@ -347,7 +347,7 @@ TYPED_TEST_P(cache_conformance, InitializerKindsHaveTheirShape) {
   }
 }
 
-TYPED_TEST_P(cache_conformance, InsertOrAssignOverwritesAndLastDuplicateWins) {
+TYPED_TEST_P(cache_conformance, insert_or_assign_overwrites_and_last_duplicate_wins) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
   EMBCACHE_ASSERT_OK(h.insert_or_assign({10, 20, 10, 30, 10}, {1, 1, 2, 2, 3, 3, 4, 4, 5, 5}));
@@ -359,7 +359,7 @@ TYPED_TEST_P(cache_conformance, InsertOrAssignOverwritesAndLastDuplicateWins) {
   EXPECT_EQ(h.cache.size(), 3u);
 }
 
-TYPED_TEST_P(cache_conformance, DuplicatesInFindOrInsertInsertOnce) {
+TYPED_TEST_P(cache_conformance, duplicates_in_find_or_insert_insert_once) {
   using Key = typename TypeParam::key_type;
   auto o = small_options();
   harness<Key, typename TypeParam::space_type> h(o);
@@ -467,7 +467,7 @@ TYPED_TEST_P(cache_conformance, the_table_holds_what_bytes_per_slot_says) {
   }
 }
 
-TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
+TYPED_TEST_P(cache_conformance, erase_removes_once_and_allows_reinsert) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
   auto keys = this->range_keys(300, 3);
@@ -485,7 +485,7 @@ TYPED_TEST_P(cache_conformance, EraseRemovesOnceAndAllowsReinsert) {
   EXPECT_EQ(h.erase({}), 0u);
 }
 
-TYPED_TEST_P(cache_conformance, EveryKeyValueIsAKey) {
+TYPED_TEST_P(cache_conformance, every_key_value_is_a_key) {
   using Key = typename TypeParam::key_type;
   using L = std::numeric_limits<Key>;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
@@ -505,7 +505,7 @@ TYPED_TEST_P(cache_conformance, EveryKeyValueIsAKey) {
   EXPECT_EQ(g.found, std::vector<bool>({false, true, true, true, false, true}));
 }
 
-TYPED_TEST_P(cache_conformance, FullTableIsAClearStatus) {
+TYPED_TEST_P(cache_conformance, full_table_is_a_clear_status) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(256, 2, 0));
   ASSERT_EQ(h.cache.capacity(), 256u);
@@ -531,7 +531,7 @@ TYPED_TEST_P(cache_conformance, FullTableIsAClearStatus) {
   EXPECT_EQ(h.cache.size(), 256u);
 }
 
-TYPED_TEST_P(cache_conformance, SlotsReadAssignAndVersions) {
+TYPED_TEST_P(cache_conformance, slots_read_assign_and_versions) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 1));
   auto s = h.slots({5, 6}, false);
@@ -553,7 +553,7 @@ TYPED_TEST_P(cache_conformance, SlotsReadAssignAndVersions) {
   EXPECT_GT(h.cache.version(), v1);
 }
 
-TYPED_TEST_P(cache_conformance, ExportAllIsSortedWithRowsAndVersions) {
+TYPED_TEST_P(cache_conformance, export_all_is_sorted_with_rows_and_versions) {
   using Key = typename TypeParam::key_type;
   auto o = small_options(4096, 3, 0);
   harness<Key, typename TypeParam::space_type> h(o);
@@ -583,7 +583,7 @@ TYPED_TEST_P(cache_conformance, ExportAllIsSortedWithRowsAndVersions) {
             status_code::capacity_exceeded);
 }
 
-TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
+TYPED_TEST_P(cache_conformance, insert_and_evict_lru_order) {
   using Key = typename TypeParam::key_type;
   auto o = small_options(128, 2, 0);  // one bucket: every key competes
   harness<Key, typename TypeParam::space_type> h(o);
@@ -614,7 +614,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLruOrder) {
                          {true, true, false, false, false, true, false, true, true, true, true}));
 }
 
-TYPED_TEST_P(cache_conformance, InsertAndEvictLfuOrderAndOverflowingBatch) {
+TYPED_TEST_P(cache_conformance, insert_and_evict_lfu_order_and_overflowing_batch) {
   using Key = typename TypeParam::key_type;
   auto o = small_options(128, 1, 0);
   o.scores = score_policy::lfu;
@@ -637,7 +637,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictLfuOrderAndOverflowingBatch) {
   EXPECT_EQ(h.cache.size(), 128u);
 }
 
-TYPED_TEST_P(cache_conformance, InsertAndEvictUsesGivenRows) {
+TYPED_TEST_P(cache_conformance, insert_and_evict_uses_given_rows) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
   std::vector<float> rows = {1, 2, 3, 4};
@@ -646,7 +646,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictUsesGivenRows) {
   EXPECT_EQ(h.find({78, 77}).rows, std::vector<float>({3, 4, 1, 2}));
 }
 
-TYPED_TEST_P(cache_conformance, ClearEmptiesAndKeepsTheVersionClock) {
+TYPED_TEST_P(cache_conformance, clear_empties_and_keeps_the_version_clock) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options());
   EMBCACHE_ASSERT_OK(h.find_or_insert(this->range_keys(100, 9)));
@@ -659,7 +659,7 @@ TYPED_TEST_P(cache_conformance, ClearEmptiesAndKeepsTheVersionClock) {
   EXPECT_EQ(h.cache.size(), 100u);
 }
 
-TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
+TYPED_TEST_P(cache_conformance, randomized_differential_against_unordered_map) {
   using Key = typename TypeParam::key_type;
   auto o = small_options(16384, 2, 0);
   harness<Key, typename TypeParam::space_type> h(o);
@@ -720,7 +720,7 @@ TYPED_TEST_P(cache_conformance, RandomizedDifferentialAgainstUnorderedMap) {
   }
 }
 
-TYPED_TEST_P(cache_conformance, InsertsHandBackTheirSlots) {
+TYPED_TEST_P(cache_conformance, inserts_hand_back_their_slots) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 0));
   const std::vector<Key> keys = {7, 3, 7, 11};
@@ -735,7 +735,7 @@ TYPED_TEST_P(cache_conformance, InsertsHandBackTheirSlots) {
 }
 
 // Dirty = written since the store last held the row; every new row starts dirty.
-TYPED_TEST_P(cache_conformance, DirtyRowsFollowSyncsAndWrites) {
+TYPED_TEST_P(cache_conformance, dirty_rows_follow_syncs_and_writes) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 2, 1));
   const std::vector<Key> keys = {10, 20, 30, 40};
@@ -765,7 +765,7 @@ TYPED_TEST_P(cache_conformance, DirtyRowsFollowSyncsAndWrites) {
   EXPECT_EQ(h.gather_dirty(again).keys, std::vector<Key>({10}));
 }
 
-TYPED_TEST_P(cache_conformance, VictimsAreUnmarkedOldestThenSmallestKey) {
+TYPED_TEST_P(cache_conformance, victims_are_unmarked_oldest_then_smallest_key) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(4096, 1, 0));
   auto keys = this->range_keys(600, 5);
@@ -817,7 +817,7 @@ TYPED_TEST_P(cache_conformance, VictimsAreUnmarkedOldestThenSmallestKey) {
     EXPECT_EQ(std::find(by_score.begin(), by_score.end(), slots[i]), by_score.end());
 }
 
-TYPED_TEST_P(cache_conformance, EraseSlotsRemovesEachOnce) {
+TYPED_TEST_P(cache_conformance, erase_slots_removes_each_once) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
   auto s = h.insert_or_assign_slots({1, 2, 3}, {1, 2, 3}, {});
@@ -831,7 +831,7 @@ TYPED_TEST_P(cache_conformance, EraseSlotsRemovesEachOnce) {
   EXPECT_EQ(h.cache.size(), 3u);
 }
 
-TYPED_TEST_P(cache_conformance, InsertAndEvictSaysWhichVictimsWereDirty) {
+TYPED_TEST_P(cache_conformance, insert_and_evict_says_which_victims_were_dirty) {
   using Key = typename TypeParam::key_type;
   auto o = small_options(128, 1, 0);  // one bucket
   harness<Key, typename TypeParam::space_type> h(o);
@@ -851,7 +851,7 @@ TYPED_TEST_P(cache_conformance, InsertAndEvictSaysWhichVictimsWereDirty) {
     EXPECT_EQ(h.evicted_dirty[j], r1.keys[j] % 2 == 1) << r1.keys[j];
 }
 
-TYPED_TEST_P(cache_conformance, CallsRunWhereTheThreadsGuardSays) {
+TYPED_TEST_P(cache_conformance, calls_run_where_the_threads_guard_says) {
   using Key = typename TypeParam::key_type;
   using Space = typename TypeParam::space_type;
   harness<Key, Space> h(small_options(4096, 4, 2)), plain(small_options(4096, 4, 2));
@@ -885,15 +885,15 @@ TYPED_TEST_P(cache_conformance, CallsRunWhereTheThreadsGuardSays) {
 }
 
 REGISTER_TYPED_TEST_SUITE_P(
-    cache_conformance, EmptyFindsNothing, FindOrInsertInitializesDeterministically,
-    InitializerKindsHaveTheirShape, InsertOrAssignOverwritesAndLastDuplicateWins,
-    DuplicatesInFindOrInsertInsertOnce, EraseRemovesOnceAndAllowsReinsert, EveryKeyValueIsAKey,
-    FullTableIsAClearStatus, SlotsReadAssignAndVersions, ExportAllIsSortedWithRowsAndVersions,
-    InsertAndEvictLruOrder, InsertAndEvictLfuOrderAndOverflowingBatch, InsertAndEvictUsesGivenRows,
-    ClearEmptiesAndKeepsTheVersionClock, RandomizedDifferentialAgainstUnorderedMap,
-    InsertsHandBackTheirSlots, DirtyRowsFollowSyncsAndWrites,
-    VictimsAreUnmarkedOldestThenSmallestKey, EraseSlotsRemovesEachOnce,
-    InsertAndEvictSaysWhichVictimsWereDirty, CallsRunWhereTheThreadsGuardSays,
+    cache_conformance, empty_finds_nothing, find_or_insert_initializes_deterministically,
+    initializer_kinds_have_their_shape, insert_or_assign_overwrites_and_last_duplicate_wins,
+    duplicates_in_find_or_insert_insert_once, erase_removes_once_and_allows_reinsert, every_key_value_is_a_key,
+    full_table_is_a_clear_status, slots_read_assign_and_versions, export_all_is_sorted_with_rows_and_versions,
+    insert_and_evict_lru_order, insert_and_evict_lfu_order_and_overflowing_batch, insert_and_evict_uses_given_rows,
+    clear_empties_and_keeps_the_version_clock, randomized_differential_against_unordered_map,
+    inserts_hand_back_their_slots, dirty_rows_follow_syncs_and_writes,
+    victims_are_unmarked_oldest_then_smallest_key, erase_slots_removes_each_once,
+    insert_and_evict_says_which_victims_were_dirty, calls_run_where_the_threads_guard_says,
     repeated_keys_report_one_insertion_each_in_a_long_batch,
     writes_near_the_end_of_the_claim_epochs_are_not_skipped,
     the_table_holds_what_bytes_per_slot_says);

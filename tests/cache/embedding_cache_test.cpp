@@ -25,7 +25,7 @@ std::vector<std::int64_t> shuffled_keys(std::size_t n, std::uint64_t seed) {
   return k;
 }
 
-TEST(cache_host, RowsDoNotDependOnBatchOrderOrThreadCount) {
+TEST(cache_host, rows_do_not_depend_on_batch_order_or_thread_count) {
   auto o = small_options(200000, 8, 8);
   o.init.kind = init_kind::normal;
   harness<std::int64_t, host_space> one(o, host_space{1});
@@ -41,7 +41,7 @@ TEST(cache_host, RowsDoNotDependOnBatchOrderOrThreadCount) {
   EXPECT_EQ(a.rows, b.rows);
 }
 
-TEST(cache_host, EvictionDoesNotDependOnThreadCount) {
+TEST(cache_host, eviction_does_not_depend_on_thread_count) {
   auto o = small_options(4096, 2, 0);
   harness<std::int64_t, host_space> one(o, host_space{1});
   harness<std::int64_t, host_space> two(o, host_space{2});
@@ -61,7 +61,7 @@ TEST(cache_host, EvictionDoesNotDependOnThreadCount) {
 // find and lookup_slots run a software pipeline on the host that looks in the home bucket first
 // and falls back to the full probe. In a full table many keys live past their home bucket; every
 // answer must still be exactly find_slot's, in batches split across threads.
-TEST(cache_host, PipelinedFindMatchesFindSlotInAFullTable) {
+TEST(cache_host, pipelined_find_matches_find_slot_in_a_full_table) {
   auto o = small_options(8192, 3, 1);
   const auto resident = shuffled_keys(8192, 3);
   std::vector<std::int64_t> batch;
@@ -97,7 +97,7 @@ TEST(cache_host, PipelinedFindMatchesFindSlotInAFullTable) {
   }
 }
 
-TEST(cache_host, ManyHostThreadsAtOnce) {
+TEST(cache_host, many_host_threads_at_once) {
   auto o = small_options(1 << 17, 4, 0);
   embedding_cache<std::int64_t, host_space> cache(o);
   constexpr int threads = 8;
@@ -131,7 +131,7 @@ TEST(cache_host, ManyHostThreadsAtOnce) {
   EXPECT_GT(cache.size(), 40000u);
 }
 
-TEST(cache_host, BadOptionsThrow) {
+TEST(cache_host, bad_options_throw) {
   cache_options o;
   o.dim = 4;
   EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);

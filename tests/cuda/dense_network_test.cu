@@ -49,7 +49,7 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, doub
     ASSERT_NEAR(a[i], b[i], rel * (scale + 1e-6)) << what << " at " << i;
 }
 
-TEST(dense_network_cuda, ForwardBackwardAdamMatchHost) {
+TEST(dense_network_cuda, forward_backward_adam_match_host) {
   EMBCACHE_NEED_CUDA_DEVICE();
   dense_network_options o;
   o.input_dim = 40;
@@ -88,7 +88,7 @@ TEST(dense_network_cuda, ForwardBackwardAdamMatchHost) {
   EXPECT_EQ(restored.parameters(), dev.parameters());
 }
 
-TEST(dense_network_cuda, WideDeepMatchesHost) {
+TEST(dense_network_cuda, wide_deep_matches_host) {
   EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.hidden = {32, 16};
@@ -121,7 +121,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // forward_backward_on_device runs the same kernels on the same device values as forward_backward
 // (which copies the pooled embeddings there first): the same losses, logits, gradients and dense
 // state, bit for bit, step after step.
-TEST(dense_backend_cuda, DeviceInputsGiveTheBitsOfHostArrays) {
+TEST(dense_backend_cuda, device_inputs_give_the_bits_of_host_arrays) {
   EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.num_wide_slots = 39;
@@ -161,7 +161,7 @@ TEST(dense_backend_cuda, DeviceInputsGiveTheBitsOfHostArrays) {
 // A block of a larger batch (wide_deep_batch::mean_over, the sharded trainer's blocks) keeps its
 // share of the batch's mean through the cuda backend, both ways in: twice the samples, half the
 // gradient (exactly: a power of two).
-TEST(dense_backend_cuda, KeepsTheMeanOverOfABlock) {
+TEST(dense_backend_cuda, keeps_the_mean_over_of_a_block) {
   EMBCACHE_NEED_CUDA_DEVICE();
   wide_deep_options o;
   o.hidden = {16};

@@ -10,7 +10,7 @@ using cuda_cases =
     ::testing::Types<cache_case<std::int64_t, cuda_space>, cache_case<std::uint32_t, cuda_space>>;
 INSTANTIATE_TYPED_TEST_SUITE_P(cuda, cache_conformance, cuda_cases);
 
-TEST(cache_cuda, SameRowsAsTheHostSpace) {
+TEST(cache_cuda, same_rows_as_the_host_space) {
   EMBCACHE_NEED_CUDA_DEVICE();
   for (init_kind kind : {init_kind::uniform, init_kind::normal}) {
     auto o = small_options(1 << 16, 16, 16);
@@ -30,7 +30,7 @@ TEST(cache_cuda, SameRowsAsTheHostSpace) {
 
 // The cuda space finds keys with a warp per key (warp_find_slot); the host space runs the
 // portable find_slot. In a full table (many keys past their home bucket) both must answer alike.
-TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
+TEST(cache_cuda, warp_find_matches_the_host_space_in_a_full_table) {
   EMBCACHE_NEED_CUDA_DEVICE();
   auto o = small_options(8192, 37, 3);  // a row width that is not a multiple of 32
   harness<std::int64_t, host_space> h(o);
@@ -68,7 +68,7 @@ TEST(cache_cuda, WarpFindMatchesTheHostSpaceInAFullTable) {
   EXPECT_EQ(d.read_slots(found_slots), expect);
 }
 
-TEST(cache_cuda, EvictionMatchesTheHostSpace) {
+TEST(cache_cuda, eviction_matches_the_host_space) {
   EMBCACHE_NEED_CUDA_DEVICE();
   auto o = small_options(4096, 2, 0);
   harness<std::int64_t, host_space> h(o);

@@ -44,7 +44,7 @@ device_batch upload(const test::owned_batch& b) {
 
 // Both spaces sum in the same order with the same float operations (no multiply, so nothing to
 // contract into an FMA): lookups and gradients are bit-identical.
-TEST(sparse_cuda, LookupAndGradientsAreBitIdenticalToTheHostSpace) {
+TEST(sparse_cuda, lookup_and_gradients_are_bit_identical_to_the_host_space) {
   EMBCACHE_NEED_CUDA_DEVICE();
   std::mt19937_64 rng(17);
   const std::size_t dim = 16, width = 48, num_rows = 5000, B = 4096, S = 26;
@@ -77,7 +77,7 @@ TEST(sparse_cuda, LookupAndGradientsAreBitIdenticalToTheHostSpace) {
 
 // Updates are computed in double and stored as float; nvcc may contract double multiply-adds into
 // FMAs, which can move a result by one double ulp and, rarely, the stored float by one ulp.
-TEST(sparse_cuda, OptimizersMatchTheHostSpace) {
+TEST(sparse_cuda, optimizers_match_the_host_space) {
   EMBCACHE_NEED_CUDA_DEVICE();
   std::mt19937_64 rng(23);
   const std::size_t dim = 16, num_rows = 20000;
@@ -122,7 +122,7 @@ TEST(sparse_cuda, OptimizersMatchTheHostSpace) {
   }
 }
 
-TEST(sparse_cuda, EmptyBatchGivesZerosAndNoGradients) {
+TEST(sparse_cuda, empty_batch_gives_zeros_and_no_gradients) {
   EMBCACHE_NEED_CUDA_DEVICE();
   test::owned_batch b;
   b.batch_size = 2;

@@ -90,7 +90,7 @@ std::string read_bytes(const std::string& path) {
 // mask or a lost Adam step moves them by far more (the loss falls by about 0.1 over the run).
 constexpr double loss_tolerance = 1e-3, auc_tolerance = 5e-3;
 
-TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
+TEST(trainer_dense_device, cuda_agrees_with_host_in_every_mode) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_dense_backend();
   for (trainer_mode mode :
@@ -122,7 +122,7 @@ TEST(trainer_dense_device, CudaAgreesWithHostInEveryMode) {
   set_cuda_dense_backend_factory(nullptr);
 }
 
-TEST(trainer_dense_device, SavesMoveBetweenDevicesUnchanged) {
+TEST(trainer_dense_device, saves_move_between_devices_unchanged) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_dense_backend();
   trainer_config c = config("cuda", trainer_mode::keyset);
@@ -201,7 +201,7 @@ table_counters totals(const cache_counters& c) {
 // written back), all with the tables in the cuda space and the dense network on the host: the
 // same metrics and model bytes. The sparse ops sum in batch order on the device as on the host,
 // and each row's optimizer step depends on that row alone.
-TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes) {
+TEST(trainer_embedding_device, device_tables_give_the_same_bits_run_to_run_and_in_both_modes) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   const std::pair<trainer_mode, const char*> runs[] = {{trainer_mode::keyset, "emb_keyset_a"},
@@ -235,7 +235,7 @@ TEST(trainer_embedding_device, DeviceTablesGiveTheSameBitsRunToRunAndInBothModes
 
 // The tables in the cuda space (with the dense network on the host, and with everything on the
 // device) against everything on the host, in both cache modes: within the tolerances above.
-TEST(trainer_embedding_device, DeviceTablesAgreeWithHostTablesInBothModes) {
+TEST(trainer_embedding_device, device_tables_agree_with_host_tables_in_both_modes) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   register_cuda_dense_backend();
@@ -269,7 +269,7 @@ TEST(trainer_embedding_device, DeviceTablesAgreeWithHostTablesInBothModes) {
 
 // A save made with the tables in the cuda space loads into host tables and saves back the same
 // model bytes, and the other way round; training goes on from it.
-TEST(trainer_embedding_device, SavesMoveBetweenHostAndDeviceTablesUnchanged) {
+TEST(trainer_embedding_device, saves_move_between_host_and_device_tables_unchanged) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::keyset, "cuda");
@@ -349,7 +349,7 @@ std::unique_ptr<dense_backend> make_counting_backend(const wide_deep_options& o)
 // Everything on the device: each step's pooled embeddings go from the device tables to the cuda
 // dense backend and their gradients back without leaving the device. The same bits as the host
 // round trip with the same backend, run to run, and in on-demand mode with small caches.
-TEST(trainer_embedding_device, PooledEmbeddingsStayOnTheDeviceWithTheSameBits) {
+TEST(trainer_embedding_device, pooled_embeddings_stay_on_the_device_with_the_same_bits) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   struct run_case {
@@ -399,7 +399,7 @@ TEST(trainer_embedding_device, PooledEmbeddingsStayOnTheDeviceWithTheSameBits) {
 
 // The check of the caches against the device's free memory: tables larger than the device are
 // refused before anything is allocated, naming the field.
-TEST(trainer_embedding_device, CachesLargerThanTheDeviceAreOutOfDeviceMemory) {
+TEST(trainer_embedding_device, caches_larger_than_the_device_are_out_of_device_memory) {
   EMBCACHE_NEED_CUDA_DEVICE();
   register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::on_demand, "cuda");

@@ -16,7 +16,7 @@ using test::read_bytes;
 using test::scratch_dir;
 using test::write_bytes;
 
-TEST(keyset, WritesSortedUniqueKeysAndReadsThemBack) {
+TEST(keyset, writes_sorted_unique_keys_and_reads_them_back) {
   scratch_dir dir;
   const std::vector<std::int64_t> keys = {42, -7, 42, 5, 1LL << 60, -7, 0};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys.data(), keys.size()));
@@ -31,7 +31,7 @@ TEST(keyset, WritesSortedUniqueKeysAndReadsThemBack) {
             1);
 }
 
-TEST(keyset, HeaderLayoutIsTheDocumentedOne) {
+TEST(keyset, header_layout_is_the_documented_one) {
   scratch_dir dir;
   const std::vector<std::uint32_t> keys = {3, 1, 2};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys.data(), keys.size()));
@@ -49,7 +49,7 @@ TEST(keyset, HeaderLayoutIsTheDocumentedOne) {
   EXPECT_EQ(first, 1u);
 }
 
-TEST(keyset, EmptyKeysetRoundTrips) {
+TEST(keyset, empty_keyset_round_trips) {
   scratch_dir dir;
   EMBCACHE_ASSERT_OK(write_keyset<std::int64_t>(dir / "k", nullptr, 0));
   auto back = read_keyset<std::int64_t>(dir / "k");
@@ -57,7 +57,7 @@ TEST(keyset, EmptyKeysetRoundTrips) {
   EXPECT_TRUE(back.value().empty());
 }
 
-TEST(keyset, RawFormatIsBareLittleEndianKeys) {
+TEST(keyset, raw_format_is_bare_little_endian_keys) {
   scratch_dir dir;
   const std::vector<std::int64_t> keys = {9, 1, 9, 4};
   EMBCACHE_ASSERT_OK(
@@ -86,7 +86,7 @@ TEST(keyset, RawFormatIsBareLittleEndianKeys) {
   EXPECT_NE(bad.get_status().message().find("not a multiple of the key size 4"), std::string::npos);
 }
 
-TEST(keyset, KeyTypeMismatchNamesFileAndBothTypes) {
+TEST(keyset, key_type_mismatch_names_file_and_both_types) {
   scratch_dir dir;
   const std::int64_t keys[2] = {1, 2};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k64", keys, 2));
@@ -98,7 +98,7 @@ TEST(keyset, KeyTypeMismatchNamesFileAndBothTypes) {
   EXPECT_NE(m.find("holds int64 keys, but uint32 keys were requested"), std::string::npos) << m;
 }
 
-TEST(keyset, TruncatedFileIsCorruption) {
+TEST(keyset, truncated_file_is_corruption) {
   scratch_dir dir;
   const std::int64_t keys[4] = {1, 2, 3, 4};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 4));
@@ -119,7 +119,7 @@ TEST(keyset, TruncatedFileIsCorruption) {
   EXPECT_NE(r.get_status().message().find("shorter than the 32-byte header"), std::string::npos);
 }
 
-TEST(keyset, DamagedKeysFailTheChecksum) {
+TEST(keyset, damaged_keys_fail_the_checksum) {
   scratch_dir dir;
   const std::int64_t keys[4] = {1, 2, 3, 4};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 4));
@@ -131,7 +131,7 @@ TEST(keyset, DamagedKeysFailTheChecksum) {
   EXPECT_NE(r.get_status().message().find("checksum mismatch"), std::string::npos);
 }
 
-TEST(keyset, BadMagicVersionAndOrderAreRefused) {
+TEST(keyset, bad_magic_version_and_order_are_refused) {
   scratch_dir dir;
   const std::int64_t keys[3] = {1, 2, 3};
   EMBCACHE_ASSERT_OK(write_keyset(dir / "k", keys, 3));
@@ -162,14 +162,14 @@ TEST(keyset, BadMagicVersionAndOrderAreRefused) {
       << r.get_status().message();
 }
 
-TEST(keyset, MissingFileIsNotFound) {
+TEST(keyset, missing_file_is_not_found) {
   scratch_dir dir;
   auto r = read_keyset<std::int64_t>(dir / "nope");
   EXPECT_EQ(r.get_status().code(), status_code::not_found);
   EXPECT_NE(r.get_status().message().find(dir / "nope"), std::string::npos);
 }
 
-TEST(keyset, WritingIntoAMissingFolderIsAnError) {
+TEST(keyset, writing_into_a_missing_folder_is_an_error) {
   scratch_dir dir;
   const std::int64_t keys[1] = {1};
   status s = write_keyset(dir / "no/such/folder/k", keys, 1);

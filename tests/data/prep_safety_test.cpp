@@ -90,7 +90,7 @@ class held_lock {
   int fd_ = -1;
 };
 
-TEST(prep_safety, ForceWithAMissingInputLeavesTheOldDatasetLoadable) {
+TEST(prep_safety, force_with_a_missing_input_leaves_the_old_dataset_loadable) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -108,7 +108,7 @@ TEST(prep_safety, ForceWithAMissingInputLeavesTheOldDatasetLoadable) {
   EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{".out.lock", "a.tsv", "out"}));
 }
 
-TEST(prep_safety, ForceThatFailsMidwayLeavesTheOldDatasetLoadable) {
+TEST(prep_safety, force_that_fails_midway_leaves_the_old_dataset_loadable) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -123,7 +123,7 @@ TEST(prep_safety, ForceThatFailsMidwayLeavesTheOldDatasetLoadable) {
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(prep_safety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
+TEST(prep_safety, force_swaps_in_the_new_dataset_and_keeps_other_entries) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   write_text(dir / "b.tsv", tsv(100, 3));
@@ -145,7 +145,7 @@ TEST(prep_safety, ForceSwapsInTheNewDatasetAndKeepsOtherEntries) {
   EXPECT_EQ(names_in(dir.path()), (std::vector<std::string>{".out.lock", "a.tsv", "b.tsv", "out"}));
 }
 
-TEST(prep_safety, OutputFolderGivenAsALinkIsWrittenThroughNeverReplaced) {
+TEST(prep_safety, output_folder_given_as_a_link_is_written_through_never_replaced) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   write_text(dir / "b.tsv", tsv(100, 3));
@@ -164,7 +164,7 @@ TEST(prep_safety, OutputFolderGivenAsALinkIsWrittenThroughNeverReplaced) {
             (std::vector<std::string>{".real.lock", "a.tsv", "b.tsv", "out", "real"}));
 }
 
-TEST(prep_safety, SecondPrepIntoAFolderInUseFailsAtOnce) {
+TEST(prep_safety, second_prep_into_a_folder_in_use_fails_at_once) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -193,7 +193,7 @@ TEST(prep_safety, SecondPrepIntoAFolderInUseFailsAtOnce) {
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(prep_safety, StaleTemporariesOfACrashedRunAreRemoved) {
+TEST(prep_safety, stale_temporaries_of_a_crashed_run_are_removed) {
   scratch_dir dir;
   write_text(dir / "a.tsv", tsv(0, 10));
   const std::string out = dir / "out";
@@ -232,7 +232,7 @@ TEST(prep_safety, StaleTemporariesOfACrashedRunAreRemoved) {
   EXPECT_EQ(load_all(out), 10u);
 }
 
-TEST(prep_safety, FolderAsInputIsAnErrorNamingIt) {
+TEST(prep_safety, folder_as_input_is_an_error_naming_it) {
   scratch_dir dir;
   fs::create_directory(dir / "in");
   auto r = prepare_criteo(options(dir / "out", {dir / "in"}));
@@ -242,7 +242,7 @@ TEST(prep_safety, FolderAsInputIsAnErrorNamingIt) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
-TEST(prep_safety, InputWithOnlyMalformedLinesIsAnError) {
+TEST(prep_safety, input_with_only_malformed_lines_is_an_error) {
   scratch_dir dir;
   write_text(dir / "bad.tsv", "1\t2\nzz\n\n");
   auto r = prepare_criteo(options(dir / "out", {dir / "bad.tsv"}));

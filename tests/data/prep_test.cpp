@@ -63,7 +63,7 @@ std::string parse_error(const std::string& line, const criteo_parse_options& o =
 
 // ---- parsing and hashing --------------------------------------------------------------------
 
-TEST(criteo_parse, PreprocessesLikeHugeCtrSamples) {
+TEST(criteo_parse, preprocesses_like_hugectr_samples) {
   std::string line = "1\t0\t-2\t\t9\t1\t2\t3\t4\t5\t6\t7\t8\t+12";
   for (int j = 0; j < 26; ++j) line += j == 4 ? "\t" : "\tab" + std::to_string(j);
   const criteo_sample s = parse_ok(line);
@@ -91,7 +91,7 @@ TEST(criteo_parse, PreprocessesLikeHugeCtrSamples) {
   EXPECT_NE(criteo_key(0, "ab0", 5), criteo_key(0, "ab0", 0));
 }
 
-TEST(criteo_parse, EmptyViewWithoutDataIsOneEmptyField) {
+TEST(criteo_parse, empty_view_without_data_is_one_empty_field) {
   // A default string_view has a null data(); under -fsanitize=undefined this pins that the
   // parser never hands it to memchr.
   criteo_sample s;
@@ -100,7 +100,7 @@ TEST(criteo_parse, EmptyViewWithoutDataIsOneEmptyField) {
   EXPECT_EQ(st.message(), "has 1 fields, expected 40");
 }
 
-TEST(criteo_parse, KeysFoldTheSlotIn) {
+TEST(criteo_parse, keys_fold_the_slot_in) {
   const std::int64_t a = criteo_key(3, "68fd1e64");
   const std::int64_t b = criteo_key(4, "68fd1e64");
   EXPECT_NE(a, b);
@@ -116,7 +116,7 @@ TEST(criteo_parse, KeysFoldTheSlotIn) {
   EXPECT_EQ(criteo_cross_pairs[12], (std::pair<std::uint8_t, std::uint8_t>{24, 25}));
 }
 
-TEST(criteo_parse, MalformedLinesSayWhy) {
+TEST(criteo_parse, malformed_lines_say_why) {
   const std::string good = make_line(1);
   EXPECT_EQ(parse_error(good.substr(0, good.rfind('\t'))), "has 39 fields, expected 40");
   EXPECT_EQ(parse_error(good + "\tx"), "has 41 fields, expected 40");
@@ -199,7 +199,7 @@ void expect_same(const criteo_sample& a, const criteo_sample& b, int row) {
   EXPECT_EQ(a.keys, b.keys) << "row " << row;
 }
 
-TEST(prep, TsvToShardsToReaderGivesBackTheParsedInput) {
+TEST(prep, tsv_to_shards_to_reader_gives_back_the_parsed_input) {
   scratch_dir dir;
   write_text(dir / "a.tsv", make_tsv(0, 30));
   write_text(dir / "b.tsv", make_tsv(30, 20));
@@ -237,7 +237,7 @@ TEST(prep, TsvToShardsToReaderGivesBackTheParsedInput) {
   }
 }
 
-TEST(prep, GzipInputGivesTheSameShardsAsPlainText) {
+TEST(prep, gzip_input_gives_the_same_shards_as_plain_text) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 40);
   write_text(dir / "in.tsv", text);
@@ -257,7 +257,7 @@ TEST(prep, GzipInputGivesTheSameShardsAsPlainText) {
   }
 }
 
-TEST(prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
+TEST(prep, progress_counts_the_file_bytes_consumed_compressed_for_gzip) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 400);
   write_text(dir / "in.tsv", text);
@@ -283,7 +283,7 @@ TEST(prep, ProgressCountsTheFileBytesConsumedCompressedForGzip) {
   }
 }
 
-TEST(prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
+TEST(prep, malformed_lines_are_counted_and_reported_by_file_and_line) {
   scratch_dir dir;
   std::string text;
   text += make_line(0) + "\n";
@@ -323,7 +323,7 @@ TEST(prep, MalformedLinesAreCountedAndReportedByFileAndLine) {
   EXPECT_EQ(all.value().reports[3], f + ":7: line longer than 65536 bytes");
 }
 
-TEST(prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
+TEST(prep, lines_longer_than_the_read_buffer_are_skipped_whole) {
   scratch_dir dir;
   // 3 MiB without a newline spans several read chunks; the reader must resynchronise after it.
   const std::string huge(3 << 20, 'x');
@@ -341,7 +341,7 @@ TEST(prep, LinesLongerThanTheReadBufferAreSkippedWhole) {
   expect_same(samples[0], parse_ok(make_line(0)), 0);
 }
 
-TEST(prep, StrictStopsAtTheFirstMalformedLine) {
+TEST(prep, strict_stops_at_the_first_malformed_line) {
   scratch_dir dir;
   write_text(dir / "m.tsv", make_tsv(0, 3) + "1\t2\n" + make_tsv(3, 3));
   auto o = options(dir, {dir / "m.tsv"});
@@ -357,7 +357,7 @@ TEST(prep, StrictStopsAtTheFirstMalformedLine) {
   EXPECT_EQ(r.get_status().message(), (dir / "m.tsv") + ":4: has 2 fields, expected 40");
 }
 
-TEST(prep, BrokenGzipIsReportedNotFatal) {
+TEST(prep, broken_gzip_is_reported_not_fatal) {
   scratch_dir dir;
   const std::string text = make_tsv(0, 3000);
   write_gz(dir / "in.gz", text);
@@ -400,14 +400,14 @@ TEST(prep, BrokenGzipIsReportedNotFatal) {
       << r.value().reports.back();
 }
 
-TEST(prep, MissingInputIsNotFound) {
+TEST(prep, missing_input_is_not_found) {
   scratch_dir dir;
   auto r = prepare_criteo(options(dir, {dir / "nope.tsv"}));
   EXPECT_EQ(r.get_status().code(), status_code::not_found);
   EXPECT_NE(r.get_status().message().find(dir / "nope.tsv"), std::string::npos);
 }
 
-TEST(prep, RareValuesMapToOneOovKeyPerSlot) {
+TEST(prep, rare_values_map_to_one_oov_key_per_slot) {
   scratch_dir dir;
   // Slot C1: "aa" three times, "bb" twice, "cc" once; every other field fixed.
   std::string rest;
@@ -446,7 +446,7 @@ TEST(prep, RareValuesMapToOneOovKeyPerSlot) {
   EXPECT_EQ(r.value().dataset.unique_crossed_keys, 2u + 12u);
 }
 
-TEST(prep, RawKeysetFormatHoldsTheSameKeys) {
+TEST(prep, raw_keyset_format_holds_the_same_keys) {
   scratch_dir dir;
   write_text(dir / "a.tsv", make_tsv(0, 20));
   auto ours = prepare_criteo(options(dir, {dir / "a.tsv"}));
@@ -467,7 +467,7 @@ TEST(prep, RawKeysetFormatHoldsTheSameKeys) {
 }
 
 // The real Criteo rows described in ../shared/data/criteo/SOURCES.md (never copied here).
-TEST(prep, RealCriteoFilesHaveNoMalformedLines) {
+TEST(prep, real_criteo_files_have_no_malformed_lines) {
   const std::filesystem::path src = EMBCACHE_CRITEO_DIR;
   const auto head = src / "criteo_sample_hcyand_train_head10k.tsv";
   const auto random = src / "criteo_sample_cafpereira_random4584.tsv";

@@ -58,7 +58,7 @@ void expect_sample(const shard_batch& b, std::size_t k, int i) {
   for (std::size_t j = 0; j < b.num_crossed; ++j) EXPECT_EQ(b.crossed[k * b.num_crossed + j], c[j]);
 }
 
-TEST(shard, WriterAndReadShardRoundTrip) {
+TEST(shard, writer_and_read_shard_round_trip) {
   scratch_dir dir;
   write_shard(dir / "s.bin", 0, 5);
   EXPECT_EQ(std::filesystem::file_size(dir / "s.bin"), 64u + 5 * (56 + 8 * 28));
@@ -83,7 +83,7 @@ TEST(shard, WriterAndReadShardRoundTrip) {
   }
 }
 
-TEST(shard_reader, BatchesInOrderNeverSpanShards) {
+TEST(shard_reader, batches_in_order_never_span_shards) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 7);
   const auto b = write_shard(dir / "b.bin", 7, 5);
@@ -115,7 +115,7 @@ TEST(shard_reader, BatchesInOrderNeverSpanShards) {
   }
 }
 
-TEST(shard_reader, DropLastSkipsPartialBatches) {
+TEST(shard_reader, drop_last_skips_partial_batches) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 7);
   const auto e = write_shard(dir / "e.bin", 7, 0);
@@ -151,7 +151,7 @@ std::vector<std::uint64_t> read_order(const std::vector<std::string>& paths,
   return order;
 }
 
-TEST(shard_reader, SeededShuffleIsAPermutationWithinEachShard) {
+TEST(shard_reader, seeded_shuffle_is_a_permutation_within_each_shard) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 50);
   const auto b = write_shard(dir / "b.bin", 50, 50);
@@ -185,7 +185,7 @@ TEST(shard_reader, SeededShuffleIsAPermutationWithinEachShard) {
   EXPECT_NE(read_order({a, b}, o), first);
 }
 
-TEST(shard_reader, TruncatedShardIsRefusedAtOpen) {
+TEST(shard_reader, truncated_shard_is_refused_at_open) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 4);
   auto bytes = read_bytes(a);
@@ -203,7 +203,7 @@ TEST(shard_reader, TruncatedShardIsRefusedAtOpen) {
   EXPECT_EQ(shard_reader::open({dir / "missing.bin"}).get_status().code(), status_code::not_found);
 }
 
-TEST(shard_reader, DamagedRecordStopsTheReaderAtThatShard) {
+TEST(shard_reader, damaged_record_stops_the_reader_at_that_shard) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 4);
   const auto b = write_shard(dir / "b.bin", 4, 4);
@@ -235,7 +235,7 @@ TEST(shard_reader, DamagedRecordStopsTheReaderAtThatShard) {
   EXPECT_NE(r.get_status().message().find("header checksum mismatch"), std::string::npos);
 }
 
-TEST(shard_reader, RefusesShardsWithDifferentLayoutsAndZeroBatch) {
+TEST(shard_reader, refuses_shards_with_different_layouts_and_zero_batch) {
   scratch_dir dir;
   const auto a = write_shard(dir / "a.bin", 0, 2, 2);
   const auto b = write_shard(dir / "b.bin", 0, 2, 0);
@@ -246,7 +246,7 @@ TEST(shard_reader, RefusesShardsWithDifferentLayoutsAndZeroBatch) {
   EXPECT_THROW((void)shard_reader::open({a}, o), error);
 }
 
-TEST(dataset_writer, SplitsIntoShardsWithOneKeysetEach) {
+TEST(dataset_writer, splits_into_shards_with_one_keyset_each) {
   scratch_dir dir;
   dataset_writer_options o;
   o.output_dir = dir / "ds";
@@ -303,7 +303,7 @@ TEST(dataset_writer, SplitsIntoShardsWithOneKeysetEach) {
             (std::vector<std::pair<std::string, std::string>>{{"tool", "test"}}));
 }
 
-TEST(dataset_writer, RefusesAnExistingDatasetUnlessOverwriting) {
+TEST(dataset_writer, refuses_an_existing_dataset_unless_overwriting) {
   scratch_dir dir;
   dataset_writer_options o;
   o.output_dir = dir / "ds";

@@ -52,7 +52,7 @@ bool contains(const std::string& text, const std::string& part) {
 
 // ---- shards ---------------------------------------------------------------------------------
 
-TEST(size_checks, ShardRowCountThatOverflowsIsRefused) {
+TEST(size_checks, shard_row_count_that_overflows_is_refused) {
   scratch_dir dir;
   const std::string path = dir / "s.bin";
   write_one_shard(path, 1);
@@ -76,7 +76,7 @@ TEST(size_checks, ShardRowCountThatOverflowsIsRefused) {
   EXPECT_TRUE(contains(r.get_status().message(), path));
 }
 
-TEST(size_checks, ShardRowCountBeyondTheFileIsTruncation) {
+TEST(size_checks, shard_row_count_beyond_the_file_is_truncation) {
   scratch_dir dir;
   const std::string path = dir / "s.bin";
   write_one_shard(path, 3);
@@ -93,7 +93,7 @@ TEST(size_checks, ShardRowCountBeyondTheFileIsTruncation) {
       << d.get_status().message();
 }
 
-TEST(size_checks, FolderGivenAsShardOrKeysetIsNamed) {
+TEST(size_checks, folder_given_as_shard_or_keyset_is_named) {
   scratch_dir dir;
   auto h = read_shard_header(dir.path().string());
   ASSERT_FALSE(h.ok());
@@ -116,7 +116,7 @@ void write_keyset_claiming(const std::string& path, const std::vector<std::int64
   write_bytes(path, b);
 }
 
-TEST(size_checks, KeysetCountThatOverflowsIsTruncationNotAWrappedSize) {
+TEST(size_checks, keyset_count_that_overflows_is_truncation_not_a_wrapped_size) {
   scratch_dir dir;
   const std::string path = dir / "k";
   // (2^61 + 1) * 8 wraps around to 8 bytes: exactly the one key that follows the header.
@@ -131,7 +131,7 @@ TEST(size_checks, KeysetCountThatOverflowsIsTruncationNotAWrappedSize) {
   EXPECT_FALSE(contains(m, "(8 bytes)")) << m;  // never the wrapped size
 }
 
-TEST(size_checks, KeysetCountAgainstThePayloadBothWays) {
+TEST(size_checks, keyset_count_against_the_payload_both_ways) {
   scratch_dir dir;
   const std::string path = dir / "k";
   write_keyset_claiming(path, {1, 2, 3}, 4);
@@ -158,7 +158,7 @@ TEST(size_checks, KeysetCountAgainstThePayloadBothWays) {
   EXPECT_TRUE(contains(u.get_status().message(), "overflows")) << u.get_status().message();
 }
 
-TEST(size_checks, RawKeysetOfAnOddSizeIsRefused) {
+TEST(size_checks, raw_keyset_of_an_odd_size_is_refused) {
   scratch_dir dir;
   const std::string path = dir / "raw";
   write_bytes(path, std::vector<char>(12, 1));
@@ -209,7 +209,7 @@ class manifest_checks : public ::testing::Test {
   std::string text_;
 };
 
-TEST_F(manifest_checks, NegativeAndFractionalCountsAreRefused) {
+TEST_F(manifest_checks, negative_and_fractional_counts_are_refused) {
   expect_refused("\"rows\": 3", "\"rows\": -3",
                  "field rows is -3, expected a non-negative integer");
   expect_refused("\"rows\": 3", "\"rows\": 3.5", "field rows is 3.5");
@@ -218,7 +218,7 @@ TEST_F(manifest_checks, NegativeAndFractionalCountsAreRefused) {
   expect_refused("\"rows\": 2", "\"rows\": -2", "field shards[0].rows is -2");
 }
 
-TEST_F(manifest_checks, HugeCountsAreRefused) {
+TEST_F(manifest_checks, huge_counts_are_refused) {
   // 2^32 + 1 would read as version 1 through a 32-bit int.
   const status v = with("\"version\": 1", "\"version\": 4294967297");
   EXPECT_EQ(v.code(), status_code::unsupported) << v.to_string();
@@ -229,7 +229,7 @@ TEST_F(manifest_checks, HugeCountsAreRefused) {
   expect_refused("\"rows\": 3", "\"rows\": 4", "field rows is 4, but the shards hold 3 rows");
 }
 
-TEST_F(manifest_checks, KeysetSizesAreRecordedAndChecked) {
+TEST_F(manifest_checks, keyset_sizes_are_recorded_and_checked) {
   auto m = read_dataset_manifest(dir_ / "ds");
   EMBCACHE_ASSERT_OK(m);
   const shard_files& f = m.value().shards[0];
@@ -252,7 +252,7 @@ TEST_F(manifest_checks, KeysetSizesAreRecordedAndChecked) {
   EXPECT_TRUE(old.value().shards[1].has_key_counts);
 }
 
-TEST_F(manifest_checks, ShardRowsMustMatchTheShardFile) {
+TEST_F(manifest_checks, shard_rows_must_match_the_shard_file) {
   // Both shards claim one row and the total says 2: consistent, but the first file holds two.
   std::string t = text_;
   t.replace(t.find("\"rows\": 2"), 9, "\"rows\": 1");
@@ -265,7 +265,7 @@ TEST_F(manifest_checks, ShardRowsMustMatchTheShardFile) {
   EXPECT_TRUE(contains(r.get_status().message(), "has 592 bytes")) << r.get_status().message();
 }
 
-TEST_F(manifest_checks, WrongTypesAreRefusedByField) {
+TEST_F(manifest_checks, wrong_types_are_refused_by_field) {
   expect_refused("\"rows\": 3", "\"rows\": \"3\"", "field rows is \"3\"");
   expect_refused("\"label_mean\": ", "\"label_mean\": \"x\", \"was_label_mean\": ",
                  "field label_mean is \"x\", expected a number in [0, 1]");
@@ -291,7 +291,7 @@ TEST_F(manifest_checks, WrongTypesAreRefusedByField) {
   EXPECT_TRUE(contains(top.message(), "not a JSON object")) << top.message();
 }
 
-TEST_F(manifest_checks, AKeyGivenTwiceIsRefusedNamingItAndItsPlace) {
+TEST_F(manifest_checks, a_key_given_twice_is_refused_naming_it_and_its_place) {
   expect_refused("\"rows\": 3", "\"rows\": 3, \"rows\": 2",
                  "duplicate key \"rows\" in manifest (JSON keys must be unique)");
   expect_refused("\"file\": \"shard-00000.bin\"",

@@ -39,7 +39,7 @@ double auc(const std::vector<double>& score, const std::vector<int>& label) {
   return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg);
 }
 
-TEST(synth_auc, RankSumMatchesHandCountedCases) {
+TEST(synth_auc, rank_sum_matches_hand_counted_cases) {
   EXPECT_DOUBLE_EQ(auc({0.1, 0.2, 0.3, 0.4}, {0, 0, 1, 1}), 1.0);
   EXPECT_DOUBLE_EQ(auc({0.1, 0.2, 0.3, 0.4}, {1, 1, 0, 0}), 0.0);
   EXPECT_DOUBLE_EQ(auc({0.1, 0.4, 0.3, 0.2}, {0, 1, 0, 1}), 0.75);
@@ -65,7 +65,7 @@ signal_stats measure(const synth_options& o, int rows) {
           std::accumulate(labels.begin(), labels.end(), 0.0) / static_cast<double>(rows)};
 }
 
-TEST(synth, HiddenModelCarriesALearnableSignal) {
+TEST(synth, hidden_model_carries_a_learnable_signal) {
   synth_options o;
   o.seed = 3;
   const signal_stats s = measure(o, 20000);
@@ -79,7 +79,7 @@ TEST(synth, HiddenModelCarriesALearnableSignal) {
   EXPECT_LT(none.auc, 0.53);
 }
 
-TEST(synth, RowsArePureFunctionsOfSeedAndIndex) {
+TEST(synth, rows_are_pure_functions_of_seed_and_index) {
   synth_options o;
   o.seed = 9;
   const synth_generator a(o), b(o);
@@ -106,7 +106,7 @@ TEST(synth, RowsArePureFunctionsOfSeedAndIndex) {
   EXPECT_NE(tx, ty);
 }
 
-TEST(synth, ValuesFollowCardinalitiesZipfAndMissingRates) {
+TEST(synth, values_follow_cardinalities_zipf_and_missing_rates) {
   synth_options o;
   o.cardinality_scale = 0.01;
   const synth_generator gen(o);
@@ -136,7 +136,7 @@ TEST(synth, ValuesFollowCardinalitiesZipfAndMissingRates) {
   EXPECT_THROW(synth_generator(synth_options{1, 1, 0.0}), error);
 }
 
-TEST(synth, TsvWritesAreDeterministicAndParse) {
+TEST(synth, tsv_writes_are_deterministic_and_parse) {
   scratch_dir dir;
   synth_options o;
   o.rows = 500;
@@ -158,7 +158,7 @@ TEST(synth, TsvWritesAreDeterministicAndParse) {
   EXPECT_NE(read_bytes(dir / "d.tsv"), p);
 }
 
-TEST(synth, DirectShardsEqualPrepOfTheTsv) {
+TEST(synth, direct_shards_equal_prep_of_the_tsv) {
   scratch_dir dir;
   synth_options o;
   o.rows = 700;
@@ -199,7 +199,7 @@ TEST(synth, DirectShardsEqualPrepOfTheTsv) {
   EXPECT_EQ(read_bytes(again.value().shards[2].shard), read_bytes(b.shards[2].shard));
 }
 
-TEST(synth, NonFiniteAndOutOfRangeOptionsAreRefusedByName) {
+TEST(synth, non_finite_and_out_of_range_options_are_refused_by_name) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   struct bad_case {

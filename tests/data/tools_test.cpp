@@ -66,7 +66,7 @@ std::string make_input(const scratch_dir& dir) {
   return path;
 }
 
-TEST(tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
+TEST(tools, prep_force_with_a_missing_input_keeps_the_old_dataset) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -84,7 +84,7 @@ TEST(tools, PrepForceWithAMissingInputKeepsTheOldDataset) {
   for (const auto& f : m.value().shards) EMBCACHE_EXPECT_OK(read_shard(f.shard)) << f.shard;
 }
 
-TEST(tools, ErrorLinesCarryATimestampAndALevel) {
+TEST(tools, error_lines_carry_a_timestamp_and_a_level) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const run_result r = run(prep_exe, q(dir / "missing.tsv") + " -o " + q(dir / "out"));
@@ -95,7 +95,7 @@ TEST(tools, ErrorLinesCarryATimestampAndALevel) {
       << r.output;
 }
 
-TEST(tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
+TEST(tools, prep_into_a_folder_in_use_fails_at_once_naming_it) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -111,7 +111,7 @@ TEST(tools, PrepIntoAFolderInUseFailsAtOnceNamingIt) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-TEST(tools, PrepFolderInputIsAnError) {
+TEST(tools, prep_folder_input_is_an_error) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   fs::create_directory(dir / "in");
@@ -120,7 +120,7 @@ TEST(tools, PrepFolderInputIsAnError) {
   EXPECT_TRUE(contains(r.output, "input '" + (dir / "in") + "' is a folder")) << r.output;
 }
 
-TEST(tools, PrepInputWithOnlyMalformedLinesIsAnError) {
+TEST(tools, prep_input_with_only_malformed_lines_is_an_error) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   write_text(dir / "bad.tsv", "x\ny\n");
@@ -131,7 +131,7 @@ TEST(tools, PrepInputWithOnlyMalformedLinesIsAnError) {
       << r.output;
 }
 
-TEST(tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
+TEST(tools, prep_rows_per_shard_out_of_range_names_the_option) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -146,7 +146,7 @@ TEST(tools, PrepRowsPerShardOutOfRangeNamesTheOption) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
-TEST(tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
+TEST(tools, synth_rejects_non_finite_and_out_of_range_values_naming_the_option) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string out = q(dir / "s.tsv");
@@ -175,7 +175,7 @@ TEST(tools, SynthRejectsNonFiniteAndOutOfRangeValuesNamingTheOption) {
   EXPECT_EQ(ok.rc, 0) << ok.output;
 }
 
-TEST(tools, VersionPrintsNameVersionAndSpaces) {
+TEST(tools, version_prints_name_version_and_spaces) {
   EMBCACHE_NEED_TOOLS();
   const std::string spaces = std::string(" ") + version_string + " (" + build_spaces + ")\n";
   // --version wins over the required options.
@@ -188,7 +188,7 @@ TEST(tools, VersionPrintsNameVersionAndSpaces) {
   EXPECT_NE(std::string(build_spaces).find("rocksdb "), std::string::npos);
 }
 
-TEST(tools, UsageErrorsExitTwoAndRunTimeFailuresOne) {
+TEST(tools, usage_errors_exit_two_and_run_time_failures_one) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);
@@ -232,7 +232,7 @@ std::string dataset_bytes(const std::string& folder) {
   return all;
 }
 
-TEST(tools, PrepReadsStandardInputPlainOrGzip) {
+TEST(tools, prep_reads_standard_input_plain_or_gzip) {
   EMBCACHE_NEED_TOOLS();
   scratch_dir dir;
   const std::string in = make_input(dir);

@@ -43,7 +43,7 @@ std::string copy_of(const std::string& dir, const std::string& to) {
   return to;
 }
 
-TEST(apply_deltas, BaseAndDeltasEqualTheFinalSave) {
+TEST(apply_deltas, base_and_deltas_equal_the_final_save) {
   const std::string root = scratch("equal");
   const history h = test::make_history(root, /*with_state=*/true);
   auto r = apply_deltas(h.base, h.deltas);
@@ -75,7 +75,7 @@ TEST(apply_deltas, BaseAndDeltasEqualTheFinalSave) {
   EXPECT_EQ(folder_bytes(h.base), before);
 }
 
-TEST(apply_deltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
+TEST(apply_deltas, one_at_a_time_with_until_and_deltas_without_state_give_a_serving_model) {
   const std::string root = scratch("until");
   const history h = test::make_history(root, /*with_state=*/false);
   apply_options one;
@@ -104,7 +104,7 @@ TEST(apply_deltas, OneAtATimeWithUntilAndDeltasWithoutStateGiveAServingModel) {
   EXPECT_NE(back.message().find("at delta 2, past --until 1"), std::string::npos) << back.message();
 }
 
-TEST(apply_deltas, GapsAreRefused) {
+TEST(apply_deltas, gaps_are_refused) {
   const std::string root = scratch("gaps");
   const history h = test::make_history(root, true);
   const auto before = folder_bytes(h.base);
@@ -180,7 +180,7 @@ TEST(apply_deltas, deltas_of_another_run_are_refused) {
                                             "hex digits");
 }
 
-TEST(apply_deltas, ACorruptedDeltaLeavesTheBaseUntouched) {
+TEST(apply_deltas, a_corrupted_delta_leaves_the_base_untouched) {
   const std::string root = scratch("corrupt");
   const history h = test::make_history(root, true);
   const auto before = folder_bytes(h.base);
@@ -195,7 +195,7 @@ TEST(apply_deltas, ACorruptedDeltaLeavesTheBaseUntouched) {
   EXPECT_FALSE(fs::exists(h.base + ".tmp"));
 }
 
-TEST(apply_deltas, ATrainerSaveIsAppliedThroughItsSparseFolder) {
+TEST(apply_deltas, a_trainer_save_is_applied_through_its_sparse_folder) {
   const std::string root = scratch("trainer_save");
   const history h = test::make_history(root, true);
   fs::create_directories(root + "/save");
@@ -211,7 +211,7 @@ std::pair<int, std::string> run_tool(const std::string& args) {
   return test::run_tool(std::string(EMBCACHE_APPLY_EXE) + " " + args);
 }
 
-TEST(apply_tool, ExitCodesAndResult) {
+TEST(apply_tool, exit_codes_and_result) {
   const std::string root = scratch("tool");
   const history h = test::make_history(root, true);
   const std::string copy = copy_of(h.base, root + "/copy");

@@ -170,7 +170,7 @@ std::pair<std::vector<std::int64_t>, std::vector<float>> saved_rows(const std::s
   return {};
 }
 
-TEST(redis_store, BaseAndDeltasLandInTheDocumentedLayout) {
+TEST(redis_store, base_and_deltas_land_in_the_documented_layout) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const std::string root = scratch("layout");
@@ -215,7 +215,7 @@ TEST(redis_store, BaseAndDeltasLandInTheDocumentedLayout) {
   EXPECT_EQ(srv.command({"GET", "h:applied"}), "2");
 }
 
-TEST(redis_store, AGapStopsThePushAtTheLastDeltaPushed) {
+TEST(redis_store, a_gap_stops_the_push_at_the_last_delta_pushed) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const std::string root = scratch("gap");
@@ -429,7 +429,7 @@ const trained& trained_model() {
   return t;
 }
 
-TEST(serving_trainer, TheTrainersDeltasApplyToItsFinalSave) {
+TEST(serving_trainer, the_trainers_deltas_apply_to_its_final_save) {
   const trained& t = trained_model();
   const std::string copy = scratch("trained_apply") + "/base";
   fs::copy(t.base, copy, fs::copy_options::recursive);
@@ -460,7 +460,7 @@ TEST(serving_trainer, TheTrainersDeltasApplyToItsFinalSave) {
     EXPECT_GT(e.value("rows_without_slot_id", 0), 0) << e.at("name");
 }
 
-TEST(serving_trainer, ScoresFromRedisEqualTheTrainersEvaluation) {
+TEST(serving_trainer, scores_from_redis_equal_the_trainers_evaluation) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const trained& t = trained_model();
@@ -490,7 +490,7 @@ TEST(serving_trainer, ScoresFromRedisEqualTheTrainersEvaluation) {
 #if defined(EMBCACHE_APPLY_EXE) && defined(EMBCACHE_SERVE_EXE)
 using test::run_tool;
 
-TEST(serving_tools, ApplyIntoRedisThenServeGiveTheTrainersMetrics) {
+TEST(serving_tools, apply_into_redis_then_serve_give_the_trainers_metrics) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();
   const trained& t = trained_model();
