@@ -7,7 +7,7 @@ if(EMBCACHE_HAVE_NCCL)
   target_link_libraries(embcache_nccl PUBLIC embcache_mpi CUDA::cudart
                                       PRIVATE ${EMBCACHE_NCCL_LIBRARY})
   target_include_directories(embcache_nccl SYSTEM PRIVATE ${EMBCACHE_NCCL_INCLUDE_DIR})
-  target_compile_options(embcache_nccl PRIVATE $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra>)
+  embcache_warnings(embcache_nccl)
   install(TARGETS embcache_nccl EXPORT embcache_nccl_targets
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()

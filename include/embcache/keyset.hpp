@@ -53,6 +53,18 @@ constexpr key_type key_type_of<std::uint32_t>() noexcept {
   return key_type::uint32;
 }
 
+/// The name of the key type that stores `Key` ("int64" for std::int64_t, "uint32" for
+/// std::uint32_t): the one spelling of every file that records a key type (saves, deltas,
+/// sharded saves, stores' metadata, dataset manifests).
+template <class Key>
+const char* key_type_name() noexcept {
+  return to_string(key_type_of<Key>());
+}
+
+/// The key type named `name` ("int64" or "uint32"); false (and `*out` untouched) when `name`
+/// names none.
+bool key_type_from_name(const std::string& name, key_type* out) noexcept;
+
 /// Magic bytes at the start of a keyset file in our format.
 inline constexpr char keyset_magic[8] = {'E', 'M', 'B', 'K', 'E', 'Y', 'S', '1'};
 /// Current version of our keyset format.

@@ -1,8 +1,9 @@
 /// @file serving.hpp
 /// @brief Serving the incremental model: model and delta folders read with every check
-/// training_cache::load() makes, numbered deltas applied to a base folder atomically, and a
-/// lookup-only scorer that runs a trainer save's dense network on rows looked up in a serving
-/// store. The Redis store is in redis.hpp. docs/serving.md describes the rules and guarantees.
+/// training_cache::load() makes, numbered deltas applied to a base folder atomically, and the
+/// row lookup a scorer reads a serving store through (the scorer itself, which runs a trainer
+/// save's dense network, is in trainer/score.hpp). The Redis store is in redis.hpp.
+/// docs/serving.md describes the rules and guarantees.
 #pragma once
 
 #include <cstddef>
@@ -145,7 +146,8 @@ struct apply_report {
 result<apply_report> apply_deltas(const std::string& base_dir, const std::string& deltas_dir,
                                   const apply_options& options = {});
 
-/// A serving store seen by the scorer: the rows of a table for a list of keys.
+/// A serving store seen by a scorer (score_shard in trainer/score.hpp): the rows of a table for a
+/// list of keys.
 class row_lookup {
  public:
   virtual ~row_lookup() = default;
@@ -155,28 +157,5 @@ class row_lookup {
                                       const std::int64_t* keys, std::size_t n, float* rows,
                                       std::uint8_t* found) = 0;
 };
-
-/// Options of score_shard.
-struct score_options {
-  std::size_t batch_size = 0;  ///< samples per batch (default 0: the save's batch_size)
-  std::size_t max_samples =
-      0;  ///< score at most this many (default 0: the save's eval_max_samples)
-};
-
-/// AUC and log loss of a shard (eval_metrics in trainer.hpp, repeated here so that this header
-/// needs no trainer header).
-struct score_metrics {
-  std::uint64_t samples = 0;  ///< samples scored
-  double auc = 0;             ///< exact AUC (NaN for a single class)
-  double logloss = 0;         ///< mean binary cross-entropy
-};
-
-/// Scores `shard` with the model of the trainer save `save_dir` (its trainer.json gives the
-/// configuration, dense.bin the dense network) and the embeddings `rows` holds: lookup only, no
-/// training, dense network on the host. A key the store does not hold pools as a zero row, as
-/// trainer::evaluate treats a key never trained; so with the rows of the save's final model the
-/// result equals trainer::evaluate's to the bit (same batches, same arithmetic).
-result<score_metrics> score_shard(const std::string& save_dir, const std::string& shard,
-                                  row_lookup& rows, const score_options& options = {});
 
 }  // namespace embcache

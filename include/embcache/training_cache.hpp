@@ -80,6 +80,19 @@ struct table_options {
   std::function<std::uint64_t(Key)> slot_of;
 };
 
+/// The slots a table asks its device cache for (before the cache rounds them up to whole
+/// buckets): `slots` when set, but at least `capacity`; else capacity + capacity / 4, so that a
+/// full keyset leaves the table at most 80% occupied. The one home of that rule: the training
+/// cache builds its tables with it and the trainer's memory estimate counts them with it. False
+/// (and `*out` untouched) when the sum overflows.
+inline bool table_slots(std::uint64_t capacity, std::uint64_t slots, std::uint64_t* out) noexcept {
+  if (slots != 0) {
+    *out = slots > capacity ? slots : capacity;
+    return true;
+  }
+  return !__builtin_add_overflow(capacity, capacity / 4, out);
+}
+
 /// Options of a training cache.
 struct training_cache_options {
   cache_mode mode = cache_mode::keyset;                ///< default: keyset passes

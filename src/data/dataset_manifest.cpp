@@ -5,6 +5,7 @@
 #include "common/durable_file.hpp"
 #include "common/strict_json.hpp"
 #include "dataset_files.hpp"
+#include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 
 namespace embcache {
@@ -149,7 +150,9 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
     return f.fail("keyset_format", "is '" + text + "', expected 'embcache' or 'hugectr_raw'");
   }
   EMBCACHE_RETURN_IF_ERROR(f.text(j, "key_type", "key_type", text));
-  if (text != "int64") return f.fail("key_type", "is '" + text + "', expected 'int64'");
+  if (text != key_type_name<std::int64_t>())
+    return f.fail("key_type",
+                  "is '" + text + "', expected '" + key_type_name<std::int64_t>() + "'");
   if (j.contains("unique_keys_per_slot")) {
     const nlohmann::json& u = j.at("unique_keys_per_slot");
     if (!u.is_array() || u.size() != criteo_slot_count) {

@@ -14,6 +14,7 @@
 
 #include "dataset_files.hpp"
 #include "embcache/shard.hpp"
+#include "embcache/keyset.hpp"
 #include "common/durable_file.hpp"
 #include "flat_set.hpp"
 
@@ -361,7 +362,7 @@ status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> p
   j["slot_count"] = criteo_slot_count;
   j["crossed_per_row"] = s.num_crossed;
   j["keyset_format"] = to_string(s.keyset);
-  j["key_type"] = "int64";
+  j["key_type"] = key_type_name<std::int64_t>();
   if (s.has_unique_stats) {
     j["unique_keys_per_slot"] = s.unique_keys;
     j["unique_crossed_keys"] = s.unique_crossed_keys;

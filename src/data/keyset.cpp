@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "common/durable_file.hpp"
 
@@ -26,7 +27,7 @@ constexpr const char* key_type_names[] = {"int64", "uint32"};
 constexpr const char* keyset_format_names[] = {"embcache", "hugectr_raw"};
 
 // The key type of a keyset header's raw byte, or nullptr when it names none.
-const char* key_type_name(std::uint8_t raw) {
+const char* key_type_name_of_byte(std::uint8_t raw) {
   return enum_name(static_cast<key_type>(raw), key_type_names);
 }
 
@@ -35,6 +36,15 @@ const char* key_type_name(std::uint8_t raw) {
 const char* to_string(key_type t) noexcept {
   const char* name = enum_name(t, key_type_names);
   return name ? name : "unknown";
+}
+
+bool key_type_from_name(const std::string& name, key_type* out) noexcept {
+  for (std::size_t i = 0; i < std::size(key_type_names); ++i)
+    if (name == key_type_names[i]) {
+      *out = static_cast<key_type>(i + 1);
+      return true;
+    }
+  return false;
 }
 
 const char* to_string(keyset_format f) noexcept {
@@ -114,7 +124,7 @@ result<std::vector<Key>> read_keyset(const std::string& path, keyset_format fmt)
   }
   const auto raw_type = static_cast<std::uint8_t>(bytes[10]);
   if (raw_type != static_cast<std::uint8_t>(key_type_of<Key>())) {
-    const char* name = key_type_name(raw_type);
+    const char* name = key_type_name_of_byte(raw_type);
     return status::invalid_argument(
         where + ": holds " +
         (name ? std::string(name) : "unknown (" + std::to_string(raw_type) + ")") + " keys, but " +

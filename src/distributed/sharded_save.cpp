@@ -14,8 +14,9 @@
 #include "common/durable_file.hpp"
 #include "embcache/distributed/ownership.hpp"
 #include "embcache/host_store.hpp"
-#include "store/store_io.hpp"
-#include "training/model_folder.hpp"
+#include "embcache/keyset.hpp"
+#include "format/checked_io.hpp"
+#include "format/model_folder.hpp"
 
 namespace embcache {
 namespace {
@@ -26,17 +27,6 @@ constexpr const char* manifest_format = "embcache.sharded_save";
 constexpr std::uint64_t manifest_format_version = 1;
 // More ranks than this in a manifest is a damaged file, not a job.
 constexpr std::uint64_t max_world_size = std::uint64_t{1} << 20;
-
-template <class Key>
-const char* key_name();
-template <>
-const char* key_name<std::int64_t>() {
-  return "int64";
-}
-template <>
-const char* key_name<std::uint32_t>() {
-  return "uint32";
-}
 
 // The highest generation folder in `dir` (0 when none): a new save takes the next one, so it
 // never writes into a folder a published manifest names.
@@ -135,7 +125,7 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
     m["format"] = manifest_format;
     m["format_version"] = manifest_format_version;
     m["table_name"] = info.table_name;
-    m["key_type"] = key_name<Key>();
+    m["key_type"] = key_type_name<Key>();
     m["dim"] = info.dim;
     m["row_width"] = info.row_width;
     m["optimizer"] = info.optimizer;
@@ -214,7 +204,7 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
                                ", this build reads " + std::to_string(manifest_format_version));
   EMBCACHE_RETURN_IF_ERROR(string_field("table_name", &out.info.table_name));
   EMBCACHE_RETURN_IF_ERROR(string_field("key_type", &key_type));
-  if (key_type != "int64" && key_type != "uint32")
+  if (embcache::key_type parsed; !key_type_from_name(key_type, &parsed))
     return status::invalid_argument(who + ": field 'key_type' is '" + key_type +
                                     "', expected 'int64' or 'uint32'");
   out.key_type = key_type;
@@ -290,9 +280,9 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
   auto parsed = read_sharded_manifest(dir);
   if (!parsed.ok()) return parsed.get_status();
   sharded_manifest m = std::move(parsed).value();
-  if (m.key_type != key_name<Key>())
+  if (m.key_type != key_type_name<Key>())
     return status::invalid_argument(who + ": the save holds " + m.key_type + " keys (field " +
-                                    "'key_type'), the store " + key_name<Key>() + " keys");
+                                    "'key_type'), the store " + key_type_name<Key>() + " keys");
   if (m.info.table_name != target.table_name())
     return status::not_found(who + ": the save holds table '" + m.info.table_name + "', not '" +
                              target.table_name() + "'");

@@ -14,7 +14,7 @@
 #include "embcache/optimizers.hpp"
 #include "embcache/training_cache.hpp"
 #include "common/durable_file.hpp"
-#include "store_io.hpp"
+#include "format/checked_io.hpp"
 
 namespace embcache {
 

@@ -1,6 +1,6 @@
 // Reading model and delta folders for serving: the manifests and files through the one reader
-// the training cache loads with (training/model_folder.hpp), and the folders of numbered deltas.
-#include "training/model_folder.hpp"
+// the training cache loads with (format/model_folder.hpp), and the folders of numbered deltas.
+#include "format/model_folder.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -15,7 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A folder through the one reader of model and delta folders (training/model_folder.hpp), with
+// A folder through the one reader of model and delta folders (format/model_folder.hpp), with
 // the checks that need no schema: shapes, repeated keys, key type, non-finite floats, tombstones.
 result<model_folder> read_folder(const std::string& dir, detail::folder_kind kind) {
   auto manifest = detail::read_folder_manifest(dir, kind);

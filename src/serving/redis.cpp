@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "redis_detail.hpp"
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 
 namespace embcache {
 

@@ -4,7 +4,7 @@
 
 #include "embcache/redis.hpp"
 #include "redis_detail.hpp"
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 
 namespace embcache {
 

@@ -18,6 +18,7 @@
 #include "embcache/detail/hash.hpp"
 #include "embcache/detail/host_algorithms.hpp"
 #include "embcache/space.hpp"
+#include "embcache/keyset.hpp"
 
 namespace embcache::detail {
 
@@ -320,11 +321,6 @@ void lookup_rows(const host_space& space, const host_shard<Key>* shards, std::si
   for_each_index(
       space, n,
       pull_functor<Key>{shards, shard_bits, keys, rows_out, found_out, versions_out, width});
-}
-
-template <class Key>
-const char* key_type_name() {
-  return std::is_same_v<Key, std::int64_t> ? "int64" : "uint32";
 }
 
 }  // namespace embcache::detail

@@ -14,7 +14,7 @@
 #include "embcache/host_store.hpp"
 #include "host_shard.hpp"
 #include "common/durable_file.hpp"
-#include "store_io.hpp"
+#include "format/checked_io.hpp"
 
 namespace embcache {
 
@@ -61,7 +61,7 @@ status host_store<Key>::checkpoint(const std::string& dir_in) {
     m["format"] = manifest_format;
     m["format_version"] = manifest_format_version;
     m["table_name"] = options_.table_name;
-    m["key_type"] = detail::key_type_name<Key>();
+    m["key_type"] = key_type_name<Key>();
     m["row_width"] = options_.row_width;
     m["count"] = count;
     m["max_version"] = max_version_;
@@ -135,9 +135,9 @@ result<std::unique_ptr<host_store<Key>>> host_store<Key>::open(const std::string
     return status::not_found(who + ": the folder holds table '" + table + "', not '" +
                              options.table_name + "'");
   const std::string key_type = m["key_type"].get<std::string>();
-  if (key_type != detail::key_type_name<Key>())
+  if (key_type != key_type_name<Key>())
     return status::invalid_argument(who + ": the folder holds " + key_type + " keys, expected " +
-                                    detail::key_type_name<Key>());
+                                    key_type_name<Key>());
   const std::size_t width = m["row_width"].get<std::size_t>();
   if (width != options.row_width)
     return status::invalid_argument(who + ": the folder holds rows of " + std::to_string(width) +

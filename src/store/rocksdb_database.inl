@@ -4,7 +4,7 @@
 #pragma once
 
 #include "rocksdb_encoding.inl"
-#include "store_io.hpp"
+#include "format/checked_io.hpp"
 
 namespace embcache {
 namespace {

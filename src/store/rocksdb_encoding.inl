@@ -2,6 +2,7 @@
 // and a table's schema. Part of rocksdb_store.cpp, which includes it.
 #pragma once
 
+#include "embcache/keyset.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/status.hpp"
 
@@ -24,11 +25,6 @@ status from_rocksdb(const rocksdb::Status& s, const std::string& context) {
   if (s.IsInvalidArgument()) return status::invalid_argument(m);
   if (s.IsNotSupported()) return status::unsupported(m);
   return status::io_error(m);
-}
-
-template <class Key>
-const char* key_type_name() {
-  return std::is_same_v<Key, std::int64_t> ? "int64" : "uint32";
 }
 
 // A key as an unsigned integer whose numeric order is the key's order.

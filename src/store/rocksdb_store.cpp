@@ -26,7 +26,7 @@
 
 #include "embcache/detail/host_algorithms.hpp"
 #include "common/durable_file.hpp"
-#include "store_io.hpp"
+#include "format/checked_io.hpp"
 // The store's parts, in the order they build on each other.
 #include "rocksdb_database.inl"
 #include "rocksdb_encoding.inl"

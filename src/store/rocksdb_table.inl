@@ -6,7 +6,7 @@
 #include "embcache/detail/host_algorithms.hpp"
 #include "rocksdb_database.inl"
 #include "rocksdb_encoding.inl"
-#include "store_io.hpp"
+#include "format/checked_io.hpp"
 
 namespace embcache {
 

@@ -12,6 +12,7 @@
 #include "tool_log.hpp"
 #include "embcache/redis.hpp"
 #include "embcache/serving.hpp"
+#include "embcache/trainer/score.hpp"
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include "embcache/param_store.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
+#include "embcache/trainer/criteo_model.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/training_cache.hpp"
 
@@ -69,13 +70,6 @@ struct non_finite_rows {
   std::string table;  ///< "wide" or "deep"
   std::size_t rows = 0;
 };
-
-/// The number of non-finite floats among `n` at `p`.
-inline std::size_t count_non_finite(const float* p, std::size_t n) {
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) bad += std::isfinite(p[i]) ? 0 : 1;
-  return bad;
-}
 
 /// The sum of per-table counters.
 table_counters sum_of_tables(const std::vector<table_counters>& tables);

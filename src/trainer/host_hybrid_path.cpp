@@ -4,7 +4,7 @@
 
 #include "embcache/host_hybrid.hpp"
 #include "embedding_path.hpp"
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 
 namespace embcache::detail {
 namespace {

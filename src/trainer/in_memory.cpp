@@ -10,6 +10,7 @@
 #include "embcache/criteo.hpp"
 #include "embcache/detail/hash.hpp"
 #include "embcache/sparse_ops.hpp"
+#include "embcache/trainer/criteo_model.hpp"
 #include "embcache/trainer/detail/dense_kernels.hpp"
 #include "embcache/trainer/metrics.hpp"
 
@@ -131,10 +132,8 @@ result<in_memory_result> train_wide_deep_in_memory(const std::vector<criteo_samp
       check_options(options.wide_optimizer).with_context("in_memory_options.wide_optimizer"));
   EMBCACHE_RETURN_IF_ERROR(
       check_options(options.deep_optimizer).with_context("in_memory_options.deep_optimizer"));
-  wide_deep_options mo = options.model;
-  mo.num_wide_slots = criteo_slot_count + (options.crossed ? criteo_cross_count : 0);
-  mo.num_deep_slots = criteo_slot_count;
-  mo.num_dense = criteo_dense_count;
+  const wide_deep_options mo =
+      criteo_model_shape(options.model, options.crossed, options.model.deep_dim);
   EMBCACHE_RETURN_IF_ERROR(check_options(mlp_options(mo)).with_context("in_memory_options.model"));
   const std::size_t dim = mo.deep_dim;
   const host_space& space = options.space;

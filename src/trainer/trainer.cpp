@@ -15,6 +15,7 @@
 #include "embcache/detail/hash.hpp"
 #include "embcache/detail/progress.hpp"
 #include "embcache/shard.hpp"
+#include "embcache/trainer/criteo_model.hpp"
 #include "embcache/trainer/metrics.hpp"
 #include "reporting.hpp"
 #include "trainer_impl.hpp"
@@ -24,7 +25,6 @@ namespace {
 
 using json = nlohmann::json;
 using clock_type = trainer::impl::clock_type;
-using detail::count_non_finite;
 using detail::create_folder;
 using detail::step_label;
 
@@ -84,15 +84,12 @@ status trainer::impl::build() {
   try {
     space.max_threads = config.threads;
     roles = detail::roles_of(config);
-    num_wide_slots = criteo_slot_count + (config.crossed ? criteo_cross_count : 0);
+    num_wide_slots = criteo_wide_slots(config.crossed);
     auto p = detail::make_embedding_path(config, space, comm, &building, &embedding_note);
     if (!p.ok()) return p.get_status();
     path = std::move(p).value();
-    wide_deep_options mo = config.model;
-    mo.num_wide_slots = num_wide_slots;
-    mo.num_deep_slots = criteo_slot_count;
-    mo.deep_dim = config.tables[roles.deep].dim;
-    mo.num_dense = criteo_dense_count;
+    const wide_deep_options mo =
+        criteo_model_shape(config.model, config.crossed, config.tables[roles.deep].dim);
     // Shape errors are the model's, not the device's.
     if (const status ms = check_options(mlp_options(mo)); !ms.ok())
       return status(ms.code(), "config.model: " + ms.message());
@@ -113,15 +110,7 @@ status trainer::impl::build() {
 void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size_t count) {
   const std::size_t n = std::min(count, b.size - first), ws = num_wide_slots;
   wide_keys.resize(n * ws);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t at = first + i;
-    std::copy(b.keys.begin() + at * criteo_slot_count,
-              b.keys.begin() + (at + 1) * criteo_slot_count, wide_keys.begin() + i * ws);
-    if (config.crossed)
-      std::copy(b.crossed.begin() + at * b.num_crossed,
-                b.crossed.begin() + at * b.num_crossed + criteo_cross_count,
-                wide_keys.begin() + i * ws + criteo_slot_count);
-  }
+  fill_wide_keys(b, first, n, config.crossed, wide_keys.data());
   const std::size_t need = n * std::max(ws, criteo_slot_count) + 1;
   // One-hot bags: the offsets are 0, 1, 2, ... for every batch.
   while (offsets.size() < need) offsets.push_back(std::int64_t(offsets.size()));

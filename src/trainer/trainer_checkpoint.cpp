@@ -10,8 +10,8 @@
 #include <optional>
 
 #include "common/durable_file.hpp"
-#include "store/store_io.hpp"
-#include "training/model_folder.hpp"
+#include "format/checked_io.hpp"
+#include "format/model_folder.hpp"
 #include "embcache/detail/progress.hpp"
 #include "reporting.hpp"
 #include "trainer_impl.hpp"

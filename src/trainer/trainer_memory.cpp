@@ -89,13 +89,11 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
       const trainer_table_config& tc = c.tables[t];
       memory_part p;
       p.field = "config.tables[" + std::to_string(t) + "]." + (tc.slots ? "slots" : "capacity");
-      // The training cache's table: the slots asked for (at least the capacity), else
-      // capacity + capacity / 4; rounded up to whole buckets.
+      // The training cache's table (table_slots), rounded up to whole buckets.
       constexpr std::uint64_t bucket = trainer_table::bucket_size;
-      std::uint64_t slots = std::max<std::uint64_t>(tc.slots, tc.capacity);
+      std::uint64_t slots = 0;
       // (A dim past 2^32 counts as overflow: the row's bytes would not fit.)
-      bool ok = tc.dim < (std::uint64_t{1} << 32) &&
-                (tc.slots != 0 || checked_add(tc.capacity, tc.capacity / 4, slots));
+      bool ok = tc.dim < (std::uint64_t{1} << 32) && table_slots(tc.capacity, tc.slots, &slots);
       ok = ok && checked_add(slots, bucket - 1, slots);
       slots = slots / bucket * bucket;
       cache_options co;

@@ -76,8 +76,8 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
   if (!std::isfinite(*loss))
     return diverge(detail::step_label(pass, step + 1, pass_step),
                    std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
-  std::uint64_t bad_gradients = detail::count_non_finite(d_wide.data(), m * ws) +
-                                detail::count_non_finite(d_deep.data(), m * ds * dim);
+  std::uint64_t bad_gradients = count_non_finite(d_wide.data(), m * ws) +
+                                count_non_finite(d_deep.data(), m * ds * dim);
   EMBCACHE_RETURN_IF_ERROR(comm->all_reduce_sum(&bad_gradients, 1));
   if (bad_gradients)
     return diverge(detail::step_label(pass, step + 1, pass_step),

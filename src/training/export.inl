@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "common/durable_file.hpp"
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 #include "training/training_cache_core.hpp"
 
 namespace embcache::detail {

@@ -10,8 +10,8 @@
 #include <new>
 
 #include "common/durable_file.hpp"
-#include "store/store_io.hpp"
-#include "training/model_folder.hpp"
+#include "format/checked_io.hpp"
+#include "format/model_folder.hpp"
 #include "training/training_cache_core.hpp"
 
 namespace embcache::detail {

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 #include "training/table_state.hpp"
 
 namespace embcache::detail {

@@ -60,7 +60,11 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     tb.state_width = state_width(o.optimizer.kind, o.dim);
     tb.row_width = o.dim + tb.state_width;
     cache_options co;
-    co.capacity = o.slots ? std::max(o.slots, o.capacity) : o.capacity + o.capacity / 4;
+    std::uint64_t asked = 0;
+    if (!table_slots(o.capacity, o.slots, &asked))
+      throw error(status_code::invalid_argument,
+                  who + ": capacity " + std::to_string(o.capacity) + " is too large");
+    co.capacity = static_cast<std::size_t>(asked);
     co.dim = o.dim;
     co.state_width = tb.state_width;
     co.init = o.init;

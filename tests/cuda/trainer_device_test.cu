@@ -16,6 +16,7 @@
 
 #include "common/cuda_device.hpp"
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "common/trainer_dataset.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/dense_backend.hpp"
@@ -26,25 +27,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One folder per test binary, removed at exit.
-const std::string& root() {
-  static const std::string r =
-      (fs::temp_directory_path() / ("embcache_trainer_cuda_test_" + std::to_string(::getpid())))
-          .string();
-  return r;
-}
-struct root_cleanup {
-  ~root_cleanup() {
-    std::error_code ec;
-    fs::remove_all(root(), ec);
-  }
-} cleanup_at_exit;
+// Folders of this test binary, removed at exit (tests/common/temp_dir.hpp).
+testing::process_temp_cleanup cleanup_at_exit{"embcache_trainer_cuda_test"};
 
 std::string temp_dir(const std::string& name) {
-  const std::string d = root() + "/" + name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return testing::process_temp_dir("embcache_trainer_cuda_test", name);
 }
 
 // Four shards of 1,500 synthetic rows (the last one held out), made once per test binary.

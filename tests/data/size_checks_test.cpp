@@ -95,11 +95,11 @@ TEST(size_checks, shard_row_count_beyond_the_file_is_truncation) {
 
 TEST(size_checks, folder_given_as_shard_or_keyset_is_named) {
   scratch_dir dir;
-  auto h = read_shard_header(dir.path().string());
+  auto h = read_shard_header(dir.path());
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(contains(h.get_status().message(), "not a regular file"))
       << h.get_status().to_string();
-  auto k = read_keyset<std::int64_t>(dir.path().string());
+  auto k = read_keyset<std::int64_t>(dir.path());
   ASSERT_FALSE(k.ok());
   EXPECT_TRUE(contains(k.get_status().message(), "not a regular file"))
       << k.get_status().to_string();

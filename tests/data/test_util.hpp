@@ -10,25 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
+
 namespace embcache::test {
 
-/// A fresh folder removed at the end of the test.
-class scratch_dir {
- public:
-  scratch_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "embcache-data-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
+/// A fresh folder removed at the end of the test (tests/common/temp_dir.hpp).
+struct scratch_dir : testing::temp_dir {
+  scratch_dir() : testing::temp_dir("embcache_data") {}
 };
 
 inline void write_text(const std::string& path, const std::string& text) {

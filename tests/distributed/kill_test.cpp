@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "test_util.hpp"
 #ifdef EMBCACHE_TEST_TRAINER_MPI_BINARY
@@ -25,8 +26,8 @@ namespace fs = std::filesystem;
 class sharded_save_kill_test : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(sharded_save_kill_test, last_complete_save_stays_loadable) {
-  std::string root = ::testing::TempDir() + "embcache-kill-XXXXXX";
-  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const testing::temp_dir tmp("embcache_kill");
+  const std::string& root = tmp.path();
   const std::string dir = root + "/save";
   const std::string cmd = std::string("EMBCACHE_TEST_KILL_DIR='") + dir +
                           "' EMBCACHE_TEST_KILL_MODE=" + GetParam() + " " +
@@ -59,7 +60,6 @@ TEST_P(sharded_save_kill_test, last_complete_save_stays_loadable) {
   EXPECT_EQ(in.peek(), EOF) << "the expected model holds more rows than the save";
   EXPECT_EQ(got.keys, keys);
   EXPECT_EQ(got.rows, rows);
-  fs::remove_all(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(modes, sharded_save_kill_test,
@@ -69,8 +69,8 @@ INSTANTIATE_TEST_SUITE_P(modes, sharded_save_kill_test,
 // A rank of a 2-rank embcache trainer killed (SIGKILL) once pass 2 has trained leaves the save
 // of pass 1 whole: it loads in one process and holds the model of pass 1 trained alone.
 TEST(sharded_trainer_kill_test, the_save_of_the_last_pass_stays_whole) {
-  std::string root = ::testing::TempDir() + "embcache-kill-trainer-XXXXXX";
-  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const testing::temp_dir tmp("embcache_kill_trainer");
+  const std::string& root = tmp.path();
   const std::string data = root + "/data", save = root + "/save";
   EMBCACHE_ASSERT_OK(write_trainer_dataset(data));
   const std::string cmd = "EMBCACHE_TEST_KILL_TRAINER_SAVE='" + save +
@@ -98,7 +98,6 @@ TEST(sharded_trainer_kill_test, the_save_of_the_last_pass_stays_whole) {
   EMBCACHE_ASSERT_OK(resumed);
   EXPECT_EQ(resumed.value()->passes_done(), 1u);
   EXPECT_EQ(resumed.value()->step(), reference.value()->step());
-  fs::remove_all(root);
 }
 #endif
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "embcache/distributed/sharded_table.hpp"
 #include "test_util.hpp"
@@ -22,9 +23,6 @@ namespace fs = std::filesystem;
 class sharded_manifest_test : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "embcache-manifest-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
     dir_ = root_ + "/save";
     EMBCACHE_ASSERT_OK(train(table_, batch_spec{}, 0, 2));
     EMBCACHE_ASSERT_OK(table_.save(dir_));
@@ -33,7 +31,6 @@ class sharded_manifest_test : public ::testing::Test {
     text << in.rdbuf();
     manifest_ = nlohmann::json::parse(text.str());
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   // Writes `m` as the manifest and returns what reading it gives.
   status read_back(const nlohmann::json& m) {
@@ -52,7 +49,8 @@ class sharded_manifest_test : public ::testing::Test {
   single_process_communicator alone_;
   host_store<std::int64_t> store_{store_options(options_)};
   sharded_table<std::int64_t> table_{alone_, store_, options_};
-  std::string root_, dir_;
+  testing::temp_dir tmp_{"embcache_manifest"};
+  std::string root_ = tmp_.path(), dir_;
   nlohmann::json manifest_;
 };
 

@@ -22,6 +22,7 @@
 
 #include "embcache/serving.hpp"
 #include "embcache/synth.hpp"
+#include "embcache/trainer/score.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "test_util.hpp"
 

@@ -16,30 +16,21 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "embcache/training_cache.hpp"
 
 namespace embcache::test {
 
 namespace fs = std::filesystem;
 
-/// A fresh folder under the temp folder, private to this process.
+/// A fresh folder under the temp folder, private to this process (tests/common/temp_dir.hpp).
 inline std::string scratch(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() /
-                         ("embcache_serving_test_" + std::to_string(::getpid()) + "_" + name))
-                            .string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return testing::process_temp_dir("embcache_serving_test", name);
 }
 
 /// Removes this process's scratch folders when the test binary exits.
-struct scratch_cleanup {
-  ~scratch_cleanup() {
-    const std::string prefix = "embcache_serving_test_" + std::to_string(::getpid()) + "_";
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec))
-      if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
-  }
+struct scratch_cleanup : testing::process_temp_cleanup {
+  scratch_cleanup() : testing::process_temp_cleanup{"embcache_serving_test"} {}
 };
 
 inline std::string file_bytes(const std::string& path) {

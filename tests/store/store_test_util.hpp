@@ -12,28 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
+
 namespace embcache::test {
 
-/// A fresh folder under the temp folder, removed (with what is in it) at the end of the scope.
-class scratch_dir {
- public:
-  scratch_dir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/embcache_store_XXXXXX";
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+/// A fresh folder removed (with what is in it) at the end of the scope
+/// (tests/common/temp_dir.hpp).
+struct scratch_dir : testing::temp_dir {
+  scratch_dir() : testing::temp_dir("embcache_store") {}
 };
 
 /// A tmpfs of `bytes` mounted on a scratch folder; ok() is false where mounting is not allowed.

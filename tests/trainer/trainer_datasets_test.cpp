@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
@@ -23,12 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+testing::process_temp_cleanup cleanup_at_exit{"embcache_datasets_test"};
+
 std::string fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() /
-                     ("embcache_datasets_test_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
+  return testing::process_temp_dir("embcache_datasets_test", name);
 }
 
 // <root>/day (4 shards of 500 rows, crossed keys) and <root>/eval, made once per binary.

@@ -19,6 +19,7 @@
 
 #include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "common/trainer_dataset.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
@@ -31,30 +32,11 @@ namespace embcache::test {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-inline std::string temp_prefix() {
-  return "embcache_trainer_test_" + std::to_string(::getpid()) + "_";
-}
-
-// Removes this process's folders when the test binary exits.
-struct temp_cleanup {
-  ~temp_cleanup() {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec))
-      if (e.path().filename().string().rfind(temp_prefix(), 0) == 0) fs::remove_all(e.path(), ec);
-  }
-};
-inline temp_cleanup cleanup_at_exit;
+// Folders of this process, removed when the test binary exits (tests/common/temp_dir.hpp).
+inline testing::process_temp_cleanup cleanup_at_exit{"embcache_trainer_test"};
 
 inline std::string temp_dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() /
-                         ("embcache_trainer_test_" + std::to_string(::getpid()) + "_" + name))
-                            .string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return testing::process_temp_dir("embcache_trainer_test", name);
 }
 
 // A character device like /dev/full (1, 7) at `path`: every write to it fails with ENOSPC. A

@@ -121,7 +121,7 @@ void write_json(const std::string& path, const json& j) { write_bytes(path, j.du
 
 TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
   temp_dir dir;
-  const std::string save = small_save(dir.path);
+  const std::string save = small_save(dir.path());
   training_cache<std::int64_t> source({}, {emb_table()});
   EMBCACHE_ASSERT_OK(source.load(save));
   const auto saved = store_model(source, 0);
@@ -176,7 +176,7 @@ std::vector<float> iota_rows(std::size_t rows) {
 
 TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
   temp_dir dir;
-  hugectr_folder f(dir.path, {5, -3, 7}, iota_rows(3));
+  hugectr_folder f(dir.path(), {5, -3, 7}, iota_rows(3));
   target t;
   const status s = t.tc.load(f.dir);
   EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
@@ -192,7 +192,7 @@ TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
 
 TEST(load_validation, a_hugectr_folder_with_repeated_keys_is_refused_unless_allowed) {
   temp_dir dir;
-  hugectr_folder f(dir.path, {5, -3, 5}, iota_rows(3));
+  hugectr_folder f(dir.path(), {5, -3, 5}, iota_rows(3));
   target t;
   load_options o;
   o.allow_hugectr_folder = true;
@@ -215,7 +215,7 @@ TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_
     temp_dir dir;
     auto vec = iota_rows(3);
     vec[1 * dim + 2] = bad;
-    hugectr_folder f(dir.path, {5, -3, 7}, vec);
+    hugectr_folder f(dir.path(), {5, -3, 7}, vec);
     target t;
     load_options o;
     o.allow_hugectr_folder = true;
@@ -236,7 +236,7 @@ TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_
 
 TEST(load_validation, a_hugectr_folder_of_another_dim_or_a_torn_key_file_is_refused) {
   temp_dir dir;
-  hugectr_folder f(dir.path, {5, -3, 7}, iota_rows(3));
+  hugectr_folder f(dir.path(), {5, -3, 7}, iota_rows(3));
   load_options o;
   o.allow_hugectr_folder = true;
   {
@@ -266,7 +266,7 @@ struct manifest_case {
 
 TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_files) {
   temp_dir dir;
-  const std::string save = small_save(dir.path);
+  const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   const json good = read_json(mpath);
   const std::uint64_t huge = std::uint64_t{1} << 62;
@@ -329,7 +329,7 @@ TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_fi
 
 TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_is_refused) {
   temp_dir dir;
-  const std::string save = small_save(dir.path);
+  const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   json m = read_json(mpath);
   auto& e = m["tables"][0];
@@ -352,7 +352,7 @@ TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_i
 // A save whose files pass their checksums but repeat a key or hold a non-finite float.
 TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_unless_allowed) {
   temp_dir dir;
-  const std::string save = small_save(dir.path);
+  const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   const json good = read_json(mpath);
   const std::string keys_before = read_bytes(save + "/emb/key");
@@ -441,10 +441,10 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
     temp_dir dir;
     training_cache<std::int64_t> tc({}, {table_of(x.kind)});
     fill_rows(tc);
-    EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
-    const std::string folder = dir.path + "/save/emb/";
+    EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/save"));
+    const std::string folder = dir.path() + "/save/emb/";
     const auto rows = store_model(tc, 0);
-    const json files = read_json(dir.path + "/save/manifest.json")["tables"][0]["files"];
+    const json files = read_json(dir.path() + "/save/manifest.json")["tables"][0]["files"];
     EXPECT_FALSE(fs::exists(folder + "opt_state"));
     EXPECT_FALSE(files.contains("opt_state"));
     EXPECT_FALSE(fs::exists(folder + "slot_id"));  // no slot id known
@@ -460,14 +460,14 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
       EXPECT_EQ(files[x.files[p]]["xxh64"], xxh64_of(path));
     }
     training_cache<std::int64_t> back({}, {table_of(x.kind)});
-    EMBCACHE_ASSERT_OK(back.load(dir.path + "/save"));
+    EMBCACHE_ASSERT_OK(back.load(dir.path() + "/save"));
     EXPECT_TRUE(store_model(back, 0) == rows);
   }
 }
 
 TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_loads) {
   temp_dir dir;
-  const std::string save = dir.path + "/save";
+  const std::string save = dir.path() + "/save";
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   fill_rows(tc);
   EMBCACHE_ASSERT_OK(tc.save(save));
@@ -510,31 +510,31 @@ TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
   EMBCACHE_ASSERT_OK(tc.set_slot_ids(0, rev.data(), rev_ids.data(), rev.size()));
   EXPECT_EQ(tc.set_slot_ids(1, rev.data(), rev_ids.data(), 1).code(),
             status_code::invalid_argument);
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/a"));
-  const std::string a = read_bytes(dir.path + "/a/emb/slot_id");
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/a"));
+  const std::string a = read_bytes(dir.path() + "/a/emb/slot_id");
   EXPECT_TRUE(a == bytes_of(ids));
-  const json ma = read_json(dir.path + "/a/manifest.json");
-  EXPECT_EQ(ma["tables"][0]["files"]["slot_id"]["xxh64"], xxh64_of(dir.path + "/a/emb/slot_id"));
+  const json ma = read_json(dir.path() + "/a/manifest.json");
+  EXPECT_EQ(ma["tables"][0]["files"]["slot_id"]["xxh64"], xxh64_of(dir.path() + "/a/emb/slot_id"));
 
   training_cache<std::int64_t> back({}, {table_of(optimizer_kind::adam)});
   EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
-  EMBCACHE_ASSERT_OK(back.load(dir.path + "/a"));
+  EMBCACHE_ASSERT_OK(back.load(dir.path() + "/a"));
   EXPECT_EQ(back.slot_id(0, 40).value(), 25u);
-  EMBCACHE_ASSERT_OK(back.save(dir.path + "/b"));
+  EMBCACHE_ASSERT_OK(back.save(dir.path() + "/b"));
   for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
-    EXPECT_TRUE(read_bytes(dir.path + "/a/emb/" + file) == read_bytes(dir.path + "/b/emb/" + file))
+    EXPECT_TRUE(read_bytes(dir.path() + "/a/emb/" + file) == read_bytes(dir.path() + "/b/emb/" + file))
         << file;
   }
   // A folder without `slot_id` loaded over them forgets them.
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/c"));
-  fs::remove(dir.path + "/c/emb/slot_id");
-  json mc = read_json(dir.path + "/c/manifest.json");
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/c"));
+  fs::remove(dir.path() + "/c/emb/slot_id");
+  json mc = read_json(dir.path() + "/c/manifest.json");
   mc["tables"][0]["files"].erase("slot_id");
-  write_json(dir.path + "/c/manifest.json", mc);
-  EMBCACHE_ASSERT_OK(back.load(dir.path + "/c"));
+  write_json(dir.path() + "/c/manifest.json", mc);
+  EMBCACHE_ASSERT_OK(back.load(dir.path() + "/c"));
   EXPECT_EQ(back.slot_id(0, 40).get_status().code(), status_code::not_found);
-  EMBCACHE_ASSERT_OK(back.save(dir.path + "/d"));
-  EXPECT_FALSE(fs::exists(dir.path + "/d/emb/slot_id"));
+  EMBCACHE_ASSERT_OK(back.save(dir.path() + "/d"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/d/emb/slot_id"));
 }
 
 TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
@@ -544,9 +544,9 @@ TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
   const std::int64_t some[2] = {2, 40};
   const std::uint64_t some_ids[2] = {11, 12};
   EMBCACHE_ASSERT_OK(tc.set_slot_ids(0, some, some_ids, 2));
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/partial"));
-  EXPECT_FALSE(fs::exists(dir.path + "/partial/emb/slot_id"));
-  const json m = read_json(dir.path + "/partial/manifest.json")["tables"][0];
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/partial"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/partial/emb/slot_id"));
+  const json m = read_json(dir.path() + "/partial/manifest.json")["tables"][0];
   EXPECT_FALSE(m["files"].contains("slot_id"));
   EXPECT_EQ(m["rows_without_slot_id"], 2);
 
@@ -557,11 +557,11 @@ TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
   fill_rows(derived);
   EMBCACHE_ASSERT_OK(derived.set_slot_ids(0, some, some_ids, 2));
   EXPECT_EQ(derived.slot_id(0, -9).value(), std::uint64_t(0xf7 + 100));
-  EMBCACHE_ASSERT_OK(derived.save(dir.path + "/full"));
+  EMBCACHE_ASSERT_OK(derived.save(dir.path() + "/full"));
   const std::vector<std::uint64_t> want = {0xf7 + 100, 11, 12, 100};
-  EXPECT_TRUE(read_bytes(dir.path + "/full/emb/slot_id") == bytes_of(want));
+  EXPECT_TRUE(read_bytes(dir.path() + "/full/emb/slot_id") == bytes_of(want));
   EXPECT_FALSE(
-      read_json(dir.path + "/full/manifest.json")["tables"][0].contains("rows_without_slot_id"));
+      read_json(dir.path() + "/full/manifest.json")["tables"][0].contains("rows_without_slot_id"));
 }
 
 // A plain HugeCTR folder of an Adam table with slot ids: `slot_keys`, rows 0.5 + i.
@@ -587,7 +587,7 @@ struct hugectr_adam_folder {
 
 TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resaves_them) {
   temp_dir dir;
-  hugectr_adam_folder f(dir.path);
+  hugectr_adam_folder f(dir.path());
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   load_options o;
   o.allow_hugectr_folder = true;
@@ -601,9 +601,9 @@ TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resav
     EXPECT_EQ(rows.at(slot_keys[i]), want) << slot_keys[i];
     EXPECT_EQ(tc.slot_id(0, slot_keys[i]).value(), f.slots[i]);
   }
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/save"));
   for (const char* file : {"key", "emb_vector", "slot_id", "Adam.m", "Adam.v"}) {
-    EXPECT_TRUE(read_bytes(f.table + "/" + file) == read_bytes(dir.path + "/save/emb/" + file))
+    EXPECT_TRUE(read_bytes(f.table + "/" + file) == read_bytes(dir.path() + "/save/emb/" + file))
         << file;
   }
   // An AdaGrad table ignores Adam's files: its state is initialized.
@@ -628,7 +628,7 @@ TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
                              torn_case{"Adam.v", 0, "/Adam.v' is missing while 'Adam.m'"},
                              torn_case{"Adam.m", 0, "/Adam.m' is missing while 'Adam.v'"}}) {
     SCOPED_TRACE(std::string(c.file) + " " + std::to_string(c.size));
-    hugectr_adam_folder fresh(dir.path);
+    hugectr_adam_folder fresh(dir.path());
     const std::string path = fresh.table + "/" + c.file;
     if (c.size == 0)
       fs::remove(path);
@@ -646,10 +646,10 @@ TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
     EXPECT_TRUE(store_model(tc, 0) == before);
   }
   // In a save, against the manifest.
-  const hugectr_adam_folder whole_folder(dir.path);
+  const hugectr_adam_folder whole_folder(dir.path());
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   EMBCACHE_ASSERT_OK(tc.load(whole_folder.dir, o));
-  const std::string save = dir.path + "/save";
+  const std::string save = dir.path() + "/save";
   EMBCACHE_ASSERT_OK(tc.save(save));
   for (const char* file : {"slot_id", "Adam.v"}) {
     SCOPED_TRACE(file);
@@ -687,25 +687,25 @@ TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
   // A cache smaller than the key space, so rows are evicted and written back.
   training_cache<std::int64_t> whole({}, {emb_table(30)});
   run(whole, 0, passes);
-  EMBCACHE_ASSERT_OK(whole.save(dir.path + "/whole"));
+  EMBCACHE_ASSERT_OK(whole.save(dir.path() + "/whole"));
 
   training_cache<std::int64_t> first({}, {emb_table(30)});
   run(first, 0, split);
-  EMBCACHE_ASSERT_OK(first.save(dir.path + "/half"));
+  EMBCACHE_ASSERT_OK(first.save(dir.path() + "/half"));
   training_cache<std::int64_t> rest({}, {emb_table(30)});
-  EMBCACHE_ASSERT_OK(rest.load(dir.path + "/half"));
+  EMBCACHE_ASSERT_OK(rest.load(dir.path() + "/half"));
   run(rest, split, passes);
-  EMBCACHE_ASSERT_OK(rest.save(dir.path + "/rest"));
+  EMBCACHE_ASSERT_OK(rest.save(dir.path() + "/rest"));
 
   for (const char* file : {"key", "emb_vector", "AdaGrad.accm"}) {
-    const std::string a = read_bytes(dir.path + "/whole/emb/" + file);
+    const std::string a = read_bytes(dir.path() + "/whole/emb/" + file);
     EXPECT_GT(a.size(), 0u) << file;
-    EXPECT_TRUE(a == read_bytes(dir.path + "/rest/emb/" + file)) << file;
+    EXPECT_TRUE(a == read_bytes(dir.path() + "/rest/emb/" + file)) << file;
   }
   const std::uint64_t loaded_version =
-      read_json(dir.path + "/half/manifest.json")["tables"][0]["version"].get<std::uint64_t>();
-  const std::string keys = read_bytes(dir.path + "/rest/emb/key");
-  const std::string vers = read_bytes(dir.path + "/rest/emb/version");
+      read_json(dir.path() + "/half/manifest.json")["tables"][0]["version"].get<std::uint64_t>();
+  const std::string keys = read_bytes(dir.path() + "/rest/emb/key");
+  const std::string vers = read_bytes(dir.path() + "/rest/emb/version");
   std::set<std::int64_t> changed;
   for (int p = split; p < passes; ++p)
     for (auto k : keys_of_pass(p)) changed.insert(k);

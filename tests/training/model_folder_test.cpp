@@ -1,7 +1,7 @@
-// The model-folder module (src/training/model_folder.hpp): save_stores writes, from stores alone,
+// The model-folder module (src/format/model_folder.hpp): save_stores writes, from stores alone,
 // the folder a training cache over the same stores saves; saves stream in batches; one manifest
 // reader serves the training cache's load and serving alike.
-#include "training/model_folder.hpp"
+#include "format/model_folder.hpp"
 
 #include <gtest/gtest.h>
 
@@ -97,7 +97,7 @@ TEST(model_folder, save_stores_writes_the_folder_a_training_cache_saves) {
   auto tables = two_tables(70000, 1000);
   std::vector<std::uint64_t> progress;
   EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(
-      dir.path + "/stores", tables, [&](std::uint64_t done, std::uint64_t total) {
+      dir.path() + "/stores", tables, [&](std::uint64_t done, std::uint64_t total) {
         EXPECT_EQ(total, 71000u);
         progress.push_back(done);
       }));
@@ -105,20 +105,20 @@ TEST(model_folder, save_stores_writes_the_folder_a_training_cache_saves) {
   {
     // The same stores behind a training cache (the trainer's host-hybrid path before).
     training_cache<std::int64_t> tc({}, tables);
-    EMBCACHE_ASSERT_OK(tc.save(dir.path + "/cache"));
+    EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/cache"));
   }
-  expect_same_folders(dir.path + "/stores", dir.path + "/cache");
-  EXPECT_TRUE(fs::exists(dir.path + "/stores/wide/slot_id"));
-  EXPECT_FALSE(fs::exists(dir.path + "/stores/deep/slot_id"));  // no slot ids known
-  EXPECT_FALSE(fs::exists(dir.path + "/stores.tmp"));
+  expect_same_folders(dir.path() + "/stores", dir.path() + "/cache");
+  EXPECT_TRUE(fs::exists(dir.path() + "/stores/wide/slot_id"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/stores/deep/slot_id"));  // no slot ids known
+  EXPECT_FALSE(fs::exists(dir.path() + "/stores.tmp"));
   // It loads back into a cache: the same rows.
   auto fresh = two_tables(0, 0);
   training_cache<std::int64_t> back({}, fresh);
-  EMBCACHE_ASSERT_OK(back.load(dir.path + "/stores"));
+  EMBCACHE_ASSERT_OK(back.load(dir.path() + "/stores"));
   training_cache<std::int64_t> source({}, tables);
   for (std::size_t t = 0; t < 2; ++t) EXPECT_TRUE(store_model(back, t) == store_model(source, t));
   // The reader serving uses (read_model_folder) sees every row, in key order.
-  auto m = detail::read_folder_manifest(dir.path + "/stores", detail::folder_kind::model);
+  auto m = detail::read_folder_manifest(dir.path() + "/stores", detail::folder_kind::model);
   EMBCACHE_ASSERT_OK(m);
   ASSERT_EQ(m.value().tables.size(), 2u);
   EXPECT_EQ(m.value().tables[0].version, 70000u);  // the store's max_version
@@ -146,13 +146,13 @@ TEST(model_folder, set_run_id_gives_the_identity_saves_and_loads_carry) {
   const std::string id = "00112233445566778899aabbccddeeff";
   EMBCACHE_ASSERT_OK(tc.set_run_id(id));
   EXPECT_EQ(tc.run_id(), id);
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save"));
-  auto m = detail::read_folder_manifest(dir.path + "/save", detail::folder_kind::model);
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/save"));
+  auto m = detail::read_folder_manifest(dir.path() + "/save", detail::folder_kind::model);
   EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().run_id, id);
   training_cache<std::int64_t> back({}, two_tables(0, 0));
   EXPECT_NE(back.run_id(), id);
-  EMBCACHE_ASSERT_OK(back.load(dir.path + "/save"));
+  EMBCACHE_ASSERT_OK(back.load(dir.path() + "/save"));
   EXPECT_EQ(back.run_id(), id);
 }
 
@@ -160,34 +160,34 @@ TEST(model_folder, save_stores_refuses_a_table_without_a_store_or_of_another_wid
   temp_dir dir;
   auto tables = two_tables(10, 10);
   tables[1].store = nullptr;
-  const status none = detail::save_stores<std::int64_t>(dir.path + "/x", tables);
+  const status none = detail::save_stores<std::int64_t>(dir.path() + "/x", tables);
   EXPECT_EQ(none.code(), status_code::invalid_argument) << none.to_string();
   EXPECT_NE(none.message().find("table 1 'deep' has no store"), std::string::npos)
       << none.message();
   tables = two_tables(10, 10);
   tables[1].optimizer.kind = optimizer_kind::adam;  // 8 + 16 floats, the store holds 8 + 8
-  const status width = detail::save_stores<std::int64_t>(dir.path + "/x", tables);
+  const status width = detail::save_stores<std::int64_t>(dir.path() + "/x", tables);
   EXPECT_EQ(width.code(), status_code::invalid_argument) << width.to_string();
   EXPECT_NE(width.message().find("store row width 16"), std::string::npos) << width.message();
-  EXPECT_FALSE(fs::exists(dir.path + "/x"));
+  EXPECT_FALSE(fs::exists(dir.path() + "/x"));
 }
 
 TEST(model_folder, the_manifest_reader_refuses_for_load_and_serving_alike) {
   temp_dir dir;
   auto tables = two_tables(20, 20);
-  EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(dir.path + "/m", tables));
-  std::ofstream(dir.path + "/m/manifest.json", std::ios::trunc) << "[1, 2]";
-  const std::string want = "'" + dir.path + "/m/manifest.json' is not a JSON object";
+  EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(dir.path() + "/m", tables));
+  std::ofstream(dir.path() + "/m/manifest.json", std::ios::trunc) << "[1, 2]";
+  const std::string want = "'" + dir.path() + "/m/manifest.json' is not a JSON object";
   training_cache<std::int64_t> tc({}, two_tables(0, 0));
-  const status s = tc.load(dir.path + "/m");
+  const status s = tc.load(dir.path() + "/m");
   EXPECT_EQ(s.code(), status_code::corruption);
   EXPECT_EQ(s.message(), "load: " + want);
-  const auto r = detail::read_folder_manifest(dir.path + "/m", detail::folder_kind::model);
+  const auto r = detail::read_folder_manifest(dir.path() + "/m", detail::folder_kind::model);
   EXPECT_EQ(r.get_status().code(), status_code::corruption);
   EXPECT_EQ(r.get_status().message(), want);  // serving's read_model_folder returns it as is
   // A delta's reader refuses a model's manifest by its format.
-  EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(dir.path + "/m", tables));
-  const auto d = detail::read_folder_manifest(dir.path + "/m", detail::folder_kind::delta);
+  EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(dir.path() + "/m", tables));
+  const auto d = detail::read_folder_manifest(dir.path() + "/m", detail::folder_kind::delta);
   EXPECT_EQ(d.get_status().code(), status_code::invalid_argument);
   EXPECT_NE(d.get_status().message().find("has format 'embcache-model', expected 'embcache-delta'"),
             std::string::npos)

@@ -13,27 +13,10 @@
 #include <vector>
 
 #include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
 #include "embcache/training_cache.hpp"
 
 namespace embcache::testing {
-
-/// A fresh folder under the temporary directory, removed with everything in it at destruction.
-struct temp_dir {
-  std::string path;
-  explicit temp_dir(const std::string& prefix = "embcache_training") {
-    std::string templ = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path = buf.data();
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-};
 
 /// Rows by key.
 template <class Key>

@@ -59,7 +59,7 @@ void leave_rows(const std::string& db, std::size_t dim, const std::string& optim
 
 TEST(trainer_store, a_new_run_refuses_a_store_path_holding_rows_unless_reuse_store) {
   temp_dir dir("embcache_trainer_store");
-  const std::string db = dir.path + "/db";
+  const std::string db = dir.path() + "/db";
   leave_rows(db, 16, "adam");
   trainer_config c = rocksdb_config(db);
   const std::size_t d = deep_index(c);
@@ -106,7 +106,7 @@ TEST(trainer_store, reuse_store_is_a_table_field_read_and_written_by_the_config)
 
 TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused) {
   temp_dir dir("embcache_trainer_store");
-  const std::string db = dir.path + "/db";
+  const std::string db = dir.path() + "/db";
   leave_rows(db, 24, "adagrad");  // 24 + 24 = 48 floats, like dim 16 with Adam
   trainer_config c = rocksdb_config(db);
   c.tables[deep_index(c)].reuse_store = true;
@@ -124,7 +124,7 @@ TEST(trainer_store, a_table_of_another_layout_with_the_same_row_width_is_refused
 
 TEST(trainer_store, a_resume_reuses_the_store_and_refuses_a_save_without_its_manifest) {
   temp_dir dir("embcache_trainer_store");
-  const std::string db = dir.path + "/db", save = dir.path + "/save";
+  const std::string db = dir.path() + "/db", save = dir.path() + "/save";
   {
     auto t = trainer::create(rocksdb_config(db));
     EMBCACHE_ASSERT_OK(t);

@@ -265,8 +265,8 @@ TYPED_TEST_P(stores, swap_transparency_small_cache_equals_full_cache) {
   // tight: every leaving row is evicted at its boundary (max_resident = capacity); otherwise
   // leaving rows may stay in the table's slack.
   auto run = [&](std::size_t cap, const std::string& sub, bool use_prefetch, bool tight = false) {
-    auto sa = TypeParam::make(dir.path + "/" + sub, "a", dim * 3);
-    auto sb = TypeParam::make(dir.path + "/" + sub, "b", dim * 2);
+    auto sa = TypeParam::make(dir.path() + "/" + sub, "a", dim * 3);
+    auto sb = TypeParam::make(dir.path() + "/" + sub, "b", dim * 2);
     auto opts = two_tables<Key>(cap, cap, sa, sb);
     for (auto& o : opts) o.max_resident = tight ? cap : 0;
     training_cache<Key, Space> tc({}, opts);
@@ -307,8 +307,8 @@ TYPED_TEST_P(stores, export_base_plus_deltas_equals_model) {
   using Space = typename TypeParam::space_type;
   temp_dir dir;
   const auto passes = script<Key>(1500, 150, 7);
-  auto sa = TypeParam::make(dir.path, "a", dim * 3);
-  auto sb = TypeParam::make(dir.path, "b", dim * 2);
+  auto sa = TypeParam::make(dir.path(), "a", dim * 3);
+  auto sb = TypeParam::make(dir.path(), "b", dim * 2);
   training_cache<Key, Space> tc({}, two_tables<Key>(200, 160, sa, sb));
   EMBCACHE_ASSERT_OK(tc.begin_pass(passes[0]));
   train_pass(tc, passes[0], 0);
@@ -335,7 +335,7 @@ TYPED_TEST_P(stores, export_base_plus_deltas_equals_model) {
     if (p % 2 == 0 || p + 1 == passes.size()) {
       std::string path;
       if (p == 4) {
-        auto r = tc.export_incremental_to(dir.path + "/deltas", true);
+        auto r = tc.export_incremental_to(dir.path() + "/deltas", true);
         EMBCACHE_ASSERT_OK(r);
         path = r.value();
         EXPECT_TRUE(fs::exists(path + "/manifest.json"));
@@ -360,7 +360,7 @@ TYPED_TEST_P(stores, export_base_plus_deltas_equals_model) {
     }
     if (p == 4) {
       // Apply the folder written above.
-      const std::string path = dir.path + "/deltas/delta-000001";
+      const std::string path = dir.path() + "/deltas/delta-000001";
       for (int t = 0; t < 2; ++t) {
         const std::string f = path + "/" + (t == 0 ? "a" : "b");
         const std::size_t sw = t == 0 ? 2 * dim : dim;
@@ -406,7 +406,7 @@ TYPED_TEST_P(conformance, a_failed_delta_write_loses_no_row) {
   using Space = TypeParam;
   using Key = std::int64_t;
   temp_dir dir;
-  const std::string disk = dir.path + "/small_disk";
+  const std::string disk = dir.path() + "/small_disk";
   fs::create_directories(disk);
   if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, "size=65536") != 0) {
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
@@ -461,13 +461,13 @@ TYPED_TEST_P(conformance, an_export_takes_a_given_delta_number_past_the_folder_s
   training_cache<Key, Space> tc({}, two_tables<Key>(500, 500));
   EMBCACHE_ASSERT_OK(tc.begin_pass(passes[0]));
   train_pass(tc, passes[0], 0);
-  auto first = tc.export_incremental_to(dir.path, false, 3);
+  auto first = tc.export_incremental_to(dir.path(), false, 3);
   EMBCACHE_ASSERT_OK(first);
-  EXPECT_EQ(first.value(), dir.path + "/delta-000003");
+  EXPECT_EQ(first.value(), dir.path() + "/delta-000003");
   EMBCACHE_ASSERT_OK(tc.begin_pass(passes[1]));
   train_pass(tc, passes[1], 1);
   for (const std::uint64_t bad : {std::uint64_t{2}, std::uint64_t{3}, std::uint64_t{1000000}}) {
-    auto refused = tc.export_incremental_to(dir.path, false, bad);
+    auto refused = tc.export_incremental_to(dir.path(), false, bad);
     ASSERT_FALSE(refused.ok()) << bad;
     EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
     EXPECT_NE(refused.get_status().message().find("delta number " + std::to_string(bad)),
@@ -475,9 +475,9 @@ TYPED_TEST_P(conformance, an_export_takes_a_given_delta_number_past_the_folder_s
         << refused.get_status().to_string();
   }
   // The refusals exported nothing: the next delta still holds the second pass's rows.
-  auto next = tc.export_incremental_to(dir.path, false);
+  auto next = tc.export_incremental_to(dir.path(), false);
   EMBCACHE_ASSERT_OK(next);
-  EXPECT_EQ(next.value(), dir.path + "/delta-000004");
+  EXPECT_EQ(next.value(), dir.path() + "/delta-000004");
   auto empty = tc.export_incremental(false);
   EMBCACHE_ASSERT_OK(empty);
   EXPECT_EQ(empty.value()[0].keys.size() + empty.value()[1].keys.size(), 0u);
@@ -495,7 +495,7 @@ TYPED_TEST_P(conformance, save_reports_its_progress_by_rows) {
     train_pass(tc, p, 0);
   }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> calls;
-  EMBCACHE_ASSERT_OK(tc.save(dir.path + "/save", [&](std::uint64_t done, std::uint64_t total) {
+  EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/save", [&](std::uint64_t done, std::uint64_t total) {
     calls.emplace_back(done, total);
   }));
   const std::uint64_t a = tc.store(0).size(), b = tc.store(1).size();
@@ -511,18 +511,18 @@ TYPED_TEST_P(stores, save_load_round_trip_and_refusals) {
   temp_dir dir;
   const auto passes = script<Key>(800, 100, 3);
   training_cache<Key, Space> tc(
-      {}, two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s1", "a", dim * 3),
-                          TypeParam::make(dir.path + "/s1", "b", dim * 2)));
+      {}, two_tables<Key>(150, 150, TypeParam::make(dir.path() + "/s1", "a", dim * 3),
+                          TypeParam::make(dir.path() + "/s1", "b", dim * 2)));
   for (std::size_t p = 0; p < passes.size(); ++p) {
     EMBCACHE_ASSERT_OK(tc.begin_pass(passes[p]));
     train_pass(tc, passes[p], int(p));
   }
-  const std::string ckpt = dir.path + "/ckpt";
+  const std::string ckpt = dir.path() + "/ckpt";
   EMBCACHE_ASSERT_OK(tc.save(ckpt));
   const auto a = store_model(tc, 0), b = store_model(tc, 1);
   training_cache<Key, Space> other(
-      {}, two_tables<Key>(150, 150, TypeParam::make(dir.path + "/s2", "a", dim * 3),
-                          TypeParam::make(dir.path + "/s2", "b", dim * 2)));
+      {}, two_tables<Key>(150, 150, TypeParam::make(dir.path() + "/s2", "a", dim * 3),
+                          TypeParam::make(dir.path() + "/s2", "b", dim * 2)));
   EMBCACHE_ASSERT_OK(other.begin_pass(passes[0]));  // rows that load must replace
   EMBCACHE_ASSERT_OK(other.end_training());
   const status s = other.load(ckpt);
@@ -546,7 +546,7 @@ TYPED_TEST_P(stores, save_load_round_trip_and_refusals) {
     EXPECT_NE(e.message().find("'b'"), std::string::npos) << e.message();
   }
   // Missing folder.
-  EXPECT_EQ(other.load(dir.path + "/nowhere").code(), status_code::not_found);
+  EXPECT_EQ(other.load(dir.path() + "/nowhere").code(), status_code::not_found);
   // Corrupted file: one flipped byte.
   {
     const std::string f = ckpt + "/a/emb_vector";
@@ -571,7 +571,7 @@ TYPED_TEST_P(stores, save_load_round_trip_and_refusals) {
 TYPED_TEST_P(conformance, loads_a_plain_hugectr_folder) {
   using Space = TypeParam;
   temp_dir dir;
-  const std::string folder = dir.path + "/model/emb";
+  const std::string folder = dir.path() + "/model/emb";
   fs::create_directories(folder);
   std::vector<std::int64_t> keys = {5, -3, 1000000000000};
   std::vector<float> vec = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
@@ -588,7 +588,7 @@ TYPED_TEST_P(conformance, loads_a_plain_hugectr_folder) {
   training_cache<std::int64_t, Space> tc({}, {o});
   load_options hugectr;
   hugectr.allow_hugectr_folder = true;
-  const status s = tc.load(dir.path + "/model", hugectr);
+  const status s = tc.load(dir.path() + "/model", hugectr);
   EMBCACHE_ASSERT_OK(s);
   auto m = store_model(tc, 0);
   ASSERT_EQ(m.size(), 3u);
@@ -596,7 +596,7 @@ TYPED_TEST_P(conformance, loads_a_plain_hugectr_folder) {
   // A folder of another dim is refused.
   o.dim = 3;
   training_cache<std::int64_t, Space> wrong({}, {o});
-  EXPECT_EQ(wrong.load(dir.path + "/model", hugectr).code(), status_code::invalid_argument);
+  EXPECT_EQ(wrong.load(dir.path() + "/model", hugectr).code(), status_code::invalid_argument);
 }
 
 // --- keyset errors -------------------------------------------------------------------------------
@@ -607,14 +607,14 @@ TYPED_TEST_P(conformance, keyset_errors_are_clear_and_change_nothing) {
   std::vector<std::int64_t> k1(100), big(300);
   for (std::size_t i = 0; i < k1.size(); ++i) k1[i] = std::int64_t(i) * 7;
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = std::int64_t(i);
-  const std::string p1 = dir.path + "/k1", pbig = dir.path + "/big", praw = dir.path + "/raw";
+  const std::string p1 = dir.path() + "/k1", pbig = dir.path() + "/big", praw = dir.path() + "/raw";
   EMBCACHE_ASSERT_OK(write_keyset(p1, k1.data(), k1.size()));
   EMBCACHE_ASSERT_OK(write_keyset(pbig, big.data(), big.size()));
   EMBCACHE_ASSERT_OK(write_keyset(praw, k1.data(), k1.size(), keyset_format::hugectr_raw));
   std::vector<std::uint32_t> k32 = {1, 2, 3};
-  const std::string p32 = dir.path + "/k32";
+  const std::string p32 = dir.path() + "/k32";
   EMBCACHE_ASSERT_OK(write_keyset(p32, k32.data(), k32.size()));
-  const std::string ptrunc = dir.path + "/trunc";
+  const std::string ptrunc = dir.path() + "/trunc";
   fs::copy_file(p1, ptrunc);
   fs::resize_file(ptrunc, fs::file_size(p1) - 5);
 
@@ -631,7 +631,7 @@ TYPED_TEST_P(conformance, keyset_errors_are_clear_and_change_nothing) {
   EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
   s = tc.begin_pass_files({p32});
   EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
-  s = tc.begin_pass_files({dir.path + "/missing"});
+  s = tc.begin_pass_files({dir.path() + "/missing"});
   EXPECT_EQ(s.code(), status_code::not_found) << s.to_string();
   EXPECT_NE(s.message().find("missing"), std::string::npos);
   s = tc.begin_pass_files({p1, p1});
@@ -1160,13 +1160,13 @@ TYPED_TEST_P(conformance, load_while_a_write_behind_is_pending_keeps_the_loaded_
   using Space = TypeParam;
   temp_dir dir;
   wb_fixture<Space> f;
-  EMBCACHE_ASSERT_OK(f.tc->save(dir.path + "/ckpt"));
+  EMBCACHE_ASSERT_OK(f.tc->save(dir.path() + "/ckpt"));
   const auto saved = store_model(*f.tc, 0);
   std::vector<float> other(f.rows.size(), -3.0f);
   EMBCACHE_ASSERT_OK(f.tc->assign(0, f.a.data(), f.a.size(), other.data()));
   f.leave_with_push_held();
   auto opener = f.open_later();
-  EMBCACHE_ASSERT_OK(f.tc->load(dir.path + "/ckpt"));
+  EMBCACHE_ASSERT_OK(f.tc->load(dir.path() + "/ckpt"));
   opener.join();
   EXPECT_TRUE(store_model(*f.tc, 0) == saved);
 }
@@ -1718,7 +1718,7 @@ TYPED_TEST_P(conformance, child_saves_in_a_loop) {
 TYPED_TEST_P(conformance, kill_during_save_keeps_previous_save) {
   using Space = TypeParam;
   temp_dir dir;
-  const std::string ckpt = dir.path + "/ckpt";
+  const std::string ckpt = dir.path() + "/ckpt";
   {
     auto tc = make_crash_model<Space>();
     EMBCACHE_ASSERT_OK(tc->save(ckpt));
@@ -1957,15 +1957,15 @@ void expect_same_moves(const outcome<Key>& a, const outcome<Key>& b) {
 TYPED_TEST_P(conformance, keyset_passes_match_the_host_space) {
   using Space = TypeParam;
   temp_dir d;
-  const auto ref = run_keyset_script<std::int64_t, host_space>(400, d.path + "/host");
-  const auto got = run_keyset_script<std::int64_t, Space>(400, d.path + "/space");
+  const auto ref = run_keyset_script<std::int64_t, host_space>(400, d.path() + "/host");
+  const auto got = run_keyset_script<std::int64_t, Space>(400, d.path() + "/space");
   expect_same_exports(ref, got);
   EXPECT_EQ(ref.reads, got.reads);
   EXPECT_EQ(ref.stores, got.stores);
   EXPECT_EQ(got.stores, got.reloaded);
   for (const auto& m : got.stores) EXPECT_GT(m.size(), 1000u);
   // Every leaving row evicted at its boundary (max_resident = capacity): the same model.
-  const auto tight = run_keyset_script<std::int64_t, Space>(400, d.path + "/tight", true);
+  const auto tight = run_keyset_script<std::int64_t, Space>(400, d.path() + "/tight", true);
   expect_same_exports(ref, tight);
   EXPECT_EQ(ref.reads, tight.reads);
   EXPECT_EQ(ref.stores, tight.stores);
@@ -1976,8 +1976,8 @@ TYPED_TEST_P(conformance, keyset_passes_match_the_host_space) {
 TYPED_TEST_P(conformance, small_cache_leaves_the_same_store_as_a_full_one) {
   using Space = TypeParam;
   temp_dir d;
-  const auto small = run_keyset_script<std::uint32_t, Space>(300, d.path + "/small");
-  const auto full = run_keyset_script<std::uint32_t, Space>(8000, d.path + "/full");
+  const auto small = run_keyset_script<std::uint32_t, Space>(300, d.path() + "/small");
+  const auto full = run_keyset_script<std::uint32_t, Space>(8000, d.path() + "/full");
   EXPECT_EQ(small.stores, full.stores);
   EXPECT_GT(rows_evicted(small), 0u);  // the small cache did swap
 }
