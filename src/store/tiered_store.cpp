@@ -65,7 +65,7 @@ struct tiered_store<Key>::impl {
   }
 
   void set_dirty(slot& sl, bool d) {
-    if (sl.dirty != d) dirty += d ? 1 : std::size_t(-1);
+    if (sl.dirty != d) d ? ++dirty : --dirty;
     sl.dirty = d;
   }
 
