@@ -16,6 +16,10 @@ embcache_packages=(
   libhiredis-dev redis-server
   # Scale-out over MPI (embcache::mpi, tests/distributed run under mpirun, bench_distributed).
   libopenmpi-dev openmpi-bin
+  # The Python package embcache (python/) for the system interpreter /usr/bin/python3, and its
+  # tests (pytest, NumPy, PyTorch).
+  python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-numpy
+  python3-torch
 )
 
 embcache_missing=()
