@@ -175,7 +175,8 @@ array_arg array_arg::borrow(py::handle obj, const char* name, dtype type, int nd
     check_ndim(n, a.shape_, ndim);
     if (!PyBuffer_IsContiguous(&v, 'C'))
       value_error(n + ": expected a C-contiguous array (make one with numpy.ascontiguousarray)");
-    if (writable && v.readonly) value_error(n + ": the array is read-only; the call writes into it");
+    if (writable && v.readonly)
+      value_error(n + ": the array is read-only; the call writes into it");
     a.data_ = v.buf;
   } else if (py::hasattr(obj, "__dlpack__")) {
     py::object capsule = obj.attr("__dlpack__")();
@@ -200,11 +201,9 @@ array_arg array_arg::borrow(py::handle obj, const char* name, dtype type, int nd
         expected *= t.shape[d];
       }
     }
-    const bool on_host = t.device.device_type == kDLCPU ||
-                         t.device.device_type == kDLCUDAHost ||
+    const bool on_host = t.device.device_type == kDLCPU || t.device.device_type == kDLCUDAHost ||
                          t.device.device_type == kDLCUDAManaged;
-    const bool on_cuda =
-        t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged;
+    const bool on_cuda = t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged;
     if (where == memory::host && !on_host)
       value_error(n + ": expected an array in host memory, got one on DLPack device type " +
                   std::to_string(t.device.device_type) + " (device " +
@@ -230,9 +229,9 @@ void array_arg::require_size(std::size_t n, const char* what) const {
 }
 
 void array_arg::require_rows(std::size_t rows, std::size_t cols) const {
-  const bool ok = (shape_.size() == 2 && std::size_t(shape_[0]) == rows &&
-                   std::size_t(shape_[1]) == cols) ||
-                  (shape_.size() == 1 && size_ == rows * cols);
+  const bool ok =
+      (shape_.size() == 2 && std::size_t(shape_[0]) == rows && std::size_t(shape_[1]) == cols) ||
+      (shape_.size() == 1 && size_ == rows * cols);
   if (!ok)
     value_error(name_ + ": expected shape (" + std::to_string(rows) + ", " + std::to_string(cols) +
                 ") or " + std::to_string(rows * cols) + " flat elements, got shape " +

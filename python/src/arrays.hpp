@@ -84,8 +84,8 @@ py::array_t<T> new_array(std::vector<py::ssize_t> shape) {
   return py::array_t<T>(std::move(shape));
 }
 
-/// An array a call writes into: the caller's `out` (checked: writable, `type`, C-contiguous, exactly
-/// `shape`) or, for None, a new NumPy array of `shape`. `object` is what the call returns.
+/// An array a call writes into: the caller's `out` (checked: writable, `type`, C-contiguous,
+/// exactly `shape`) or, for None, a new NumPy array of `shape`. `object` is what the call returns.
 struct output {
   py::object object;
   array_arg view;

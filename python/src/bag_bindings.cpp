@@ -49,8 +49,8 @@ class embedding_bag {
       offsets_.assign(o.as<std::int64_t>(), o.as<std::int64_t>() + o.size());
     }
     const std::size_t bags = offsets_.size() - 1;
-    auto pooled = output::make(out, "out", dtype::float32,
-                               {std::int64_t(bags), std::int64_t(dim_)});
+    auto pooled =
+        output::make(out, "out", dtype::float32, {std::int64_t(bags), std::int64_t(dim_)});
     slots_.resize(n);
     status s;
     {
@@ -60,8 +60,9 @@ class embedding_bag {
         auto& c = ref_->cache->cache(table_);
         batch_ = {bags, 1, offsets_.data(), slots_.data(), n};
         s = check_batch(batch_, c.capacity());
-        if (s.ok()) lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
-                                   pooled.as<float>());
+        if (s.ok())
+          lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
+                         pooled.as<float>());
       }
     }
     if (!s.ok()) {
@@ -115,7 +116,8 @@ class embedding_bag {
   // Keyset mode: the pass's keyset must hold every key; on-demand: misses are fetched.
   status find_slots(const key* keys, std::size_t n) {
     auto& tc = *ref_->cache;
-    if (tc.options().mode == cache_mode::on_demand) return tc.lookup(table_, keys, n, slots_.data());
+    if (tc.options().mode == cache_mode::on_demand)
+      return tc.lookup(table_, keys, n, slots_.data());
     EMBCACHE_RETURN_IF_ERROR(tc.cache(table_).lookup_slots(keys, n, slots_.data()));
     for (std::size_t i = 0; i < n; ++i) {
       if (slots_[i] < 0)

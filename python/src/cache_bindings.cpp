@@ -45,7 +45,8 @@ array_arg keys_arg(py::handle keys) {
 py::tuple find(host_cache& c, py::handle keys, py::handle out) {
   auto k = keys_arg(keys);
   const std::size_t n = k.size();
-  auto rows = output::make(out, "out", dtype::float32, {std::int64_t(n), std::int64_t(c.row_width())});
+  auto rows =
+      output::make(out, "out", dtype::float32, {std::int64_t(n), std::int64_t(c.row_width())});
   auto found = output::make(py::none(), "found", dtype::boolean, {std::int64_t(n)});
   {
     py::gil_scoped_release nogil;
@@ -57,7 +58,8 @@ py::tuple find(host_cache& c, py::handle keys, py::handle out) {
 py::tuple find_or_insert(host_cache& c, py::handle keys, py::handle out) {
   auto k = keys_arg(keys);
   const std::size_t n = k.size();
-  auto rows = output::make(out, "out", dtype::float32, {std::int64_t(n), std::int64_t(c.row_width())});
+  auto rows =
+      output::make(out, "out", dtype::float32, {std::int64_t(n), std::int64_t(c.row_width())});
   auto inserted = output::make(py::none(), "inserted", dtype::boolean, {std::int64_t(n)});
   status s;
   {
@@ -157,8 +159,7 @@ py::tuple export_rows(const host_cache& c, py::object changed_since) {
     status s;
     {
       py::gil_scoped_release nogil;
-      s = c.export_if(f, keys.as<key>(), rows.as<float>(), versions.as<std::uint64_t>(), n,
-                      &count);
+      s = c.export_if(f, keys.as<key>(), rows.as<float>(), versions.as<std::uint64_t>(), n, &count);
     }
     if (s.code() == status_code::capacity_exceeded) continue;
     check(s);
@@ -200,7 +201,8 @@ room for some keys; those that fit are inserted.)doc")
            R"doc(Inserts or overwrites rows ((n, row_width) or flat). `versions` (uint64, n)
 gives each row's version; None stamps the call's version. The last occurrence of a repeated key
 wins.)doc")
-      .def("erase", &erase, py::arg("keys"), "Removes keys (absent ones ignored); returns how many.")
+      .def("erase", &erase, py::arg("keys"),
+           "Removes keys (absent ones ignored); returns how many.")
       .def("lookup_slots", &lookup_slots, py::arg("keys"), py::arg("insert_missing") = false,
            py::arg("out") = py::none(),
            R"doc(Slot (row index into `rows`) of each key, -1 when absent; with

@@ -63,7 +63,8 @@ py::dict manifest_dict(const dataset_summary& s) {
     py::dict sd;
     sd["shard"] = f.shard;
     sd["keyset"] = f.keyset;
-    sd["crossed_keyset"] = f.crossed_keyset.empty() ? py::object(py::none()) : py::str(f.crossed_keyset);
+    sd["crossed_keyset"] =
+        f.crossed_keyset.empty() ? py::object(py::none()) : py::str(f.crossed_keyset);
     sd["rows"] = f.rows;
     sd["keys"] = f.has_key_counts ? py::object(py::int_(f.keys)) : py::object(py::none());
     sd["crossed_keys"] =
@@ -197,8 +198,7 @@ CorruptionError; a different number of crossed keys: InvalidArgumentError).)doc"
       .def("__next__", &reader::next)
       .def_property_readonly("total_rows", [](const reader& r) { return r.get().total_rows(); })
       .def_property_readonly("num_shards", [](const reader& r) { return r.get().num_shards(); })
-      .def_property_readonly("num_crossed",
-                             [](const reader& r) { return r.get().num_crossed(); });
+      .def_property_readonly("num_crossed", [](const reader& r) { return r.get().num_crossed(); });
   m.attr("CRITEO_DENSE_COUNT") = criteo_dense_count;
   m.attr("CRITEO_SLOT_COUNT") = criteo_slot_count;
 }

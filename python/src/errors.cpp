@@ -60,8 +60,9 @@ void bind_errors(py::module_& m) {
        "A host allocation the device needs (pinned memory) failed (out_of_host_memory)."},
   };
   for (const auto& s : specs) {
-    py::object bases = s.builtin ? py::object(py::make_tuple(py::handle(base), py::handle(s.builtin)))
-                                 : py::object(py::make_tuple(py::handle(base)));
+    py::object bases = s.builtin
+                           ? py::object(py::make_tuple(py::handle(base), py::handle(s.builtin)))
+                           : py::object(py::make_tuple(py::handle(base)));
     const std::string qualified = std::string("embcache.") + s.name;
     PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), s.doc, bases.ptr(), nullptr);
     if (cls == nullptr) throw py::error_already_set();

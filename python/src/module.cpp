@@ -7,8 +7,9 @@
 
 PYBIND11_MODULE(_embcache, m) {
   namespace ep = embcache::python;
-  m.doc() = "embcache from Python: the embedding cache, parameter stores, the training cache, "
-            "the data readers and apply_deltas (bindings of the C++ library).";
+  m.doc() =
+      "embcache from Python: the embedding cache, parameter stores, the training cache, "
+      "the data readers and apply_deltas (bindings of the C++ library).";
   m.attr("__version__") = EMBCACHE_VERSION_STRING;
   m.attr("BUILT_WITH_CUDA") = bool(EMBCACHE_BUILT_WITH_CUDA);
   ep::bind_errors(m);

@@ -5,8 +5,7 @@
 namespace embcache::python {
 
 void bad_choice(const char* what, const char* choices, const std::string& got) {
-  throw py::value_error(std::string(what) + ": expected one of " + choices + ", got '" + got +
-                        "'");
+  throw py::value_error(std::string(what) + ": expected one of " + choices + ", got '" + got + "'");
 }
 
 init_kind init_kind_of(const std::string& s) {

@@ -157,9 +157,9 @@ host_store<key>& as_host(store_ref& s) { return static_cast<host_store<key>&>(*s
 
 #ifdef EMBCACHE_PYTHON_ROCKSDB
 rocksdb_store_ref open_rocksdb(const std::string& path, const std::string& table_name,
-                       std::size_t row_width, std::size_t dim, const std::string& optimizer,
-                       const std::string& existing_rows, bool create_if_missing,
-                       std::size_t block_cache_bytes, int max_threads) {
+                               std::size_t row_width, std::size_t dim, const std::string& optimizer,
+                               const std::string& existing_rows, bool create_if_missing,
+                               std::size_t block_cache_bytes, int max_threads) {
   rocksdb_store_options o;
   o.path = path;
   o.table_name = table_name;
@@ -201,7 +201,8 @@ row of a missing key is left untouched.)doc")
       .def("push", &push, py::arg("keys"), py::arg("rows"), py::arg("versions") = py::none(),
            R"doc(Inserts or overwrites rows. `versions` None stamps every row with
 max_version + 1. The last occurrence of a repeated key wins.)doc")
-      .def("erase", &erase, py::arg("keys"), "Removes keys (absent ones ignored); returns how many.")
+      .def("erase", &erase, py::arg("keys"),
+           "Removes keys (absent ones ignored); returns how many.")
       .def("contains", &contains, py::arg("keys"), "Whether each key exists (bool array).")
       .def("for_each", &for_each, py::arg("fn"), py::arg("batch_size") = 65536,
            py::arg("changed_since") = py::none(),
@@ -210,14 +211,15 @@ row (or, with `changed_since`, every row whose version is greater) was visited.)
       .def("flush", &flush, "Makes every completed push durable.")
       .def("checkpoint", &checkpoint, py::arg("dir"),
            "Writes a consistent, self-describing copy of the store into the new folder `dir`.")
-      .def_property_readonly("row_width", [](const store_ref& s) { return s.store->row_width(); },
-                             "Floats per row (embedding + optimizer state).")
-      .def_property_readonly("table_name",
-                             [](const store_ref& s) { return s.store->table_name(); },
-                             "Name of the table the store holds.")
-      .def_property_readonly("max_version",
-                             [](const store_ref& s) { return s.store->max_version(); },
-                             "Highest version of any row pushed so far (0 when empty).")
+      .def_property_readonly(
+          "row_width", [](const store_ref& s) { return s.store->row_width(); },
+          "Floats per row (embedding + optimizer state).")
+      .def_property_readonly(
+          "table_name", [](const store_ref& s) { return s.store->table_name(); },
+          "Name of the table the store holds.")
+      .def_property_readonly(
+          "max_version", [](const store_ref& s) { return s.store->max_version(); },
+          "Highest version of any row pushed so far (0 when empty).")
       .def("__len__", [](store_ref& s) {
         std::lock_guard<std::mutex> lock(*s.calls);
         return s.store->size();
@@ -227,8 +229,8 @@ row (or, with `changed_since`, every row whose version is greater) was visited.)
 Parameter store in host memory (C++ host_store<int64_t>): a sharded flat index over a slab of rows
 that never moves.
 )doc")
-      .def(py::init([](const std::string& table_name, std::size_t row_width,
-                       std::size_t num_shards, std::size_t expected_rows, int max_threads) {
+      .def(py::init([](const std::string& table_name, std::size_t row_width, std::size_t num_shards,
+                       std::size_t expected_rows, int max_threads) {
              host_store_ref r;
              r.store = std::make_shared<host_store<key>>(
                  host_options(table_name, row_width, num_shards, expected_rows, max_threads));
@@ -267,8 +269,8 @@ per table, big-endian keys, rows with their version.
 )doc")
       .def(py::init(&open_rocksdb), py::arg("path"), py::arg("table_name"), py::arg("row_width"),
            py::arg("dim") = 0, py::arg("optimizer") = "", py::arg("existing_rows") = "refuse",
-           py::arg("create_if_missing") = true,
-           py::arg("block_cache_bytes") = std::size_t{1} << 30, py::arg("max_threads") = 0,
+           py::arg("create_if_missing") = true, py::arg("block_cache_bytes") = std::size_t{1} << 30,
+           py::arg("max_threads") = 0,
            R"doc(Opens (or creates) the table `table_name` in the database at `path`
 (rocksdb_store_options). `dim` and `optimizer` are part of the table's schema (a table recorded with
 another schema is InvalidArgumentError naming both); `existing_rows` 'refuse' (default: a table

@@ -97,8 +97,7 @@ py::dict counters_dict(training_ref& r) {
 }
 
 std::unique_ptr<training_ref> make_training(std::vector<tables_options> tables,
-                                            const std::string& mode,
-                                            const std::string& keyset_fmt,
+                                            const std::string& mode, const std::string& keyset_fmt,
                                             std::size_t prefetch_batch, bool write_behind) {
   training_cache_options o;
   o.mode = cache_mode_of(mode);
@@ -133,9 +132,8 @@ py::object lookup_slots(training_ref& r, py::handle t, py::handle keys, py::hand
   const std::size_t ti = r.index_of(t);
   auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
   auto slots = output::make(out, "out", dtype::int64, {std::int64_t(k.size())});
-  with_status(r, [&](auto& c) {
-    return c.cache(ti).lookup_slots(k.as<key>(), k.size(), slots.as<key>());
-  });
+  with_status(
+      r, [&](auto& c) { return c.cache(ti).lookup_slots(k.as<key>(), k.size(), slots.as<key>()); });
   return slots.object;
 }
 
@@ -196,8 +194,7 @@ py::list export_incremental(training_ref& r, bool with_state) {
     t["until_version"] = d.until_version;
     t["keys"] = to_numpy(std::move(d.keys), {n});
     t["vectors"] = to_numpy(std::move(d.vectors), {n, py::ssize_t(d.dim)});
-    t["states"] = to_numpy(std::move(d.states),
-                           {with_state ? n : 0, py::ssize_t(d.state_width)});
+    t["states"] = to_numpy(std::move(d.states), {with_state ? n : 0, py::ssize_t(d.state_width)});
     t["versions"] = to_numpy(std::move(d.versions), {n});
     const auto e = py::ssize_t(d.erased.size());
     t["erased"] = to_numpy(std::move(d.erased), {e});
@@ -301,10 +298,8 @@ or a store of another row width.)doc")
                                  names.push_back(r.cache->table(t).name);
                                return names;
                              })
-      .def_property_readonly("mode",
-                             [](const training_ref& r) {
-                               return to_string(r.cache->options().mode);
-                             })
+      .def_property_readonly(
+          "mode", [](const training_ref& r) { return to_string(r.cache->options().mode); })
       .def(
           "table_index",
           [](const training_ref& r, const std::string& name) {
@@ -316,9 +311,8 @@ or a store of another row width.)doc")
           [](const training_ref& r, py::handle t) { return r.cache->table(r.index_of(t)); },
           py::arg("t"), "Options of table `t` (init seed as given).")
       .def(
-          "row_width", [](const training_ref& r, py::handle t) {
-            return r.cache->row_width(r.index_of(t));
-          },
+          "row_width",
+          [](const training_ref& r, py::handle t) { return r.cache->row_width(r.index_of(t)); },
           py::arg("t"), "Floats per row of table `t`.")
       .def(
           "begin_pass",
@@ -354,8 +348,7 @@ place only rows of the current pass's keyset.)doc")
           },
           py::arg("paths"), "prefetch with keysets read from files.")
       .def_property_readonly(
-          "prefetch_pending",
-          [](const training_ref& r) { return r.cache->prefetch_pending(); },
+          "prefetch_pending", [](const training_ref& r) { return r.cache->prefetch_pending(); },
           "Whether a prefetch is staged or running.")
       .def("lookup", &lookup, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
            R"doc(On-demand mode: makes the keys resident and returns each key's slot (int64; its
@@ -376,7 +369,8 @@ mode: a key outside the pass's keyset). Nothing is fetched.)doc")
           R"doc(Table t's device rows as a (slots, row_width) float32 array without a copy. After
 an in-place update call mark_updated(t, slots).)doc")
       .def("mark_updated", &mark_updated, py::arg("t"), py::arg("slots"),
-           "Marks rows updated in place through rows(t) (they become dirty, exported, written back).")
+           "Marks rows updated in place through rows(t) (they become dirty, exported, written "
+           "back).")
       .def("assign", &assign, py::arg("t"), py::arg("keys"), py::arg("rows"),
            R"doc(Overwrites the rows of resident keys and marks them updated; NotFoundError for a
 key that is not resident (nothing written).)doc")
@@ -441,13 +435,15 @@ validated before anything changes.)doc")
           [](training_ref& r, py::handle t, key k) {
             return take(r.cache->slot_id(r.index_of(t), k));
           },
-          py::arg("t"), py::arg("key"), "The slot id save() writes for `key`; NotFoundError if none.")
+          py::arg("t"), py::arg("key"),
+          "The slot id save() writes for `key`; NotFoundError if none.")
       .def_property_readonly("counters", &counters_dict,
                              R"doc(Counters as a dict: passes, tables, and per table name the last
 pass's ('last') and the totals ('total'): hits, misses, rows_pulled, rows_staged, rows_pushed,
 rows_evicted, bytes and seconds per tier.)doc")
-      .def_property_readonly("run_id", [](const training_ref& r) { return r.cache->run_id(); },
-                             "The identity of the run recorded in every save and delta.")
+      .def_property_readonly(
+          "run_id", [](const training_ref& r) { return r.cache->run_id(); },
+          "The identity of the run recorded in every save and delta.")
       .def(
           "set_run_id",
           [](training_ref& r, const std::string& id) {

@@ -152,8 +152,8 @@ def test_bad_options_raise_invalid_argument():
 
 
 def test_bulk_calls_release_the_gil():
-    c = embcache.EmbeddingCache(capacity=1 << 21, dim=8)
-    keys = np.arange(1 << 20, dtype=np.int64)
+    c = embcache.EmbeddingCache(capacity=1 << 19, dim=8)
+    keys = np.arange(1 << 18, dtype=np.int64)
     assert runs_without_the_gil(lambda: c.find_or_insert(keys))
 
 
