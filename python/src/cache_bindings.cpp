@@ -4,8 +4,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
@@ -170,6 +173,31 @@ py::tuple export_rows(const host_cache& c, py::object changed_since) {
   }
 }
 
+// The baseline of benchmarks/python/bench_overhead.py: the fastest of `repeats` C++ calls of `op`
+// ('find' or 'lookup_slots') on `keys`, in seconds, with no Python between them.
+double time_cpp(host_cache& c, const std::string& op, py::handle keys, int repeats) {
+  auto k = keys_arg(keys);
+  const std::size_t n = k.size();
+  std::vector<float> rows(op == "find" ? n * c.row_width() : 0);
+  std::vector<std::int64_t> slots(n);
+  std::unique_ptr<bool[]> found(new bool[n]);
+  if (op != "find" && op != "lookup_slots")
+    throw py::value_error("op: expected 'find' or 'lookup_slots', got '" + op + "'");
+  py::gil_scoped_release nogil;
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (op == "find") {
+      c.find(k.as<key>(), n, rows.data(), found.get());
+    } else {
+      check(c.lookup_slots(k.as<key>(), n, slots.data()));
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0 || s < best) best = s;
+  }
+  return best;
+}
+
 }  // namespace
 
 void bind_cache(py::module_& m) {
@@ -235,6 +263,9 @@ belongs to slot i. Write through it, then call mark_updated(slots).)doc")
       .def_property_readonly("version", &host_cache::version,
                              "The version clock (the version of the last mutating call).")
       .def("__len__", &host_cache::size);
+  m.def("_time_cpp", &time_cpp, py::arg("cache"), py::arg("op"), py::arg("keys"),
+        py::arg("repeats") = 10,
+        "Benchmark baseline: the fastest of `repeats` C++ calls of `op` on `keys`, in seconds.");
 }
 
 }  // namespace embcache::python
