@@ -101,15 +101,25 @@ class EmbeddingBagCollection(torch.nn.Module):
 
 def keyset_passes(cache: TrainingCache, dataset_dir: str, batch_size: int = 1024,
                   keysets: Optional[Sequence[str]] = None, shuffle: bool = False,
-                  seed: int = 0, drop_last: bool = False) -> Iterator[Tuple[int, ShardReader]]:
+                  seed: int = 0, drop_last: bool = False,
+                  shards: Optional[Sequence[int]] = None) -> Iterator[Tuple[int, ShardReader]]:
     """Yields (shard index, ShardReader of that shard) for each shard of `dataset_dir`, after
     ``begin_pass_files`` made its keyset resident in every table and with the next shard's rows
     being staged in the background (``prefetch_files``) while the caller trains.
 
     `keysets` says which keyset feeds each table, per table in cache order: 'slot' (the shard's
-    slot keys, the default for every table) or 'crossed' (its crossed keys).
+    slot keys, the default for every table) or 'crossed' (its crossed keys). `shards`: the
+    indices of the shards to take, in that order (default: all of them).
     """
-    shards = dataset_passes(dataset_dir)
+    every = dataset_passes(dataset_dir)
+    if shards is None:
+        shards = every
+    else:
+        for i in shards:
+            if not 0 <= i < len(every):
+                raise IndexError(f"shards: {i} is not a shard of {dataset_dir!r} "
+                                 f"({len(every)} shards)")
+        shards = [every[i] for i in shards]
     kinds = list(keysets) if keysets is not None else ["slot"] * cache.num_tables
     if len(kinds) != cache.num_tables:
         raise ValueError(f"keysets: expected {cache.num_tables} entries (one per table), "

@@ -130,3 +130,6 @@ def test_a_training_loop_over_keyset_passes(synth_dataset):
     assert c["total"]["deep"]["rows_staged"] > 0  # the next shard was prefetched
     with pytest.raises(ValueError, match="keysets: expected 2 entries"):
         next(keyset_passes(tc, synth_dataset, keysets=["slot"]))
+    with pytest.raises(IndexError, match="shards: 3 is not a shard"):
+        next(keyset_passes(tc, synth_dataset, shards=[0, 3]))
+    assert [i for i, _ in keyset_passes(tc, synth_dataset, shards=[2, 0])] == [0, 1]
