@@ -125,12 +125,18 @@ void check_ndim(const std::string& name, const std::vector<std::int64_t>& shape,
 
 }  // namespace
 
-array_arg::~array_arg() {
+array_arg::~array_arg() { release(); }
+
+void array_arg::release() noexcept {
   if (view_) PyBuffer_Release(view_.get());
+  view_.reset();
   if (managed_) {
     auto* m = static_cast<DLManagedTensor*>(managed_);
     if (m->deleter) m->deleter(m);
+    managed_ = nullptr;
   }
+  data_ = nullptr;
+  size_ = 0;
 }
 
 array_arg::array_arg(array_arg&& o) noexcept
@@ -144,8 +150,14 @@ array_arg::array_arg(array_arg&& o) noexcept
 
 array_arg& array_arg::operator=(array_arg&& o) noexcept {
   if (this != &o) {
-    this->~array_arg();
-    new (this) array_arg(std::move(o));
+    release();
+    name_ = std::move(o.name_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    shape_ = std::move(o.shape_);
+    device_ = o.device_;
+    view_ = std::move(o.view_);
+    managed_ = std::exchange(o.managed_, nullptr);
   }
   return *this;
 }

@@ -65,6 +65,8 @@ class array_arg {
   void require_rows(std::size_t rows, std::size_t cols) const;
 
  private:
+  void release() noexcept;
+
   std::string name_;
   void* data_ = nullptr;
   std::size_t size_ = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -100,8 +101,9 @@ class reader {
     shard_batch b;
     status s;
     {
-      std::lock_guard<std::mutex> lock(calls_);
+      // The GIL first, then the lock: a thread waiting for the lock must not hold the GIL.
       py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(calls_);
       s = r_->next(b);
     }
     check(s);

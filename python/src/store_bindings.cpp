@@ -221,6 +221,7 @@ row (or, with `changed_since`, every row whose version is greater) was visited.)
           "max_version", [](const store_ref& s) { return s.store->max_version(); },
           "Highest version of any row pushed so far (0 when empty).")
       .def("__len__", [](store_ref& s) {
+        py::gil_scoped_release nogil;  // before the lock: its holder may need the GIL back
         std::lock_guard<std::mutex> lock(*s.calls);
         return s.store->size();
       });

@@ -28,6 +28,9 @@ std::size_t training_ref::index_of(py::handle t) const {
     if (!r.ok()) throw py::key_error(r.get_status().message());
     return r.value();
   }
+  if (!py::isinstance<py::int_>(t))
+    throw py::type_error("t: expected a table index (int) or name (str), got " +
+                         std::string(Py_TYPE(t.ptr())->tp_name));
   const auto i = t.cast<std::int64_t>();
   if (i < 0 || std::size_t(i) >= cache->num_tables())
     throw py::index_error("table index " + std::to_string(i) + " out of range (" +

@@ -104,3 +104,29 @@ def test_rocksdb_store_basics_schema_and_reuse(tmp_path):
     with pytest.raises(embcache.NotFoundError):
         embcache.RocksDBStore(os.path.join(path, "none"), "t", row_width=1,
                               create_if_missing=False)
+
+
+def test_calls_from_threads_on_one_store_neither_overlap_nor_deadlock():
+    import threading
+    s = embcache.HostStore(row_width=4)
+    keys = np.arange(50000, dtype=np.int64)
+    s.push(keys, np.zeros((keys.size, 4), np.float32))
+    seen = []
+
+    def scan():  # its callback takes the GIL back while the store's lock is held
+        for _ in range(3):
+            s.for_each(lambda k, r, v: seen.append(len(k)), batch_size=10000)
+
+    def writer():
+        for i in range(20):
+            s.push(keys[:1000], np.full((1000, 4), i, np.float32))
+            assert len(s) == 50000
+
+    threads = [threading.Thread(target=scan), threading.Thread(target=writer),
+               threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    assert sum(seen) == 3 * 50000
