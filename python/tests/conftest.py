@@ -33,15 +33,16 @@ def synth_dataset(tmp_path_factory):
     return str(out)
 
 
-def runs_without_the_gil(call, repeats=4):
+def runs_without_the_gil(call, repeats=50):
     """True when the main thread ran Python code while another thread was inside `call`.
 
     The switch interval is raised so that the interpreter never takes the GIL from the calling
-    thread by itself: the main thread can only run while that thread has released it.
+    thread by itself: the main thread can only run while that thread has released it. The other
+    thread repeats the call (at most `repeats` times) until the main thread saw it inside, so a
+    busy machine that schedules the main thread late only makes the test take longer.
     """
     entered = threading.Event()
-    seen_inside = []
-    state = {"inside": False}
+    state = {"inside": False, "seen": False}
 
     def worker():
         for _ in range(repeats):
@@ -49,6 +50,8 @@ def runs_without_the_gil(call, repeats=4):
             entered.set()
             call()
             state["inside"] = False
+            if state["seen"]:
+                break
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(100.0)
@@ -58,9 +61,9 @@ def runs_without_the_gil(call, repeats=4):
         entered.wait()
         while t.is_alive():
             if state["inside"]:
-                seen_inside.append(True)
+                state["seen"] = True
             time.sleep(0.0005)
         t.join()
     finally:
         sys.setswitchinterval(old)
-    return bool(seen_inside)
+    return state["seen"]

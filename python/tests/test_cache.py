@@ -157,6 +157,11 @@ def test_bulk_calls_release_the_gil():
     assert runs_without_the_gil(lambda: c.find_or_insert(keys))
 
 
+def test_the_gil_check_sees_a_call_that_keeps_the_gil():
+    # A pure Python loop never releases the GIL (the switch interval is raised): the check fails.
+    assert not runs_without_the_gil(lambda: sum(range(100000)), repeats=5)
+
+
 def test_concurrent_inserts_from_threads_agree():
     import threading
     c = embcache.EmbeddingCache(capacity=1 << 16, dim=4)

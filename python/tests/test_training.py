@@ -152,7 +152,7 @@ def test_long_calls_release_the_gil_and_threads_are_serialized():
     n = 300000
     tc = embcache.TrainingCache(tables(capacity=n))
     ks = keys(0, n)
-    assert runs_without_the_gil(lambda: tc.begin_pass([ks, ks]), repeats=2)
+    assert runs_without_the_gil(lambda: tc.begin_pass([ks, ks]), repeats=10)
     results = []
 
     def reader():
