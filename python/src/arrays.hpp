@@ -100,6 +100,14 @@ struct output {
   }
 };
 
+/// A NumPy array of `shape` that takes over the vector's memory (no copy).
+template <class T>
+py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(std::move(shape), owned->data(), free);
+}
+
 /// A NumPy view of `count` rows of `width` floats at `data`, which `owner` keeps alive.
 py::array_t<float> rows_view(float* data, std::size_t count, std::size_t width, py::handle owner);
 

@@ -24,13 +24,6 @@ namespace {
 
 using key = std::int64_t;
 
-template <class T>
-py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  py::capsule free(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>(shape, owned->data(), free);
-}
-
 template <class Fn>
 auto without_gil(Fn fn) {
   py::gil_scoped_release nogil;

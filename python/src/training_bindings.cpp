@@ -40,14 +40,6 @@ std::size_t training_ref::index_of(py::handle t) const {
 
 namespace {
 
-// A NumPy array that owns the vector's memory (no copy).
-template <class T>
-py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
-  auto* owned = new std::vector<T>(std::move(v));
-  py::capsule free(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
-  return py::array_t<T>(shape, owned->data(), free);
-}
-
 // The keys of each array of `keysets` (int64, 1-d): the C++ call takes vectors, so they are copied.
 std::vector<std::vector<key>> keysets_of(const py::sequence& keysets) {
   std::vector<std::vector<key>> out;
