@@ -9,6 +9,7 @@ TypeError, a wrong shape, layout or memory a ValueError. Long calls release the 
 :mod:`embcache.torch` holds the PyTorch embedding-bag collection (imports torch).
 """
 
+from . import _embcache
 from ._embcache import (  # noqa: F401
     BUILT_WITH_CUDA,
     CRITEO_DENSE_COUNT,
@@ -42,6 +43,8 @@ from ._embcache import (  # noqa: F401
 
 if HAVE_ROCKSDB:
     from ._embcache import RocksDBStore  # noqa: F401
+if hasattr(_embcache, "CudaEmbeddingCache"):  # a build with the cuda space
+    from ._embcache import CudaEmbeddingCache  # noqa: F401
 
 
 def state_width(optimizer: str, dim: int) -> int:

@@ -14,6 +14,9 @@ PYBIND11_MODULE(_embcache, m) {
   m.attr("BUILT_WITH_CUDA") = bool(EMBCACHE_BUILT_WITH_CUDA);
   ep::bind_errors(m);
   ep::bind_cache(m);
+#ifdef EMBCACHE_PYTHON_CUDA
+  ep::bind_cuda_cache(m);
+#endif
   ep::bind_stores(m);
   ep::bind_training(m);
   ep::bind_bags(m);
