@@ -6,14 +6,20 @@ import pytest
 
 import embcache
 
-if not hasattr(embcache, "CudaEmbeddingCache"):
-    pytest.skip("needs a build with CUDA", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+
+def cuda_torch():
+    """torch, when the build has the cuda space and a CUDA device is present; else a skip."""
+    if not hasattr(embcache, "CudaEmbeddingCache"):
+        pytest.skip("needs a build with CUDA")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch
 
 
 def test_rows_equal_the_host_space_and_bad_tensors_are_refused():
+    torch = cuda_torch()
     keys = torch.arange(1000, dtype=torch.int64) * 7
     host = embcache.EmbeddingCache(capacity=4096, dim=8, state_width=8, seed=3)
     want, _ = host.find_or_insert(keys.numpy())
