@@ -78,20 +78,6 @@ def test_output_arrays_are_written_in_place():
     assert result is out and np.any(out != 0)
 
 
-def test_torch_tensors_cross_through_dlpack():
-    torch = pytest.importorskip("torch")
-    c = make_cache()
-    keys = torch.tensor([4, 5, 6], dtype=torch.int64)
-    rows, _ = c.find_or_insert(keys)
-    out = torch.zeros((3, 6), dtype=torch.float32)
-    same, found = c.find(keys, out=out)
-    assert same is out and found.all()
-    np.testing.assert_array_equal(out.numpy(), rows)
-    # A slice with an offset into its storage is read at the right place.
-    rows2, _ = c.find(torch.tensor([0, 4, 5, 6])[1:])
-    np.testing.assert_array_equal(rows2, rows)
-
-
 @pytest.mark.parametrize(
     "keys, error, message",
     [
@@ -102,6 +88,8 @@ def test_torch_tensors_cross_through_dlpack():
         (np.arange(10, dtype=np.int64)[::2], ValueError, "keys: expected a C-contiguous array"),
     ],
 )
+
+
 def test_bad_key_arrays_are_clear_errors(keys, error, message):
     c = make_cache()
     with pytest.raises(error) as e:
@@ -122,15 +110,6 @@ def test_bad_output_and_row_arrays_are_clear_errors():
         c.insert_or_assign(keys, np.zeros((2, 4), dtype=np.float32))
     with pytest.raises(ValueError, match=r"slots\[0\]: 99999 is not a slot of the cache"):
         c.read_slots(np.array([99999], dtype=np.int64))
-
-
-def test_bad_tensors_are_clear_errors():
-    torch = pytest.importorskip("torch")
-    c = make_cache()
-    with pytest.raises(TypeError, match="keys: expected int64 elements, got float32"):
-        c.find(torch.zeros(3))
-    with pytest.raises(ValueError, match="expected a C-contiguous tensor"):
-        c.find(torch.arange(12).reshape(3, 4).t().reshape(-1)[::2])
 
 
 def test_a_full_table_raises_capacity_exceeded_naming_the_keys():

@@ -133,3 +133,24 @@ def test_a_training_loop_over_keyset_passes(synth_dataset):
     with pytest.raises(IndexError, match="shards: 3 is not a shard"):
         next(keyset_passes(tc, synth_dataset, shards=[0, 3]))
     assert [i for i, _ in keyset_passes(tc, synth_dataset, shards=[2, 0])] == [0, 1]
+
+
+def test_torch_tensors_cross_through_dlpack():
+    c = embcache.EmbeddingCache(capacity=1024, dim=4, state_width=2, seed=7)
+    keys = torch.tensor([4, 5, 6], dtype=torch.int64)
+    rows, _ = c.find_or_insert(keys)
+    out = torch.zeros((3, 6), dtype=torch.float32)
+    same, found = c.find(keys, out=out)
+    assert same is out and found.all()
+    np.testing.assert_array_equal(out.numpy(), rows)
+    # A slice with an offset into its storage is read at the right place.
+    rows2, _ = c.find(torch.tensor([0, 4, 5, 6])[1:])
+    np.testing.assert_array_equal(rows2, rows)
+
+
+def test_bad_tensors_are_clear_errors():
+    c = embcache.EmbeddingCache(capacity=1024, dim=4, state_width=2, seed=7)
+    with pytest.raises(TypeError, match="keys: expected int64 elements, got float32"):
+        c.find(torch.zeros(3))
+    with pytest.raises(ValueError, match="expected a C-contiguous tensor"):
+        c.find(torch.arange(12).reshape(3, 4).t().reshape(-1)[::2])
