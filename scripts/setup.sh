@@ -18,6 +18,10 @@ embcache_packages=(
   libopenmpi-dev openmpi-bin
   # The disk's random-read floor that bench_store_ssd is compared with (docs/benchmarks.md).
   fio
+  # The Python package embcache (python/) for the system interpreter /usr/bin/python3, and its
+  # tests (pytest, NumPy, PyTorch).
+  python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-pytest python3-numpy
+  python3-torch
 )
 
 embcache_missing=()

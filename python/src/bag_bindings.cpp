@@ -1,0 +1,204 @@
+// EmbeddingBag: pooling of one table's rows of a TrainingCache (lookup_combine, sparse_ops.hpp)
+// and its backward, the table's sparse optimizer applied in the cache's rows (aggregate_gradients,
+// apply_optimizer, mark_updated), as the C++ trainer's cache path does. The torch module
+// (embcache/torch.py) drives it from an autograd function.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "embcache/optimizers.hpp"
+#include "embcache/sparse_ops.hpp"
+#include "errors.hpp"
+#include "names.hpp"
+#include "training_ref.hpp"
+
+namespace embcache::python {
+
+namespace {
+
+using key = std::int64_t;
+
+class embedding_bag {
+ public:
+  embedding_bag(py::object cache, py::handle table, const std::string& mode)
+      : owner_(std::move(cache)), comb_(combiner_of(mode)) {
+    auto& r = owner_.cast<training_ref&>();
+    ref_ = &r;
+    table_ = r.index_of(table);
+    dim_ = r.cache->table(table_).dim;
+    optimizer_ = r.cache->table(table_).optimizer;
+  }
+
+  // Pools the bags of `keys` (offsets: num_bags + 1 int64, CSR; None: one key per bag) into
+  // `out` (num_bags, dim) and keeps the batch for backward().
+  py::object forward(py::handle keys, py::handle offsets, py::handle out) {
+    auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+    const std::size_t n = k.size();
+    if (offsets.is_none()) {
+      offsets_.resize(n + 1);
+      for (std::size_t i = 0; i <= n; ++i) offsets_[i] = std::int64_t(i);
+    } else {
+      auto o = array_arg::borrow(offsets, "offsets", dtype::int64, 1, false);
+      if (o.size() == 0) throw py::value_error("offsets: expected num_bags + 1 entries, got 0");
+      offsets_.assign(o.as<std::int64_t>(), o.as<std::int64_t>() + o.size());
+    }
+    const std::size_t bags = offsets_.size() - 1;
+    auto pooled =
+        output::make(out, "out", dtype::float32, {std::int64_t(bags), std::int64_t(dim_)});
+    slots_.resize(n);
+    status s;
+    {
+      training_call call(*ref_);
+      s = find_slots(k.as<key>(), n);
+      if (s.ok()) {
+        auto& c = ref_->cache->cache(table_);
+        batch_ = {bags, 1, offsets_.data(), slots_.data(), n};
+        s = check_batch(batch_, c.capacity());
+        if (s.ok())
+          lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
+                         pooled.as<float>());
+      }
+    }
+    if (!s.ok()) {
+      batch_ = {};
+      check(s.with_context("EmbeddingBag(" + ref_->cache->table(table_).name + ").forward"));
+    }
+    return pooled.object;
+  }
+
+  // The optimizer step with `grad` (num_bags, dim), the gradient of the loss with respect to the
+  // last forward's output; returns the number of rows updated.
+  std::size_t backward(py::handle grad) {
+    if (batch_.offsets == nullptr)
+      throw py::value_error("EmbeddingBag.backward: no forward since the last backward");
+    auto g = array_arg::borrow(grad, "grad", dtype::float32, -1, false);
+    g.require_rows(batch_.num_bags(), dim_);
+    const float* d = g.as<float>();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (!std::isfinite(d[i]))
+        throw py::value_error("grad: non-finite value " + std::to_string(d[i]) + " at bag " +
+                              std::to_string(i / dim_) + ", column " + std::to_string(i % dim_) +
+                              " (table " + ref_->cache->table(table_).name + ")");
+    }
+    std::size_t rows = 0;
+    {
+      training_call call(*ref_);
+      auto& c = ref_->cache->cache(table_);
+      aggregate_gradients(host_space{}, batch_, comb_, d, dim_, grads_);
+      ++step_;
+      apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_, step_);
+      c.mark_updated(grads_.rows.data(), grads_.size);
+      rows = grads_.size;
+    }
+    batch_ = {};
+    return rows;
+  }
+
+  // The slots of the last forward's keys.
+  py::array_t<std::int64_t> last_slots() const {
+    py::array_t<std::int64_t> a(py::ssize_t(slots_.size()));
+    std::copy(slots_.begin(), slots_.end(), a.mutable_data());
+    return a;
+  }
+
+  // The baseline of benchmarks/python/bench_overhead.py: the fastest of `repeats` rounds of
+  // forward and backward (gradient `grad_value` everywhere) of one-key bags of `keys`, in seconds,
+  // all in C++.
+  double time_cpp(py::handle keys, float grad_value, int repeats) {
+    auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+    const std::size_t n = k.size();
+    std::vector<float> pooled(n * dim_), grad(n * dim_, grad_value);
+    offsets_.resize(n + 1);
+    for (std::size_t i = 0; i <= n; ++i) offsets_[i] = std::int64_t(i);
+    slots_.resize(n);
+    training_call call(*ref_);
+    auto& c = ref_->cache->cache(table_);
+    double best = 0;
+    for (int r = 0; r < repeats; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      check(find_slots(k.as<key>(), n));
+      batch_ = {n, 1, offsets_.data(), slots_.data(), n};
+      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_, pooled.data());
+      aggregate_gradients(host_space{}, batch_, comb_, grad.data(), dim_, grads_);
+      apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_, ++step_);
+      c.mark_updated(grads_.rows.data(), grads_.size);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r == 0 || s < best) best = s;
+    }
+    batch_ = {};
+    return best;
+  }
+
+  std::uint64_t step() const noexcept { return step_; }
+  void set_step(std::uint64_t s) noexcept { step_ = s; }
+  std::size_t dim() const noexcept { return dim_; }
+  std::size_t table() const noexcept { return table_; }
+
+ private:
+  // Keyset mode: the pass's keyset must hold every key; on-demand: misses are fetched.
+  status find_slots(const key* keys, std::size_t n) {
+    auto& tc = *ref_->cache;
+    if (tc.options().mode == cache_mode::on_demand)
+      return tc.lookup(table_, keys, n, slots_.data());
+    EMBCACHE_RETURN_IF_ERROR(tc.cache(table_).lookup_slots(keys, n, slots_.data()));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots_[i] < 0)
+        return status::not_found("key " + std::to_string(keys[i]) +
+                                 " of the batch is not in the pass's keyset");
+    }
+    return {};
+  }
+
+  py::object owner_;  // keeps the TrainingCache alive
+  training_ref* ref_ = nullptr;
+  std::size_t table_ = 0;
+  std::size_t dim_ = 0;
+  combiner comb_;
+  optimizer_options optimizer_;
+  std::vector<std::int64_t> offsets_, slots_;
+  slot_batch batch_;
+  sparse_gradients<host_space> grads_;
+  std::uint64_t step_ = 0;
+};
+
+}  // namespace
+
+void bind_bags(py::module_& m) {
+  py::class_<embedding_bag>(m, "EmbeddingBag", R"doc(
+Pooling of one table of a TrainingCache and its in-row optimizer step (C++ lookup_combine,
+aggregate_gradients, apply_optimizer on the cache's rows). forward() pools the bags of a batch;
+backward() applies the table's sparse optimizer to the rows of the last forward's batch and marks
+them updated. embcache.torch.EmbeddingBagCollection wraps it as a torch module.
+)doc")
+      .def(py::init<py::object, py::handle, const std::string&>(), py::arg("cache"),
+           py::arg("table"), py::arg("mode") = "sum",
+           "Pools table `table` (index or name) of `cache`; `mode` 'sum' | 'mean'.")
+      .def("forward", &embedding_bag::forward, py::arg("keys"), py::arg("offsets") = py::none(),
+           py::arg("out") = py::none(),
+           R"doc(Pools the rows of `keys` (int64) per bag into a (num_bags, dim) float32 array.
+`offsets` (int64, num_bags + 1, CSR: bag b holds keys[offsets[b]:offsets[b+1]]) or None (one key
+per bag). Keyset mode: a key outside the pass's keyset is NotFoundError naming it; on-demand mode:
+misses are fetched.)doc")
+      .def("backward", &embedding_bag::backward, py::arg("grad"),
+           R"doc(Applies the table's sparse optimizer with `grad` (num_bags, dim), the gradient of
+the loss with respect to the last forward's output; returns the number of rows updated. A
+non-finite gradient is ValueError (nothing changes).)doc")
+      .def("_time_cpp", &embedding_bag::time_cpp, py::arg("keys"), py::arg("grad_value") = 0.0f,
+           py::arg("repeats") = 10,
+           "Benchmark baseline: the fastest of `repeats` C++ forward+backward rounds, in seconds.")
+      .def_property_readonly("last_slots", &embedding_bag::last_slots,
+                             "The cache slots of the last forward's keys.")
+      .def_property("step", &embedding_bag::step, &embedding_bag::set_step,
+                    "Optimizer steps applied (Adam's bias correction uses it).")
+      .def_property_readonly("dim", &embedding_bag::dim)
+      .def_property_readonly("table", &embedding_bag::table);
+}
+
+}  // namespace embcache::python

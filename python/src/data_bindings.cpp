@@ -1,0 +1,217 @@
+// The data tools' readers (keysets, shards, dataset manifests; keyset.hpp, shard.hpp) and
+// embcache-apply's apply_deltas (serving.hpp).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "embcache/keyset.hpp"
+#include "embcache/serving.hpp"
+#include "embcache/shard.hpp"
+#include "errors.hpp"
+#include "names.hpp"
+
+namespace embcache::python {
+
+namespace {
+
+using key = std::int64_t;
+
+template <class Fn>
+auto without_gil(Fn fn) {
+  py::gil_scoped_release nogil;
+  return fn();
+}
+
+py::dict header_dict(const shard_header& h) {
+  py::dict d;
+  d["rows"] = h.rows;
+  d["num_crossed"] = h.num_crossed;
+  d["record_size"] = h.record_size;
+  d["checksum"] = h.checksum;
+  return d;
+}
+
+py::dict manifest_dict(const dataset_summary& s) {
+  py::dict d;
+  d["rows"] = s.rows;
+  d["label_mean"] = s.label_mean;
+  d["num_crossed"] = s.num_crossed;
+  d["keyset_format"] = to_string(s.keyset);
+  if (s.has_unique_stats) {
+    d["unique_keys"] = std::vector<std::uint64_t>(s.unique_keys.begin(), s.unique_keys.end());
+    d["unique_crossed_keys"] = s.unique_crossed_keys;
+  } else {
+    d["unique_keys"] = py::none();
+    d["unique_crossed_keys"] = py::none();
+  }
+  py::list shards;
+  for (const auto& f : s.shards) {
+    py::dict sd;
+    sd["shard"] = f.shard;
+    sd["keyset"] = f.keyset;
+    sd["crossed_keyset"] =
+        f.crossed_keyset.empty() ? py::object(py::none()) : py::str(f.crossed_keyset);
+    sd["rows"] = f.rows;
+    sd["keys"] = f.has_key_counts ? py::object(py::int_(f.keys)) : py::object(py::none());
+    sd["crossed_keys"] =
+        f.has_key_counts ? py::object(py::int_(f.crossed_keys)) : py::object(py::none());
+    shards.append(sd);
+  }
+  d["shards"] = shards;
+  py::dict producer;
+  for (const auto& [k, v] : s.producer) producer[py::str(k)] = v;
+  d["producer"] = producer;
+  return d;
+}
+
+py::dict batch_dict(shard_batch&& b) {
+  const auto n = py::ssize_t(b.size);
+  py::dict d;
+  d["size"] = b.size;
+  d["shard_index"] = b.shard_index;
+  d["labels"] = to_numpy(std::move(b.labels), {n});
+  d["dense"] = to_numpy(std::move(b.dense), {n, py::ssize_t(criteo_dense_count)});
+  d["keys"] = to_numpy(std::move(b.keys), {n, py::ssize_t(criteo_slot_count)});
+  d["crossed"] = to_numpy(std::move(b.crossed), {n, py::ssize_t(b.num_crossed)});
+  d["rows"] = to_numpy(std::move(b.rows), {n});
+  return d;
+}
+
+// A shard_reader as a Python iterator of batch dicts.
+class reader {
+ public:
+  explicit reader(std::unique_ptr<shard_reader> r) : r_(std::move(r)) {}
+
+  py::dict next() {
+    shard_batch b;
+    status s;
+    {
+      // The GIL first, then the lock: a thread waiting for the lock must not hold the GIL.
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(calls_);
+      s = r_->next(b);
+    }
+    check(s);
+    if (b.size == 0) throw py::stop_iteration();
+    return batch_dict(std::move(b));
+  }
+
+  const shard_reader& get() const { return *r_; }
+
+ private:
+  std::unique_ptr<shard_reader> r_;
+  std::mutex calls_;
+};
+
+py::dict report_dict(const apply_report& r) {
+  py::dict d;
+  d["model_dir"] = r.model_dir;
+  d["from_delta"] = r.from_delta;
+  d["applied_delta"] = r.applied_delta;
+  d["deltas"] = r.deltas;
+  d["rows_written"] = r.rows_written;
+  d["rows_erased"] = r.rows_erased;
+  d["state_dropped"] = r.state_dropped;
+  d["changed"] = r.changed;
+  d["run_unchecked"] = r.run_unchecked;
+  return d;
+}
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  m.def(
+      "write_keyset",
+      [](const std::string& path, py::handle keys, const std::string& format) {
+        auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+        const keyset_format f = keyset_format_of(format);
+        check(without_gil([&] { return write_keyset<key>(path, k.as<key>(), k.size(), f); }));
+      },
+      py::arg("path"), py::arg("keys"), py::arg("format") = "embcache",
+      R"doc(Writes the unique keys of `keys` (int64), sorted, to the keyset file `path`, atomically.
+`format` 'embcache' (header with checksum) or 'hugectr_raw' (bare keys).)doc");
+  m.def(
+      "read_keyset",
+      [](const std::string& path, const std::string& format) {
+        const keyset_format f = keyset_format_of(format);
+        auto keys = take(without_gil([&] { return read_keyset<key>(path, f); }));
+        const auto n = py::ssize_t(keys.size());
+        return to_numpy(std::move(keys), {n});
+      },
+      py::arg("path"), py::arg("format") = "embcache",
+      R"doc(Reads a keyset file -> sorted unique int64 keys. Magic, version, key type, count,
+checksum and order are checked (CorruptionError, InvalidArgumentError naming the file); a missing
+file is NotFoundError.)doc");
+  m.def(
+      "read_shard_header",
+      [](const std::string& path) {
+        return header_dict(take(without_gil([&] { return read_shard_header(path); })));
+      },
+      py::arg("path"),
+      "Reads and checks a shard's header -> dict(rows, num_crossed, record_size, checksum).");
+  m.def(
+      "read_dataset_manifest",
+      [](const std::string& dir) {
+        return manifest_dict(take(without_gil([&] { return read_dataset_manifest(dir); })));
+      },
+      py::arg("dir"),
+      R"doc(Reads dir/manifest.json of a dataset folder -> dict(rows, label_mean, num_crossed,
+keyset_format, unique_keys, unique_crossed_keys, shards=[dict(shard, keyset, crossed_keyset, rows,
+keys, crossed_keys)], producer), full paths. Every field is checked (CorruptionError naming the
+file and the field).)doc");
+
+  py::class_<reader>(m, "ShardReader", R"doc(
+Reads shards in order and yields batches (C++ shard_reader): dicts of arrays labels (n,), dense
+(n, 13), keys (n, 26), crossed (n, num_crossed), rows (n,) and shard_index. A batch never spans two
+shards; a shard is checked against its checksums before any of its samples is handed out.
+)doc")
+      .def(py::init([](std::vector<std::string> paths, std::size_t batch_size, bool shuffle,
+                       std::uint64_t seed, bool drop_last, bool read_ahead) {
+             if (batch_size == 0) throw py::value_error("batch_size: expected >= 1, got 0");
+             shard_reader_options o;
+             o.batch_size = batch_size;
+             o.shuffle = shuffle;
+             o.seed = seed;
+             o.drop_last = drop_last;
+             o.read_ahead = read_ahead;
+             return std::make_unique<reader>(
+                 take(without_gil([&] { return shard_reader::open(std::move(paths), o); })));
+           }),
+           py::arg("paths"), py::arg("batch_size") = 1024, py::arg("shuffle") = false,
+           py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("read_ahead") = true,
+           R"doc(Opens `paths` and checks every header (missing: NotFoundError; truncated:
+CorruptionError; a different number of crossed keys: InvalidArgumentError).)doc")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &reader::next)
+      .def_property_readonly("total_rows", [](const reader& r) { return r.get().total_rows(); })
+      .def_property_readonly("num_shards", [](const reader& r) { return r.get().num_shards(); })
+      .def_property_readonly("num_crossed", [](const reader& r) { return r.get().num_crossed(); });
+  m.attr("CRITEO_DENSE_COUNT") = criteo_dense_count;
+  m.attr("CRITEO_SLOT_COUNT") = criteo_slot_count;
+}
+
+void bind_serving(py::module_& m) {
+  m.def(
+      "apply_deltas",
+      [](const std::string& base_dir, const std::string& deltas_dir, py::object until) {
+        apply_options o;
+        if (!until.is_none()) o.until = until.cast<std::uint64_t>();
+        return report_dict(
+            take(without_gil([&] { return apply_deltas(base_dir, deltas_dir, o); })));
+      },
+      py::arg("base_dir"), py::arg("deltas_dir"), py::arg("until") = py::none(),
+      R"doc(embcache-apply: applies the delta-NNNNNN folders of `deltas_dir` that follow the model
+`base_dir` (a save or its sparse/ folder) in order, atomically -> dict(model_dir, from_delta,
+applied_delta, deltas, rows_written, rows_erased, state_dropped, changed, run_unchecked). `until`:
+apply deltas numbered at most this. A gap or another run's delta is InvalidArgumentError.)doc");
+}
+
+}  // namespace embcache::python

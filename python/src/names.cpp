@@ -1,0 +1,117 @@
+#include "names.hpp"
+
+#include <utility>
+
+namespace embcache::python {
+
+void bad_choice(const char* what, const char* choices, const std::string& got) {
+  throw py::value_error(std::string(what) + ": expected one of " + choices + ", got '" + got + "'");
+}
+
+init_kind init_kind_of(const std::string& s) {
+  if (s == "uniform") return init_kind::uniform;
+  if (s == "normal") return init_kind::normal;
+  if (s == "constant") return init_kind::constant;
+  bad_choice("init", "'uniform', 'normal', 'constant'", s);
+}
+
+score_policy score_policy_of(const std::string& s) {
+  if (s == "lru") return score_policy::lru;
+  if (s == "lfu") return score_policy::lfu;
+  bad_choice("scores", "'lru', 'lfu'", s);
+}
+
+combiner combiner_of(const std::string& s) {
+  if (s == "sum") return combiner::sum;
+  if (s == "mean") return combiner::mean;
+  bad_choice("mode", "'sum', 'mean'", s);
+}
+
+cache_mode cache_mode_of(const std::string& s) {
+  if (s == "keyset") return cache_mode::keyset;
+  if (s == "on_demand") return cache_mode::on_demand;
+  bad_choice("mode", "'keyset', 'on_demand'", s);
+}
+
+keyset_format keyset_format_of(const std::string& s) {
+  if (s == "embcache") return keyset_format::embcache;
+  if (s == "hugectr_raw") return keyset_format::hugectr_raw;
+  bad_choice("keyset_format", "'embcache', 'hugectr_raw'", s);
+}
+
+optimizer_kind optimizer_kind_of(const std::string& s) {
+  optimizer_kind k{};
+  if (!optimizer_kind_from_string(s, &k))
+    bad_choice("optimizer.kind", "'sgd', 'adagrad', 'adam', 'ftrl'", s);
+  return k;
+}
+
+const char* to_string(init_kind k) noexcept {
+  switch (k) {
+    case init_kind::uniform:
+      return "uniform";
+    case init_kind::normal:
+      return "normal";
+    case init_kind::constant:
+      return "constant";
+  }
+  return "unknown";
+}
+
+const char* to_string(score_policy p) noexcept { return p == score_policy::lfu ? "lfu" : "lru"; }
+
+const char* to_string(cache_mode m) noexcept {
+  return m == cache_mode::on_demand ? "on_demand" : "keyset";
+}
+
+namespace {
+
+// The float fields of optimizer_options, by name.
+const std::pair<const char*, float optimizer_options::*> float_fields[] = {
+    {"learning_rate", &optimizer_options::learning_rate},
+    {"beta1", &optimizer_options::beta1},
+    {"beta2", &optimizer_options::beta2},
+    {"epsilon", &optimizer_options::epsilon},
+    {"adagrad_initial_accumulator", &optimizer_options::adagrad_initial_accumulator},
+    {"ftrl_alpha", &optimizer_options::ftrl_alpha},
+    {"ftrl_beta", &optimizer_options::ftrl_beta},
+    {"ftrl_l1", &optimizer_options::ftrl_l1},
+    {"ftrl_l2", &optimizer_options::ftrl_l2},
+    {"ftrl_lr_power", &optimizer_options::ftrl_lr_power},
+    {"ftrl_initial_accumulator", &optimizer_options::ftrl_initial_accumulator},
+};
+
+}  // namespace
+
+optimizer_options optimizer_options_of(const py::dict& d) {
+  optimizer_options o;
+  for (const auto& item : d) {
+    const std::string key = py::str(item.first);
+    if (key == "kind") {
+      o.kind = optimizer_kind_of(py::str(item.second));
+      continue;
+    }
+    bool known = false;
+    for (const auto& [name, field] : float_fields) {
+      if (key == name) {
+        try {
+          o.*field = item.second.cast<float>();
+        } catch (const py::cast_error&) {
+          throw py::type_error("optimizer." + key + ": expected a number");
+        }
+        known = true;
+      }
+    }
+    if (!known) throw py::value_error("optimizer: unknown field '" + key + "'");
+  }
+  return o;
+}
+
+py::dict to_dict(const optimizer_options& o) {
+  py::dict d;
+  d["kind"] = embcache::to_string(o.kind);
+  for (const auto& [name, field] : float_fields) d[name] = o.*field;
+  return d;
+}
+
+}  // namespace embcache::python

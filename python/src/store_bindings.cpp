@@ -1,0 +1,285 @@
+// HostStore and RocksDBStore: param_store<int64> (param_store.hpp, host_store.hpp,
+// rocksdb_store.hpp). Calls release the GIL and are serialized per store.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "embcache/host_store.hpp"
+#include "errors.hpp"
+#include "store_ref.hpp"
+#ifdef EMBCACHE_PYTHON_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+#endif
+
+namespace embcache::python {
+
+namespace {
+
+using key = std::int64_t;
+
+py::tuple pull(store_ref& s, py::handle keys, py::handle out) {
+  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  const std::size_t n = k.size();
+  const auto w = std::int64_t(s.store->row_width());
+  auto rows = output::make(out, "out", dtype::float32, {std::int64_t(n), w});
+  auto found = output::make(py::none(), "found", dtype::boolean, {std::int64_t(n)});
+  auto versions = output::make(py::none(), "versions", dtype::uint64, {std::int64_t(n)});
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->pull(k.as<key>(), n, rows.as<float>(), found.as<bool>(),
+                       versions.as<std::uint64_t>());
+  }
+  check(st);
+  return py::make_tuple(rows.object, found.object, versions.object);
+}
+
+void push(store_ref& s, py::handle keys, py::handle rows, py::handle versions) {
+  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  const std::size_t n = k.size();
+  auto r = array_arg::borrow(rows, "rows", dtype::float32, -1, false);
+  r.require_rows(n, s.store->row_width());
+  auto v = borrow_optional(versions, "versions", dtype::uint64, 1, false);
+  if (v) v->require_size(n, "one version per key");
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->push(k.as<key>(), n, r.as<float>(), v ? v->as<std::uint64_t>() : nullptr);
+  }
+  check(st);
+}
+
+std::size_t erase(store_ref& s, py::handle keys) {
+  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  std::size_t erased = 0;
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->erase(k.as<key>(), k.size(), &erased);
+  }
+  check(st);
+  return erased;
+}
+
+py::object contains(store_ref& s, py::handle keys) {
+  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  auto found = output::make(py::none(), "found", dtype::boolean, {std::int64_t(k.size())});
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->contains(k.as<key>(), k.size(), found.as<bool>());
+  }
+  check(st);
+  return found.object;
+}
+
+// Calls `fn(keys, rows, versions)` per batch with copies of the batch (the store's pointers live
+// only during its callback). An exception raised by `fn` stops the scan and is raised again.
+void for_each(store_ref& s, const py::function& fn, std::size_t batch_size,
+              py::object changed_since) {
+  std::unique_ptr<py::error_already_set> raised;
+  const std::size_t w = s.store->row_width();
+  store_batch_fn<key> batch = [&](const key* keys, const float* rows, const std::uint64_t* versions,
+                                  std::size_t n) -> status {
+    py::gil_scoped_acquire gil;
+    try {
+      py::array_t<key> k(static_cast<py::ssize_t>(n));
+      py::array_t<float> r({py::ssize_t(n), py::ssize_t(w)});
+      py::array_t<std::uint64_t> v(static_cast<py::ssize_t>(n));
+      std::memcpy(k.mutable_data(), keys, n * sizeof(key));
+      std::memcpy(r.mutable_data(), rows, n * w * sizeof(float));
+      std::memcpy(v.mutable_data(), versions, n * sizeof(std::uint64_t));
+      fn(k, r, v);
+    } catch (py::error_already_set& e) {
+      raised = std::make_unique<py::error_already_set>(std::move(e));
+      return status::internal("stopped by the callback");
+    }
+    return {};
+  };
+  status st;
+  const bool changed = !changed_since.is_none();
+  const std::uint64_t since = changed ? changed_since.cast<std::uint64_t>() : 0;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = changed ? s.store->for_each_changed_since(since, batch_size, batch)
+                 : s.store->for_each(batch_size, batch);
+  }
+  if (raised) throw std::move(*raised);
+  check(st);
+}
+
+void flush(store_ref& s) {
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->flush();
+  }
+  check(st);
+}
+
+void checkpoint(store_ref& s, const std::string& dir) {
+  status st;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(*s.calls);
+    st = s.store->checkpoint(dir);
+  }
+  check(st);
+}
+
+host_store_options host_options(const std::string& table_name, std::size_t row_width,
+                                std::size_t num_shards, std::size_t expected_rows,
+                                int max_threads) {
+  host_store_options o;
+  o.table_name = table_name;
+  o.row_width = row_width;
+  o.num_shards = num_shards;
+  o.expected_rows = expected_rows;
+  o.space.max_threads = max_threads;
+  return o;
+}
+
+host_store<key>& as_host(store_ref& s) { return static_cast<host_store<key>&>(*s.store); }
+
+#ifdef EMBCACHE_PYTHON_ROCKSDB
+rocksdb_store_ref open_rocksdb(const std::string& path, const std::string& table_name,
+                               std::size_t row_width, std::size_t dim, const std::string& optimizer,
+                               const std::string& existing_rows, bool create_if_missing,
+                               std::size_t block_cache_bytes, int max_threads) {
+  rocksdb_store_options o;
+  o.path = path;
+  o.table_name = table_name;
+  o.row_width = row_width;
+  o.dim = dim;
+  o.optimizer = optimizer;
+  if (existing_rows == "refuse")
+    o.existing_rows = existing_rows_policy::refuse;
+  else if (existing_rows == "reuse")
+    o.existing_rows = existing_rows_policy::reuse;
+  else
+    throw py::value_error("existing_rows: expected one of 'refuse', 'reuse', got '" +
+                          existing_rows + "'");
+  o.create_if_missing = create_if_missing;
+  o.block_cache_bytes = block_cache_bytes;
+  o.space.max_threads = max_threads;
+  result<std::unique_ptr<rocksdb_store<key>>> r = [&] {
+    py::gil_scoped_release nogil;
+    return rocksdb_store<key>::open(o);
+  }();
+  rocksdb_store_ref ref;
+  ref.store = take(std::move(r));
+  return ref;
+}
+#endif
+
+}  // namespace
+
+void bind_stores(py::module_& m) {
+  py::class_<store_ref>(m, "ParamStore", R"doc(
+A parameter store of one table (C++ param_store<int64_t>): every row outside the device cache,
+`row_width` floats plus a version. Calls from several Python threads are serialized. Once the store
+is given to a TrainingCache, reach its rows through the cache (a direct write while the cache holds
+rows of the table would be overwritten or lost).
+)doc")
+      .def("pull", &pull, py::arg("keys"), py::arg("out") = py::none(),
+           R"doc(Rows of `keys` -> (rows (n, row_width), found (n,) bool, versions (n,) uint64); the
+row of a missing key is left untouched.)doc")
+      .def("push", &push, py::arg("keys"), py::arg("rows"), py::arg("versions") = py::none(),
+           R"doc(Inserts or overwrites rows. `versions` None stamps every row with
+max_version + 1. The last occurrence of a repeated key wins.)doc")
+      .def("erase", &erase, py::arg("keys"),
+           "Removes keys (absent ones ignored); returns how many.")
+      .def("contains", &contains, py::arg("keys"), "Whether each key exists (bool array).")
+      .def("for_each", &for_each, py::arg("fn"), py::arg("batch_size") = 65536,
+           py::arg("changed_since") = py::none(),
+           R"doc(Calls fn(keys, rows, versions) on batches of at most `batch_size` rows until every
+row (or, with `changed_since`, every row whose version is greater) was visited.)doc")
+      .def("flush", &flush, "Makes every completed push durable.")
+      .def("checkpoint", &checkpoint, py::arg("dir"),
+           "Writes a consistent, self-describing copy of the store into the new folder `dir`.")
+      .def_property_readonly(
+          "row_width", [](const store_ref& s) { return s.store->row_width(); },
+          "Floats per row (embedding + optimizer state).")
+      .def_property_readonly(
+          "table_name", [](const store_ref& s) { return s.store->table_name(); },
+          "Name of the table the store holds.")
+      .def_property_readonly(
+          "max_version", [](const store_ref& s) { return s.store->max_version(); },
+          "Highest version of any row pushed so far (0 when empty).")
+      .def("__len__", [](store_ref& s) {
+        py::gil_scoped_release nogil;  // before the lock: its holder may need the GIL back
+        std::lock_guard<std::mutex> lock(*s.calls);
+        return s.store->size();
+      });
+
+  py::class_<host_store_ref, store_ref>(m, "HostStore", R"doc(
+Parameter store in host memory (C++ host_store<int64_t>): a sharded flat index over a slab of rows
+that never moves.
+)doc")
+      .def(py::init([](const std::string& table_name, std::size_t row_width, std::size_t num_shards,
+                       std::size_t expected_rows, int max_threads) {
+             host_store_ref r;
+             r.store = std::make_shared<host_store<key>>(
+                 host_options(table_name, row_width, num_shards, expected_rows, max_threads));
+             return r;
+           }),
+           py::arg("table_name") = "", py::arg("row_width"), py::arg("num_shards") = 64,
+           py::arg("expected_rows") = 0, py::arg("max_threads") = 0,
+           R"doc(An empty store of rows of `row_width` floats (host_store_options: `num_shards`
+default 64, `expected_rows` presizes the index, `max_threads` 0 = all cores). InvalidArgumentError
+when row_width is 0.)doc")
+      .def_static(
+          "open",
+          [](const std::string& dir, const std::string& table_name, std::size_t row_width,
+             std::size_t num_shards, int max_threads) {
+            auto o = host_options(table_name, row_width, num_shards, 0, max_threads);
+            result<std::unique_ptr<host_store<key>>> r = [&] {
+              py::gil_scoped_release nogil;
+              return host_store<key>::open(dir, o);
+            }();
+            host_store_ref ref;
+            ref.store = take(std::move(r));
+            return ref;
+          },
+          py::arg("dir"), py::arg("table_name"), py::arg("row_width"), py::arg("num_shards") = 64,
+          py::arg("max_threads") = 0,
+          R"doc(Loads a folder written by checkpoint(). Another table (NotFoundError), row width
+(InvalidArgumentError), a missing file or a checksum mismatch (CorruptionError) is refused.)doc")
+      .def_property_readonly(
+          "memory_bytes", [](store_ref& s) { return as_host(s).memory_bytes(); },
+          "Bytes of host memory the store holds (rows, versions, indexes, free lists).");
+
+#ifdef EMBCACHE_PYTHON_ROCKSDB
+  py::class_<rocksdb_store_ref, store_ref>(m, "RocksDBStore", R"doc(
+Parameter store of one table on SSD through RocksDB (C++ rocksdb_store<int64_t>): one column family
+per table, big-endian keys, rows with their version.
+)doc")
+      .def(py::init(&open_rocksdb), py::arg("path"), py::arg("table_name"), py::arg("row_width"),
+           py::arg("dim") = 0, py::arg("optimizer") = "", py::arg("existing_rows") = "refuse",
+           py::arg("create_if_missing") = true, py::arg("block_cache_bytes") = std::size_t{1} << 30,
+           py::arg("max_threads") = 0,
+           R"doc(Opens (or creates) the table `table_name` in the database at `path`
+(rocksdb_store_options). `dim` and `optimizer` are part of the table's schema (a table recorded with
+another schema is InvalidArgumentError naming both); `existing_rows` 'refuse' (default: a table
+that already holds rows is InvalidArgumentError) or 'reuse' (resume).)doc");
+  m.attr("HAVE_ROCKSDB") = true;
+#else
+  m.attr("HAVE_ROCKSDB") = false;
+#endif
+}
+
+}  // namespace embcache::python

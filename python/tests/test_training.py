@@ -1,0 +1,179 @@
+"""TrainingCache: keyset passes with prefetch, on-demand lookups, export, save and load."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import embcache
+from conftest import runs_without_the_gil
+
+
+def tables(capacity=256, store=None):
+    return [
+        embcache.TableOptions("wide", dim=1, capacity=capacity),
+        embcache.TableOptions("deep", dim=4, capacity=capacity,
+                              optimizer={"kind": "adagrad", "learning_rate": 0.1}, store=store),
+    ]
+
+
+def keys(lo, hi):
+    return np.arange(lo, hi, dtype=np.int64)
+
+
+def test_table_options_and_names():
+    tc = embcache.TrainingCache(tables())
+    assert tc.num_tables == 2 and tc.table_names == ["wide", "deep"]
+    assert tc.table_index("deep") == 1
+    assert tc.row_width("deep") == 8 and tc.row_width(0) == 1
+    t = tc.table("deep")
+    assert t.optimizer["kind"] == "adagrad" and t.state_width == 4
+    assert t.optimizer["learning_rate"] == pytest.approx(0.1)
+    with pytest.raises(embcache.NotFoundError):
+        tc.table_index("nope")
+    with pytest.raises(KeyError):
+        tc.row_width("nope")
+    with pytest.raises(IndexError):
+        tc.row_width(2)
+    with pytest.raises(ValueError, match="optimizer: unknown field 'lr'"):
+        embcache.TableOptions("x", dim=1, capacity=1, optimizer={"lr": 1})
+    with pytest.raises(embcache.InvalidArgumentError):
+        embcache.TrainingCache([embcache.TableOptions("a", dim=1, capacity=8)] * 2)
+
+
+def test_keyset_passes_with_prefetch_export_and_counters():
+    tc = embcache.TrainingCache(tables())
+    tc.begin_pass([keys(0, 200), keys(0, 200)])
+    tc.prefetch([keys(100, 300), keys(100, 300)])
+    assert tc.prefetch_pending
+    slots = tc.lookup_slots("deep", keys(0, 10))
+    assert np.all(slots >= 0)
+    assert tc.lookup_slots("deep", keys(250, 251))[0] == -1
+    rows = tc.rows("deep")
+    rows[slots, :4] += 1.0
+    tc.mark_updated("deep", slots)
+    tc.begin_pass([keys(100, 300), keys(100, 300)])
+    c = tc.counters
+    assert c["passes"] == 2 and c["tables"] == ["wide", "deep"]
+    assert c["total"]["deep"]["rows_initialized"] == 300
+    assert c["last"]["deep"]["hits"] + c["last"]["deep"]["misses"] == 200
+    assert set(c["last"]["deep"]) >= {"rows_staged", "rows_pushed", "seconds_swap_in"}
+    deltas = tc.export_incremental(with_state=True)
+    deep = next(d for d in deltas if d["table"] == "deep")
+    assert deep["dim"] == 4 and deep["state_width"] == 4
+    assert deep["vectors"].shape == (deep["keys"].size, 4)
+    assert deep["states"].shape == (deep["keys"].size, 4)
+    # Rows updated in place are in the export, with their new values.
+    assert set(keys(0, 10).tolist()) <= set(deep["keys"].tolist())
+    got, found = tc.read("deep", keys(0, 10))
+    assert found.all()
+    idx = np.searchsorted(deep["keys"], keys(0, 10))
+    np.testing.assert_array_equal(deep["vectors"][idx], got[:, :4])
+    assert len(tc.export_incremental()[1]["keys"]) == 0
+
+
+def test_keyset_mode_errors_name_what_is_wrong():
+    tc = embcache.TrainingCache(tables())
+    with pytest.raises(embcache.CapacityExceededError) as e:
+        tc.begin_pass([keys(0, 10), keys(0, 1000)])
+    assert "deep" in str(e.value)
+    with pytest.raises(embcache.InvalidArgumentError):
+        tc.begin_pass([keys(0, 10)])
+    with pytest.raises(TypeError, match=r"keysets\[1\]: expected int64 elements, got float64"):
+        tc.begin_pass([keys(0, 10), np.zeros(3)])
+    with pytest.raises(embcache.Error):
+        tc.lookup("deep", keys(0, 3))  # on-demand only
+    with pytest.raises(embcache.NotFoundError) as e:
+        tc.begin_pass_files(["/nonexistent/a.keys", "/nonexistent/b.keys"])
+    assert "/nonexistent/a.keys" in str(e.value)
+    tc.begin_pass([keys(0, 10), keys(0, 10)])
+    with pytest.raises(embcache.NotFoundError):
+        tc.assign("deep", keys(50, 51), np.zeros((1, 8), np.float32))
+
+
+def test_on_demand_lookup_and_rows_view():
+    tc = embcache.TrainingCache(tables(capacity=128), mode="on_demand")
+    assert tc.mode == "on_demand"
+    slots = tc.lookup("deep", keys(0, 100))
+    view = tc.rows("deep")
+    got, found = tc.read("deep", keys(0, 100))
+    np.testing.assert_array_equal(view[slots], got)
+    for lo in (1000, 2000, 3000):  # more rows than the table's 256 slots: evictions to the store
+        assert np.all(tc.lookup(1, keys(lo, lo + 100)) >= 0)
+    again, found = tc.read("deep", keys(0, 100))
+    assert found.all()
+    np.testing.assert_array_equal(again, got)
+    assert tc.counters["total"]["deep"]["rows_evicted"] > 0
+    with pytest.raises(embcache.CapacityExceededError):
+        tc.lookup("deep", keys(0, 1000))
+
+
+def test_save_load_round_trip_and_erase(tmp_path):
+    tc = embcache.TrainingCache(tables())
+    tc.begin_pass([keys(0, 200), keys(0, 200)])
+    tc.assign("deep", keys(0, 2), np.full((2, 8), 0.5, np.float32))
+    tc.erase("deep", keys(2, 3))
+    tc.set_slot_ids("deep", keys(0, 200), np.full(200, 7, np.uint64))
+    assert tc.slot_id("deep", 5) == 7
+    progress = []
+    tc.save(str(tmp_path / "save"), on_progress=lambda done, total: progress.append((done, total)))
+    assert progress[0][0] == 0 and progress[-1][0] == progress[-1][1]
+    back = embcache.TrainingCache(tables())
+    back.load(str(tmp_path / "save"))
+    assert back.run_id == tc.run_id
+    for t in ("wide", "deep"):
+        a, fa = tc.read(t, keys(0, 200))
+        b, fb = back.read(t, keys(0, 200))
+        np.testing.assert_array_equal(fa, fb)
+        np.testing.assert_array_equal(a[fa], b[fb])
+    assert back.read("deep", keys(2, 3))[1].tolist() == [False]
+    with pytest.raises(embcache.NotFoundError) as e:
+        back.load(str(tmp_path / "missing"))
+    assert "missing' does not exist" in str(e.value)
+    emb = tmp_path / "save" / "deep" / "emb_vector"
+    data = bytearray(emb.read_bytes())
+    data[0] ^= 0x01
+    emb.write_bytes(bytes(data))
+    with pytest.raises(embcache.CorruptionError) as e:
+        back.load(str(tmp_path / "save"))
+    assert "emb_vector" in str(e.value)
+
+
+def test_incremental_export_folder(tmp_path):
+    tc = embcache.TrainingCache(tables())
+    tc.begin_pass([keys(0, 50), keys(0, 50)])
+    path = tc.export_incremental_to(str(tmp_path / "deltas"))
+    assert path.endswith("delta-000001")
+    with pytest.raises(embcache.InvalidArgumentError):
+        tc.export_incremental_to(str(tmp_path / "deltas"), number=1)
+
+
+def test_long_calls_release_the_gil_and_threads_are_serialized():
+    n = 300000
+    tc = embcache.TrainingCache(tables(capacity=n))
+    ks = keys(0, n)
+    assert runs_without_the_gil(lambda: tc.begin_pass([ks, ks]), repeats=10)
+    results = []
+
+    def reader():
+        for _ in range(5):
+            results.append(tc.read("deep", ks[:50000])[1].all())
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 15
+
+
+def test_rocksdb_store_behind_a_table(tmp_path):
+    if not embcache.HAVE_ROCKSDB:
+        pytest.skip("built without RocksDB")
+    store = embcache.RocksDBStore(str(tmp_path / "db"), "deep", row_width=8, dim=4,
+                                  optimizer="adagrad")
+    tc = embcache.TrainingCache(tables(capacity=64, store=store))
+    tc.begin_pass([keys(0, 64), keys(0, 64)])
+    tc.begin_pass([keys(64, 128), keys(64, 128)])
+    tc.end_training()
+    assert len(store) >= 64
