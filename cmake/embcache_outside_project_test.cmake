@@ -8,9 +8,11 @@ add_test(NAME install_tree
 set_tests_properties(install_tree PROPERTIES FIXTURES_SETUP embcache_installed LABELS integration)
 
 # embcache_add_outside_project_test(<name> SOURCE_DIR <dir> EXECUTABLE <target> LABEL <label>
-#                                   PASS_REGEX <regex> [CONFIGURE_ARGS <arg>...])
+#                                   PASS_REGEX <regex> [CONFIGURE_ARGS <arg>...]
+#                                   [RUN_ARGS <arg>...])
 function(embcache_add_outside_project_test name)
-  cmake_parse_arguments(arg "" "SOURCE_DIR;EXECUTABLE;LABEL;PASS_REGEX" "CONFIGURE_ARGS" ${ARGN})
+  cmake_parse_arguments(arg "" "SOURCE_DIR;EXECUTABLE;LABEL;PASS_REGEX" "CONFIGURE_ARGS;RUN_ARGS"
+                        ${ARGN})
   set(build ${CMAKE_BINARY_DIR}/install-test/${name})
   add_test(NAME ${name}_configure
            COMMAND ${CMAKE_COMMAND} -S ${arg_SOURCE_DIR} -B ${build}
@@ -20,7 +22,7 @@ function(embcache_add_outside_project_test name)
                    "-DCMAKE_CXX_FLAGS=${CMAKE_CXX_FLAGS}"
                    "-DCMAKE_EXE_LINKER_FLAGS=${CMAKE_EXE_LINKER_FLAGS}" ${arg_CONFIGURE_ARGS})
   add_test(NAME ${name}_build COMMAND ${CMAKE_COMMAND} --build ${build})
-  add_test(NAME ${name}_run COMMAND ${build}/${arg_EXECUTABLE})
+  add_test(NAME ${name}_run COMMAND ${build}/${arg_EXECUTABLE} ${arg_RUN_ARGS})
   set_tests_properties(${name}_configure PROPERTIES FIXTURES_REQUIRED embcache_installed
                        FIXTURES_SETUP ${name}_configured LABELS ${arg_LABEL})
   set_tests_properties(${name}_build PROPERTIES FIXTURES_REQUIRED ${name}_configured

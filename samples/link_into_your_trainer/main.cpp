@@ -3,6 +3,8 @@
 // pass: the keyset (the pass's unique keys) is made resident, the next pass's is prefetched,
 // the loop looks rows up by slot, updates them in place and marks them updated; after each pass
 // the rows changed are exported, and the model is saved at the end.
+//
+// Usage: my_trainer [OUT_DIR]   (default ./my_trainer_out; it is replaced)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,11 +12,23 @@
 #include <embcache/training_cache.hpp>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace embcache;
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string usage = "usage: my_trainer [OUT_DIR]  (default ./my_trainer_out; replaced)\n";
+  std::string out = "my_trainer_out";
+  if (argc > 2 || (argc == 2 && argv[1][0] == '-' && std::string(argv[1]) != "--help")) {
+    std::fputs(usage.c_str(), stderr);
+    return 2;
+  }
+  if (argc == 2 && std::string(argv[1]) == "--help") {
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
+  if (argc == 2) out = argv[1];
   constexpr std::size_t dim = 4, keys_per_sample = 8, samples = 2000, passes = 3;
   table_options<std::int64_t> t;
   t.name = "features";
@@ -39,7 +53,6 @@ int main() {
     k.erase(std::unique(k.begin(), k.end()), k.end());
     return std::vector<std::vector<std::int64_t>>{k};
   };
-  const std::string out = (std::filesystem::temp_directory_path() / "my_trainer_out").string();
   std::filesystem::remove_all(out);
 
   std::vector<std::int64_t> slots(keys_per_sample);

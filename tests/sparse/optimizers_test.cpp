@@ -164,37 +164,33 @@ void expect_matches_reference(const optimizer_options& o) {
   }
 }
 
-TEST(optimizers, SgdMatchesDoubleReference) {
+// One case per optimizer (and FTRL once more with beta, another power and a start value).
+struct reference_case {
+  const char* name;
+  optimizer_options options;
+};
+
+optimizer_options reference_options(optimizer_kind kind) {
   optimizer_options o;
-  o.kind = optimizer_kind::sgd;
-  o.learning_rate = 0.01f;
-  expect_matches_reference(o);
+  o.kind = kind;
+  switch (kind) {
+    case optimizer_kind::sgd:
+    case optimizer_kind::adam:
+      o.learning_rate = 0.01f;
+      break;
+    case optimizer_kind::adagrad:
+      o.learning_rate = 0.05f;
+      break;
+    case optimizer_kind::ftrl:
+      o.ftrl_alpha = 0.05f;
+      o.ftrl_l1 = 0.001f;
+      o.ftrl_l2 = 0.01f;
+      break;
+  }
+  return o;
 }
 
-TEST(optimizers, AdagradMatchesDoubleReference) {
-  optimizer_options o;
-  o.kind = optimizer_kind::adagrad;
-  o.learning_rate = 0.05f;
-  expect_matches_reference(o);
-}
-
-TEST(optimizers, LazyAdamMatchesDoubleReference) {
-  optimizer_options o;
-  o.kind = optimizer_kind::adam;
-  o.learning_rate = 0.01f;
-  expect_matches_reference(o);
-}
-
-TEST(optimizers, FtrlMatchesDoubleReference) {
-  optimizer_options o;
-  o.kind = optimizer_kind::ftrl;
-  o.ftrl_alpha = 0.05f;
-  o.ftrl_l1 = 0.001f;
-  o.ftrl_l2 = 0.01f;
-  expect_matches_reference(o);
-}
-
-TEST(optimizers, FtrlWithBetaAndOtherPowerMatchesDoubleReference) {
+optimizer_options ftrl_with_beta_and_another_power() {
   optimizer_options o;
   o.kind = optimizer_kind::ftrl;
   o.ftrl_alpha = 0.1f;
@@ -203,12 +199,28 @@ TEST(optimizers, FtrlWithBetaAndOtherPowerMatchesDoubleReference) {
   o.ftrl_l2 = 0.001f;
   o.ftrl_lr_power = -0.3f;
   o.ftrl_initial_accumulator = 0.5f;
-  expect_matches_reference(o);
+  return o;
 }
+
+class optimizer_reference : public ::testing::TestWithParam<reference_case> {};
+
+TEST_P(optimizer_reference, matches_the_double_reference) {
+  expect_matches_reference(GetParam().options);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    optimizers, optimizer_reference,
+    ::testing::Values(reference_case{"sgd", reference_options(optimizer_kind::sgd)},
+                      reference_case{"adagrad", reference_options(optimizer_kind::adagrad)},
+                      reference_case{"lazy_adam", reference_options(optimizer_kind::adam)},
+                      reference_case{"ftrl", reference_options(optimizer_kind::ftrl)},
+                      reference_case{"ftrl_with_beta_and_another_power",
+                                     ftrl_with_beta_and_another_power()}),
+    [](const ::testing::TestParamInfo<reference_case>& info) { return info.param.name; });
 
 // --- exact single steps ----------------------------------------------------------------------
 
-TEST(optimizers, SgdStepIsExact) {
+TEST(optimizers, sgd_step_is_exact) {
   optimizer_options o;
   o.learning_rate = 0.25f;
   std::vector<float> rows = {1, 2, 3, 4};  // two rows of dim 2
@@ -218,7 +230,7 @@ TEST(optimizers, SgdStepIsExact) {
   EXPECT_EQ(rows, (std::vector<float>{1, 2, 2.875f, 5}));
 }
 
-TEST(optimizers, AdagradAccumulatesSquares) {
+TEST(optimizers, adagrad_accumulates_squares) {
   optimizer_options o;
   o.kind = optimizer_kind::adagrad;
   o.learning_rate = 1.0f;
@@ -234,7 +246,7 @@ TEST(optimizers, AdagradAccumulatesSquares) {
   EXPECT_EQ(rows, (std::vector<float>{-0.8f, 25}));  // a = 25, w = 0 - 4/5
 }
 
-TEST(optimizers, AdamFirstStepMovesByTheLearningRate) {
+TEST(optimizers, adam_first_step_moves_by_the_learning_rate) {
   // With bias correction, step 1 moves w by lr * g / (|g| + eps'): by lr against the gradient.
   optimizer_options o;
   o.kind = optimizer_kind::adam;
@@ -253,7 +265,7 @@ TEST(optimizers, AdamFirstStepMovesByTheLearningRate) {
   EXPECT_THROW(apply_optimizer(host_space{}, o, rows.data(), 6, 2, r, g, 1, 0), error);
 }
 
-TEST(optimizers, FtrlL1ZeroesSmallWeights) {
+TEST(optimizers, ftrl_l1_zeroes_small_weights) {
   optimizer_options o;
   o.kind = optimizer_kind::ftrl;
   o.ftrl_alpha = 1.0f;
@@ -271,7 +283,7 @@ TEST(optimizers, FtrlL1ZeroesSmallWeights) {
   EXPECT_FLOAT_EQ(rows[2], float(0.5 - (std::sqrt(1.25) - 1) * 2));
 }
 
-TEST(optimizers, StateWidthsAndStartValues) {
+TEST(optimizers, state_widths_and_start_values) {
   EXPECT_EQ(state_width(optimizer_kind::sgd, 16), 0u);
   EXPECT_EQ(state_width(optimizer_kind::adagrad, 16), 16u);
   EXPECT_EQ(state_width(optimizer_kind::adam, 16), 32u);
@@ -290,7 +302,7 @@ TEST(optimizers, StateWidthsAndStartValues) {
   EXPECT_EQ(state, (std::vector<float>{0.25f, 0.25f, 0, 0}));
 }
 
-TEST(optimizers, DefaultsAreMindSporeAndTensorFlowOnes) {
+TEST(optimizers, defaults_are_mind_spore_and_tensor_flow_ones) {
   const optimizer_options o;
   EXPECT_EQ(o.kind, optimizer_kind::sgd);
   EXPECT_EQ(o.learning_rate, 0.001f);
@@ -307,7 +319,7 @@ TEST(optimizers, DefaultsAreMindSporeAndTensorFlowOnes) {
   EMBCACHE_EXPECT_OK(check_options(o));
 }
 
-TEST(optimizers, BadOptionsAndRowWidthsAreRefused) {
+TEST(optimizers, bad_options_and_row_widths_are_refused) {
   optimizer_options o;
   o.beta2 = 1.0f;
   status s = check_options(o);
@@ -330,7 +342,7 @@ TEST(optimizers, BadOptionsAndRowWidthsAreRefused) {
   EXPECT_NO_THROW(apply_optimizer(host_space{}, o, rows.data(), 24, 8, r, g, 1, 1));
 }
 
-TEST(optimizers, BitIdenticalWhateverTheThreadCount) {
+TEST(optimizers, bit_identical_whatever_the_thread_count) {
   std::mt19937_64 rng(21);
   const std::size_t dim = 16, num_rows = 20000;
   for (optimizer_kind kind :
@@ -493,16 +505,16 @@ void check_hybrid_equals_row_array(optimizer_kind kind, combiner comb) {
   }
 }
 
-TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathSgdSum) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_row_array_path_sgd_sum) {
   check_hybrid_equals_row_array(optimizer_kind::sgd, combiner::sum);
 }
-TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathAdagradMean) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_row_array_path_adagrad_mean) {
   check_hybrid_equals_row_array(optimizer_kind::adagrad, combiner::mean);
 }
-TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathAdamSum) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_row_array_path_adam_sum) {
   check_hybrid_equals_row_array(optimizer_kind::adam, combiner::sum);
 }
-TEST(host_hybrid, LeavesTheSameRowsAsTheRowArrayPathFtrlMean) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_row_array_path_ftrl_mean) {
   check_hybrid_equals_row_array(optimizer_kind::ftrl, combiner::mean);
 }
 
@@ -584,14 +596,14 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
   }
 }
 
-TEST(host_hybrid, LeavesTheSameRowsAsTheCachePathAdamSum) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_cache_path_adam_sum) {
   check_hybrid_equals_cache(optimizer_kind::adam, combiner::sum);
 }
-TEST(host_hybrid, LeavesTheSameRowsAsTheCachePathFtrlMean) {
+TEST(host_hybrid, leaves_the_same_rows_as_the_cache_path_ftrl_mean) {
   check_hybrid_equals_cache(optimizer_kind::ftrl, combiner::mean);
 }
 
-TEST(host_hybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialValue) {
+TEST(host_hybrid, caller_initializer_fills_missing_keys_and_state_starts_at_its_initial_value) {
   host_hybrid_options ho;
   ho.dim = 2;
   ho.optimizer.kind = optimizer_kind::adagrad;
@@ -614,7 +626,7 @@ TEST(host_hybrid, CallerInitializerFillsMissingKeysAndStateStartsAtItsInitialVal
   EXPECT_EQ(store.max_version(), 1u);
 }
 
-TEST(host_hybrid, MisuseThrowsAndBadBatchesAreRefused) {
+TEST(host_hybrid, misuse_throws_and_bad_batches_are_refused) {
   host_hybrid_options ho;
   ho.dim = 4;
   ho.optimizer.kind = optimizer_kind::adam;
