@@ -36,10 +36,15 @@ void ensure(buffer<T, host_space>& b, std::size_t n) {
   if (b.size() < n) b = buffer<T, host_space>(n, host_space{});
 }
 
+// The largest row index, or -1 when one is negative (outside any pool: the sorted path, which
+// needs no table, takes such a batch).
 std::int64_t largest_row(const std::int64_t* rows, std::size_t n) {
-  std::int64_t m = 0;
-  for (std::size_t k = 0; k < n; ++k) m = rows[k] > m ? rows[k] : m;
-  return m;
+  std::int64_t hi = 0, lo = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    hi = rows[k] > hi ? rows[k] : hi;
+    lo = rows[k] < lo ? rows[k] : lo;
+  }
+  return lo < 0 ? -1 : hi;
 }
 
 // Dense: marks the rows present in a bitmap, numbers them in ascending order by walking its set
@@ -300,7 +305,9 @@ bool aggregate_gradients_host(const host_space& space, const slot_batch& batch, 
   auto& s = grads.scratch;
   ensure(grads.rows, n);
   const std::int64_t* rows = batch.row_indices;
-  const auto max_row = static_cast<std::size_t>(largest_row(rows, n));
+  const std::int64_t largest = largest_row(rows, n);
+  if (largest < 0) return false;
+  const auto max_row = static_cast<std::size_t>(largest);
   ensure(s.occurrence_rank, n);
   const std::size_t m = use_dense_grouping(n, max_row)
                             ? rank_dense(rows, n, max_row, s, grads.rows.data())

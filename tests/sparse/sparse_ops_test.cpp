@@ -288,6 +288,24 @@ TEST(sparse_backward, far_apart_rows_group_like_close_ones) {
   }
 }
 
+// Row indices outside any pool (negative; check_batch refuses them) skip the tables by row and
+// take the sorted path: still one sum per distinct row, ascending, in batch order.
+TEST(sparse_backward, negative_rows_take_the_sorted_path) {
+  owned_batch b;
+  b.batch_size = 3;
+  b.num_slots = 1;
+  b.offsets = {0, 2, 3, 4};
+  b.indices = {-5, 3, -5, 3};
+  const std::vector<float> d_out = {1, 2, 4, 8, 16, 32};
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 2u);
+  EXPECT_EQ(std::vector<std::int64_t>(g.rows.data(), g.rows.data() + 2),
+            (std::vector<std::int64_t>{-5, 3}));
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 4),
+            (std::vector<float>{1 + 4, 2 + 8, 1 + 16, 2 + 32}));
+}
+
 TEST(sparse_backward, BuffersAreReusedAcrossBatches) {
   std::mt19937_64 rng(5);
   const auto big = random_batch(rng, 64, 4, 1000, 1, 3);

@@ -22,7 +22,8 @@
 namespace embcache::detail {
 
 /// aggregate_gradients in the host space. Returns false (and does nothing) when the batch has
-/// more occurrences than a 32-bit index can number; the caller then takes the sorted path.
+/// more occurrences than a 32-bit index can number or a negative row index; the caller then takes
+/// the sorted path.
 bool aggregate_gradients_host(const host_space& space, const slot_batch& batch, bool mean,
                               const float* d_out, std::size_t dim,
                               sparse_gradients<host_space>& grads);
