@@ -6,6 +6,8 @@ set -euo pipefail
 embcache_packages=(
   cmake g++ make pkg-config
   libtbb-dev librocksdb-dev nlohmann-json3-dev libcli11-dev libxxhash-dev zlib1g-dev
+  # absl::flat_hash_map, a baseline of bench_cache.
+  libabsl-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
   # The tools' log lines (timestamp, level); brings libfmt-dev.
   libspdlog-dev

@@ -1,12 +1,14 @@
 // bench_cache: bulk operations of the embedding cache against a tbb::concurrent_hash_map
-// (key -> row index, plus a row array) and a single-thread std::unordered_map, on the same keys.
+// (key -> row index, plus a row array), absl::flat_hash_map (one map per thread, the keys split
+// between them by hash, plus a row array) and a single-thread std::unordered_map, on the same keys.
 //
 // Names: cache_<op>/<space>/dim:<d>/load:<l>/dist:<uniform|zipf> and
-//        baseline_<op>/<tbb_chm|std_umap>/dim:<d>/load:<l>/dist:<...>.
+//        baseline_<op>/<tbb_chm|absl_flat|std_umap>/dim:<d>/load:<l>/dist:<...>.
 // Each iteration runs one batch of 1M keys drawn from the resident keys (find), or with one key
 // in 16 new (find_or_insert, insert_or_assign; the new keys are erased again outside the timing).
 #include <benchmark/benchmark.h>
 #include <tbb/concurrent_hash_map.h>
+#include <tbb/info.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -22,6 +24,10 @@
 #include "embcache/buffer.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/embedding_cache_ref.hpp"
+
+#if defined(EMBCACHE_BENCH_ABSL)
+#include <absl/container/flat_hash_map.h>
+#endif
 
 namespace {
 
@@ -205,6 +211,73 @@ void bm_tbb(benchmark::State& state, op o, std::size_t dim, double load, bool zi
   report(state, dim);
 }
 
+#if defined(EMBCACHE_BENCH_ABSL)
+// absl::flat_hash_map is not safe for concurrent writers, so the baseline keeps one map per
+// thread (one thread per core) and sends each key to the map its hash picks: finds run over the
+// batch in parallel (reads of different maps, or of one, are safe); inserts run one thread per
+// map, each walking the whole batch and taking its own keys, in batch order.
+void bm_absl(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
+  const workload w = make_workload(load, zipf);
+  using map_t = absl::flat_hash_map<key_t_, std::int64_t>;
+  const auto shards = static_cast<std::size_t>(std::max(1, tbb::info::default_concurrency()));
+  auto shard_of = [shards](key_t_ k) {
+    return static_cast<std::size_t>(
+        ((static_cast<std::uint64_t>(k) * 0x9e3779b97f4a7c15ULL) >> 32) % shards);
+  };
+  std::vector<map_t> maps(shards);
+  for (auto& m : maps) m.reserve(capacity / shards + capacity / 16);
+  std::vector<float> pool(capacity * dim);
+  std::atomic<std::int64_t> next{0};
+  embcache::initializer_options init;
+  for (auto k : w.resident) {
+    const std::int64_t r = next++;
+    maps[shard_of(k)][k] = r;
+    init_row(init, k, &pool[r * dim], dim);
+  }
+  std::vector<float> rows(batch * dim, 1.0f);
+  for (auto _ : state) {
+    if (o == op::find) {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, batch, 1024), [&](auto r) {
+        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+          const key_t_ k = w.batch_keys[i];
+          const map_t& m = maps[shard_of(k)];
+          auto it = m.find(k);
+          if (it != m.end())
+            std::memcpy(&rows[i * dim], &pool[it->second * dim], dim * sizeof(float));
+        }
+      });
+    } else {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, shards, 1), [&](auto r) {
+        for (std::size_t t = r.begin(); t < r.end(); ++t) {
+          map_t& m = maps[t];
+          for (std::size_t i = 0; i < batch; ++i) {
+            const key_t_ k = w.mixed_keys[i];
+            if (shard_of(k) != t) continue;
+            auto [it, fresh] = m.try_emplace(k, 0);
+            if (fresh) {
+              it->second = next++;
+              if (o == op::find_or_insert) init_row(init, k, &pool[it->second * dim], dim);
+            }
+            if (o == op::find_or_insert)
+              std::memcpy(&rows[i * dim], &pool[it->second * dim], dim * sizeof(float));
+            else
+              std::memcpy(&pool[it->second * dim], &rows[i * dim], dim * sizeof(float));
+          }
+        }
+      });
+    }
+    benchmark::DoNotOptimize(rows.data());
+    if (o != op::find) {
+      state.PauseTiming();
+      for (auto k : w.new_keys) maps[shard_of(k)].erase(k);
+      next = static_cast<std::int64_t>(w.resident.size());
+      state.ResumeTiming();
+    }
+  }
+  report(state, dim);
+}
+#endif
+
 void bm_umap(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
   const workload w = make_workload(load, zipf);
   std::unordered_map<key_t_, std::int64_t> map;
@@ -272,6 +345,12 @@ void register_all() {
                                        dim, load, zipf)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
+#if defined(EMBCACHE_BENCH_ABSL)
+          benchmark::RegisterBenchmark(("baseline_" + name + "/absl_flat/" + s).c_str(), bm_absl, o,
+                                       dim, load, zipf)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+#endif
           benchmark::RegisterBenchmark(("baseline_" + name + "/std_umap/" + s).c_str(), bm_umap, o,
                                        dim, load, zipf)
               ->Unit(benchmark::kMillisecond)

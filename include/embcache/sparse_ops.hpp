@@ -7,7 +7,8 @@
 ///
 /// Every pointer passed to an op lives in the memory of the op's space. Ops in the host space
 /// return when done; ops in the cuda space are ordered on the space's stream (aggregate_gradients
-/// synchronizes once, to learn how many unique rows there are).
+/// synchronizes twice: to learn the largest row index, which picks 32- or 64-bit sort keys, and
+/// how many unique rows there are).
 ///
 /// Determinism: the forward sums the occurrences of a bag in their order in the batch; the
 /// backward sums the occurrences of a row in their order in the batch. Neither depends on the
@@ -72,6 +73,13 @@ struct gradient_scratch {
   buffer<std::int64_t, Space> heads;        ///< 1 where a run of equal rows starts
   buffer<std::int64_t, Space> run_id;       ///< exclusive prefix sum of heads
   buffer<std::int64_t, Space> run_start;    ///< first sorted position of each run
+  buffer<std::int32_t, Space> narrow_rows;  ///< row indices narrowed to 32 bits (cuda) for the sort
+  buffer<std::uint64_t, Space> present;     ///< host: one bit per row index up to the largest
+  buffer<std::int32_t, Space> rank_of;  ///< host: rank among the distinct rows, by row or first use
+  buffer<std::int32_t, Space> occurrence_rank;  ///< host: rank of each occurrence's row
+  buffer<std::int64_t, Space> table_rows;   ///< host, far-apart rows: open-addressing table's rows
+  buffer<std::int32_t, Space> table_ids;    ///< host, far-apart rows: first-use index of each
+  buffer<std::uint64_t, Space> part_items;  ///< host: (bag, rank) of each occurrence, by thread
 };
 
 /// Result of aggregate_gradients: one summed gradient per unique row of the batch.
@@ -125,9 +133,8 @@ struct host_key_grouping {
     run_id.resize(n + 1);
     run_start.resize(n + 1);
     unique.resize(n);
-    const std::size_t m =
-        sort_and_group(space, keys, n, sorted.data(), order.data(), heads.data(), run_id.data(),
-                       run_start.data(), unique.data(), inverse);
+    const std::size_t m = sort_and_group(space, keys, n, sorted.data(), order.data(), heads.data(),
+                                         run_id.data(), run_start.data(), unique.data(), inverse);
     unique.resize(m);
     return m;
   }

@@ -193,7 +193,7 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
     // Nothing entered or left since prefetch marked the hits and staged the misses (and the
     // worker did what it could of the residency change).
     tb.book.mark_epoch = st.mark;
-    miss = &st.keys;
+    miss = st.unstaged.empty() ? &st.keys : &st.missing;
     early = st.early_inserted;
   } else {
     auto mark = next_mark(tb);

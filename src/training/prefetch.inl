@@ -84,8 +84,8 @@ status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on)
       dirty_vers.resize(m);
       rows.resize(m * w);
       std::size_t d = 0;
-      EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(frozen, b, m, dirty_keys.data(),
-                                                      rows.data(), dirty_vers.data(), &d));
+      EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(frozen, b, m, dirty_keys.data(), rows.data(),
+                                                      dirty_vers.data(), &d));
       if (d == 0) continue;
       {
         // Not logged for the prefetch hazard: these keys are outside the staged keyset.
@@ -161,28 +161,32 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
   return {};
 }
 
-// Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time), with the
-// early install in keyset mode.
+// Runs in the worker: stages the rows of the first `max_rows` of `keys` (sorted, not resident at
+// prefetch time; prefetch() reserved their room), with the early install in keyset mode. The
+// keys past them are left for begin_pass to pull.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> keys,
-                                              std::size_t spare_floats) {
+                                              std::size_t max_rows, std::size_t spare_floats) {
   const auto t0 = clock_type::now();
   auto& st = tb.staged;
   st.keys = std::move(keys);
-  const std::size_t n = st.keys.size(), w = tb.row_width;
+  const std::size_t all = st.keys.size(), n = std::min(all, max_rows), w = tb.row_width;
   st.rows.resize(n * w);
   st.versions.assign(n, 0);
   st.found.assign(n, 0);
   bool early = false;
+  // The early eviction makes room for every missing key, staged or not.
   if (options.mode == cache_mode::keyset) EMBCACHE_RETURN_IF_ERROR(early_evict(tb, &early));
   {
     // Rows the boundary will still have to gather (at most); its write-behind buffer is sized,
     // and its pages touched, here rather than at the boundary.
     const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
-    const std::size_t need = resident + n > cap ? resident + n - cap : 0;
+    const std::size_t need = resident + all > cap ? resident + all - cap : 0;
     const std::size_t leaving = std::min(need, resident - std::min(resident, st.hits));
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
   }
+  st.unstaged.assign(st.keys.begin() + static_cast<std::ptrdiff_t>(n), st.keys.end());
+  st.keys.resize(n);
   std::vector<std::uint8_t> taken(early ? n : 0, 0);
   const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
   std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
@@ -212,6 +216,11 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     st.keys.resize(out);
     st.versions.resize(out);
     st.found.resize(out);
+  }
+  if (!st.unstaged.empty()) {
+    st.missing.resize(st.keys.size() + st.unstaged.size());
+    std::merge(st.keys.begin(), st.keys.end(), st.unstaged.begin(), st.unstaged.end(),
+               st.missing.begin());
   }
   st.seconds = seconds_since(t0);
   return {};
@@ -253,8 +262,27 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     spare[t] = im.options.write_behind ? tb.wb.spare_rows.size() : ~std::size_t{0};
     tb.sync.log_writes = true;
   }
+  // The staging's room, within staging_bytes over all tables, is reserved here so that the worker
+  // never grows it mid-pass (and a failure to get it is this call's).
+  std::vector<std::size_t> max_rows(im.tables.size(), 0);
+  std::size_t left = im.options.staging_bytes;
+  for (std::size_t t = 0; t < im.tables.size(); ++t) {
+    auto& tb = im.tables[t];
+    const std::size_t row_bytes = tb.row_width * sizeof(float);
+    max_rows[t] = std::min(todo[t].size(), left / row_bytes);
+    left -= max_rows[t] * row_bytes;
+    const status s = guarded([&] {
+      tb.staged.rows.reserve(max_rows[t] * tb.row_width);
+      return status{};
+    });
+    if (!s.ok()) {
+      im.drop_staging();  // nothing staged: begin_pass pulls every row itself
+      return s.with_context("prefetch: reserving " + std::to_string(max_rows[t] * row_bytes) +
+                            " bytes of staging for table '" + tb.opt.name + "'");
+    }
+  }
   im.staged_valid = true;
-  im.worker = std::thread([&im, todo = std::move(todo), spare]() mutable {
+  im.worker = std::thread([&im, todo = std::move(todo), max_rows, spare]() mutable {
     // Rows written behind at the last boundary must be in the store before staging reads it.
     im.wait_flush();
     std::size_t t = 0;
@@ -266,7 +294,7 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
         auto& tb = im.tables[t];
         // On a stream of its own in the cuda space, so staging overlaps training.
         const auto on_worker_stream = tb.cache->order_calls_on(im.worker_calls.of(*tb.cache));
-        status s = im.stage(tb, std::move(todo[t]), spare[t]);
+        status s = im.stage(tb, std::move(todo[t]), max_rows[t], spare[t]);
         if (!s.ok()) {
           im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
           return;

@@ -75,8 +75,8 @@ struct store_sync {
 // The rows the prefetch worker staged for the next pass, and what it planned for its boundary.
 template <class Key, class Space>
 struct staged_pass {
-  std::vector<Key> keys;  // sorted
-  staging_rows<Space> rows;
+  std::vector<Key> keys;     // sorted
+  staging_rows<Space> rows;  // reserved by prefetch() within staging_bytes, never grown past it
   std::vector<std::uint64_t> versions;
   std::vector<std::uint8_t> found;  // 0 = initialized by staging
   // Gather buffer for the rows the next begin_pass writes behind, sized (and its pages touched)
@@ -92,6 +92,10 @@ struct staged_pass {
   std::size_t resident_rows = 0;
   // How many of the keyset's missing rows the worker inserted early.
   std::size_t early_inserted = 0;
+  // Missing keys past the staging bound (sorted): begin_pass pulls them. When there are any,
+  // `missing` holds every key still missing after the worker (staged or not, sorted).
+  std::vector<Key> unstaged;
+  std::vector<Key> missing;
   double seconds = 0;
 };
 

@@ -72,7 +72,8 @@ struct training_cache_core {
 
   // --- prefetch worker and staging (prefetch.inl) ---
   status prefetch(const std::vector<std::vector<Key>>& keysets);
-  status stage(table_type& tb, std::vector<Key> keys, std::size_t spare_floats);
+  status stage(table_type& tb, std::vector<Key> keys, std::size_t max_rows,
+               std::size_t spare_floats);
   // Whether the residency is still the one the staging was planned on.
   bool staging_matches_residency(const table_type& tb) const;
   // The worker changed the residency itself: count it and keep the staging's plan current.

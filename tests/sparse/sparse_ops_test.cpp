@@ -215,6 +215,97 @@ TEST(sparse_backward, SumsInBatchOrderWhateverTheThreadCount) {
   }
 }
 
+// The per-row sums of a batch, occurrence by occurrence in batch order, into a dense array.
+std::vector<float> batch_order_sums(const owned_batch& b, combiner comb, const float* d_out,
+                                    std::size_t dim, std::size_t num_rows) {
+  std::vector<float> sums(num_rows * dim, 0.0f);
+  for (std::size_t bag = 0; bag + 1 < b.offsets.size(); ++bag) {
+    const auto count = static_cast<float>(b.offsets[bag + 1] - b.offsets[bag]);
+    for (auto k = b.offsets[bag]; k < b.offsets[bag + 1]; ++k) {
+      for (std::size_t d = 0; d < dim; ++d) {
+        const float x = d_out[bag * dim + d];
+        sums[b.indices[k] * dim + d] += comb == combiner::mean ? x / count : x;
+      }
+    }
+  }
+  return sums;
+}
+
+// Every row width the host path unrolls (16, 32, 64, 128) and two it does not (5, 8), over a
+// batch large enough to be split between threads: bit-identical to the batch-order sums.
+TEST(sparse_backward, every_width_sums_in_batch_order) {
+  std::mt19937_64 rng(21);
+  const std::size_t num_rows = 3000, B = 1024, S = 8;
+  const auto b = random_batch(rng, B, S, num_rows, 0, 5);
+  ASSERT_GT(b.indices.size(), 16384u);  // above the serial cut-off
+  std::vector<bool> seen(num_rows, false);
+  for (auto r : b.indices) seen[r] = true;
+  for (std::size_t dim : {5, 8, 16, 32, 64, 128}) {
+    const auto d_out = random_floats(rng, B * S * dim, -1, 1);
+    for (combiner comb : {combiner::sum, combiner::mean}) {
+      const auto expected = batch_order_sums(b, comb, d_out.data(), dim, num_rows);
+      for (int threads : {1, 2, 3}) {
+        sparse_gradients<host_space> g;
+        aggregate_gradients(host_space{threads}, b.view(), comb, d_out.data(), dim, g);
+        std::size_t u = 0;
+        for (std::size_t r = 0; r < num_rows; ++r) {
+          if (!seen[r]) continue;
+          ASSERT_LT(u, g.size);
+          ASSERT_EQ(g.rows.data()[u], static_cast<std::int64_t>(r));
+          ASSERT_EQ(0,
+                    std::memcmp(&g.values.data()[u * dim], &expected[r * dim], dim * sizeof(float)))
+              << "dim " << dim << " threads " << threads << " row " << r;
+          ++u;
+        }
+        EXPECT_EQ(u, g.size) << "dim " << dim << " threads " << threads;
+      }
+    }
+  }
+}
+
+// Row indices too far apart for a table by row go through the hash grouping: the same sums, bit
+// for bit, and the same order of rows as the same batch with its rows close together.
+TEST(sparse_backward, far_apart_rows_group_like_close_ones) {
+  std::mt19937_64 rng(22);
+  const std::size_t dim = 16, num_rows = 700;
+  for (std::size_t B : {4, 2048}) {  // one batch on the calling thread, one split between threads
+    const auto close = random_batch(rng, B, 4, num_rows, 0, 4);
+    auto far = close;
+    for (auto& r : far.indices) r = r * (std::int64_t{1} << 33) + 7;
+    const auto d_out = random_floats(rng, B * 4 * dim, -1, 1);
+    for (combiner comb : {combiner::sum, combiner::mean}) {
+      for (int threads : {1, 3}) {
+        sparse_gradients<host_space> gc, gf;
+        aggregate_gradients(host_space{threads}, close.view(), comb, d_out.data(), dim, gc);
+        aggregate_gradients(host_space{threads}, far.view(), comb, d_out.data(), dim, gf);
+        ASSERT_EQ(gc.size, gf.size);
+        for (std::size_t u = 0; u < gc.size; ++u)
+          ASSERT_EQ(gf.rows.data()[u], gc.rows.data()[u] * (std::int64_t{1} << 33) + 7) << u;
+        ASSERT_EQ(0, std::memcmp(gc.values.data(), gf.values.data(), gc.size * dim * sizeof(float)))
+            << "B " << B << " threads " << threads;
+      }
+    }
+  }
+}
+
+// Row indices outside any pool (negative; check_batch refuses them) skip the tables by row and
+// take the sorted path: still one sum per distinct row, ascending, in batch order.
+TEST(sparse_backward, negative_rows_take_the_sorted_path) {
+  owned_batch b;
+  b.batch_size = 3;
+  b.num_slots = 1;
+  b.offsets = {0, 2, 3, 4};
+  b.indices = {-5, 3, -5, 3};
+  const std::vector<float> d_out = {1, 2, 4, 8, 16, 32};
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 2u);
+  EXPECT_EQ(std::vector<std::int64_t>(g.rows.data(), g.rows.data() + 2),
+            (std::vector<std::int64_t>{-5, 3}));
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 4),
+            (std::vector<float>{1 + 4, 2 + 8, 1 + 16, 2 + 32}));
+}
+
 TEST(sparse_backward, BuffersAreReusedAcrossBatches) {
   std::mt19937_64 rng(5);
   const auto big = random_batch(rng, 64, 4, 1000, 1, 3);

@@ -1268,6 +1268,74 @@ std::set<std::int64_t> resident_keys(training_cache<std::int64_t, Space>& tc) {
   return std::set<std::int64_t>(ex.keys.begin(), ex.keys.end());
 }
 
+// --- the staging bound ---------------------------------------------------------------------------
+
+// A prefetch stages at most staging_bytes of rows over all tables: table "a" (Adam, 12 floats a
+// row) gets the first 30 of its missing rows, table "b" none; begin_pass pulls the rest. The model
+// is the one of unbounded staging and of no prefetch at all.
+TYPED_TEST_P(conformance, a_keyset_larger_than_the_staging_trains_like_an_unbounded_one) {
+  using Space = TypeParam;
+  const auto passes = script<std::int64_t>(400, 120, 8);
+  const std::size_t row_a = dim * 3 * sizeof(float);
+  auto run = [&](bool prefetch, std::size_t staging_bytes, std::size_t max_staged_a) {
+    training_cache_options opts;
+    opts.staging_bytes = staging_bytes;
+    training_cache<std::int64_t, Space> tc(opts, two_tables<std::int64_t>(150, 130));
+    std::uint64_t pulled_after_prefetch = 0;
+    for (std::size_t p = 0; p < passes.size(); ++p) {
+      EMBCACHE_EXPECT_OK(tc.begin_pass(passes[p]));
+      const auto& last = tc.counters().last;
+      EXPECT_LE(last[0].rows_staged, max_staged_a) << "pass " << p;
+      if (staging_bytes < row_a) {
+        EXPECT_EQ(last[0].rows_staged + last[1].rows_staged, 0u) << "pass " << p;
+      }
+      if (p > 0) pulled_after_prefetch += last[0].rows_pulled + last[1].rows_pulled;
+      if (prefetch && p + 1 < passes.size()) EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
+      train_pass(tc, passes[p], int(p));
+    }
+    EMBCACHE_EXPECT_OK(tc.end_training());
+    return std::make_tuple(store_model(tc, 0), store_model(tc, 1), pulled_after_prefetch);
+  };
+  const auto unbounded = run(true, training_cache_options{}.staging_bytes, ~std::size_t{0});
+  const auto none = run(false, training_cache_options{}.staging_bytes, ~std::size_t{0});
+  const auto bounded = run(true, 30 * row_a, 30);
+  const auto zero = run(true, 0, 0);
+  EXPECT_TRUE(std::get<0>(bounded) == std::get<0>(unbounded));
+  EXPECT_TRUE(std::get<1>(bounded) == std::get<1>(unbounded));
+  EXPECT_TRUE(std::get<0>(zero) == std::get<0>(unbounded));
+  EXPECT_TRUE(std::get<1>(zero) == std::get<1>(unbounded));
+  EXPECT_TRUE(std::get<0>(none) == std::get<0>(unbounded));
+  EXPECT_TRUE(std::get<1>(none) == std::get<1>(unbounded));
+  EXPECT_GT(std::get<2>(bounded), std::get<2>(unbounded));  // begin_pass pulled what was not staged
+}
+
+// Exactly the rows that fit in staging_bytes are staged (the first missing keys); begin_pass
+// pulls the others, and every row comes in with the store's values.
+TYPED_TEST_P(conformance, staging_never_exceeds_its_bound) {
+  using Space = TypeParam;
+  auto o = table_of("t", dim, 256, optimizer_kind::adam);
+  o.store = filled_store(300);
+  const std::size_t row_bytes = dim * 3 * sizeof(float);
+  training_cache_options opts;
+  opts.staging_bytes = 50 * row_bytes + row_bytes - 1;  // room for 50 rows, not 51
+  training_cache<std::int64_t, Space> tc(opts, {o});
+  const auto first = range_keys(0, 20), next = range_keys(100, 300);
+  EMBCACHE_ASSERT_OK(tc.begin_pass({first}));
+  EMBCACHE_ASSERT_OK(tc.prefetch({next}));
+  EMBCACHE_ASSERT_OK(tc.begin_pass({next}));
+  const auto& c = tc.counters().last[0];
+  EXPECT_EQ(c.rows_staged, 50u);
+  EXPECT_EQ(c.rows_pulled, 150u);
+  EXPECT_EQ(c.rows_initialized, 0u);
+  std::vector<float> got(next.size() * dim * 3);
+  EMBCACHE_ASSERT_OK(tc.read(0, next.data(), next.size(), got.data(), nullptr));
+  for (std::size_t i = 0; i < next.size(); ++i) {
+    for (std::size_t j = 0; j < dim * 3; ++j) {
+      ASSERT_EQ(got[i * dim * 3 + j], float(next[i]) + float(j) * 0.01f) << "key " << next[i];
+    }
+  }
+}
+
 // The caller's lookups on cache(t) run beside the prefetch worker's early inserts with no lock
 // between them (both hold the table's lock for reading): the worker publishes each new slot's
 // state byte with a release store while the caller's probes read the state bytes, which must be
@@ -2001,6 +2069,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     an_export_takes_a_given_delta_number_past_the_folder_s_last, save_reports_its_progress_by_rows,
     loads_a_plain_hugectr_folder, keyset_errors_are_clear_and_change_nothing,
     begin_pass_moves_only_the_difference, prefetch_stages_in_the_background_while_the_caller_trains,
+    a_keyset_larger_than_the_staging_trains_like_an_unbounded_one, staging_never_exceeds_its_bound,
     staged_rows_are_never_older_than_a_write_back,
     a_key_staged_again_after_its_write_back_comes_back_with_it,
     write_back_after_staging_forces_a_re_pull,

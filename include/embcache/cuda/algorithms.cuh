@@ -6,12 +6,14 @@
 #include <cuda_runtime.h>
 #include <thrust/count.h>
 #include <thrust/execution_policy.h>
+#include <thrust/reduce.h>
 #include <thrust/scan.h>
 #include <thrust/sort.h>
 #include <thrust/system/cuda/error.h>
 #include <thrust/system_error.h>
 
 #include <cstddef>
+#include <limits>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -156,6 +158,20 @@ std::size_t count_equal(const cuda_space& space, const T* in, std::size_t n, T v
   if (n == 0) return 0;
   return thrust_call("thrust::count", [&]() -> std::size_t {
     return thrust::count(thrust_policy(space), in, in + n, value);
+  });
+}
+
+template <class T>
+struct larger_fn {
+  __host__ __device__ T operator()(const T& a, const T& b) const { return a < b ? b : a; }
+};
+
+/// Largest element of `in` (device memory, n > 0); synchronizes the stream.
+template <class T>
+T max_value(const cuda_space& space, const T* in, std::size_t n) {
+  return thrust_call("thrust::reduce", [&]() -> T {
+    return thrust::reduce(thrust_policy(space), in, in + n, std::numeric_limits<T>::lowest(),
+                          larger_fn<T>{});
   });
 }
 

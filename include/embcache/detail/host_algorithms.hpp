@@ -7,6 +7,7 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
 #include <tbb/parallel_sort.h>
 #include <tbb/task_arena.h>
 #include <thrust/count.h>
@@ -141,6 +142,26 @@ std::size_t count_equal(const host_space& space, const T* in, std::size_t n, T v
   std::size_t c = 0;
   run_in_space(space, [&] { c = thrust::count(thrust::tbb::par, in, in + n, value); });
   return c;
+}
+
+/// Largest element of `in` (n > 0), in parallel.
+template <class T>
+T max_value(const host_space& space, const T* in, std::size_t n) {
+  auto range_max = [in](std::size_t begin, std::size_t end, T m) {
+    for (std::size_t i = begin; i < end; ++i) m = in[i] < m ? m : in[i];
+    return m;
+  };
+  if (n <= 65536) return range_max(1, n, in[0]);
+  T m = in[0];
+  run_in_space(space, [&] {
+    m = tbb::parallel_reduce(
+        tbb::blocked_range<std::size_t>(0, n, 65536), in[0],
+        [&](const tbb::blocked_range<std::size_t>& r, T acc) {
+          return range_max(r.begin(), r.end(), acc);
+        },
+        [](T a, T b) { return a < b ? b : a; });
+  });
+  return m;
 }
 
 /// Exclusive prefix sum of `in` into `out` (length n each; they may be the same), in parallel.

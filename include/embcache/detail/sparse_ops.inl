@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "embcache/buffer.hpp"
 #include "embcache/detail/config.hpp"
+#include "embcache/detail/host_gradient_aggregation.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"
 
@@ -115,6 +117,18 @@ struct inverse_fn {
   const std::int64_t* run_id;
   std::int64_t* inverse;
   EMBCACHE_HD void operator()(std::size_t i) const { inverse[order[i]] = run_id[i] + heads[i] - 1; }
+};
+
+struct narrow_fn {
+  const std::int64_t* in;
+  std::int32_t* out;
+  EMBCACHE_HD void operator()(std::size_t i) const { out[i] = static_cast<std::int32_t>(in[i]); }
+};
+
+struct widen_fn {
+  const std::int32_t* in;
+  std::int64_t* out;
+  EMBCACHE_HD void operator()(std::size_t i) const { out[i] = in[i]; }
 };
 
 struct bag_of_fn {
@@ -242,8 +256,11 @@ void aggregate_gradients(const Space& space, const slot_batch& batch, combiner c
   grads.size = 0;
   const std::size_t n = batch.num_indices;
   if (n == 0) return;
+  const bool mean = comb == combiner::mean;
+  if constexpr (is_host_space_v<Space>) {
+    if (detail::aggregate_gradients_host(space, batch, mean, d_out, dim, grads)) return;
+  }
   auto& s = grads.scratch;
-  detail::ensure_size(s.sorted_rows, n, space);
   detail::ensure_size(s.order, n, space);
   detail::ensure_size(s.bag_of, n, space);
   detail::ensure_size(s.heads, n + 1, space);
@@ -253,13 +270,26 @@ void aggregate_gradients(const Space& space, const slot_batch& batch, combiner c
 
   detail::for_each_index(space, batch.num_bags(),
                          detail::bag_of_fn{batch.offsets, s.bag_of.data()});
-  const std::size_t m = detail::sort_and_group(
-      space, batch.row_indices, n, s.sorted_rows.data(), s.order.data(), s.heads.data(),
-      s.run_id.data(), s.run_start.data(), grads.rows.data(), static_cast<std::int64_t*>(nullptr));
+  std::size_t m = 0;
+  // Row indices that fit in 32 bits are sorted as such: half the bytes to move, half the radix
+  // passes. The order (stable, by row) and so the sums are the same as with the 64-bit keys.
+  if (detail::max_value(space, batch.row_indices, n) <= std::numeric_limits<std::int32_t>::max()) {
+    detail::ensure_size(s.narrow_rows, 3 * n, space);
+    std::int32_t* narrow = s.narrow_rows.data();
+    detail::for_each_index(space, n, detail::narrow_fn{batch.row_indices, narrow});
+    m = detail::sort_and_group(space, static_cast<const std::int32_t*>(narrow), n, narrow + n,
+                               s.order.data(), s.heads.data(), s.run_id.data(), s.run_start.data(),
+                               narrow + 2 * n, static_cast<std::int64_t*>(nullptr));
+    detail::for_each_index(space, m, detail::widen_fn{narrow + 2 * n, grads.rows.data()});
+  } else {
+    detail::ensure_size(s.sorted_rows, n, space);
+    m = detail::sort_and_group(space, batch.row_indices, n, s.sorted_rows.data(), s.order.data(),
+                               s.heads.data(), s.run_id.data(), s.run_start.data(),
+                               grads.rows.data(), static_cast<std::int64_t*>(nullptr));
+  }
   detail::ensure_size(grads.values, m * dim, space);
   grads.size = m;
 
-  const bool mean = comb == combiner::mean;
   if constexpr (is_host_space_v<Space>) {
     detail::for_each_index(
         space, m,
