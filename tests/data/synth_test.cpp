@@ -133,7 +133,10 @@ TEST(synth, values_follow_cardinalities_zipf_and_missing_rates) {
   EXPECT_GT(c3[0], n / 50);
   EXPECT_NEAR(missing22 / double(n), 0.76, 0.02);
   EXPECT_NEAR(missing_i1 / double(n), 0.45, 0.02);
-  EXPECT_THROW(synth_generator(synth_options{1, 1, 0.0}), error);
+  synth_options no_cardinality;
+  no_cardinality.rows = 1;
+  no_cardinality.cardinality_scale = 0.0;
+  EXPECT_THROW(synth_generator{no_cardinality}, error);
 }
 
 TEST(synth, tsv_writes_are_deterministic_and_parse) {

@@ -39,7 +39,7 @@ owned_batch small_batch() {
   return b;
 }
 
-TEST(sparse_lookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
+TEST(sparse_lookup, sum_pools_every_bag_and_empty_bags_give_zeros) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(4 * 2, 123.0f);
@@ -47,7 +47,7 @@ TEST(sparse_lookup, SumPoolsEveryBagAndEmptyBagsGiveZeros) {
   EXPECT_EQ(out, (std::vector<float>{3, 30, 0, 0, 3, 30, 10, 100}));
 }
 
-TEST(sparse_lookup, MeanDividesByTheBagSize) {
+TEST(sparse_lookup, mean_divides_by_the_bag_size) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(4 * 2, 123.0f);
@@ -55,7 +55,7 @@ TEST(sparse_lookup, MeanDividesByTheBagSize) {
   EXPECT_EQ(out, (std::vector<float>{1.5f, 15, 0, 0, 3, 30, 10.0f / 3.0f, 100.0f / 3.0f}));
 }
 
-TEST(sparse_lookup, OneHotIsAGather) {
+TEST(sparse_lookup, one_hot_is_a_gather) {
   std::mt19937_64 rng(7);
   const std::size_t dim = 16, width = 48, num_rows = 100;
   const auto rows = random_floats(rng, num_rows * width, -1, 1);
@@ -69,7 +69,7 @@ TEST(sparse_lookup, OneHotIsAGather) {
   }
 }
 
-TEST(sparse_lookup, RejectsDimOutsideTheRow) {
+TEST(sparse_lookup, rejects_dim_outside_the_row) {
   const auto rows = small_rows(5);
   const auto b = small_batch();
   std::vector<float> out(16);
@@ -79,7 +79,7 @@ TEST(sparse_lookup, RejectsDimOutsideTheRow) {
                error);
 }
 
-TEST(sparse_backward, DuplicateRowsAggregateIntoOneGradient) {
+TEST(sparse_backward, duplicate_rows_aggregate_into_one_gradient) {
   const auto b = small_batch();
   // d_out per bag (dim 2): powers of two, so every sum below is exact.
   const std::vector<float> d_out = {1, 2, 64, 128, 4, 8, 16, 32};
@@ -100,7 +100,7 @@ TEST(sparse_backward, DuplicateRowsAggregateIntoOneGradient) {
                                 (8 + 32.0f / 3) + 32.0f / 3, 16.0f / 3, 32.0f / 3}));
 }
 
-TEST(sparse_backward, EmptyBatchHasNoRows) {
+TEST(sparse_backward, empty_batch_has_no_rows) {
   owned_batch b;
   b.batch_size = 3;
   b.num_slots = 2;
@@ -143,7 +143,9 @@ void check_against_finite_differences(combiner comb) {
   for (std::size_t u = 0; u < g.size; ++u) {
     const std::int64_t r = g.rows.data()[u];
     ASSERT_TRUE(seen[r]);
-    if (u > 0) ASSERT_LT(g.rows.data()[u - 1], r);
+    if (u > 0) {
+      ASSERT_LT(g.rows.data()[u - 1], r);
+    }
     for (std::size_t d = 0; d < dim; ++d) {
       float& x = rows[r * width + d];
       const float x0 = x;
@@ -161,17 +163,17 @@ void check_against_finite_differences(combiner comb) {
   }
 }
 
-TEST(sparse_backward, SumMatchesFiniteDifferences) {
+TEST(sparse_backward, sum_matches_finite_differences) {
   check_against_finite_differences(combiner::sum);
 }
 
-TEST(sparse_backward, MeanMatchesFiniteDifferences) {
+TEST(sparse_backward, mean_matches_finite_differences) {
   check_against_finite_differences(combiner::mean);
 }
 
 // The sum per row runs over occurrences in batch order: a sequential loop in that order gives the
 // same floats bit for bit, whatever the thread count.
-TEST(sparse_backward, SumsInBatchOrderWhateverTheThreadCount) {
+TEST(sparse_backward, sums_in_batch_order_whatever_the_thread_count) {
   std::mt19937_64 rng(3);
   const std::size_t dim = 8, width = 8, num_rows = 500, B = 2048, S = 4;
   const auto rows = random_floats(rng, num_rows * width, -1, 1);
@@ -306,7 +308,7 @@ TEST(sparse_backward, negative_rows_take_the_sorted_path) {
             (std::vector<float>{1 + 4, 2 + 8, 1 + 16, 2 + 32}));
 }
 
-TEST(sparse_backward, BuffersAreReusedAcrossBatches) {
+TEST(sparse_backward, buffers_are_reused_across_batches) {
   std::mt19937_64 rng(5);
   const auto big = random_batch(rng, 64, 4, 1000, 1, 3);
   const auto small = small_batch();
@@ -322,7 +324,7 @@ TEST(sparse_backward, BuffersAreReusedAcrossBatches) {
             (std::vector<float>{1, 2, 1, 2, 36, 72, 16, 32}));
 }
 
-TEST(sparse_batch, CheckBatchNamesWhatIsWrong) {
+TEST(sparse_batch, check_batch_names_what_is_wrong) {
   auto b = small_batch();
   EMBCACHE_EXPECT_OK(check_batch(b.view(), 5));
   status s = check_batch(b.view(), 4);

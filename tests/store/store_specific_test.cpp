@@ -541,30 +541,8 @@ TEST(rocksdb_crash, DISABLED_child_pushes_until_killed) {
 
 TEST(rocksdb_crash, killed_while_pushing_keeps_the_last_checkpoint) {
   scratch_dir dir;
-  // Everything the child needs is built before fork: between fork and exec only
-  // async-signal-safe calls are allowed.
-  const std::string env_dir = "EMBCACHE_CRASH_DIR=" + dir.path();
-  char* const envp[] = {const_cast<char*>(env_dir.c_str()), nullptr};
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::execle("/proc/self/exe", "store_tests",
-             "--gtest_filter=rocksdb_crash.DISABLED_child_pushes_until_killed",
-             "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr), envp);
-    ::_exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (!fs::exists(dir.sub("ready")) && std::chrono::steady_clock::now() < deadline) {
-    int st = 0;
-    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "the child exited early, status " << st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(fs::exists(dir.sub("ready"))) << "the child never finished its checkpoint";
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // in the middle of pushes
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  int st = 0;
-  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "child status " << st;
+  ASSERT_NO_FATAL_FAILURE(
+      run_child_until_killed(dir, "rocksdb_crash.DISABLED_child_pushes_until_killed"));
 
   auto keys = make_keys<std::int64_t>(crash_rows);
   {

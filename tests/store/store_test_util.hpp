@@ -2,14 +2,18 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/temp_dir.hpp"
@@ -21,6 +25,43 @@ namespace embcache::test {
 struct scratch_dir : testing::temp_dir {
   scratch_dir() : testing::temp_dir("embcache_store") {}
 };
+
+/// The crash tests' parent side: runs the disabled test `child_test` of this binary in a child
+/// process with EMBCACHE_CRASH_DIR=`dir`, waits (15 s at most) for the child to write
+/// `dir/ready`, lets it push for 400 ms more, then kills it with SIGKILL. A fatal test failure
+/// when the child exits early, never gets ready or is not killed (check with
+/// ASSERT_NO_FATAL_FAILURE).
+inline void run_child_until_killed(const scratch_dir& dir, const std::string& child_test) {
+  // Everything the child needs is built before fork: between fork and exec only
+  // async-signal-safe calls are allowed.
+  const std::string env_dir = "EMBCACHE_CRASH_DIR=" + dir.path();
+  const std::string filter = "--gtest_filter=" + child_test;
+  char* const envp[] = {const_cast<char*>(env_dir.c_str()), nullptr};
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execle("/proc/self/exe", "store_tests", filter.c_str(), "--gtest_also_run_disabled_tests",
+             static_cast<char*>(nullptr), envp);
+    ::_exit(127);
+  }
+  const std::string ready = dir.sub("ready");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (!std::filesystem::exists(ready) && std::chrono::steady_clock::now() < deadline) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) FAIL() << "the child exited early, status " << st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!std::filesystem::exists(ready)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    FAIL() << "the child " << child_test << " never wrote " << ready;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // in the middle of pushes
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "child status " << st;
+}
 
 /// A tmpfs of `bytes` mounted on a scratch folder; ok() is false where mounting is not allowed.
 class small_tmpfs {

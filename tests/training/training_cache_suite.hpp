@@ -272,7 +272,9 @@ TYPED_TEST_P(stores, swap_transparency_small_cache_equals_full_cache) {
     training_cache<Key, Space> tc({}, opts);
     for (std::size_t p = 0; p < passes.size(); ++p) {
       EMBCACHE_EXPECT_OK(tc.begin_pass(passes[p]));
-      if (use_prefetch && p + 1 < passes.size()) EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
+      if (use_prefetch && p + 1 < passes.size()) {
+        EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
+      }
       train_pass(tc, passes[p], int(p));
       if (p == 4) {
         std::vector<Key> gone(passes[p][0].begin(), passes[p][0].begin() + 10);
@@ -345,7 +347,9 @@ TYPED_TEST_P(stores, export_base_plus_deltas_equals_model) {
       }
       auto r = tc.export_incremental(true);
       EMBCACHE_ASSERT_OK(r);
-      if (p == 4) EXPECT_EQ(r.value()[0].keys.size(), 0u);
+      if (p == 4) {
+        EXPECT_EQ(r.value()[0].keys.size(), 0u);
+      }
       for (int t = 0; t < 2; ++t) {
         const auto& d = r.value()[t];
         const std::size_t sw = d.state_width;
