@@ -11,6 +11,7 @@
 #include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/host_store.hpp"
+#include "trainer_config_store.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
 #endif
@@ -52,6 +53,13 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
   ro.existing_rows = tc.reuse_store || !config.resume_from.empty() ? existing_rows_policy::reuse
                                                                    : existing_rows_policy::refuse;
   ro.space = space;
+  // With a memory budget, the databases' block caches and memtables are what the budget leaves
+  // (plan_trainer_memory, the caches counted on the host wherever they are).
+  if (config.memory_budget_bytes != 0) {
+    auto plan = plan_trainer_memory(config);
+    if (!plan.ok()) return plan.get_status();
+    apply_memory_plan(plan.value(), rocksdb_databases_of(config).size(), ro);
+  }
   auto& db = databases[tc.store_path];
   if (!db) {
     auto opened = rocksdb_database::open(ro);
