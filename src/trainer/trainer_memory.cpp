@@ -239,14 +239,15 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     parts.push_back(r.model);
     parts.push_back(r.batch);
     const rocksdb_store_options defaults;
-    for (const auto& d : detail::rocksdb_databases_of(c))
+    const auto databases = detail::rocksdb_databases_of(c);
+    for (const auto& d : databases)
       parts.push_back(rocksdb_part(d, defaults.block_cache_bytes, defaults.write_buffer_bytes,
                                    defaults.max_write_buffers));
-    EMBCACHE_RETURN_IF_ERROR(check_parts(
-        parts, budget.host_bytes, "physical memory",
-        budget.caches_on_device ? "config: the dense network, the batch and the stores"
-                                : "config: the caches, the dense network, the batch and the stores",
-        status_code::capacity_exceeded));
+    std::string all = budget.caches_on_device ? "config: the dense network"
+                                              : "config: the caches, the dense network";
+    all += databases.empty() ? " and the batch" : ", the batch and the RocksDB stores";
+    EMBCACHE_RETURN_IF_ERROR(check_parts(parts, budget.host_bytes, "physical memory", all,
+                                         status_code::capacity_exceeded));
   }
   if (!budget.caches_on_device) return {};
   if (r.has_scratch) caches.push_back(r.scratch);

@@ -46,6 +46,7 @@ TEST(trainer_memory_budget, the_field_round_trips_and_its_range_is_named) {
 trainer_config rocksdb_config(const std::string& path) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
+  c.tables[0].capacity = 1000;     // wide: 1,280 slots of (1 + 2) * 4 + 45 bytes
   c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes
   c.tables[1].store = "rocksdb";
   c.tables[1].store_path = path;
@@ -54,6 +55,7 @@ trainer_config rocksdb_config(const std::string& path) {
 
 TEST(trainer_memory_budget, rocksdb_block_cache_and_memtables_count_against_physical_memory) {
   trainer_config c = rocksdb_config("/no/such/db");
+  c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots
   // The deep cache (310,681,600 bytes) and the wide one fit; the database's default block cache
   // (1 GiB) and 2 column families of 4 memtables of 256 MiB do not.
   status s = check_memory(c, std::uint64_t{2} << 30);
@@ -65,11 +67,19 @@ TEST(trainer_memory_budget, rocksdb_block_cache_and_memtables_count_against_phys
   // Both tables on the database: 3 column families, named for the first table on it.
   c.tables[0].store = "rocksdb";
   c.tables[0].store_path = "/no/such/db";
-  s = check_memory(c, std::uint64_t{4} << 30);
+  s = check_memory(c, std::uint64_t{3} << 30);
   EXPECT_EQ(s.message(),
             "config.tables[0].store_path: the RocksDB database at '/no/such/db' (block cache "
             "1073741824 bytes, 12 memtables of 268435456 bytes) needs 4294967296 bytes, more than "
-            "the 4294967296 bytes of physical memory");
+            "the 3221225472 bytes of physical memory");
+  // Each part fits, not all together.
+  s = check_memory(c, std::uint64_t{4} << 30);
+  EXPECT_EQ(s.message(),
+            "config: the caches, the dense network, the batch and the RocksDB stores need "
+            "4724867088 bytes together (config.tables[0].capacity 74752000 bytes, "
+            "config.tables[1].capacity 310681600 bytes, config.model.hidden 23855120 bytes, "
+            "config.batch_size 20611072 bytes, config.tables[0].store_path 4294967296 bytes), more "
+            "than the 4294967296 bytes of physical memory");
   EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{8} << 30));
 }
 
@@ -89,14 +99,14 @@ TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
   // column families of 2 memtables of 1 MiB) with the 10% reserve.
   auto plan = plan_trainer_memory(rocksdb_config(dir + "/db"), false);
   EXPECT_EQ(plan.get_status().message(), "config.memory_budget_bytes: not set (0)");
-  c.memory_budget_bytes = 1024 * mib;
+  c.memory_budget_bytes = 2048 * mib;
   auto ok = plan_trainer_memory(c);
   EMBCACHE_ASSERT_OK(ok);
   const memory_plan& m = ok.value();
   const std::uint64_t fixed = m.cache_bytes + m.staging_bytes + m.other_bytes;
   // The deep cache and its scratch are in cache_bytes; staging is a capacity's rows per table
   // (deep: 48 floats plus key, version and flag, twice; wide: 3 floats).
-  EXPECT_EQ(m.staging_bytes, (1u << 20) * ((192 + 192 + 17 + 16) + (12 + 12 + 17 + 16)));
+  EXPECT_EQ(m.staging_bytes, (1u << 20) * (192 + 192 + 17 + 16) + 1000 * (12 + 12 + 17 + 16));
   EXPECT_EQ(m.max_write_buffers, 2);
   EXPECT_EQ(m.memtable_bytes, 4 * m.write_buffer_bytes);
   EXPECT_LE(m.total_bytes(), c.memory_budget_bytes);
@@ -196,6 +206,7 @@ TEST(trainer_memory_budget,
     failure = r.ok() ? t.value()->save(temp_dir("budget_full_later")) : r.get_status();
   }
   EXPECT_EQ(failure.code(), status_code::out_of_space) << failure.to_string();
+  EXPECT_NE(failure.message().find(c.tables[0].store_path), std::string::npos) << failure.message();
   t.value().reset();
   // The save made before the disk filled loads into a new run (on a disk with room) whole.
   trainer_config resumed = c;
