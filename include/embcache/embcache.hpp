@@ -12,5 +12,6 @@
 #include "embcache/space.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"
+#include "embcache/tiered_store.hpp"
 #include "embcache/training_cache.hpp"
 #include "embcache/version.hpp"

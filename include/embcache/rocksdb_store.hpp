@@ -29,7 +29,18 @@ enum class existing_rows_policy : std::uint8_t {
   reuse,   ///< the rows are used (reopening a checkpoint or the live database, resuming)
 };
 
-/// Options of a RocksDB store and of the database behind it.
+/// How the database compacts its SST files (rocksdb_store_options::compaction).
+enum class rocksdb_compaction : std::uint8_t {
+  level,      ///< leveled: one sorted run per level, the fewest reads per lookup and the least
+              ///< space, more rewriting per pass
+  universal,  ///< tiered: a pass's write-back is rewritten fewer times, at the cost of up to
+              ///< twice the space and more runs for a lookup to probe (bloom filters help)
+};
+
+/// Options of a RocksDB store and of the database behind it. Fields marked database-wide are
+/// taken from the options the database is opened with (the first store, or
+/// rocksdb_database::open); docs/stores.md ("Tuning for a table larger than memory") gives the
+/// settings for a table that does not fit in memory.
 struct rocksdb_store_options {
   /// Folder of the database; default "" (must be set).
   std::string path;
@@ -56,8 +67,39 @@ struct rocksdb_store_options {
   int max_write_buffers = 4;
   /// Bits per key of the bloom filter; default 10 (about 1% false positives); 0 = no filter.
   int bloom_bits_per_key = 10;
-  /// Size of an SST data block; default 16 KiB.
-  std::size_t block_bytes = std::size_t{16} << 10;
+  /// Size of an SST data block, database-wide; default 0 = derived from the row width: the
+  /// smallest multiple of 4 KiB that holds one row's entry (key, value, per-entry overhead),
+  /// so that a point read of a row costs one aligned read of the disk. Set: 1 KiB to 256 MiB.
+  std::size_t block_bytes = 0;
+  /// Reads SST files with direct I/O (O_DIRECT), database-wide: the page cache neither serves
+  /// nor holds the rows, only the block and row caches do, so the process's memory stays
+  /// bounded by them; default false (the page cache helps a table that fits in memory). The
+  /// file system must support O_DIRECT (tmpfs does not: reads then fail with io_error).
+  bool use_direct_reads = false;
+  /// Writes flushes and compactions with direct I/O, database-wide (compaction reads ahead
+  /// 2 MiB then); default false.
+  bool use_direct_io_for_flush_and_compaction = false;
+  /// Partitioned (two-level) index and partitioned bloom filters, database-wide: only the top
+  /// level stays in memory, the partitions go through the block cache, so the index of a table
+  /// far larger than memory does not have to fit in it; default false.
+  bool partition_index_and_filters = false;
+  /// Charges index and filter blocks to the block cache (bounded by block_cache_bytes) instead
+  /// of holding them beside it, database-wide; default false.
+  bool cache_index_and_filter_blocks = false;
+  /// Row cache: whole rows by key, in front of the block cache, database-wide; default 0 = none.
+  std::size_t row_cache_bytes = 0;
+  /// Concurrent MultiGet batches of one pull, contains or erase: each batch blocks on its
+  /// reads, so more batches in flight than cores keep the SSD's queue full when reads miss
+  /// the caches; default 0 = the space's threads. Set: 0 to 256. (This RocksDB build has
+  /// no io_uring and no coroutines, so RocksDB's own async MultiGet is not available.)
+  int read_threads = 0;
+  /// Compaction style, database-wide; default level.
+  rocksdb_compaction compaction = rocksdb_compaction::level;
+  /// Level sizes derived from the last level's (leveled compaction only), database-wide: keeps
+  /// the space amplification of a table rewritten pass after pass near 1.1; default false.
+  bool dynamic_level_bytes = false;
+  /// Threads one compaction is split into, database-wide; default 1. Set: 1 to 64.
+  int max_subcompactions = 1;
   /// Background flush and compaction threads; default 4.
   int background_jobs = 4;
   /// Skips the write-ahead log for pushes; default true: flush() and checkpoint() make pushed
@@ -129,7 +171,7 @@ class rocksdb_store final : public scanning_param_store<Key> {
 
   std::size_t row_width() const noexcept override;
   const std::string& table_name() const noexcept override;
-  /// Sorted MultiGet in batches of `batch_keys`, batches in parallel.
+  /// Sorted MultiGet in batches of `batch_keys`, batches in parallel (`read_threads` at once).
   status pull(const Key* keys, std::size_t n, float* rows_out, bool* found_out,
               std::uint64_t* versions_out = nullptr) override;
   /// Sorted, deduplicated WriteBatches of `push_batch_keys` rows written in parallel, without

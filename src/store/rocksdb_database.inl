@@ -22,12 +22,41 @@ class stderr_logger final : public rocksdb::Logger {
   }
 };
 
+// The data block size of a table of `row_width` floats: the smallest multiple of 4 KiB that holds
+// one entry (8-byte key, the row, its version, and a block entry's own bytes), unless set.
+std::size_t derived_block_bytes(const rocksdb_store_options& o, std::size_t row_width) {
+  if (o.block_bytes) return o.block_bytes;
+  const std::size_t entry = 8 + row_width * sizeof(float) + 8 + 32;
+  return (entry + 4095) / 4096 * 4096;
+}
+
+// The tuning fields' ranges; a bad value is invalid_argument naming the field.
+status check_tuning(const rocksdb_store_options& o, const std::string& who) {
+  auto bad = [&](const char* field, const std::string& value, const char* range) {
+    return status::invalid_argument(who + ": rocksdb_store_options::" + field + " is " + value +
+                                    ", expected " + range);
+  };
+  if (o.block_bytes && (o.block_bytes < 1024 || o.block_bytes > (std::size_t{256} << 20)))
+    return bad("block_bytes", std::to_string(o.block_bytes), "0 (derived) or 1 KiB to 256 MiB");
+  if (o.read_threads < 0 || o.read_threads > 256)
+    return bad("read_threads", std::to_string(o.read_threads), "0 (the space's threads) to 256");
+  if (o.max_subcompactions < 1 || o.max_subcompactions > 64)
+    return bad("max_subcompactions", std::to_string(o.max_subcompactions), "1 to 64");
+  if (o.compaction != rocksdb_compaction::level && o.compaction != rocksdb_compaction::universal)
+    return bad("compaction", std::to_string(static_cast<int>(o.compaction)), "level or universal");
+  if (o.bloom_bits_per_key < 0 || o.bloom_bits_per_key > 100)
+    return bad("bloom_bits_per_key", std::to_string(o.bloom_bits_per_key), "0 (none) to 100");
+  return {};
+}
+
 }  // namespace
 
 struct rocksdb_database::impl {
   std::string path;
   rocksdb::Options options;
   std::shared_ptr<rocksdb::Cache> cache;
+  // The block-based table options every column family shares but its block size.
+  rocksdb::BlockBasedTableOptions table;
   rocksdb::DB* db = nullptr;
   mutable std::mutex mutex;
   std::map<std::string, rocksdb::ColumnFamilyHandle*> cfs;
@@ -42,6 +71,15 @@ struct rocksdb_database::impl {
   }
 
   rocksdb::ColumnFamilyHandle* default_cf() const { return db->DefaultColumnFamily(); }
+
+  // The options of a column family whose SST data blocks are `block_bytes` long.
+  rocksdb::ColumnFamilyOptions cf_options(std::size_t block_bytes) const {
+    rocksdb::ColumnFamilyOptions cf(options);
+    rocksdb::BlockBasedTableOptions t = table;
+    t.block_size = block_bytes;
+    cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
+    return cf;
+  }
 };
 
 rocksdb_database::rocksdb_database(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -61,6 +99,7 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
   namespace fs = std::filesystem;
   const std::string who = "rocksdb_database::open of '" + o.path + "'";
   if (o.path.empty()) return status::invalid_argument(who + ": empty path");
+  EMBCACHE_RETURN_IF_ERROR(check_tuning(o, who));
   auto p = std::make_unique<impl>();
   p->path = o.path;
   rocksdb::Options& opt = p->options;
@@ -80,13 +119,37 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
   opt.max_bytes_for_level_base = 4 * opt.target_file_size_base;
   opt.bytes_per_sync = 1 << 20;
   if (!o.log_file) opt.info_log = std::make_shared<stderr_logger>();
-  rocksdb::BlockBasedTableOptions table;
+  opt.use_direct_reads = o.use_direct_reads;
+  opt.use_direct_io_for_flush_and_compaction = o.use_direct_io_for_flush_and_compaction;
+  // Direct I/O reads only what is asked for: compaction's sequential reads need readahead.
+  if (o.use_direct_io_for_flush_and_compaction) opt.compaction_readahead_size = 2 << 20;
+  if (o.row_cache_bytes) opt.row_cache = rocksdb::NewLRUCache(o.row_cache_bytes);
+  opt.max_subcompactions = static_cast<std::uint32_t>(o.max_subcompactions);
+  if (o.compaction == rocksdb_compaction::universal) {
+    opt.compaction_style = rocksdb::kCompactionStyleUniversal;
+  } else {
+    opt.compaction_style = rocksdb::kCompactionStyleLevel;
+    opt.level_compaction_dynamic_level_bytes = o.dynamic_level_bytes;
+  }
+  rocksdb::BlockBasedTableOptions& table = p->table;
   p->cache = rocksdb::NewLRUCache(o.block_cache_bytes);
   table.block_cache = p->cache;
-  table.block_size = o.block_bytes;
   if (o.bloom_bits_per_key > 0)
     table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(o.bloom_bits_per_key, false));
   table.whole_key_filtering = true;
+  table.cache_index_and_filter_blocks = o.cache_index_and_filter_blocks;
+  // Kept in the cache as long as their table is open: evicting them costs an extra read on
+  // the next lookup.
+  table.pin_l0_filter_and_index_blocks_in_cache = o.cache_index_and_filter_blocks;
+  if (o.partition_index_and_filters) {
+    table.index_type = rocksdb::BlockBasedTableOptions::kTwoLevelIndexSearch;
+    table.partition_filters = o.bloom_bits_per_key > 0;
+    table.pin_top_level_index_and_filter = true;
+  }
+  // With direct reads, a block that starts on a page boundary is read in the fewest pages
+  // (rows are stored uncompressed, which block alignment requires).
+  table.block_align = o.use_direct_reads;
+  table.block_size = derived_block_bytes(o, o.row_width);
   opt.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
 
   std::vector<std::string> names;

@@ -21,11 +21,12 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "embcache/detail/host_algorithms.hpp"
 #include "common/durable_file.hpp"
+#include "embcache/detail/host_algorithms.hpp"
 #include "store_io.hpp"
 // The store's parts, in the order they build on each other.
 #include "rocksdb_database.inl"
@@ -90,7 +91,7 @@ status rocksdb_store<Key>::pull(const Key* keys, std::size_t n, float* rows_out,
   const std::size_t row_bytes = s.options.row_width * sizeof(float);
   const std::size_t vbytes = s.value_bytes();
   first_error err;
-  s.for_batches(n, [&](std::size_t b, std::size_t e) {
+  s.for_read_batches(n, [&](std::size_t b, std::size_t e) {
     s.multi_get(su.data(), b, e,
                 [&](std::size_t j, const rocksdb::Status& st, const rocksdb::PinnableSlice& v) {
                   const std::size_t i = pos[j];
@@ -127,7 +128,7 @@ status rocksdb_store<Key>::contains(const Key* keys, std::size_t n, bool* found_
   std::vector<std::uint32_t> pos;
   s.sort_keys(keys, n, su, pos);
   first_error err;
-  s.for_batches(n, [&](std::size_t b, std::size_t e) {
+  s.for_read_batches(n, [&](std::size_t b, std::size_t e) {
     s.multi_get(su.data(), b, e,
                 [&](std::size_t j, const rocksdb::Status& st, const rocksdb::PinnableSlice&) {
                   found_out[pos[j]] = st.ok();
@@ -223,7 +224,7 @@ status rocksdb_store<Key>::erase(const Key* keys, std::size_t n, std::size_t* er
   std::atomic<std::size_t> removed{0};
   first_error err;
   const auto wo = s.write_options();
-  s.for_batches(m, [&](std::size_t b, std::size_t e) {
+  s.for_read_batches(m, [&](std::size_t b, std::size_t e) {
     if (err.failed) return;
     rocksdb::WriteBatch batch;
     std::size_t c = 0;

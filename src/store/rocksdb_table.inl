@@ -137,6 +137,26 @@ struct rocksdb_store<Key>::state {
     });
   }
 
+  // Like for_batches over batch_keys, for reads: with read_threads set, that many threads take
+  // batches in turn (they block on the disk, not on the cores).
+  template <class F>
+  void for_read_batches(std::size_t n, const F& f) const {
+    const std::size_t b = std::max<std::size_t>(1, options.batch_keys);
+    const std::size_t batches = (n + b - 1) / b;
+    if (options.read_threads <= 0 || batches <= 1) return for_batches(n, b, f);
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < batches;) f(i * b, std::min(n, (i + 1) * b));
+    };
+    const std::size_t threads =
+        std::min<std::size_t>(static_cast<std::size_t>(options.read_threads), batches);
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+  }
+
   // MultiGet of sorted keys su[begin, end); g(j, status, value) for each.
   template <class G>
   void multi_get(const std::uint64_t* su, std::size_t begin, std::size_t end, const G& g) const {
@@ -185,6 +205,7 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
   if (options.table_name.empty() || options.table_name == rocksdb::kDefaultColumnFamilyName)
     return status::invalid_argument(who + ": the table name must be set and not be 'default'");
   if (options.row_width == 0) return status::invalid_argument(who + ": row_width must be > 0");
+  EMBCACHE_RETURN_IF_ERROR(check_tuning(options, who));
   if (options.dim > options.row_width)
     return status::invalid_argument(who + ": dim " + std::to_string(options.dim) +
                                     " exceeds row_width " + std::to_string(options.row_width));
@@ -211,7 +232,8 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
     }
     rocksdb::ColumnFamilyHandle* h = nullptr;
     EMBCACHE_RETURN_IF_ERROR(from_rocksdb(
-        d.db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(d.options), options.table_name, &h),
+        d.db->CreateColumnFamily(d.cf_options(derived_block_bytes(options, options.row_width)),
+                                 options.table_name, &h),
         who + ": creating the column family"));
     d.cfs.emplace(options.table_name, h);
     st->cf = h;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "embcache/host_store.hpp"
+#include "embcache/tiered_store.hpp"
 #include "store_test_util.hpp"
 #if EMBCACHE_TEST_ROCKSDB
 #include "common/status_assertions.hpp"
@@ -104,6 +105,37 @@ struct rocksdb_traits {
 };
 #endif
 
+// A DRAM tier of 64 rows in front of the store of `Lower`: every test's batch overflows it, so
+// the suite runs through demotions and write-downs.
+template <class Lower>
+struct tiered_traits {
+  using key_type = typename Lower::key_type;
+  using Key = key_type;
+  static constexpr bool is_host = false;
+  static std::unique_ptr<param_store<Key>> over(std::unique_ptr<param_store<Key>> lower) {
+    tiered_store_options<Key> o;
+    o.dram_bytes = 64 * tiered_store<Key>::dram_row_bytes(lower->row_width());
+    o.write_down_rows = 50;  // several pushes per write-down
+    o.lower = std::move(lower);
+    auto r = tiered_store<Key>::open(std::move(o));
+    r.get_status().throw_if_error();
+    return std::move(r).value();
+  }
+  static std::unique_ptr<param_store<Key>> make(const std::string& dir, const std::string& table,
+                                                std::size_t width) {
+    return over(Lower::make(dir, table, width));
+  }
+  static result<std::unique_ptr<param_store<Key>>> reopen(const std::string& dir,
+                                                          const std::string& table,
+                                                          std::size_t width) {
+    auto r = Lower::reopen(dir, table, width);
+    if (!r.ok()) return r.get_status();
+    return over(std::move(r).value());
+  }
+  static void corrupt(const std::string& dir) { Lower::corrupt(dir); }
+  static void truncate(const std::string& dir) { Lower::truncate(dir); }
+};
+
 template <class Traits>
 class store_conformance : public ::testing::Test {
  protected:
@@ -153,10 +185,12 @@ class store_conformance : public ::testing::Test {
   std::unique_ptr<param_store<Key>> store_;
 };
 
-using store_types = ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>
+using store_types = ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
+                                     tiered_traits<host_traits<std::uint32_t>>
 #if EMBCACHE_TEST_ROCKSDB
                                      ,
-                                     rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t>
+                                     rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t>,
+                                     tiered_traits<rocksdb_traits<std::int64_t>>
 #endif
                                      >;
 TYPED_TEST_SUITE(store_conformance, store_types);

@@ -1,0 +1,138 @@
+// The RocksDB store's tuning options for a table larger than memory: their checks, and every
+// combination used for an SSD-bound table reading back exactly what was written.
+#include <gtest/gtest.h>
+#include <sys/vfs.h>
+
+#include <algorithm>
+#include <random>
+
+#include "common/status_assertions.hpp"
+#include "store_test_util.hpp"
+#if EMBCACHE_TEST_ROCKSDB
+#include "embcache/rocksdb_store.hpp"
+
+namespace embcache::test {
+namespace {
+
+using key = std::int64_t;
+constexpr std::size_t width = 24;
+
+rocksdb_store_options base_options(const std::string& path) {
+  rocksdb_store_options o;
+  o.path = path;
+  o.table_name = "t";
+  o.row_width = width;
+  o.block_cache_bytes = 1 << 20;
+  o.write_buffer_bytes = 1 << 20;
+  o.batch_keys = 64;
+  return o;
+}
+
+void expect_invalid(const rocksdb_store_options& o, const std::string& field) {
+  auto r = rocksdb_store<key>::open(o);
+  EXPECT_EQ(r.get_status().code(), status_code::invalid_argument) << field;
+  EXPECT_NE(r.get_status().message().find("rocksdb_store_options::" + field), std::string::npos)
+      << r.get_status().message();
+  auto db = rocksdb_database::open(o);
+  EXPECT_EQ(db.get_status().code(), status_code::invalid_argument) << field;
+}
+
+TEST(rocksdb_tuning, bad_values_are_invalid_arguments_naming_the_field) {
+  scratch_dir dir;
+  auto o = base_options(dir.sub("db"));
+  o.block_bytes = 100;
+  expect_invalid(o, "block_bytes");
+  o = base_options(dir.sub("db"));
+  o.read_threads = -1;
+  expect_invalid(o, "read_threads");
+  o.read_threads = 1000;
+  expect_invalid(o, "read_threads");
+  o = base_options(dir.sub("db"));
+  o.max_subcompactions = 0;
+  expect_invalid(o, "max_subcompactions");
+  o = base_options(dir.sub("db"));
+  o.compaction = static_cast<rocksdb_compaction>(7);
+  expect_invalid(o, "compaction");
+  o = base_options(dir.sub("db"));
+  o.bloom_bits_per_key = -3;
+  expect_invalid(o, "bloom_bits_per_key");
+  EXPECT_FALSE(std::filesystem::exists(dir.sub("db")));  // refused before anything was created
+}
+
+// Writes 20000 rows in two flushed rounds (so reads go to SST files of more than one run),
+// reads them back in shuffled order with absent keys between, reopens and reads again.
+void round_trip(const rocksdb_store_options& o) {
+  auto keys = make_keys<key>(20000);
+  {
+    auto r = rocksdb_store<key>::open(o);
+    EMBCACHE_ASSERT_OK(r);
+    auto& s = *r.value();
+    EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, width, 1).data()));
+    EMBCACHE_ASSERT_OK(s.flush());
+    std::vector<key> half(keys.begin(), keys.begin() + 10000);
+    EMBCACHE_ASSERT_OK(s.push(half.data(), half.size(), make_rows(half, width, 2).data()));
+    EMBCACHE_ASSERT_OK(s.flush());
+  }
+  auto ro = o;
+  ro.existing_rows = existing_rows_policy::reuse;
+  auto r = rocksdb_store<key>::open(ro);
+  EMBCACHE_ASSERT_OK(r);
+  auto& s = *r.value();
+  EXPECT_EQ(s.size(), keys.size());
+  std::vector<key> query = keys;
+  auto absent = make_keys<key>(500, 3);
+  query.insert(query.end(), absent.begin(), absent.end());
+  std::shuffle(query.begin(), query.end(), std::mt19937_64(7));
+  std::vector<float> out(query.size() * width);
+  std::unique_ptr<bool[]> found(new bool[query.size()]);
+  EMBCACHE_ASSERT_OK(s.pull(query.data(), query.size(), out.data(), found.get()));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < query.size(); ++i) {
+    const auto at = std::find(keys.begin(), keys.begin() + 10000, query[i]);
+    const bool rewritten = at != keys.begin() + 10000;
+    const bool present = std::find(absent.begin(), absent.end(), query[i]) == absent.end();
+    bad += found[i] != present;
+    if (present)
+      for (std::size_t j = 0; j < width; ++j)
+        bad += out[i * width + j] != row_value(query[i], j, rewritten ? 2 : 1);
+  }
+  EXPECT_EQ(bad, 0u);
+  std::size_t erased = 0;
+  EMBCACHE_ASSERT_OK(s.erase(absent.data(), absent.size(), &erased));
+  EXPECT_EQ(erased, 0u);
+}
+
+bool on_tmpfs(const std::string& path) {
+  struct statfs f {};
+  return ::statfs(path.c_str(), &f) == 0 && f.f_type == 0x01021994;  // TMPFS_MAGIC
+}
+
+TEST(rocksdb_tuning, ssd_bound_options_read_back_every_row) {
+  scratch_dir dir;
+  if (on_tmpfs(dir.path())) GTEST_SKIP() << "tmpfs has no direct I/O";
+  auto o = base_options(dir.sub("db"));
+  o.use_direct_reads = true;
+  o.use_direct_io_for_flush_and_compaction = true;
+  o.partition_index_and_filters = true;
+  o.cache_index_and_filter_blocks = true;
+  o.row_cache_bytes = 1 << 20;
+  o.read_threads = 8;
+  o.dynamic_level_bytes = true;
+  o.max_subcompactions = 2;
+  round_trip(o);
+}
+
+TEST(rocksdb_tuning, universal_compaction_and_a_set_block_size_read_back_every_row) {
+  scratch_dir dir;
+  auto o = base_options(dir.sub("db"));
+  o.compaction = rocksdb_compaction::universal;
+  o.block_bytes = 8192;
+  o.partition_index_and_filters = true;
+  o.bloom_bits_per_key = 0;
+  o.read_threads = 3;
+  round_trip(o);
+}
+
+}  // namespace
+}  // namespace embcache::test
+#endif  // EMBCACHE_TEST_ROCKSDB
