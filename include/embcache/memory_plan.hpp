@@ -88,15 +88,21 @@ struct memory_plan {
 [[nodiscard]] result<memory_plan> plan_memory(const memory_plan_options& options);
 
 /// Sizes the memory of one of `databases` RocksDB databases from `plan`: its block cache is
-/// block_cache_bytes / databases, its memtables write_buffer_bytes each, max_write_buffers per
-/// column family. The row cache and the DRAM tier are the caller's to size (a row cache option
-/// or tier that this build has).
+/// block_cache_bytes / databases, its row cache row_cache_bytes / databases, its memtables
+/// write_buffer_bytes each, max_write_buffers per column family; and index and filter blocks go
+/// through the block cache, partitioned (cache_index_and_filter_blocks,
+/// partition_index_and_filters), so that a table's index does not grow the process past the
+/// plan however large the table. The DRAM tier (tiered_store_options::dram_bytes) is the
+/// caller's to size from dram_tier_bytes.
 inline void apply_memory_plan(const memory_plan& plan, std::size_t databases,
                               rocksdb_store_options& options) {
   if (databases == 0) databases = 1;
   options.block_cache_bytes = static_cast<std::size_t>(plan.block_cache_bytes / databases);
   options.write_buffer_bytes = static_cast<std::size_t>(plan.write_buffer_bytes);
   options.max_write_buffers = plan.max_write_buffers;
+  options.row_cache_bytes = static_cast<std::size_t>(plan.row_cache_bytes / databases);
+  options.cache_index_and_filter_blocks = true;
+  options.partition_index_and_filters = true;
 }
 
 }  // namespace embcache

@@ -189,7 +189,7 @@ status validate(const trainer_config& c) {
       return status::invalid_argument(at + ".max_resident: must be 0 (default) or >= capacity");
     if (tc.max_resident != 0 && tc.slots != 0 && tc.max_resident > tc.slots)
       return status::invalid_argument(at + ".max_resident: must be <= slots");
-    EMBCACHE_RETURN_IF_ERROR(validate_store_fields(tc, at));
+    EMBCACHE_RETURN_IF_ERROR(validate_store_fields(tc, at, c.memory_budget_bytes));
     EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));

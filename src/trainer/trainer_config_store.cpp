@@ -11,14 +11,34 @@ void read_store_fields(object_reader& r, trainer_table_config& tc) {
   r.get("store", tc.store);
   r.get("store_path", tc.store_path);
   r.get("reuse_store", tc.reuse_store);
+  if (r.has("dram_tier_bytes") && r.at("dram_tier_bytes").is_string()) {
+    std::string v;
+    r.get("dram_tier_bytes", v);
+    if (v != "auto")
+      r.fail(r.path("dram_tier_bytes"), "expected " + int_range{0, max_memory_budget}.text() +
+                                            " or \"auto\", got " + shown(json(v)));
+    tc.dram_tier_auto = true;
+  } else {
+    r.get_int("dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget});
+  }
 }
 
-status validate_store_fields(const trainer_table_config& tc, const std::string& at) {
+status validate_store_fields(const trainer_table_config& tc, const std::string& at,
+                             std::uint64_t budget) {
   if (tc.store != "host" && tc.store != "rocksdb")
     return status::invalid_argument(at + ".store: \"" + tc.store +
                                     "\" is not a store (\"host\" or \"rocksdb\")");
   if (tc.store == "rocksdb" && tc.store_path.empty())
     return status::invalid_argument(at + ".store_path: required with store \"rocksdb\"");
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int(at + ".dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget}));
+  if ((tc.dram_tier_bytes != 0 || tc.dram_tier_auto) && tc.store != "rocksdb")
+    return status::invalid_argument(at + ".dram_tier_bytes: a DRAM tier sits in front of a " +
+                                    "RocksDB store (store \"rocksdb\"), not store \"" + tc.store +
+                                    "\"");
+  if (tc.dram_tier_auto && budget == 0)
+    return status::invalid_argument(at + ".dram_tier_bytes: \"auto\" takes a share of " +
+                                    "config.memory_budget_bytes, which is not set");
   return {};
 }
 
@@ -26,6 +46,7 @@ void store_fields_json(const trainer_table_config& tc, json& j) {
   j["store"] = tc.store;
   j["store_path"] = tc.store_path;
   j["reuse_store"] = tc.reuse_store;
+  j["dram_tier_bytes"] = tc.dram_tier_auto ? json("auto") : json(tc.dram_tier_bytes);
 }
 
 std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c) {

@@ -19,10 +19,12 @@ namespace embcache::detail {
 /// The largest memory budget a configuration may set: 2^50 bytes (1 PiB).
 inline constexpr std::uint64_t max_memory_budget = std::uint64_t{1} << 50;
 
-/// Reads a table's "store", "store_path" and "reuse_store".
+/// Reads a table's "store", "store_path", "reuse_store" and "dram_tier_bytes".
 void read_store_fields(object_reader& r, trainer_table_config& tc);
-/// Checks them; `at` is the table's path ("config.tables[1]").
-[[nodiscard]] status validate_store_fields(const trainer_table_config& tc, const std::string& at);
+/// Checks them; `at` is the table's path ("config.tables[1]"); `budget` is the run's memory
+/// budget (an "auto" DRAM tier needs one).
+[[nodiscard]] status validate_store_fields(const trainer_table_config& tc, const std::string& at,
+                                           std::uint64_t budget);
 /// Writes them into the table's JSON object.
 void store_fields_json(const trainer_table_config& tc, json& j);
 

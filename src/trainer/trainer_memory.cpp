@@ -199,6 +199,20 @@ memory_part rocksdb_part(const detail::rocksdb_database_use& d, std::uint64_t bl
   return p;
 }
 
+// The DRAM tiers of a fixed size (tables[i].dram_tier_bytes).
+std::vector<memory_part> dram_tier_parts(const trainer_config& c) {
+  std::vector<memory_part> parts;
+  for (std::size_t t = 0; t < c.tables.size(); ++t)
+    if (c.tables[t].dram_tier_bytes != 0 && !c.tables[t].dram_tier_auto) {
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "].dram_tier_bytes";
+      p.what = "the DRAM tier of table \"" + c.tables[t].name + "\"";
+      p.bytes = c.tables[t].dram_tier_bytes;
+      parts.push_back(p);
+    }
+  return parts;
+}
+
 std::uint64_t sum_of(const std::vector<memory_part>& parts) {
   std::uint64_t sum = 0;
   for (const memory_part& p : parts) sum += p.bytes;  // checked against the budget first
@@ -240,6 +254,7 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     parts.push_back(r.batch);
     const rocksdb_store_options defaults;
     const auto databases = detail::rocksdb_databases_of(c);
+    for (const memory_part& p : dram_tier_parts(c)) parts.push_back(p);
     for (const auto& d : databases)
       parts.push_back(rocksdb_part(d, defaults.block_cache_bytes, defaults.write_buffer_bytes,
                                    defaults.max_write_buffers));
@@ -260,7 +275,9 @@ result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_
   const std::string field = "config.memory_budget_bytes";
   if (c.memory_budget_bytes == 0) return status::invalid_argument(field + ": not set (0)");
   const run_parts r = parts_of(c);
-  std::vector<memory_part> caches, staging = r.staging, other = {r.model, r.batch};
+  std::vector<memory_part> caches, staging = r.staging, other = dram_tier_parts(c);
+  other.push_back(r.model);
+  other.push_back(r.batch);
   if (!caches_on_device) {
     caches = r.caches;
     if (r.has_scratch) caches.push_back(r.scratch);
@@ -278,6 +295,7 @@ result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_
   o.staging_bytes = sum_of(staging);
   o.other_bytes = sum_of(other);
   for (const auto& d : detail::rocksdb_databases_of(c)) o.rocksdb_column_families += d.tables + 1;
+  for (const auto& tc : c.tables) o.dram_tier = o.dram_tier || tc.dram_tier_auto;
   o.field = field;
   return plan_memory(o);
 }

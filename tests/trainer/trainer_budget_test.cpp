@@ -170,6 +170,64 @@ TEST(trainer_memory_budget, the_budget_sizes_the_rocksdb_memtables) {
   }
 }
 
+TEST(trainer_memory_budget, a_dram_tier_is_checked_and_trains_the_same_model) {
+  json j = {{"passes", {{"a.bin"}}},
+            {"tables",
+             {{{"name", "wide"}},
+              {{"name", "deep"},
+               {"store", "rocksdb"},
+               {"store_path", "/db"},
+               {"dram_tier_bytes", "auto"}}}}};
+  auto r = trainer_config_from_json(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.get_status().message(),
+            "config.tables[1].dram_tier_bytes: \"auto\" takes a share of "
+            "config.memory_budget_bytes, which is not set");
+  j["memory_budget_bytes"] = 1 << 30;
+  r = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_TRUE(r.value().tables[1].dram_tier_auto);
+  json back;
+  to_json(back, r.value());
+  EXPECT_EQ(back["tables"][1]["dram_tier_bytes"], "auto");
+  EXPECT_EQ(back["tables"][0]["dram_tier_bytes"], 0);
+  j["tables"][1]["dram_tier_bytes"] = "most";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].dram_tier_bytes: expected an integer in [0, 1125899906842624] or "
+            "\"auto\", got \"most\"");
+  j["tables"][1]["dram_tier_bytes"] = 1 << 20;
+  j["tables"][1]["store"] = "host";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].dram_tier_bytes: a DRAM tier sits in front of a RocksDB store (store "
+            "\"rocksdb\"), not store \"host\"");
+  // A fixed tier counts against physical memory like the caches.
+  trainer_config fixed = rocksdb_config("/no/such/db");
+  fixed.tables[1].dram_tier_bytes = std::uint64_t{1} << 40;
+  EXPECT_EQ(check_memory(fixed, std::uint64_t{1} << 39).message(),
+            "config.tables[1].dram_tier_bytes: the DRAM tier of table \"deep\" needs "
+            "1099511627776 bytes, more than the 549755813888 bytes of physical memory");
+
+  // One pass with the deep table behind a DRAM tier sized from the budget (smaller than the
+  // table: rows are demoted during the pass) gives the same model as without the tier.
+  const auto train = [](const std::string& name, bool tier) {
+    trainer_config c = small_config(name);
+    c.passes.resize(2);
+    for (auto& tc : c.tables) {
+      tc.store = "rocksdb";
+      tc.store_path = temp_dir(name) + "/db";
+      tc.capacity = 40000;
+    }
+    if (tier) {
+      c.memory_budget_bytes = 256 * mib;
+      c.tables[1].dram_tier_bytes = 1 << 20;  // about 3,900 rows of 192 + 8 + 80 bytes
+      c.tables[0].dram_tier_auto = true;
+    }
+    run(c);
+    return c.save_dir;
+  };
+  expect_same_model(train("tier_off", false), train("tier_on", true));
+}
+
 // The free bytes of the file system at `dir`.
 std::uint64_t free_bytes(const std::string& dir) {
   struct statvfs v {};

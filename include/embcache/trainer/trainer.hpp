@@ -67,6 +67,13 @@ struct trainer_table_config {
   /// Trains from the rows a RocksDB table at store_path already holds (default false: such a
   /// table is refused unless resume_from is set, which replaces its rows).
   bool reuse_store = false;
+  /// A DRAM tier (tiered_store) of this many bytes in front of the RocksDB store: recently used
+  /// rows stay in memory, evicted ones are demoted to it, dirty ones written down in key order
+  /// (default 0: none). `"dram_tier_bytes": "auto"` (dram_tier_auto) takes the tables' share of
+  /// config.memory_budget_bytes instead (plan_trainer_memory). Needs store "rocksdb".
+  std::uint64_t dram_tier_bytes = 0;
+  /// `"dram_tier_bytes": "auto"` (default false): the tier is sized from the memory budget.
+  bool dram_tier_auto = false;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
 };
 
@@ -183,8 +190,10 @@ struct memory_budget {
 /// mode the prefetch staging (when config.prefetch) and the write-behind buffer (each a
 /// capacity's rows with their keys and versions per table), the dense network and a batch as
 /// check_memory counts them, a 10% reserve, and the rest split between the RocksDB stores'
-/// memtables (two per column family: one per table and each database's default) and block
-/// caches (shared equally by the databases). capacity_exceeded names the field of a part larger
+/// memtables (two per column family: one per table and each database's default), the DRAM tiers
+/// of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed
+/// dram_tier_bytes counts with the parts above) and block caches (shared equally by the
+/// databases). capacity_exceeded names the field of a part larger
 /// than the budget by itself ("config.tables[1].capacity: ... needs N bytes, more than the M
 /// bytes of config.memory_budget_bytes"), else config.memory_budget_bytes and the bytes needed.
 /// invalid_argument when the configuration sets no budget.
