@@ -12,7 +12,8 @@
 #     --passes N       keyset passes (default 4; the first fills the cache and is not averaged)
 #     --cap-mib N      the memory cgroup's limit for the big runs (default 1536)
 #     --budget-mib N   the memory budget given to bench_scale (default: the cap less 256 MiB)
-#     --train-rate R   rows/s at which the simulated training consumes a keyset (default 1000000)
+#     --train-rate R   rows/s at which the simulated training consumes a keyset (default
+#                      200000: about the keys per second of embcache-train's passes here)
 #     --fio-seconds N  seconds per fio run (default 20; 0 skips fio)
 #     --trainer        also item 4: embcache-train with a RocksDB store under the cap against a
 #                      host store (needs --tools DIR with embcache-synth and embcache-train)
@@ -34,7 +35,7 @@ fraction=0.05
 passes=4
 cap_mib=1536
 budget_mib=
-train_rate=1000000
+train_rate=200000
 fio_seconds=20
 trainer=0
 keep=0
@@ -143,15 +144,15 @@ fi
 
 # --- The tables: the big one, and one that fits in memory with the same keyset size.
 keys=$(python3 -c "print(int($rows * $fraction))")
-small_rows=$((keys * 2))
-small_fraction=0.5
+small_rows=$((keys * 4))
+small_fraction=0.25
 for t in big small; do
   n=$rows
   [ $t = small ] && n=$small_rows
   if [ "$(cat "$dir/$t/built" 2>/dev/null)" != "$n $width" ]; then
     rm -rf "${dir:?}/$t"
     mkdir -p "$dir/$t"
-    say "$(/usr/bin/time -f '{"build_max_rss_mib": %M}' "$exe" build "$dir/$t" "$n" "$width" 2>&1 \
+    say "$(/usr/bin/time -f '{"build_max_rss_kib": %M}' "$exe" build "$dir/$t" "$n" "$width" 2>&1 \
       | grep -v '^bench_scale: .* rows written' | tr '\n' ' ')"
     echo "$n $width" > "$dir/$t/built"
   fi
@@ -211,5 +212,5 @@ done
 say "## embcache-train, RocksDB store, budget ${budget_mib} MiB, cap ${cap_mib} MiB"
 capped "$cap_mib" "$train" "$dir/train/rocksdb.json" 2>&1 | grep -E "pass [0-9]+ done|cgroup|error|rror" | tee -a "$out"
 say "## embcache-train, host store, no cap"
-capped 0 /usr/bin/time -f '{"max_rss_mib": %M}' "$train" "$dir/train/host.json" 2>&1 \
+capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" "$dir/train/host.json" 2>&1 \
   | awk '{print; fflush()}' | grep -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"

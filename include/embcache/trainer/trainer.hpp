@@ -193,9 +193,9 @@ struct memory_budget {
 /// memtables (two per column family: one per table and each database's default), the DRAM tiers
 /// of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed
 /// dram_tier_bytes counts with the parts above) and block caches (shared equally by the
-/// databases). capacity_exceeded names the field of a part larger
-/// than the budget by itself ("config.tables[1].capacity: ... needs N bytes, more than the M
-/// bytes of config.memory_budget_bytes"), else config.memory_budget_bytes and the bytes needed.
+/// databases). capacity_exceeded names the field of a part larger than the budget by itself
+/// ("config.tables[1].capacity: ... needs N bytes, more than the M bytes of
+/// config.memory_budget_bytes"), else config.memory_budget_bytes and the bytes needed.
 /// invalid_argument when the configuration sets no budget.
 [[nodiscard]] result<memory_plan> plan_trainer_memory(const trainer_config& config,
                                                       bool caches_on_device = false);
