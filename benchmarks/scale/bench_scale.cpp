@@ -11,7 +11,7 @@
 //
 // Options of `passes` (defaults in brackets):
 //   passes=N [4]          passes (the first, which only fills the cache, is reported apart)
-//   fraction=F [0.1]      distinct keys of a pass's keyset as a fraction of the table
+//   fraction=F [0.05]     distinct keys of a pass's keyset as a fraction of the table
 //   zipf=S [1.05]         exponent of the Zipf law the keys are drawn from (hot keys recur)
 //   prefetch=0|1 [1]      stage pass k+1 while pass k trains (0: synchronous begin_pass)
 //   budget=BYTES [0]      memory budget: plan_memory sizes the block cache, memtables and DRAM
@@ -19,7 +19,7 @@
 //   dram_tier=0|1 [0]     a tiered_store in front of RocksDB (sized by the budget)
 //   direct_reads=0|1 [1]  RocksDB reads with O_DIRECT (the page cache does not serve the table)
 //   block_cache=BYTES [64 MiB]  without a budget
-//   train_rows_per_s=R [200000]  the simulated training consumes the keyset at this rate
+//   train_rows_per_s=R [50000]  the simulated training consumes the keyset at this rate
 //                         (every row is rewritten once, then the pass waits out the rest)
 //   host=0|1 [0]          the baseline: the table in a host_store (loaded first, not timed)
 //   seed=N [1]
@@ -174,12 +174,12 @@ class zipf_keys {
 int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
            const std::map<std::string, std::string>& opt) {
   const int num_passes = int(number(opt, "passes", 4));
-  const double fraction = number(opt, "fraction", 0.1);
+  const double fraction = number(opt, "fraction", 0.05);
   const bool prefetch = number(opt, "prefetch", 1) != 0;
   const bool host = number(opt, "host", 0) != 0;
   const bool dram_tier = number(opt, "dram_tier", 0) != 0;
   const std::uint64_t budget = std::uint64_t(number(opt, "budget", 0));
-  const double train_rate = number(opt, "train_rows_per_s", 2e5);
+  const double train_rate = number(opt, "train_rows_per_s", 5e4);
   const std::size_t distinct = std::size_t(double(rows) * fraction);
   const std::size_t capacity = distinct;
   zipf_keys draw(rows, number(opt, "zipf", 1.05), std::uint64_t(number(opt, "seed", 1)));

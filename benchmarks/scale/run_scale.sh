@@ -6,17 +6,19 @@
 #   benchmarks/scale/run_scale.sh [options]
 #     --bin DIR        the build's benchmark folder (default build/cpu/benchmarks/scale)
 #     --dir DIR        where the tables go (default /var/tmp/embcache_scale); on the disk measured
-#     --rows N         rows of the big table (default 24000000: about 10 GB at width 96)
-#     --width N        floats per row (default 96: dim 32 with Adam's two moments)
+#     --rows N         rows of the big table (default 16000000: about 12.5 GB at width 192)
+#     --width N        floats per row (default 192: dim 64 with Adam's two moments)
 #     --fraction F     distinct keys per pass as a fraction of the big table (default 0.05)
 #     --passes N       keyset passes (default 4; the first fills the cache and is not averaged)
-#     --cap-mib N      the memory cgroup's limit for the big runs (default 1536)
+#     --cap-mib N      the memory cgroup's limit for the big runs (default 2560; bench_scale needs budget >= its plan)
 #     --budget-mib N   the memory budget given to bench_scale (default: the cap less 256 MiB)
-#     --train-rate R   rows/s at which the simulated training consumes a keyset (default
-#                      200000: about the keys per second of embcache-train's passes here)
+#     --train-rate R   keys/s at which the simulated training consumes a keyset (default 50000:
+#                      embcache-train's ~25k samples/s here over passes of 1M samples whose
+#                      keysets hold ~2M keys)
 #     --fio-seconds N  seconds per fio run (default 20; 0 skips fio)
 #     --trainer        also item 4: embcache-train with a RocksDB store under the cap against a
-#                      host store (needs --tools DIR with embcache-synth and embcache-train)
+#                      host store (--tools DIR holds embcache-synth, default build/cpu/src/tools;
+#                      --train-exe FILE is embcache-train, default build/cpu/src/trainer/...)
 #     --train-samples N, --train-shard-samples N, --train-passes N, --train-dim N,
 #     --train-cardinality F   the synthetic dataset and passes of --trainer (defaults 3000000,
 #                      250000, 3, 64, 0.5: the 3-pass run of 4 shards of 250k samples)
@@ -28,14 +30,15 @@ set -euo pipefail
 
 bin=build/cpu/benchmarks/scale
 tools=build/cpu/src/tools
+train=build/cpu/src/trainer/embcache-train
 dir=/var/tmp/embcache_scale
-rows=24000000
-width=96
+rows=16000000
+width=192
 fraction=0.05
 passes=4
-cap_mib=1536
+cap_mib=2560
 budget_mib=
-train_rate=200000
+train_rate=50000
 fio_seconds=20
 trainer=0
 keep=0
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --tools) tools=$2; shift 2 ;;
+    --train-exe) train=$2; shift 2 ;;
     --skip-passes) skip_passes=1; shift ;;
     --dir) dir=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
@@ -178,7 +182,6 @@ fi
 # --- Item 4: embcache-train with a RocksDB store under the cap, beside a host store uncapped.
 [ "$trainer" = 1 ] || exit 0
 synth="$tools/embcache-synth"
-train="$tools/embcache-train"
 [ -x "$synth" ] && [ -x "$train" ] || { echo "run_scale.sh: no $synth or $train" >&2; exit 1; }
 data="$dir/train/data"
 if [ ! -e "$data/manifest.json" ]; then

@@ -166,7 +166,7 @@ run_parts parts_of(const trainer_config& c) {
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
       memory_part p;
-      p.field = "config.tables[" + std::to_string(t) + "].capacity";
+      p.field = "config.tables[" + std::to_string(t) + "].capacity (staging)";
       std::uint64_t row = 0, per_row = 0;
       bool ok = tc.dim < (std::uint64_t{1} << 32) &&
                 checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
