@@ -82,9 +82,10 @@ struct memory_plan {
 /// Splits `options.budget_bytes`. invalid_argument naming the option when a percentage is out of
 /// range or the shares add up to more than 100; capacity_exceeded when the budget cannot hold the
 /// fixed parts, the reserve and the smallest RocksDB parts, naming `options.field`, the bytes
-/// needed and each part, e.g. "memory_budget_bytes: 100000000 bytes is less than the 134217728
-/// bytes needed (caches 90000000, staging 20000000, other 1000000, reserve 10%, RocksDB at least
-/// 11534336)". Overflow-checked: parts past 2^64 bytes are refused the same way.
+/// needed and each part, e.g. "memory_budget_bytes: 100000000 bytes is less than the 202724694
+/// bytes needed (caches 104857600, staging 52428800, other 10485760, reserve 10%, RocksDB at least
+/// 14680064)". Overflow-checked: parts past 2^64 bytes are refused the same way ("the parts need
+/// more than 2^64 bytes (...)").
 [[nodiscard]] result<memory_plan> plan_memory(const memory_plan_options& options);
 
 /// Sizes the memory of one of `databases` RocksDB databases from `plan`: its block cache is
