@@ -22,6 +22,8 @@
 #     --train-samples N, --train-shard-samples N, --train-passes N, --train-dim N,
 #     --train-cardinality F   the synthetic dataset and passes of --trainer (defaults 3000000,
 #                      250000, 3, 64, 0.5: the 3-pass run of 4 shards of 250k samples)
+#     --train-cap-mib N, --train-budget-mib N   the cap and memory_budget_bytes of the RocksDB
+#                      trainer run (defaults 1792 and 1536)
 #     --skip-passes    skip the bench_scale runs (the tables are still built)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
@@ -48,6 +50,8 @@ train_shard_samples=250000
 train_passes=3
 train_dim=64
 train_cardinality=0.5
+train_cap_mib=1792
+train_budget_mib=1536
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -69,6 +73,8 @@ while [ $# -gt 0 ]; do
     --train-passes) train_passes=$2; shift 2 ;;
     --train-dim) train_dim=$2; shift 2 ;;
     --train-cardinality) train_cardinality=$2; shift 2 ;;
+    --train-cap-mib) train_cap_mib=$2; shift 2 ;;
+    --train-budget-mib) train_budget_mib=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -210,10 +216,11 @@ JSON
 }
 for store in rocksdb host; do
   rm -rf "$dir/train/db-$store"
-  config $store $([ $store = rocksdb ] && echo $budget || echo 0) > "$dir/train/$store.json"
+  config $store $([ $store = rocksdb ] && echo $((train_budget_mib << 20)) || echo 0) \
+    > "$dir/train/$store.json"
 done
-say "## embcache-train, RocksDB store, budget ${budget_mib} MiB, cap ${cap_mib} MiB"
-capped "$cap_mib" "$train" "$dir/train/rocksdb.json" 2>&1 | grep -E "pass [0-9]+ done|cgroup|error|rror" | tee -a "$out"
+say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB"
+capped "$train_cap_mib" "$train" --config "$dir/train/rocksdb.json" 2>&1 | grep -E "pass [0-9]+ done|cgroup|error|rror" | tee -a "$out" || true
 say "## embcache-train, host store, no cap"
-capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" "$dir/train/host.json" 2>&1 \
-  | awk '{print; fflush()}' | grep -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"
+capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/host.json" 2>&1 \
+  | awk '{print; fflush()}' | grep -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true
