@@ -201,7 +201,8 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
     po.cache_bytes = slots * table_type::bytes_per_slot(co) +
                      slots / table_type::bucket_size * table_type::bytes_per_bucket +
                      slots * table_type::scratch_bytes_per_slot;
-    po.staging_bytes = std::uint64_t(capacity) * (2 * width * sizeof(float) + 33);
+    // Staged rows, written-behind rows and the recycled gather buffer (end_training's too).
+    po.staging_bytes = std::uint64_t(capacity) * (3 * width * sizeof(float) + 33);
     po.other_bytes = std::uint64_t(distinct) * 3 * sizeof(key);  // the keysets in flight
     po.rocksdb_column_families = 2;
     po.dram_tier = dram_tier;

@@ -163,7 +163,7 @@ for t in big small; do
     rm -rf "${dir:?}/$t"
     mkdir -p "$dir/$t"
     say "$(/usr/bin/time -f '{"build_max_rss_kib": %M}' "$exe" build "$dir/$t" "$n" "$width" 2>&1 \
-      | grep -v '^bench_scale: .* rows written' | tr '\n' ' ')"
+      | grep -v -e '^bench_scale: .* rows written' -e '^rocksdb: \[WARN\]' | tr '\n' ' ')"
     echo "$n $width" > "$dir/$t/built"
   fi
   say "{\"table\": \"$t\", \"rows\": $n, \"disk_mib\": $(du -sm "$dir/$t" | cut -f1)}"

@@ -160,8 +160,9 @@ run_parts parts_of(const trainer_config& c) {
     r.batch = p;
   }
   // Keyset mode: the rows the prefetch stages for the next pass (with their keys, versions and
-  // found flags) and the dirty rows a boundary writes behind (with their keys and versions), up
-  // to a capacity's rows each.
+  // found flags), the dirty rows a boundary writes behind (with their keys and versions) and a
+  // second buffer of rows beside them (the write-behind's recycled gather buffer, which
+  // end_training's write-back of every resident row also needs), up to a capacity's rows each.
   if (c.mode == trainer_mode::keyset)
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
@@ -171,11 +172,11 @@ run_parts parts_of(const trainer_config& c) {
       bool ok = tc.dim < (std::uint64_t{1} << 32) &&
                 checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
                 checked_mul(row, sizeof(float), row) &&
-                checked_add(row, (c.prefetch ? row + 17 : 0) + 16, per_row) &&
+                checked_add(2 * row, (c.prefetch ? row + 17 : 0) + 16, per_row) &&
                 checked_mul(per_row, tc.capacity, p.bytes);
       p.overflow = !ok;
       p.what = std::string("the ") + (c.prefetch ? "prefetch staging and " : "") +
-               "write-behind buffer of table \"" + tc.name + "\" (" + std::to_string(tc.capacity) +
+               "write-behind buffers of table \"" + tc.name + "\" (" + std::to_string(tc.capacity) +
                " rows)";
       r.staging.push_back(p);
     }

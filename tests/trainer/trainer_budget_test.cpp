@@ -105,8 +105,9 @@ TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
   const memory_plan& m = ok.value();
   const std::uint64_t fixed = m.cache_bytes + m.staging_bytes + m.other_bytes;
   // The deep cache and its scratch are in cache_bytes; staging is a capacity's rows per table
-  // (deep: 48 floats plus key, version and flag, twice; wide: 3 floats).
-  EXPECT_EQ(m.staging_bytes, (1u << 20) * (192 + 192 + 17 + 16) + 1000 * (12 + 12 + 17 + 16));
+  // (deep: 48 floats plus key, version and flag, three times; wide: 3 floats).
+  EXPECT_EQ(m.staging_bytes,
+            (1u << 20) * (192 + 192 + 192 + 17 + 16) + 1000 * (12 + 12 + 12 + 17 + 16));
   EXPECT_EQ(m.max_write_buffers, 2);
   EXPECT_EQ(m.memtable_bytes, 4 * m.write_buffer_bytes);
   EXPECT_LE(m.total_bytes(), c.memory_budget_bytes);
