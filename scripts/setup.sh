@@ -16,6 +16,8 @@ embcache_packages=(
   libhiredis-dev redis-server
   # Scale-out over MPI (embcache::mpi, tests/distributed run under mpirun, bench_distributed).
   libopenmpi-dev openmpi-bin
+  # The disk's random-read floor that bench_store_ssd is compared with (docs/benchmarks.md).
+  fio
 )
 
 embcache_missing=()

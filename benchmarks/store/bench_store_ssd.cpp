@@ -13,7 +13,8 @@
 // Environment (sizes in rows): EMBCACHE_BENCH_SSD_ROWS table rows (default 2M: ~0.8 GB on disk
 // at the default width), EMBCACHE_BENCH_SSD_WIDTH floats per row (default 96: dim 32 with Adam),
 // EMBCACHE_BENCH_SSD_PULL keys per pull (default 100k), EMBCACHE_BENCH_SSD_LOOP keys of the loop
-// (default 20k), EMBCACHE_BENCH_SSD_HOT hot rows (default 100k), EMBCACHE_BENCH_SSD_DIR folder of
+// (default 20k), EMBCACHE_BENCH_SSD_HOT hot rows (default 100k), EMBCACHE_BENCH_SSD_CACHE_MB the
+// block cache of every case, in MiB (default 64), EMBCACHE_BENCH_SSD_DIR folder of
 // the table, kept and reused by later runs (default: a temporary folder, removed at the end).
 #include <benchmark/benchmark.h>
 #include <rocksdb/cache.h>
@@ -53,7 +54,7 @@ const std::size_t g_width = env_size("EMBCACHE_BENCH_SSD_WIDTH", 96);
 const std::size_t g_pull = std::min(g_rows, env_size("EMBCACHE_BENCH_SSD_PULL", 100'000));
 const std::size_t g_loop = std::min(g_pull, env_size("EMBCACHE_BENCH_SSD_LOOP", 20'000));
 const std::size_t g_hot = std::min(g_rows, env_size("EMBCACHE_BENCH_SSD_HOT", 100'000));
-constexpr std::size_t block_cache_bytes = std::size_t{64} << 20;
+const std::size_t block_cache_bytes = env_size("EMBCACHE_BENCH_SSD_CACHE_MB", 64) << 20;
 std::string g_dir;
 bool g_remove_dir = false;
 
