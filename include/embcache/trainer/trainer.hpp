@@ -188,10 +188,10 @@ struct memory_budget {
 /// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
 /// the caches (on the host unless `caches_on_device`), their pass boundary's scratch, in keyset
 /// mode the prefetch staging (when config.prefetch) and the write-behind buffers (each a
-/// capacity's rows, two for the write-behind, with their keys and versions per table), the dense network and a batch as
-/// check_memory counts them, a 10% reserve, and the rest split between the RocksDB stores'
-/// memtables (two per column family: one per table and each database's default), the DRAM tiers
-/// of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed
+/// capacity's rows, two for the write-behind, with their keys and versions per table), the dense
+/// network and a batch as check_memory counts them, a 10% reserve, and the rest split between the
+/// RocksDB stores' memtables (two per column family: one per table and each database's default),
+/// the DRAM tiers of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed
 /// dram_tier_bytes counts with the parts above) and block caches (shared equally by the
 /// databases). capacity_exceeded names the field of a part larger than the budget by itself
 /// ("config.tables[1].capacity: ... needs N bytes, more than the M bytes of
