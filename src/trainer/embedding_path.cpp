@@ -11,6 +11,8 @@
 #include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/tiered_store.hpp"
+#include "trainer_config_store.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
 #endif
@@ -52,6 +54,18 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
   ro.existing_rows = tc.reuse_store || !config.resume_from.empty() ? existing_rows_policy::reuse
                                                                    : existing_rows_policy::refuse;
   ro.space = space;
+  // With a memory budget, the databases' block caches and memtables and the "auto" DRAM tiers
+  // are what the budget leaves (plan_trainer_memory, the caches counted on the host wherever
+  // they are).
+  std::uint64_t dram_bytes = tc.dram_tier_bytes;
+  if (config.memory_budget_bytes != 0) {
+    auto plan = plan_trainer_memory(config);
+    if (!plan.ok()) return plan.get_status();
+    apply_memory_plan(plan.value(), rocksdb_databases_of(config).size(), ro);
+    std::size_t auto_tiers = 0;
+    for (const auto& other : config.tables) auto_tiers += other.dram_tier_auto ? 1 : 0;
+    if (tc.dram_tier_auto) dram_bytes = plan.value().dram_tier_bytes / auto_tiers;
+  }
   auto& db = databases[tc.store_path];
   if (!db) {
     auto opened = rocksdb_database::open(ro);
@@ -60,7 +74,14 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
   }
   auto s = rocksdb_store<trainer_key>::open(db, ro);
   if (!s.ok()) return s.get_status().with_context(table_field(t) + ".store_path");
-  return std::shared_ptr<param_store<trainer_key>>(std::move(s).value());
+  std::shared_ptr<param_store<trainer_key>> store(std::move(s).value());
+  if (dram_bytes == 0) return store;
+  tiered_store_options<trainer_key> to;
+  to.lower = std::move(store);
+  to.dram_bytes = static_cast<std::size_t>(dram_bytes);
+  auto tier = tiered_store<trainer_key>::open(std::move(to));
+  if (!tier.ok()) return tier.get_status().with_context(table_field(t) + ".dram_tier_bytes");
+  return std::shared_ptr<param_store<trainer_key>>(std::move(tier).value());
 #else
   (void)databases;
   return status::unsupported(table_field(t) + ".store: this build has no RocksDB store");

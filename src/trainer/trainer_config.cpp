@@ -10,173 +10,16 @@
 
 #include "common/durable_file.hpp"
 #include "common/strict_json.hpp"
+#include "config_reader.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "trainer_config_store.hpp"
 
 namespace embcache {
 namespace {
 
-using json = nlohmann::json;
-
-// The numeric limits of the configuration (docs/trainer.md lists them).
-constexpr std::uint64_t max_rows = std::uint64_t{1} << 40;   // capacity, slots, max_resident
-constexpr std::uint64_t max_count = std::uint64_t{1} << 50;  // eval_max_samples, log_interval
-constexpr std::uint64_t max_batch = std::uint64_t{1} << 20;  // batch_size
-constexpr std::uint64_t max_dim = 4096;                      // tables[i].dim
-constexpr std::uint64_t max_width = std::uint64_t{1} << 16;  // model.hidden[i]
-constexpr std::size_t max_layers = 32;                       // model.hidden's length
-constexpr std::uint64_t max_threads = 4096;                  // threads, blas_threads
-constexpr std::uint64_t max_world = std::uint64_t{1} << 20;  // world (as sharded saves allow)
-constexpr std::uint64_t max_blocks = std::uint64_t{1} << 16; // num_blocks
-constexpr std::uint64_t max_u64 = std::numeric_limits<std::uint64_t>::max();  // seeds
-
-// An inclusive integer range.
-struct int_range {
-  std::int64_t lo;
-  std::uint64_t hi;
-  std::string text() const {
-    return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  }
-  bool contains_unsigned(std::uint64_t v) const {
-    return (lo <= 0 || v >= std::uint64_t(lo)) && v <= hi;
-  }
-};
-
-// A range of finite numbers; an infinite bound means none on that side.
-struct real_range {
-  double lo, hi;
-  bool lo_open, hi_open;
-  bool contains(double v) const {
-    if (!std::isfinite(v) || v < -double(FLT_MAX) || v > double(FLT_MAX)) return false;
-    if (lo_open ? !(v > lo) : !(v >= lo)) return false;
-    return hi_open ? v < hi : v <= hi;
-  }
-  std::string text() const {
-    auto num = [](double v) {
-      std::ostringstream ss;
-      ss << v;
-      return ss.str();
-    };
-    if (std::isinf(hi)) return "a finite number " + std::string(lo_open ? "> " : ">= ") + num(lo);
-    if (std::isinf(lo)) return "a finite number " + std::string(hi_open ? "< " : "<= ") + num(hi);
-    return "a number in " + std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) +
-           (hi_open ? ")" : "]");
-  }
-};
-
-constexpr double inf = std::numeric_limits<double>::infinity();
-const real_range positive{0, inf, true, false};        // learning rates, epsilons, ftrl_alpha
-const real_range non_negative{0, inf, false, false};   // accumulators, l1, l2, ftrl_beta
-const real_range non_positive{-inf, 0, false, false};  // ftrl_lr_power
-const real_range unit{0, 1, false, true};              // betas, dropout: [0, 1)
-const real_range scale_range{0, 1000, false, false};   // init_scale
-
-// "config.batch_size: expected an integer in [1, 1048576], got -1".
-status range_error(const std::string& where, const std::string& expected, const std::string& got) {
-  return status::invalid_argument(where + ": expected " + expected + ", got " + got);
-}
-
-// A value for a message: scalars as JSON, arrays and objects by their type (no recursion into
-// them, however deep they nest).
-std::string shown(const json& v) {
-  if (v.is_structured()) return std::string("an ") + v.type_name();
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
-}
-
-std::string shown(double v) {
-  std::ostringstream ss;
-  ss << v;
-  return ss.str();
-}
-
-status check_int(const std::string& where, std::uint64_t v, const int_range& r) {
-  return r.contains_unsigned(v) ? status{} : range_error(where, r.text(), std::to_string(v));
-}
-
-status check_real(const std::string& where, double v, const real_range& r) {
-  return r.contains(v) ? status{} : range_error(where, r.text(), shown(v));
-}
-
-// Reads the fields of one JSON object, refusing unknown ones and values of the wrong type; the
-// first error wins and names the field by its path ("config.tables[1].capacity").
-class object_reader {
- public:
-  object_reader(const json& j, std::string path, status* error)
-      : j_(j), path_(std::move(path)), error_(error) {
-    if (error_->ok() && !j_.is_object()) fail(path_, "expected an object");
-  }
-  ~object_reader() = default;
-
-  template <class T>
-  void get(const char* name, T& out) {
-    seen_.insert(name);
-    if (!error_->ok() || !j_.is_object() || !j_.contains(name)) return;
-    try {
-      out = j_.at(name).get<T>();
-    } catch (const std::exception& e) {
-      fail(path_ + "." + name, std::string("wrong type (") + j_.at(name).type_name() + ")");
-    }
-  }
-  // An integer field: a JSON integer (not 12.5, not 1e3) within `range`.
-  template <class T>
-  void get_int(const char* name, T& out, const int_range& range) {
-    seen_.insert(name);
-    if (!error_->ok() || !j_.is_object() || !j_.contains(name)) return;
-    read_int(j_.at(name), path(name), out, range, error_);
-  }
-  // A real field: a JSON number within `range` (finite, and finite as a float).
-  template <class T>
-  void get_real(const char* name, T& out, const real_range& range) {
-    seen_.insert(name);
-    if (!error_->ok() || !j_.is_object() || !j_.contains(name)) return;
-    const json& v = j_.at(name);
-    if (!v.is_number() || !range.contains(v.get<double>())) {
-      *error_ = range_error(path(name), range.text(), shown(v));
-      return;
-    }
-    out = T(v.get<double>());
-  }
-  template <class T>
-  static void read_int(const json& v, const std::string& where, T& out, const int_range& range,
-                       status* error) {
-    bool ok = v.is_number_integer();
-    if (ok && v.is_number_unsigned()) {
-      ok = range.contains_unsigned(v.get<std::uint64_t>());
-    } else if (ok) {
-      const std::int64_t x = v.get<std::int64_t>();
-      ok = x >= range.lo && (x < 0 || range.contains_unsigned(std::uint64_t(x)));
-    }
-    if (!ok) {
-      *error = range_error(where, range.text(), shown(v));
-      return;
-    }
-    out = v.get<T>();
-  }
-  bool has(const char* name) const { return j_.is_object() && j_.contains(name); }
-  const json& at(const char* name) {
-    seen_.insert(name);
-    return j_.at(name);
-  }
-  std::string path(const char* name) const { return path_ + "." + name; }
-  void fail(const std::string& where, const std::string& what) {
-    if (error_->ok()) *error_ = status::invalid_argument(where + ": " + what);
-  }
-  // Refuses fields never asked for (typos).
-  void finish() {
-    if (!error_->ok() || !j_.is_object()) return;
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (!seen_.count(it.key())) fail(path_ + "." + it.key(), "unknown field");
-  }
-
- private:
-  const json& j_;
-  std::string path_;
-  status* error_;
-  std::set<std::string> seen_;
-};
+using namespace detail;  // the reader (config_reader.hpp)
 
 // The modes by name: to_string and the reader share this list.
 constexpr std::pair<trainer_mode, const char*> mode_names[] = {
@@ -260,9 +103,12 @@ struct ranged_field {
   int_range range;
 };
 const config_field<std::string> text_fields[] = {
-    {"data_dir", &trainer_config::data_dir},        {"eval_shard", &trainer_config::eval_shard},
-    {"output_dir", &trainer_config::output_dir},    {"export_dir", &trainer_config::export_dir},
-    {"save_dir", &trainer_config::save_dir},        {"resume_from", &trainer_config::resume_from},
+    {"data_dir", &trainer_config::data_dir},
+    {"eval_shard", &trainer_config::eval_shard},
+    {"output_dir", &trainer_config::output_dir},
+    {"export_dir", &trainer_config::export_dir},
+    {"save_dir", &trainer_config::save_dir},
+    {"resume_from", &trainer_config::resume_from},
     {"dense_device", &trainer_config::dense_device},
     {"embedding_device", &trainer_config::embedding_device}};
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
@@ -343,11 +189,7 @@ status validate(const trainer_config& c) {
       return status::invalid_argument(at + ".max_resident: must be 0 (default) or >= capacity");
     if (tc.max_resident != 0 && tc.slots != 0 && tc.max_resident > tc.slots)
       return status::invalid_argument(at + ".max_resident: must be <= slots");
-    if (tc.store != "host" && tc.store != "rocksdb")
-      return status::invalid_argument(at + ".store: \"" + tc.store +
-                                      "\" is not a store (\"host\" or \"rocksdb\")");
-    if (tc.store == "rocksdb" && tc.store_path.empty())
-      return status::invalid_argument(at + ".store_path: required with store \"rocksdb\"");
+    EMBCACHE_RETURN_IF_ERROR(validate_store_fields(tc, at, c.memory_budget_bytes));
     EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
@@ -369,15 +211,16 @@ status validate(const trainer_config& c) {
   for (const auto& f : thread_fields)
     EMBCACHE_RETURN_IF_ERROR(check_signed(std::string("config.") + f.name, c.*f.member, f.range));
   EMBCACHE_RETURN_IF_ERROR(check_signed("config.world", c.world, {0, max_world}));
+  EMBCACHE_RETURN_IF_ERROR(validate_memory_fields(c));
   if (c.world > 1 && c.num_blocks % static_cast<std::size_t>(c.world) != 0)
     return status::invalid_argument("config.num_blocks: " + std::to_string(c.num_blocks) +
                                     " blocks do not split over config.world " +
                                     std::to_string(c.world) +
                                     " ranks (must be a multiple of the number of ranks)");
   if (c.world > 1 && c.mode == trainer_mode::on_demand)
-    return status::invalid_argument(
-        std::string("config.mode: \"") + to_string(c.mode) + "\" with config.world " +
-        std::to_string(c.world) + ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
+    return status::invalid_argument(std::string("config.mode: \"") + to_string(c.mode) +
+                                    "\" with config.world " + std::to_string(c.world) +
+                                    ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
   if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
     return status::invalid_argument("config.dense_device: \"" + c.dense_device +
                                     "\" is not a device (host, cuda, auto)");
@@ -487,9 +330,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       }
       tr.get_int("slots", tc.slots, {0, max_rows});
       tr.get_int("max_resident", tc.max_resident, {0, max_rows});
-      tr.get("store", tc.store);
-      tr.get("store_path", tc.store_path);
-      tr.get("reuse_store", tc.reuse_store);
+      read_store_fields(tr, tc);
       tr.get_real("init_scale", tc.init_scale, scale_range);
       tr.finish();
       c.tables.push_back(tc);
@@ -522,8 +363,8 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     std::string world;
     r.get("world", world);
     if (err.ok() && world != "auto")
-      r.fail("config.world", "expected " + int_range{1, max_world}.text() +
-                                 " or \"auto\", got " + shown(json(world)));
+      r.fail("config.world", "expected " + int_range{1, max_world}.text() + " or \"auto\", got " +
+                                 shown(json(world)));
     c.world = 0;
   } else {
     r.get_int("world", c.world, {1, max_world});
@@ -532,6 +373,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
   for (const auto& f : flag_fields) r.get(f.name, c.*f.member);
   for (const auto& f : count_fields) r.get_int(f.name, c.*f.member, f.range);
   for (const auto& f : thread_fields) r.get_int(f.name, c.*f.member, f.range);
+  read_memory_fields(r, c);
   r.finish();
   if (!err.ok()) return err;
   EMBCACHE_RETURN_IF_ERROR(validate(c));
@@ -563,17 +405,17 @@ void to_json(json& j, const trainer_config& c) {
   for (const auto& p : c.passes)
     passes.push_back(p.dataset.empty() ? json{{"shards", p.shards}} : json{{"dataset", p.dataset}});
   json tables = json::array();
-  for (const auto& t : c.tables)
-    tables.push_back({{"name", t.name},
-                      {"dim", t.dim},
-                      {"optimizer", optimizer_json(t.optimizer)},
-                      {"capacity", t.capacity_auto ? json("auto") : json(t.capacity)},
-                      {"slots", t.slots},
-                      {"max_resident", t.max_resident},
-                      {"store", t.store},
-                      {"store_path", t.store_path},
-                      {"reuse_store", t.reuse_store},
-                      {"init_scale", t.init_scale}});
+  for (const auto& t : c.tables) {
+    json tj = {{"name", t.name},
+               {"dim", t.dim},
+               {"optimizer", optimizer_json(t.optimizer)},
+               {"capacity", t.capacity_auto ? json("auto") : json(t.capacity)},
+               {"slots", t.slots},
+               {"max_resident", t.max_resident},
+               {"init_scale", t.init_scale}};
+    store_fields_json(t, tj);
+    tables.push_back(std::move(tj));
+  }
   j = json{{"mode", to_string(c.mode)},
            {"passes", passes},
            {"tables", tables},
@@ -591,6 +433,7 @@ void to_json(json& j, const trainer_config& c) {
   for (const auto& f : flag_fields) j[f.name] = c.*f.member;
   for (const auto& f : count_fields) j[f.name] = c.*f.member;
   for (const auto& f : thread_fields) j[f.name] = c.*f.member;
+  memory_fields_json(c, j);
 }
 
 }  // namespace embcache

@@ -13,6 +13,7 @@
 #include "embcache/embedding_cache.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "trainer_config_store.hpp"
 
 namespace embcache {
 namespace {
@@ -37,8 +38,8 @@ std::string bytes_text(const memory_part& p) {
 }
 
 // The parts one memory holds, each and together against its `available` bytes: `memory` names it
-// ("physical memory"), `all` the parts in the message about their sum ("config: the caches, the
-// dense network and the batch").
+// ("physical memory", "config.memory_budget_bytes"), `all` the parts in the message about their sum
+// ("config: the caches, the dense network and the batch").
 status check_parts(const std::vector<memory_part>& parts, std::uint64_t available,
                    const std::string& memory, const std::string& all, status_code code) {
   const std::string limit = ", more than the " + std::to_string(available) + " bytes of " + memory;
@@ -59,29 +60,22 @@ status check_parts(const std::vector<memory_part>& parts, std::uint64_t availabl
 // per bucket, and a boundary's scratch per slot, come from the table's own arrays.
 using trainer_table = embedding_cache<std::int64_t, host_space>;
 
-}  // namespace
+// The parts of a run that its configuration sizes, before any RocksDB store.
+struct run_parts {
+  std::vector<memory_part> caches;  // one per table (host_hybrid: none)
+  memory_part scratch;              // the largest table's boundary scratch
+  bool has_scratch = false;
+  std::vector<memory_part> staging;  // keyset mode: prefetch staging and write-behind per table
+  memory_part model, batch;
+};
 
-std::uint64_t physical_memory_bytes() noexcept {
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  std::uint64_t bytes = 0;
-  if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
-    return std::numeric_limits<std::uint64_t>::max();
-  return bytes;
-}
-
-status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
-  memory_budget budget;
-  budget.host_bytes = available_bytes;
-  return check_memory(c, budget);
-}
-
-status check_memory(const trainer_config& c, const memory_budget& budget) {
-  std::vector<memory_part> parts, caches;
-  memory_part scratch;  // the largest table's boundary scratch (in the cuda space)
+run_parts parts_of(const trainer_config& c) {
+  run_parts r;
   std::uint64_t largest_slots = 0;
   std::uint64_t dim = 16;  // the deep table's
   for (const auto& tc : c.tables)
     if (tc.name == "deep") dim = tc.dim;
+
   // The caches (host_hybrid keeps a one-row cache per table): the tables' real arrays
   // (embedding_cache::bytes_per_slot, bytes_per_bucket).
   if (c.mode != trainer_mode::host_hybrid)
@@ -114,15 +108,16 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
       // beside the tables (one table at a time; the pool keeps it for the next boundary).
       if (ok && slots > largest_slots) {
         largest_slots = slots;
+        r.has_scratch = true;
+        memory_part& scratch = r.scratch;
         scratch.field = p.field + " (boundary scratch)";
         scratch.what = "the pass boundary's scratch for table \"" + tc.name + "\" (" +
                        std::to_string(slots) + " slots of " +
                        std::to_string(trainer_table::scratch_bytes_per_slot) + " bytes)";
         scratch.bytes = slots * trainer_table::scratch_bytes_per_slot;  // < the table's bytes
       }
-      caches.push_back(p);
+      r.caches.push_back(p);
     }
-  if (!budget.caches_on_device) parts = caches;
   // The MLP: parameters, gradients and two Adam moments, 16 bytes per parameter.
   {
     memory_part p;
@@ -140,7 +135,7 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     }
     ok = ok && checked_mul(params, 16, p.bytes);
     p.overflow = !ok;
-    parts.push_back(p);
+    r.model = p;
   }
   // One batch: the pooled inputs and their gradients, and each hidden layer's activations and
   // deltas, 4 bytes each.
@@ -160,18 +155,148 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     ok = ok && checked_mul(per_sample, 4, per_sample) &&
          checked_mul(per_sample, c.batch_size, p.bytes);
     p.overflow = !ok;
-    parts.push_back(p);
+    r.batch = p;
   }
-  EMBCACHE_RETURN_IF_ERROR(check_parts(parts, budget.host_bytes, "physical memory",
-                                       budget.caches_on_device
-                                           ? "config: the dense network and the batch"
-                                           : "config: the caches, the dense network and the batch",
-                                       status_code::capacity_exceeded));
+  // Keyset mode: the rows the prefetch stages for the next pass (with their keys, versions and
+  // found flags), the dirty rows a boundary writes behind (with their keys and versions) and a
+  // second buffer of rows beside them (the write-behind's recycled gather buffer, which
+  // end_training's write-back of every resident row also needs), up to a capacity's rows each.
+  if (c.mode == trainer_mode::keyset)
+    for (std::size_t t = 0; t < c.tables.size(); ++t) {
+      const trainer_table_config& tc = c.tables[t];
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "].capacity (staging)";
+      std::uint64_t row = 0, per_row = 0;
+      bool ok = tc.dim < (std::uint64_t{1} << 32) &&
+                checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
+                checked_mul(row, sizeof(float), row) &&
+                checked_add(2 * row, (c.prefetch ? row + 17 : 0) + 16, per_row) &&
+                checked_mul(per_row, tc.capacity, p.bytes);
+      p.overflow = !ok;
+      p.what = std::string("the ") + (c.prefetch ? "prefetch staging and " : "") +
+               "write-behind buffers of table \"" + tc.name + "\" (" + std::to_string(tc.capacity) +
+               " rows)";
+      r.staging.push_back(p);
+    }
+  return r;
+}
+
+// The memory of one RocksDB database: its block cache and every memtable of its column families
+// (its tables and the default one), as the trainer opens it.
+memory_part rocksdb_part(const detail::rocksdb_database_use& d, std::uint64_t block_cache,
+                         std::uint64_t write_buffer, int max_write_buffers) {
+  memory_part p;
+  p.field = "config.tables[" + std::to_string(d.first_table) + "].store_path";
+  const std::uint64_t memtables =
+      std::uint64_t(d.tables + 1) * std::uint64_t(std::max(2, max_write_buffers));
+  std::uint64_t bytes = 0;
+  p.overflow =
+      !checked_mul(memtables, write_buffer, bytes) || !checked_add(bytes, block_cache, p.bytes);
+  p.what = "the RocksDB database at '" + d.path + "' (block cache " + std::to_string(block_cache) +
+           " bytes, " + std::to_string(memtables) + " memtables of " +
+           std::to_string(write_buffer) + " bytes)";
+  return p;
+}
+
+// The DRAM tiers of a fixed size (tables[i].dram_tier_bytes).
+std::vector<memory_part> dram_tier_parts(const trainer_config& c) {
+  std::vector<memory_part> parts;
+  for (std::size_t t = 0; t < c.tables.size(); ++t)
+    if (c.tables[t].dram_tier_bytes != 0 && !c.tables[t].dram_tier_auto) {
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "].dram_tier_bytes";
+      p.what = "the DRAM tier of table \"" + c.tables[t].name + "\"";
+      p.bytes = c.tables[t].dram_tier_bytes;
+      parts.push_back(p);
+    }
+  return parts;
+}
+
+std::uint64_t sum_of(const std::vector<memory_part>& parts) {
+  std::uint64_t sum = 0;
+  for (const memory_part& p : parts) sum += p.bytes;  // checked against the budget first
+  return sum;
+}
+
+}  // namespace
+
+std::uint64_t physical_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  std::uint64_t bytes = 0;
+  if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
+    return std::numeric_limits<std::uint64_t>::max();
+  return bytes;
+}
+
+status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
+  memory_budget budget;
+  budget.host_bytes = available_bytes;
+  return check_memory(c, budget);
+}
+
+status check_memory(const trainer_config& c, const memory_budget& budget) {
+  const run_parts r = parts_of(c);
+  std::vector<memory_part> caches = r.caches;
+  if (c.memory_budget_bytes != 0) {
+    // The budget replaces the estimate: it must fit in the machine, and its plan must hold.
+    if (c.memory_budget_bytes > budget.host_bytes)
+      return status::capacity_exceeded(
+          "config.memory_budget_bytes: " + std::to_string(c.memory_budget_bytes) +
+          " bytes is more than the " + std::to_string(budget.host_bytes) +
+          " bytes of physical memory");
+    auto plan = plan_trainer_memory(c, budget.caches_on_device);
+    if (!plan.ok()) return plan.get_status();
+  } else {
+    std::vector<memory_part> parts;
+    if (!budget.caches_on_device) parts = caches;
+    parts.push_back(r.model);
+    parts.push_back(r.batch);
+    const rocksdb_store_options defaults;
+    const auto databases = detail::rocksdb_databases_of(c);
+    for (const memory_part& p : dram_tier_parts(c)) parts.push_back(p);
+    for (const auto& d : databases)
+      parts.push_back(rocksdb_part(d, defaults.block_cache_bytes, defaults.write_buffer_bytes,
+                                   defaults.max_write_buffers));
+    std::string all = budget.caches_on_device ? "config: the dense network"
+                                              : "config: the caches, the dense network";
+    all += databases.empty() ? " and the batch" : ", the batch and the RocksDB stores";
+    EMBCACHE_RETURN_IF_ERROR(check_parts(parts, budget.host_bytes, "physical memory", all,
+                                         status_code::capacity_exceeded));
+  }
   if (!budget.caches_on_device) return {};
-  if (largest_slots) caches.push_back(scratch);
+  if (r.has_scratch) caches.push_back(r.scratch);
   return check_parts(caches, budget.device_bytes, "free device memory",
                      "config.tables: the caches and a pass boundary's scratch",
                      status_code::out_of_device_memory);
+}
+
+result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_device) {
+  const std::string field = "config.memory_budget_bytes";
+  if (c.memory_budget_bytes == 0) return status::invalid_argument(field + ": not set (0)");
+  const run_parts r = parts_of(c);
+  std::vector<memory_part> caches, staging = r.staging, other = dram_tier_parts(c);
+  other.push_back(r.model);
+  other.push_back(r.batch);
+  if (!caches_on_device) {
+    caches = r.caches;
+    if (r.has_scratch) caches.push_back(r.scratch);
+  }
+  std::vector<memory_part> fixed = caches;
+  fixed.insert(fixed.end(), staging.begin(), staging.end());
+  fixed.insert(fixed.end(), other.begin(), other.end());
+  EMBCACHE_RETURN_IF_ERROR(check_parts(fixed, c.memory_budget_bytes, field,
+                                       "config: the caches, the staging, the dense network and "
+                                       "the batch",
+                                       status_code::capacity_exceeded));
+  memory_plan_options o;
+  o.budget_bytes = c.memory_budget_bytes;
+  o.cache_bytes = sum_of(caches);
+  o.staging_bytes = sum_of(staging);
+  o.other_bytes = sum_of(other);
+  for (const auto& d : detail::rocksdb_databases_of(c)) o.rocksdb_column_families += d.tables + 1;
+  for (const auto& tc : c.tables) o.dram_tier = o.dram_tier || tc.dram_tier_auto;
+  o.field = field;
+  return plan_memory(o);
 }
 
 }  // namespace embcache

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "embcache/json.hpp"
+#include "embcache/memory_plan.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/status.hpp"
 #include "embcache/trainer/dense_backend.hpp"
@@ -66,6 +67,13 @@ struct trainer_table_config {
   /// Trains from the rows a RocksDB table at store_path already holds (default false: such a
   /// table is refused unless resume_from is set, which replaces its rows).
   bool reuse_store = false;
+  /// A DRAM tier (tiered_store) of this many bytes in front of the RocksDB store: recently used
+  /// rows stay in memory, evicted ones are demoted to it, dirty ones written down in key order
+  /// (default 0: none). `"dram_tier_bytes": "auto"` (dram_tier_auto) takes the tables' share of
+  /// config.memory_budget_bytes instead (plan_trainer_memory). Needs store "rocksdb".
+  std::uint64_t dram_tier_bytes = 0;
+  /// `"dram_tier_bytes": "auto"` (default false): the tier is sized from the memory budget.
+  bool dram_tier_auto = false;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
 };
 
@@ -132,6 +140,13 @@ struct trainer_config {
   /// number of ranks, fixed for a run and its resumes. The model is the same bits on every
   /// number of ranks that divides it.
   std::size_t num_blocks = 8;
+  /// The run's memory budget in bytes, at most 2^50 (default 0: none; RocksDB stores keep their
+  /// own defaults and the run is only checked against physical memory). The caches, the prefetch
+  /// staging and write-behind buffers, the dense network and a batch must fit in it with a
+  /// reserve; what they leave sizes the RocksDB stores' block caches and memtables
+  /// (plan_trainer_memory). Checked before anything is allocated: too small is
+  /// capacity_exceeded naming this field and the bytes needed.
+  std::uint64_t memory_budget_bytes = 0;
 
   /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
   static wide_deep_options default_model() { return wide_deep_options{}; }
@@ -151,10 +166,13 @@ struct memory_budget {
   /// Device memory for the caches when caches_on_device (default: no limit).
   std::uint64_t device_bytes = std::numeric_limits<std::uint64_t>::max();
 };
-/// Checks that the caches, the dense network and one batch fit in `available_bytes` of host
-/// memory (an estimate from below: the tables' arrays, embedding_cache::bytes_per_slot and
-/// bytes_per_bucket, 16 bytes per MLP parameter, the batch's buffers), with overflow-checked
-/// arithmetic. capacity_exceeded names the field that
+/// Checks that the caches, the dense network, one batch and the RocksDB stores' block caches and
+/// memtables fit in `available_bytes` of host memory (an estimate from below: the tables' arrays,
+/// embedding_cache::bytes_per_slot and bytes_per_bucket, 16 bytes per MLP parameter, the batch's
+/// buffers; per RocksDB database its block cache and all its memtables, one
+/// "config.tables[i].store_path" part for the first table on it), with overflow-checked
+/// arithmetic. With config.memory_budget_bytes the budget must fit in `available_bytes` and
+/// plan_trainer_memory must succeed instead. capacity_exceeded names the field that
 /// sizes the part that does not fit and the bytes it needs, e.g. "config.tables[1].capacity: the
 /// cache of table "deep" (...) needs N bytes, more than the M bytes of physical memory".
 [[nodiscard]] status check_memory(const trainer_config& config, std::uint64_t available_bytes);
@@ -167,6 +185,20 @@ struct memory_budget {
 /// anything; the caches in the cuda space are checked against the device's free memory when the
 /// cuda path is built (register_cuda_embeddings).
 [[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
+/// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
+/// the caches (on the host unless `caches_on_device`), their pass boundary's scratch, in keyset
+/// mode the prefetch staging (when config.prefetch) and the write-behind buffers (each a
+/// capacity's rows, two for the write-behind, with their keys and versions per table), the dense
+/// network and a batch as check_memory counts them, a 10% reserve, and the rest split between the
+/// RocksDB stores' memtables (two per column family: one per table and each database's default),
+/// the DRAM tiers of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed
+/// dram_tier_bytes counts with the parts above) and block caches (shared equally by the
+/// databases). capacity_exceeded names the field of a part larger than the budget by itself
+/// ("config.tables[1].capacity: ... needs N bytes, more than the M bytes of
+/// config.memory_budget_bytes"), else config.memory_budget_bytes and the bytes needed.
+/// invalid_argument when the configuration sets no budget.
+[[nodiscard]] result<memory_plan> plan_trainer_memory(const trainer_config& config,
+                                                      bool caches_on_device = false);
 /// This machine's physical memory (sysconf), or UINT64_MAX when it cannot be read.
 std::uint64_t physical_memory_bytes() noexcept;
 /// Reads a configuration from JSON (unknown fields are refused, naming them) and validates it.
@@ -252,8 +284,7 @@ class trainer {
   /// every rank sees. invalid_argument when config.world is set and differs from comm.size(),
   /// or the mode is on_demand; unsupported when config.embedding_device is "cuda" (a sharded
   /// run keeps its tables on the host; "auto" means host).
-  static result<std::unique_ptr<trainer>> create(const trainer_config& config,
-                                                 communicator& comm);
+  static result<std::unique_ptr<trainer>> create(const trainer_config& config, communicator& comm);
   ~trainer();
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;

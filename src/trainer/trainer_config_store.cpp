@@ -1,0 +1,79 @@
+// The trainer's configuration, the fields of where the rows live and how much memory the run may
+// take: each table's store (host memory or RocksDB) and the run's memory budget; read, checked
+// and written here, the rest of the configuration in trainer_config.cpp.
+#include "trainer_config_store.hpp"
+
+#include "embcache/trainer/trainer.hpp"
+
+namespace embcache::detail {
+
+void read_store_fields(object_reader& r, trainer_table_config& tc) {
+  r.get("store", tc.store);
+  r.get("store_path", tc.store_path);
+  r.get("reuse_store", tc.reuse_store);
+  if (r.has("dram_tier_bytes") && r.at("dram_tier_bytes").is_string()) {
+    std::string v;
+    r.get("dram_tier_bytes", v);
+    if (v != "auto")
+      r.fail(r.path("dram_tier_bytes"), "expected " + int_range{0, max_memory_budget}.text() +
+                                            " or \"auto\", got " + shown(json(v)));
+    tc.dram_tier_auto = true;
+  } else {
+    r.get_int("dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget});
+  }
+}
+
+status validate_store_fields(const trainer_table_config& tc, const std::string& at,
+                             std::uint64_t budget) {
+  if (tc.store != "host" && tc.store != "rocksdb")
+    return status::invalid_argument(at + ".store: \"" + tc.store +
+                                    "\" is not a store (\"host\" or \"rocksdb\")");
+  if (tc.store == "rocksdb" && tc.store_path.empty())
+    return status::invalid_argument(at + ".store_path: required with store \"rocksdb\"");
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int(at + ".dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget}));
+  if ((tc.dram_tier_bytes != 0 || tc.dram_tier_auto) && tc.store != "rocksdb")
+    return status::invalid_argument(at + ".dram_tier_bytes: a DRAM tier sits in front of a " +
+                                    "RocksDB store (store \"rocksdb\"), not store \"" + tc.store +
+                                    "\"");
+  if (tc.dram_tier_auto && budget == 0)
+    return status::invalid_argument(at + ".dram_tier_bytes: \"auto\" takes a share of " +
+                                    "config.memory_budget_bytes, which is not set");
+  return {};
+}
+
+void store_fields_json(const trainer_table_config& tc, json& j) {
+  j["store"] = tc.store;
+  j["store_path"] = tc.store_path;
+  j["reuse_store"] = tc.reuse_store;
+  j["dram_tier_bytes"] = tc.dram_tier_auto ? json("auto") : json(tc.dram_tier_bytes);
+}
+
+std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c) {
+  std::vector<rocksdb_database_use> dbs;
+  for (std::size_t t = 0; t < c.tables.size(); ++t) {
+    if (c.tables[t].store != "rocksdb") continue;
+    bool found = false;
+    for (auto& d : dbs)
+      if (d.path == c.tables[t].store_path) {
+        ++d.tables;
+        found = true;
+      }
+    if (!found) dbs.push_back({c.tables[t].store_path, t, 1});
+  }
+  return dbs;
+}
+
+void read_memory_fields(object_reader& r, trainer_config& c) {
+  r.get_int("memory_budget_bytes", c.memory_budget_bytes, {0, max_memory_budget});
+}
+
+status validate_memory_fields(const trainer_config& c) {
+  return check_int("config.memory_budget_bytes", c.memory_budget_bytes, {0, max_memory_budget});
+}
+
+void memory_fields_json(const trainer_config& c, json& j) {
+  j["memory_budget_bytes"] = c.memory_budget_bytes;
+}
+
+}  // namespace embcache::detail

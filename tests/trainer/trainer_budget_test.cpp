@@ -1,0 +1,284 @@
+// The run's memory budget (config.memory_budget_bytes): read, written and range-checked like
+// every field; a budget too small refused before any work, naming the field and the bytes
+// needed; RocksDB's block cache and memtables counted and sized from it; and a store's disk that
+// fills during a pass: out_of_space, and the last save still loads.
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+
+#include "store/store_test_util.hpp"
+#include "trainer_test_support.hpp"
+
+namespace embcache::test {
+namespace {
+
+constexpr std::uint64_t mib = std::uint64_t{1} << 20;
+
+TEST(trainer_memory_budget, the_field_round_trips_and_its_range_is_named) {
+  json j = {{"passes", {{"a.bin"}}}, {"memory_budget_bytes", 1610612736}};
+  auto c = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().memory_budget_bytes, 1610612736u);
+  json back;
+  to_json(back, c.value());
+  EXPECT_EQ(back.at("memory_budget_bytes"), 1610612736u);
+  auto again = trainer_config_from_json(back);
+  EMBCACHE_ASSERT_OK(again);
+  EXPECT_EQ(again.value().memory_budget_bytes, 1610612736u);
+  // The default: none, written as 0.
+  to_json(back, trainer_config{});
+  EXPECT_EQ(back.at("memory_budget_bytes"), 0u);
+  for (const json& bad :
+       {json(-1), json(1.5e9), json("1.5GiB"), json((std::uint64_t{1} << 50) + 1)}) {
+    j["memory_budget_bytes"] = bad;
+    auto r = trainer_config_from_json(j);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.get_status().message(),
+              "config.memory_budget_bytes: expected an integer in [0, 1125899906842624], got " +
+                  bad.dump());
+  }
+  trainer_config direct = c.value();
+  direct.memory_budget_bytes = (std::uint64_t{1} << 50) + 1;
+  EXPECT_EQ(validate(direct).message(),
+            "config.memory_budget_bytes: expected an integer in [0, 1125899906842624], got "
+            "1125899906842625");
+}
+
+trainer_config rocksdb_config(const std::string& path) {
+  trainer_config c;
+  c.passes = {{{"a.bin"}}};
+  c.tables[0].capacity = 1000;     // wide: 1,280 slots of (1 + 2) * 4 + 45 bytes
+  c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes
+  c.tables[1].store = "rocksdb";
+  c.tables[1].store_path = path;
+  return c;
+}
+
+TEST(trainer_memory_budget, rocksdb_block_cache_and_memtables_count_against_physical_memory) {
+  trainer_config c = rocksdb_config("/no/such/db");
+  c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots
+  // The deep cache (310,681,600 bytes) and the wide one fit; the database's default block cache
+  // (1 GiB) and 2 column families of 4 memtables of 256 MiB do not.
+  status s = check_memory(c, std::uint64_t{2} << 30);
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config.tables[1].store_path: the RocksDB database at '/no/such/db' (block cache "
+            "1073741824 bytes, 8 memtables of 268435456 bytes) needs 3221225472 bytes, more than "
+            "the 2147483648 bytes of physical memory");
+  // Both tables on the database: 3 column families, named for the first table on it.
+  c.tables[0].store = "rocksdb";
+  c.tables[0].store_path = "/no/such/db";
+  s = check_memory(c, std::uint64_t{3} << 30);
+  EXPECT_EQ(s.message(),
+            "config.tables[0].store_path: the RocksDB database at '/no/such/db' (block cache "
+            "1073741824 bytes, 12 memtables of 268435456 bytes) needs 4294967296 bytes, more than "
+            "the 3221225472 bytes of physical memory");
+  // Each part fits, not all together.
+  s = check_memory(c, std::uint64_t{4} << 30);
+  EXPECT_EQ(s.message(),
+            "config: the caches, the dense network, the batch and the RocksDB stores need "
+            "4724867088 bytes together (config.tables[0].capacity 74752000 bytes, "
+            "config.tables[1].capacity 310681600 bytes, config.model.hidden 23855120 bytes, "
+            "config.batch_size 20611072 bytes, config.tables[0].store_path 4294967296 bytes), more "
+            "than the 4294967296 bytes of physical memory");
+  EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{8} << 30));
+}
+
+TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
+  const std::string dir = temp_dir("budget_small");
+  trainer_config c = rocksdb_config(dir + "/db");
+  c.memory_budget_bytes = 64 * mib;  // less than the deep cache alone
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
+  EXPECT_EQ(t.get_status().message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (1310720 slots of 237 bytes) "
+            "needs 310681600 bytes, more than the 67108864 bytes of config.memory_budget_bytes");
+  EXPECT_FALSE(fs::exists(dir + "/db"));  // nothing opened, nothing allocated
+  // Each part fits; the caches, their boundary scratch, the prefetch staging and write-behind,
+  // the network and the batch do not leave RocksDB its least (8 MiB of block cache and 2
+  // column families of 2 memtables of 1 MiB) with the 10% reserve.
+  auto plan = plan_trainer_memory(rocksdb_config(dir + "/db"), false);
+  EXPECT_EQ(plan.get_status().message(), "config.memory_budget_bytes: not set (0)");
+  c.memory_budget_bytes = 2048 * mib;
+  auto ok = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(ok);
+  const memory_plan& m = ok.value();
+  const std::uint64_t fixed = m.cache_bytes + m.staging_bytes + m.other_bytes;
+  // The deep cache and its scratch are in cache_bytes; staging is a capacity's rows per table
+  // (deep: 48 floats plus key, version and flag, three times; wide: 3 floats).
+  EXPECT_EQ(m.staging_bytes,
+            (1u << 20) * (192 + 192 + 192 + 17 + 16) + 1000 * (12 + 12 + 12 + 17 + 16));
+  EXPECT_EQ(m.max_write_buffers, 2);
+  EXPECT_EQ(m.memtable_bytes, 4 * m.write_buffer_bytes);
+  EXPECT_LE(m.total_bytes(), c.memory_budget_bytes);
+  const std::uint64_t needed = ((fixed + 12 * mib) * 100 + 89) / 90;
+  c.memory_budget_bytes = needed - 1;
+  t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
+  EXPECT_EQ(t.get_status().message().rfind(
+                "config.memory_budget_bytes: " + std::to_string(needed - 1) +
+                    " bytes is less than the " + std::to_string(needed) + " bytes needed (caches ",
+                0),
+            0u)
+      << t.get_status().message();
+  EXPECT_FALSE(fs::exists(dir + "/db"));
+  c.memory_budget_bytes = needed;
+  EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{1} << 40));
+  // More than the machine has.
+  EXPECT_EQ(check_memory(c, needed - 1).message(),
+            "config.memory_budget_bytes: " + std::to_string(needed) + " bytes is more than the " +
+                std::to_string(needed - 1) + " bytes of physical memory");
+}
+
+#ifdef EMBCACHE_TEST_ROCKSDB
+// The RocksDB database's options as RocksDB wrote them (its latest OPTIONS file).
+std::string rocksdb_options_text(const std::string& db) {
+  std::string latest;
+  for (const auto& e : fs::directory_iterator(db)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("OPTIONS-", 0) == 0 && name > latest) latest = name;
+  }
+  return latest.empty() ? "" : read_bytes(db + "/" + latest);
+}
+
+TEST(trainer_memory_budget, the_budget_sizes_the_rocksdb_memtables) {
+  trainer_config c = small_config("budget_sizes");
+  const std::string db = temp_dir("budget_sizes") + "/db";
+  for (auto& tc : c.tables) {
+    tc.store = "rocksdb";
+    tc.store_path = db;
+    tc.capacity = 40000;
+  }
+  c.passes.resize(1);
+  c.memory_budget_bytes = 256 * mib;
+  auto plan = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(plan);
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EMBCACHE_ASSERT_OK(t.value()->run_pass(c.passes[0]));
+  const std::string options = rocksdb_options_text(db);
+  for (const char* table : {"wide", "deep"}) {
+    const std::string section = std::string("[CFOptions \"") + table + "\"]";
+    const std::size_t at = options.find(section);
+    ASSERT_NE(at, std::string::npos) << section;
+    const std::string rest = options.substr(at, options.find("[TableOptions", at) - at);
+    EXPECT_NE(
+        rest.find("write_buffer_size=" + std::to_string(plan.value().write_buffer_bytes) + "\n"),
+        std::string::npos)
+        << rest;
+    EXPECT_NE(rest.find("max_write_buffer_number=2\n"), std::string::npos) << rest;
+  }
+}
+
+TEST(trainer_memory_budget, a_dram_tier_is_checked_and_trains_the_same_model) {
+  json j = {{"passes", {{"a.bin"}}},
+            {"tables",
+             {{{"name", "wide"}},
+              {{"name", "deep"},
+               {"store", "rocksdb"},
+               {"store_path", "/db"},
+               {"dram_tier_bytes", "auto"}}}}};
+  auto r = trainer_config_from_json(j);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.get_status().message(),
+            "config.tables[1].dram_tier_bytes: \"auto\" takes a share of "
+            "config.memory_budget_bytes, which is not set");
+  j["memory_budget_bytes"] = 1 << 30;
+  r = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_TRUE(r.value().tables[1].dram_tier_auto);
+  json back;
+  to_json(back, r.value());
+  EXPECT_EQ(back["tables"][1]["dram_tier_bytes"], "auto");
+  EXPECT_EQ(back["tables"][0]["dram_tier_bytes"], 0);
+  j["tables"][1]["dram_tier_bytes"] = "most";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].dram_tier_bytes: expected an integer in [0, 1125899906842624] or "
+            "\"auto\", got \"most\"");
+  j["tables"][1]["dram_tier_bytes"] = 1 << 20;
+  j["tables"][1]["store"] = "host";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].dram_tier_bytes: a DRAM tier sits in front of a RocksDB store (store "
+            "\"rocksdb\"), not store \"host\"");
+  // A fixed tier counts against physical memory like the caches.
+  trainer_config fixed = rocksdb_config("/no/such/db");
+  fixed.tables[1].dram_tier_bytes = std::uint64_t{1} << 40;
+  EXPECT_EQ(check_memory(fixed, std::uint64_t{1} << 39).message(),
+            "config.tables[1].dram_tier_bytes: the DRAM tier of table \"deep\" needs "
+            "1099511627776 bytes, more than the 549755813888 bytes of physical memory");
+
+  // One pass with the deep table behind a DRAM tier sized from the budget (smaller than the
+  // table: rows are demoted during the pass) gives the same model as without the tier.
+  const auto train = [](const std::string& name, bool tier) {
+    trainer_config c = small_config(name);
+    c.passes.resize(2);
+    for (auto& tc : c.tables) {
+      tc.store = "rocksdb";
+      tc.store_path = temp_dir(name) + "/db";
+      tc.capacity = 40000;
+    }
+    if (tier) {
+      c.memory_budget_bytes = 256 * mib;
+      c.tables[1].dram_tier_bytes = 1 << 20;  // about 3,900 rows of 192 + 8 + 80 bytes
+      c.tables[0].dram_tier_auto = true;
+    }
+    run(c);
+    return c.save_dir;
+  };
+  expect_same_model(train("tier_off", false), train("tier_on", true));
+}
+
+// The free bytes of the file system at `dir`.
+std::uint64_t free_bytes(const std::string& dir) {
+  struct statvfs v {};
+  if (::statvfs(dir.c_str(), &v) != 0) return 0;
+  return std::uint64_t(v.f_bavail) * v.f_frsize;
+}
+
+TEST(trainer_memory_budget,
+     a_store_disk_that_fills_during_a_pass_is_out_of_space_and_the_last_save_loads) {
+  small_tmpfs disk(64 * mib);
+  if (!disk.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  trainer_config c = small_config("budget_full");
+  c.tables[1].dim = 64;  // larger rows fill the disk sooner
+  for (auto& tc : c.tables) {
+    tc.store = "rocksdb";
+    tc.store_path = disk.sub("db");
+    tc.capacity = 40000;
+  }
+  c.save_every_pass = false;
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  EMBCACHE_ASSERT_OK(t.value()->run_pass(c.passes[0]));
+  const std::string save = c.save_dir;
+  EMBCACHE_ASSERT_OK(t.value()->save(save));
+  // The disk shrinks to what the database holds now plus 128 KiB: the next rows do not fit.
+  std::string mount_point = disk.sub("");
+  mount_point.pop_back();
+  const std::uint64_t used = 64 * mib - free_bytes(mount_point);
+  const std::string size = "size=" + std::to_string(used + 128 * 1024);
+  ASSERT_EQ(::mount("tmpfs", mount_point.c_str(), "tmpfs", MS_REMOUNT, size.c_str()), 0);
+  status failure;
+  for (std::size_t p = 1; p < c.passes.size() && failure.ok(); ++p) {
+    auto r = t.value()->run_pass(c.passes[p]);
+    failure = r.ok() ? t.value()->save(temp_dir("budget_full_later")) : r.get_status();
+  }
+  EXPECT_EQ(failure.code(), status_code::out_of_space) << failure.to_string();
+  EXPECT_NE(failure.message().find(c.tables[0].store_path), std::string::npos) << failure.message();
+  t.value().reset();
+  // The save made before the disk filled loads into a new run (on a disk with room) whole.
+  trainer_config resumed = c;
+  for (auto& tc : resumed.tables) tc.store_path = temp_dir("budget_full_resume") + "/db";
+  resumed.resume_from = save;
+  auto r = trainer::create(resumed);
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_EQ(r.value()->passes_done(), 1u);
+  const std::string again = temp_dir("budget_full_again");
+  EMBCACHE_ASSERT_OK(r.value()->save(again));
+  expect_same_model(save, again);
+}
+#endif
+
+}  // namespace
+}  // namespace embcache::test
