@@ -90,7 +90,10 @@ inline bool table_slots(std::uint64_t capacity, std::uint64_t slots, std::uint64
     *out = slots > capacity ? slots : capacity;
     return true;
   }
-  return !__builtin_add_overflow(capacity, capacity / 4, out);
+  std::uint64_t sum = 0;
+  if (__builtin_add_overflow(capacity, capacity / 4, &sum)) return false;
+  *out = sum;
+  return true;
 }
 
 /// Options of a training cache.
