@@ -27,15 +27,8 @@ std::unique_ptr<host_cache> make_cache(std::size_t capacity, std::size_t dim,
                                        std::size_t state_width, const std::string& init,
                                        float init_scale, std::uint64_t seed, float state_value,
                                        const std::string& scores, int max_threads) {
-  cache_options o;
-  o.capacity = capacity;
-  o.dim = dim;
-  o.state_width = state_width;
-  o.init.kind = init_kind_of(init);
-  o.init.scale = init_scale;
-  o.init.seed = seed;
-  o.init.state_value = state_value;
-  o.scores = score_policy_of(scores);
+  const cache_options o =
+      cache_options_of(capacity, dim, state_width, init, init_scale, seed, state_value, scores);
   host_space space;
   space.max_threads = max_threads;
   return std::make_unique<host_cache>(o, space);

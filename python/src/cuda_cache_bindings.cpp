@@ -28,15 +28,8 @@ std::unique_ptr<cuda_cache> make_cache(std::size_t capacity, std::size_t dim,
                                        float init_scale, std::uint64_t seed, float state_value,
                                        const std::string& scores) {
   if (!cuda_device_available()) throw error(status_code::unsupported, cuda_device_problem());
-  cache_options o;
-  o.capacity = capacity;
-  o.dim = dim;
-  o.state_width = state_width;
-  o.init.kind = init_kind_of(init);
-  o.init.scale = init_scale;
-  o.init.seed = seed;
-  o.init.state_value = state_value;
-  o.scores = score_policy_of(scores);
+  const cache_options o =
+      cache_options_of(capacity, dim, state_width, init, init_scale, seed, state_value, scores);
   py::gil_scoped_release nogil;
   return std::make_unique<cuda_cache>(o);
 }

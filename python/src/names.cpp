@@ -114,4 +114,19 @@ py::dict to_dict(const optimizer_options& o) {
   return d;
 }
 
+cache_options cache_options_of(std::size_t capacity, std::size_t dim, std::size_t state_width,
+                               const std::string& init, float init_scale, std::uint64_t seed,
+                               float state_value, const std::string& scores) {
+  cache_options o;
+  o.capacity = capacity;
+  o.dim = dim;
+  o.state_width = state_width;
+  o.init.kind = init_kind_of(init);
+  o.init.scale = init_scale;
+  o.init.seed = seed;
+  o.init.state_value = state_value;
+  o.scores = score_policy_of(scores);
+  return o;
+}
+
 }  // namespace embcache::python

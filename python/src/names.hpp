@@ -35,4 +35,10 @@ optimizer_options optimizer_options_of(const py::dict& d);
 /// The fields of `o` as a dict.
 py::dict to_dict(const optimizer_options& o);
 
+/// cache_options from the keyword arguments shared by EmbeddingCache and CudaEmbeddingCache;
+/// an unknown `init` or `scores` name is ValueError naming the argument.
+cache_options cache_options_of(std::size_t capacity, std::size_t dim, std::size_t state_width,
+                               const std::string& init, float init_scale, std::uint64_t seed,
+                               float state_value, const std::string& scores);
+
 }  // namespace embcache::python
