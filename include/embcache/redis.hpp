@@ -101,9 +101,13 @@ result<redis_model> redis_read_model(const redis_options& options);
 
 /// Checks a store's model against the trainer save `save_dir` (its `sparse/manifest.json`) before
 /// scoring: key type, run identity (when both record one), every table of the save in the schema
-/// with its dim and holding rows. invalid_argument naming the server and what differs.
+/// with its dim and holding rows, and (unless `allow_other_point`) the point of the run: each
+/// table's version in `P:versions` must equal the save's, since the save's dense network was
+/// trained with exactly those rows (a store at delta 1 scored with the network of delta 3 gives a
+/// worse AUC, silently). invalid_argument naming the server and what differs (for the point: the
+/// table, both versions and the store's applied delta).
 [[nodiscard]] status redis_check_model(const redis_model& model, const redis_options& options,
-                                       const std::string& save_dir);
+                                       const std::string& save_dir, bool allow_other_point = false);
 
 /// The store's rows for score_shard: one HMGET per table and batch of keys (each HMGET sees one
 /// delta wholly). A value of another size than dim floats is corruption naming the table and key.

@@ -3,8 +3,8 @@
 #include <filesystem>
 
 #include "embcache/redis.hpp"
-#include "redis_detail.hpp"
 #include "format/model_folder.hpp"
+#include "redis_detail.hpp"
 
 namespace embcache {
 
@@ -35,7 +35,7 @@ result<redis_options> parse_redis_address(const std::string& host_port, redis_op
 }
 
 status redis_check_model(const redis_model& m, const redis_options& options,
-                         const std::string& save_dir) {
+                         const std::string& save_dir, bool allow_other_point) {
   const std::string where = redis_where(options) + " prefix '" + options.prefix + "'";
   const std::string sparse = model_folder_of(save_dir);
   std::error_code ec;
@@ -68,6 +68,20 @@ status redis_check_model(const redis_model& m, const redis_options& options,
     return status::invalid_argument(where + " holds a model of run " + m.run_id + ", the save '" +
                                     s.dir + "' belongs to run " + s.run_id +
                                     " (its dense network would score another run's rows)");
+  if (allow_other_point) return {};
+  for (const auto& t : s.tables) {
+    const auto it = std::find_if(m.position.versions.begin(), m.position.versions.end(),
+                                 [&](const auto& x) { return x.first == t.name; });
+    const std::uint64_t held = it == m.position.versions.end() ? 0 : it->second;
+    if (held != t.version)
+      return status::invalid_argument(
+          where + ": table '" + t.name + "' stands at version " + std::to_string(held) +
+          " (applied delta " + std::to_string(m.position.applied_delta) + "), the save '" + s.dir +
+          "' at version " + std::to_string(t.version) +
+          ": its dense network was trained with other rows (apply the deltas up to the save, or "
+          "score with the save that matches the store; allow_other_point / --allow-other-point "
+          "scores anyway)");
+  }
   return {};
 }
 

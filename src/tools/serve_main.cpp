@@ -8,11 +8,11 @@
 #include <string>
 
 #include "cli_checks.hpp"
-#include "redis_cli.hpp"
-#include "tool_log.hpp"
 #include "embcache/redis.hpp"
 #include "embcache/serving.hpp"
 #include "embcache/trainer/score.hpp"
+#include "redis_cli.hpp"
+#include "tool_log.hpp"
 
 namespace {
 
@@ -33,6 +33,14 @@ int serve_main(int argc, char** argv) {
   app.add_option("--max-samples", so.max_samples,
                  "Score at most this many samples (default: the save's eval_max_samples)")
       ->check(embcache::tools::integer_at_least(1));
+  app.add_option("--blas-threads", so.blas_threads,
+                 "Threads of the host BLAS (default: the save's blas_threads, so the scores equal "
+                 "the training run's evaluation to the bit; 0: OpenBLAS's own setting)")
+      ->check(embcache::tools::integer_at_least(0));
+  bool allow_other_point = false;
+  app.add_flag("--allow-other-point", allow_other_point,
+               "Score even when the store's rows stand at another point of the run (table "
+               "versions) than the save's dense network");
   app.add_option("-o,--output", output, "Also write the metrics as JSON to this file");
   embcache::tools::redis_password_option(app, &password_file);
   embcache::tools::standard_options(app, "embcache-serve");
@@ -57,7 +65,7 @@ int serve_main(int argc, char** argv) {
   }
   // The store must hold the save's tables, with rows, of the save's run, before a row is scored.
   const embcache::status fits =
-      embcache::redis_check_model(rows.value()->model(), where.value(), model);
+      embcache::redis_check_model(rows.value()->model(), where.value(), model, allow_other_point);
   if (!fits.ok()) {
     spdlog::error("embcache-serve: {}", fits.to_string());
     return embcache::tools::run_time_failure;

@@ -10,6 +10,7 @@
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/trainer/criteo_model.hpp"
+#include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/metrics.hpp"
 #include "embcache/trainer/trainer.hpp"
 
@@ -72,6 +73,10 @@ result<score_metrics> score_shard(const std::string& save_dir, const std::string
   if (!opened.ok()) return opened.get_status().with_context("score");
   saved_model& m = opened.value();
   const trainer_config& c = m.config;
+  if (options.blas_threads < -1)
+    return status::invalid_argument("score: score_options.blas_threads is " +
+                                    std::to_string(options.blas_threads) + ", expected >= -1");
+  set_host_blas_threads(options.blas_threads < 0 ? c.blas_threads : options.blas_threads);
   shard_reader_options ro;
   ro.batch_size = options.batch_size ? options.batch_size : c.batch_size;
   ro.read_ahead = false;

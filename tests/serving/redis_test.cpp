@@ -22,6 +22,7 @@
 
 #include "embcache/serving.hpp"
 #include "embcache/synth.hpp"
+#include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/score.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "test_util.hpp"
@@ -411,6 +412,7 @@ const trained& trained_model() {
     c.model.hidden = {24, 8};
     c.batch_size = 200;
     c.log_interval = 0;
+    c.blas_threads = 1;  // the scorer takes the save's BLAS threads (see below)
     for (auto& tb : c.tables) tb.capacity = std::size_t{1} << 17;
     c.export_dir = r.deltas;
     c.export_with_state = true;
@@ -480,7 +482,19 @@ TEST(serving_trainer, scores_from_redis_equal_the_trainers_evaluation) {
   EXPECT_EQ(srv.command({"GET", "m:applied"}), "3");
   auto rows = redis_rows::connect(srv.options("m"));
   ASSERT_TRUE(rows.ok()) << rows.get_status().to_string();
+  // Another BLAS setting in the scoring process: the scorer takes the save's (1 thread), so the
+  // GEMMs split as in training; score_options.blas_threads overrides it.
+  set_host_blas_threads(2);
+  score_options two;
+  two.blas_threads = 2;
+  ASSERT_TRUE(score_shard(t.final_save, shard, *rows.value(), two).ok());
+  EXPECT_EQ(set_host_blas_threads(0), 2);
+  score_options bad;
+  bad.blas_threads = -2;
+  const auto refused = score_shard(t.final_save, shard, *rows.value(), bad);
+  EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
   auto s = score_shard(t.final_save, shard, *rows.value());
+  EXPECT_EQ(set_host_blas_threads(0), 1);
   ASSERT_TRUE(s.ok()) << s.get_status().to_string();
   EXPECT_EQ(s.value().samples, t.eval.samples);
   EXPECT_EQ(s.value().auc, t.eval.auc);
@@ -536,6 +550,23 @@ TEST(serving_tools, serve_refuses_a_store_that_does_not_fit_the_save) {
     return run_tool(std::string(EMBCACHE_SERVE_EXE) + " --redis " + srv.address() + " --prefix " +
                     prefix + serve_args);
   };
+  // A store at delta 1 with the network of the final save (delta 3): refused by table and
+  // version, unless the user asks to score anyway.
+  apply_options first;
+  first.until = 1;
+  ASSERT_TRUE(redis_push(srv.options("pt"), t.base, t.deltas, first).ok());
+  const auto behind = serve("pt");
+  EXPECT_EQ(behind.first, 1) << behind.second;
+  EXPECT_NE(behind.second.find("prefix 'pt': table 'wide' stands at version "), std::string::npos)
+      << behind.second;
+  EXPECT_NE(
+      behind.second.find("(applied delta 1), the save '" + t.final_save + "/sparse' at version"),
+      std::string::npos)
+      << behind.second;
+  const auto anyway = run_tool(std::string(EMBCACHE_SERVE_EXE) + " --redis " + srv.address() +
+                               " --prefix pt --allow-other-point" + serve_args);
+  EXPECT_EQ(anyway.first, 0) << anyway.second;
+  EXPECT_NE(anyway.second.find("applied       1\n"), std::string::npos) << anyway.second;
   ASSERT_TRUE(redis_push(srv.options("ren"), t.base, t.deltas).ok());
   ASSERT_EQ(serve("ren").first, 0);
   const std::string rows = srv.command({"HGET", "ren:rows", "deep"});

@@ -18,6 +18,10 @@ struct score_options {
   std::size_t batch_size = 0;  ///< samples per batch (default 0: the save's batch_size)
   std::size_t max_samples =
       0;  ///< score at most this many (default 0: the save's eval_max_samples)
+  /// Threads of the host BLAS while scoring (set_host_blas_threads, for the whole process);
+  /// default -1: the save's `blas_threads`, so that the GEMMs split as in the training run; 0:
+  /// leave the process's setting.
+  int blas_threads = -1;
 };
 
 /// AUC and log loss of a shard, as trainer::evaluate gives them (its eval_metrics).
@@ -31,7 +35,9 @@ struct score_metrics {
 /// configuration, dense.bin the dense network) and the embeddings `rows` holds: lookup only, no
 /// training, dense network on the host. A key the store does not hold pools as a zero row, as
 /// trainer::evaluate treats a key never trained; so with the rows of the save's final model the
-/// result equals trainer::evaluate's to the bit (same batches, same arithmetic).
+/// result equals trainer::evaluate's to the bit (same batches, same arithmetic, the same BLAS
+/// threads: the save's `blas_threads` unless `options.blas_threads` says otherwise; a save with
+/// `blas_threads` 0 ran with OpenBLAS's own setting, which the scoring process must then share).
 result<score_metrics> score_shard(const std::string& save_dir, const std::string& shard,
                                   row_lookup& rows, const score_options& options = {});
 
