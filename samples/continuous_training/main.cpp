@@ -6,9 +6,11 @@
 //                                                     the two configurations first.json and
 //                                                     resume.json for embcache-train
 //   embcache-continuous-training summary --work DIR   what the two runs did, for a person
+//   (--help, --version; exit 2 on a usage error)
 //
 // scripts/demo.sh runs prepare, `embcache-train --config first.json`, `embcache-train --config
 // resume.json` (a new process) and summary.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@
 #include "embcache/keyset.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "embcache/version.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -36,14 +39,6 @@ struct args {
 };
 
 constexpr std::size_t num_files = 5;
-
-int usage() {
-  std::fprintf(stderr,
-               "usage: embcache-continuous-training prepare|summary --work DIR\n"
-               "         [--rows-per-shard N (20000)] [--shards-per-file N (5)]\n"
-               "         [--mode keyset|on_demand|host_hybrid (keyset)]\n");
-  return 2;
-}
 
 std::vector<std::string> file_shards(const args& a, std::size_t file) {
   std::vector<std::string> s;
@@ -161,24 +156,30 @@ int summary(const args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
   args a;
-  a.command = argv[1];
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--work")
-      a.work = v;
-    else if (k == "--rows-per-shard")
-      a.rows_per_shard = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--shards-per-file")
-      a.shards_per_file = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--mode")
-      a.mode = v;
-    else
-      return usage();
+  CLI::App app{
+      "Continuous training on synthetic data, as HugeCTR's embedding training cache sample tells "
+      "it. 'prepare' writes the data (5 files and an eval shard) and the configurations "
+      "first.json and resume.json for embcache-train; 'summary' prints what the two runs did."};
+  app.add_option("command", a.command, "prepare or summary")
+      ->required()
+      ->check(CLI::IsMember({"prepare", "summary"}));
+  app.add_option("--work", a.work, "Working folder")->capture_default_str();
+  app.add_option("--rows-per-shard", a.rows_per_shard, "Samples per shard")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--shards-per-file", a.shards_per_file, "Shards per data file")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000}));
+  app.add_option("--mode", a.mode, "Cache mode of the configurations")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"keyset", "on_demand", "host_hybrid"}));
+  app.set_version_flag("--version",
+                       std::string("embcache-continuous-training ") + EMBCACHE_VERSION_STRING);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  if (a.rows_per_shard == 0 || a.shards_per_file == 0) return usage();
-  if (a.command == "prepare") return prepare(a);
-  if (a.command == "summary") return summary(a);
-  return usage();
+  return a.command == "prepare" ? prepare(a) : summary(a);
 }

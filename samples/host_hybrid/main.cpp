@@ -9,6 +9,8 @@
 // sample) and, per epoch, the time spent in each op.
 //
 //   embcache-host-hybrid [rows (20000)] [epochs (2)] [batch (1000)] [dense device (auto)]
+//   (--help, --version; exit 2 on a usage error)
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +26,7 @@
 #include "embcache/trainer/in_memory.hpp"
 #include "embcache/trainer/metrics.hpp"
 #include "embcache/trainer/wide_deep.hpp"
+#include "embcache/version.hpp"
 
 using namespace embcache;
 using clock_type = std::chrono::steady_clock;
@@ -35,10 +38,32 @@ double since(clock_type::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::uint64_t rows = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 20000;
-  const int epochs = argc > 2 ? std::atoi(argv[2]) : 2;
-  const std::size_t batch = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1000;
-  const std::string device = argc > 4 ? argv[4] : "auto";
+  std::uint64_t rows = 20000;
+  int epochs = 2;
+  std::size_t batch = 1000;
+  std::string device = "auto";
+  CLI::App app{
+      "Host-hybrid Wide&Deep on synthetic Criteo rows: embeddings and sparse optimizers (FTRL, "
+      "lazy Adam) on the host, the dense network on the device when there is one. The last 10% "
+      "of the rows are held out for the AUC."};
+  app.add_option("rows", rows, "Synthetic rows (at least 10)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{10}, std::uint64_t{1} << 40));
+  app.add_option("epochs", epochs, "Passes over the training rows")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("batch", batch, "Samples per batch")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
+  app.add_option("device", device, "Dense network: auto, host or cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "host", "cuda"}));
+  app.set_version_flag("--version", std::string("embcache-host-hybrid ") + EMBCACHE_VERSION_STRING);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 #ifdef EMBCACHE_SAMPLE_WITH_CUDA
   register_cuda_dense_backend();
 #endif
