@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cfloat>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -17,6 +19,15 @@
 namespace embcache::detail {
 
 using json = nlohmann::json;
+
+/// A float as the JSON number with the fewest digits that reads back as the same float: 0.9f is
+/// written 0.9, not 0.8999999761581421 (its exact double), and reading it back gives the same bits.
+inline json float_json(float v) {
+  if (!std::isfinite(v)) return json(v);  // the readers refuse these; written as nlohmann does
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return json(std::strtod(std::string(buf, r.ptr).c_str(), nullptr));
+}
 
 // The numeric limits of the configuration (docs/trainer.md lists them).
 inline constexpr std::uint64_t max_rows = std::uint64_t{1} << 40;  // capacity, slots, max_resident

@@ -205,15 +205,14 @@ result<std::unique_ptr<trainer>> trainer::create_with(const trainer_config& give
 
 result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given) {
   if (given.world > 1)
-    return status::invalid_argument(
-        "config.world: " + std::to_string(given.world) +
-        " ranks need a launcher: run embcache-train under mpirun -np " +
-        std::to_string(given.world) + ", or pass a communicator to trainer::create");
+    return status::invalid_argument("config.world: " + std::to_string(given.world) +
+                                    " ranks need a launcher: run embcache-train under mpirun -np " +
+                                    std::to_string(given.world) +
+                                    ", or pass a communicator to trainer::create");
   return create_with(given, nullptr);
 }
 
-result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given,
-                                                 communicator& comm) {
+result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given, communicator& comm) {
   return create_with(given, &comm);
 }
 
@@ -252,6 +251,9 @@ status trainer::run() {
     impl_->dense_note_logged = true;
   }
   if (!impl_->diverged.ok()) return impl_->diverged;
+  if (const std::string shared = detail::eval_shard_in_training(impl_->config, impl_->passes_done);
+      !shared.empty())
+    impl_->log(shared);
   std::vector<std::unique_ptr<detail::file_lock>> folder_locks;  // one writer per save/export dir
   status s;
   // What the run is doing, for an exception that escapes it: "pass 3" or "save to DIR" (then with
@@ -288,11 +290,10 @@ status trainer::run() {
       s = save(impl_->config.save_dir);
     }
   } catch (...) {
-    s = detail::status_of_exception(
-        std::current_exception(),
-        !stepping ? doing
-                  : doing + (saving ? " after step " : " step ") +
-                        std::to_string(impl_->step + (saving ? 0 : 1)));
+    s = detail::status_of_exception(std::current_exception(),
+                                    !stepping ? doing
+                                              : doing + (saving ? " after step " : " step ") +
+                                                    std::to_string(impl_->step + (saving ? 0 : 1)));
   }
   impl_->run_last_pass = impl_->run_total = 0;  // a run_pass() of its own has no run part
   return s;
@@ -351,6 +352,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
   const auto t0 = clock_type::now();
   auto ti = t0;
   std::string rate = "n/a";
+  double rate_value = std::nan("");  // `rate` as a number, for metrics_steps.jsonl
   // Adds what the path did since it was last asked to the interval's and the pass's figures.
   const auto take_activity = [&] {
     const detail::path_activity a = s.path->take_activity();
@@ -396,7 +398,8 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
       // Keyset mode swaps once per shard: between swaps the line repeats the last swap's rate.
       if (lookups) {
         char r[32];
-        std::snprintf(r, sizeof r, "%.4f", double(interval.hits) / double(lookups));
+        rate_value = double(interval.hits) / double(lookups);
+        std::snprintf(r, sizeof r, "%.4f", rate_value);
         rate = r;
       } else if (!s.path->has_cache()) {
         rate = "n/a (no cache)";
@@ -423,7 +426,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
         sm.samples = s.samples + m.samples;
         sm.train_loss = p.loss;
         sm.samples_per_s = secs > 0 ? double(interval_samples) / secs : 0.0;
-        sm.hit_rate = lookups ? double(interval.hits) / double(lookups) : std::nan("");
+        sm.hit_rate = rate_value;  // the log line's value (the last swap's between swaps)
         EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
         EMBCACHE_RETURN_IF_ERROR(detail::append_step_metrics(c.output_dir, sm));
       }
@@ -485,10 +488,9 @@ status trainer::impl::predict_batch(const shard_batch& b, std::size_t n) {
   fill_keys(b, 0, n);
   in_wide.assign(n * ws, 0.0f);
   in_deep.assign(n * ds * dim, 0.0f);
-  for (const detail::table_read& p : {detail::table_read{roles.wide, wide_keys.data(), n * ws, 1,
-                                                         in_wide.data()},
-                                      detail::table_read{roles.deep, b.keys.data(), n * ds, dim,
-                                                         in_deep.data()}})
+  for (const detail::table_read& p :
+       {detail::table_read{roles.wide, wide_keys.data(), n * ws, 1, in_wide.data()},
+        detail::table_read{roles.deep, b.keys.data(), n * ds, dim, in_deep.data()}})
     EMBCACHE_RETURN_IF_ERROR(read_embeddings(p));
   model->predict({n, in_wide.data(), in_deep.data(), b.dense.data(), nullptr}, logits);
   return {};

@@ -67,7 +67,7 @@ void read_optimizer(const json& j, const std::string& path, optimizer_options& o
 
 json optimizer_json(const optimizer_options& o) {
   json j = {{"kind", to_string(o.kind)}};
-  for (const optimizer_field& f : optimizer_fields) j[f.name] = o.*f.member;
+  for (const optimizer_field& f : optimizer_fields) j[f.name] = float_json(o.*f.member);
   return j;
 }
 
@@ -412,7 +412,7 @@ void to_json(json& j, const trainer_config& c) {
                {"capacity", t.capacity_auto ? json("auto") : json(t.capacity)},
                {"slots", t.slots},
                {"max_resident", t.max_resident},
-               {"init_scale", t.init_scale}};
+               {"init_scale", float_json(t.init_scale)}};
     store_fields_json(t, tj);
     tables.push_back(std::move(tj));
   }
@@ -421,12 +421,12 @@ void to_json(json& j, const trainer_config& c) {
            {"tables", tables},
            {"model",
             {{"hidden", c.model.hidden},
-             {"dropout", c.model.dropout},
+             {"dropout", float_json(c.model.dropout)},
              {"seed", c.model.seed},
-             {"learning_rate", c.model.adam.learning_rate},
-             {"beta1", c.model.adam.beta1},
-             {"beta2", c.model.adam.beta2},
-             {"epsilon", c.model.adam.epsilon}}},
+             {"learning_rate", float_json(c.model.adam.learning_rate)},
+             {"beta1", float_json(c.model.adam.beta1)},
+             {"beta2", float_json(c.model.adam.beta2)},
+             {"epsilon", float_json(c.model.adam.epsilon)}}},
            {"seed", c.seed},
            {"world", c.world == 0 ? json("auto") : json(c.world)}};
   for (const auto& f : text_fields) j[f.name] = c.*f.member;

@@ -7,6 +7,7 @@
 
 #include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "trainer_impl.hpp"
 
 namespace embcache {
 namespace {
@@ -105,5 +106,28 @@ result<trainer_config> resolve_trainer_config(const trainer_config& given) {
   EMBCACHE_RETURN_IF_ERROR(validate(c));
   return c;
 }
+
+namespace detail {
+
+// A warning when the evaluation shard is also one of the run's training shards (the same file):
+// the eval metrics then measure data the model trained on. "" when it is not.
+std::string eval_shard_in_training(const trainer_config& c, std::uint64_t passes_done) {
+  if (c.eval_shard.empty()) return {};
+  std::error_code ec;
+  const auto same_file = [&](const std::string& path) {
+    const fs::path p = fs::weakly_canonical(resolve_data_path(c.data_dir, path), ec);
+    return ec ? fs::path(resolve_data_path(c.data_dir, path)).lexically_normal() : p;
+  };
+  const fs::path eval = same_file(c.eval_shard);
+  for (std::size_t p = 0; p < c.passes.size(); ++p)
+    for (const auto& shard : c.passes[p].shards)
+      if (same_file(shard) == eval)
+        return "warning: config.eval_shard " + eval.string() +
+               " is also a training shard of pass " + std::to_string(passes_done + p + 1) +
+               ": the evaluation measures samples the model trained on";
+  return {};
+}
+
+}  // namespace detail
 
 }  // namespace embcache

@@ -29,6 +29,11 @@ struct table_read {
 /// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
 status check_sharded_config(const trainer_config& config, const communicator& comm);
 
+/// A warning line when config.eval_shard is also one of the run's training shards (the same
+/// file; passes numbered from passes_done + 1): the eval metrics then measure samples the model
+/// trained on. "" when it is not (trainer_datasets.cpp).
+std::string eval_shard_in_training(const trainer_config& c, std::uint64_t passes_done);
+
 class file_lock;
 /// Takes the lock file `<parent>/.<name>.lock` of config.save_dir and config.export_dir (those
 /// set; the leader of a sharded run for all its ranks) into `held`, for a run() that writes them:

@@ -3,9 +3,10 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include "../common/address_space.hpp"
 #include "embcache/distributed/communicator.hpp"
 #include "embedding_path.hpp"  // src/trainer: the cuda path's factory, for a stand-in
-#include "../common/address_space.hpp"
+#include "trainer_impl.hpp"    // src/trainer: detail::eval_shard_in_training
 #include "trainer_test_support.hpp"
 
 namespace embcache::test {
@@ -114,6 +115,25 @@ TEST(trainer_config, errors_name_the_field) {
   auto again = trainer_config_from_json(full);
   EMBCACHE_ASSERT_OK(again);
   EXPECT_EQ(json(again.value()), full);
+  // Floats are printed with the fewest digits that read back as the same float: no float noise
+  // (0.8999999761581421) in printed or saved configurations, and the same bits after a reload.
+  j = base;
+  j["model"] = {{"dropout", 0.9}, {"learning_rate", 0.001}, {"beta2", 0.999}};
+  j["tables"] = {{{"name", "wide"}},
+                 {{"name", "deep"}, {"init_scale", 0.03}, {"optimizer", {{"learning_rate", 0.1}}}}};
+  auto floats = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(floats);
+  const std::string text = json(floats.value()).dump();
+  for (const char* want : {"\"dropout\":0.9,", "\"learning_rate\":0.001,", "\"beta2\":0.999,",
+                           "\"init_scale\":0.03", "\"learning_rate\":0.1}"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << " in " << text;
+  EXPECT_EQ(text.find("0000000"), std::string::npos) << text;
+  EXPECT_EQ(text.find("9999999"), std::string::npos) << text;
+  auto reread = trainer_config_from_json(json::parse(text));
+  EMBCACHE_ASSERT_OK(reread);
+  EXPECT_EQ(reread.value().model.dropout, 0.9f);
+  EXPECT_EQ(reread.value().tables[1].init_scale, 0.03f);
+  EXPECT_EQ(json(reread.value()), json(floats.value()));
 }
 
 // A stand-in for the cuda backend: the host model under another device name, counting its builds.
@@ -749,6 +769,25 @@ TEST(trainer_memory, allocation_failure_is_a_status_naming_the_tables) {
               "\\(config.tables\\[0\\].capacity 1048576\\) and table \"deep\" "
               "\\(config.tables\\[1\\].capacity 4194304\\): out of memory \\(std::bad_alloc\\)");
 #endif
+}
+
+// The trainer warns when the evaluation shard is one of the training shards (the same file by
+// another spelling included).
+TEST(trainer_config, an_eval_shard_that_is_also_trained_on_is_warned_about) {
+  trainer_config c;
+  c.data_dir = "/data/x";
+  c.passes = {{{"a.bin"}, {}}, {{"b.bin", "c.bin"}, {}}};
+  c.eval_shard = "./c.bin";
+  const std::string w = detail::eval_shard_in_training(c, 2);
+  EXPECT_EQ(w,
+            "warning: config.eval_shard /data/x/c.bin is also a training shard of pass 4: the "
+            "evaluation measures samples the model trained on");
+  c.eval_shard = "/data/x/../x/a.bin";
+  EXPECT_NE(detail::eval_shard_in_training(c, 0).find("of pass 1:"), std::string::npos);
+  c.eval_shard = "eval.bin";
+  EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
+  c.eval_shard.clear();
+  EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
 }
 
 }  // namespace
