@@ -192,7 +192,9 @@ class cache_path : public embedding_path {
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
     return cache().save(dir, on_progress);
   }
-  status load_sparse(const std::string& dir) override { return cache().load(dir); }
+  status load_sparse(const std::string& dir, const load_options& options) override {
+    return cache().load(dir, options);
+  }
   void set_step(std::uint64_t) override {}  // the trainer hands each update its step
   const char* device() const noexcept override { return space_name<Space>(); }
   training_cache<trainer_key>* host_cache() override {

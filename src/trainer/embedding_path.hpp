@@ -196,8 +196,8 @@ class embedding_path {
   /// Writes both tables to `dir` in the training_cache::save layout.
   [[nodiscard]] virtual status save_sparse(const std::string& dir,
                                            const save_progress& on_progress) = 0;
-  /// Replaces both tables with a save_sparse folder.
-  [[nodiscard]] virtual status load_sparse(const std::string& dir) = 0;
+  /// Replaces both tables with a save_sparse folder (with `options`, a HugeCTR folder too).
+  [[nodiscard]] virtual status load_sparse(const std::string& dir, const load_options& options) = 0;
   /// After a load: the optimizer step the tables continue from.
   virtual void set_step(std::uint64_t step) = 0;
   /// Where the tables and their sparse ops are: "host" or "cuda".

@@ -62,7 +62,9 @@ class host_hybrid_path final : public embedding_path {
       tables.push_back(tables_.cache->table(t));
     return detail::save_stores<trainer_key>(dir, tables, on_progress, tables_.cache->run_id());
   }
-  status load_sparse(const std::string& dir) override { return tables_.cache->load(dir); }
+  status load_sparse(const std::string& dir, const load_options& options) override {
+    return tables_.cache->load(dir, options);
+  }
   void set_step(std::uint64_t step) override {
     for (auto& h : hybrid_)
       if (h) h->set_step(step);

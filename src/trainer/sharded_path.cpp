@@ -262,7 +262,7 @@ class sharded_path final : public embedding_path {
   // Any number of ranks may have written the save: each rank keeps the rows it owns now, and
   // the run continues under the save's identity (a save without one, written before run
   // identities existed, keeps the run's own).
-  status load_sparse(const std::string& dir) override {
+  status load_sparse(const std::string& dir, const load_options&) override {
     std::string adopted, adopted_from;
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       const std::string folder = dir + "/" + config_.tables[t].name;

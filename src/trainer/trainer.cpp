@@ -200,6 +200,16 @@ result<std::unique_ptr<trainer>> trainer::create_with(const trainer_config& give
   std::unique_ptr<trainer> t(new trainer(std::move(p)));
   if (!config.resume_from.empty())
     EMBCACHE_RETURN_IF_ERROR(t->load(config.resume_from).with_context("config.resume_from"));
+  if (!config.start_from_hugectr.empty()) {
+    if (comm != nullptr && comm->size() > 1)
+      return status::invalid_argument(
+          "config.start_from_hugectr: a sharded run starts from the save of a sharded run "
+          "(resume_from); load the HugeCTR folder in one process and save it first");
+    load_options lo;
+    lo.allow_hugectr_folder = true;
+    EMBCACHE_RETURN_IF_ERROR(t->impl_->path->load_sparse(config.start_from_hugectr, lo)
+                                 .with_context("config.start_from_hugectr"));
+  }
   return t;
 }
 

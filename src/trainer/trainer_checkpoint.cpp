@@ -207,8 +207,15 @@ status trainer::load(const std::string& dir_in) {
   std::vector<char> dense;
   // Every rank reads the run's files; they agree before the collective part.
   status read = read_state(s, dir, step, passes, samples, history, dense);
+  std::error_code ec;
+  if (read.code() == status_code::not_found && !fs::exists(dir + "/" + state_file, ec) &&
+      (fs::exists(dir + "/deep/key", ec) || fs::exists(dir + "/key", ec)))
+    read = status::invalid_argument(
+        "'" + dir + "' has no " + state_file +
+        ": it is a HugeCTR sparse model folder, not a trainer save; a run starts from one with "
+        "config.start_from_hugectr (the dense network then starts fresh)");
   EMBCACHE_RETURN_IF_ERROR(agreed(s, read, "trainer::load"));
-  EMBCACHE_RETURN_IF_ERROR(s.path->load_sparse(dir + "/sparse"));
+  EMBCACHE_RETURN_IF_ERROR(s.path->load_sparse(dir + "/sparse", load_options{}));
   status loaded =
       s.model->load(reinterpret_cast<const std::uint8_t*>(dense.data()), dense.size())
           .with_context(dir + "/dense.bin");

@@ -109,6 +109,7 @@ const config_field<std::string> text_fields[] = {
     {"export_dir", &trainer_config::export_dir},
     {"save_dir", &trainer_config::save_dir},
     {"resume_from", &trainer_config::resume_from},
+    {"start_from_hugectr", &trainer_config::start_from_hugectr},
     {"dense_device", &trainer_config::dense_device},
     {"embedding_device", &trainer_config::embedding_device}};
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
@@ -159,6 +160,10 @@ status validate(const trainer_config& c) {
       if (c.passes[p].shards[s].empty())
         return status::invalid_argument(at + ".shards[" + std::to_string(s) + "]: empty path");
   }
+  if (!c.start_from_hugectr.empty() && !c.resume_from.empty())
+    return status::invalid_argument(
+        "config.start_from_hugectr: set together with config.resume_from; a run starts from a "
+        "trainer save or from a HugeCTR sparse model folder, not both");
   if (c.tables.size() != 2)
     return status::invalid_argument(
         "config.tables: must hold 2 tables, \"wide\" and \"deep\" (has " +

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <fstream>
 #include <map>
 
 #include "trainer_test_support.hpp"
@@ -257,6 +258,103 @@ TEST(trainer_checkpoint, a_save_whose_sparse_part_was_rewritten_is_refused_on_re
                                           c.save_dir + "/trainer.json records"),
             std::string::npos)
       << t.get_status().message();
+}
+
+// A table folder in HugeCTR's layout: key (int64), emb_vector (float32[n][dim]), slot_id
+// (uint64[n]) and the optimizer's files.
+template <class T>
+void write_items(const std::string& path, const std::vector<T>& v) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+}
+
+// embcache-train starts from a plain HugeCTR sparse model folder (config.start_from_hugectr):
+// rows, slot ids and Adam's files arrive as written, with the library's checks; resume_from
+// pointing at such a folder says which field to use.
+TEST(trainer_checkpoint, a_run_starts_from_a_hugectr_folder) {
+  trainer_config c = small_config("from_hugectr");
+  c.passes = {c.passes[0]};
+  const std::size_t dim = c.tables[1].dim;
+  const std::string dir = temp_dir("hugectr_folder");
+  fs::create_directories(dir + "/wide");
+  fs::create_directories(dir + "/deep");
+  const std::vector<std::int64_t> keys = {11, 22, 33};
+  std::vector<float> deep(keys.size() * dim), m(deep.size()), v(deep.size());
+  for (std::size_t i = 0; i < deep.size(); ++i) {
+    deep[i] = 0.001f * float(i + 1);
+    m[i] = 0.0001f * float(i);
+    v[i] = 0.00001f * float(i + 2);
+  }
+  write_items(dir + "/wide/key", keys);
+  write_items(dir + "/wide/emb_vector", std::vector<float>{0.5f, -0.25f, 0.125f});
+  write_items(dir + "/deep/key", keys);
+  write_items(dir + "/deep/emb_vector", deep);
+  write_items(dir + "/deep/slot_id", std::vector<std::uint64_t>{1, 2, 3});
+  write_items(dir + "/deep/Adam.m", m);
+  write_items(dir + "/deep/Adam.v", v);
+  ASSERT_EQ(c.tables[1].optimizer.kind, optimizer_kind::adam);
+
+  c.start_from_hugectr = dir;
+  {
+    auto t = trainer::create(c);
+    ASSERT_TRUE(t.ok()) << t.get_status().to_string();
+    training_cache<std::int64_t>& cache = t.value()->cache();
+    const std::size_t width = cache.row_width(1);
+    ASSERT_EQ(width, 3 * dim);
+    std::vector<float> rows(keys.size() * width);
+    bool found[3] = {};
+    EMBCACHE_ASSERT_OK(cache.read(1, keys.data(), keys.size(), rows.data(), found));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(found[i]) << keys[i];
+      for (std::size_t d = 0; d < dim; ++d) {
+        EXPECT_EQ(rows[i * width + d], deep[i * dim + d]) << keys[i];
+        EXPECT_EQ(rows[i * width + dim + d], m[i * dim + d]) << keys[i];
+        EXPECT_EQ(rows[i * width + 2 * dim + d], v[i * dim + d]) << keys[i];
+      }
+    }
+    auto slot = cache.slot_id(1, 22);
+    ASSERT_TRUE(slot.ok());
+    EXPECT_EQ(slot.value(), 2u);
+    EMBCACHE_EXPECT_OK(t.value()->run());
+    EXPECT_EQ(t.value()->passes_done(), 1u);
+  }
+  // The config round-trips the field; resume_from with it is refused naming both.
+  const nlohmann::json j = c;
+  EXPECT_EQ(j.at("start_from_hugectr"), dir);
+  trainer_config both = c;
+  both.resume_from = c.save_dir;
+  auto refused = trainer::create(both);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.get_status().message().find(
+                "config.start_from_hugectr: set together with config.resume_from"),
+            std::string::npos)
+      << refused.get_status().message();
+  // resume_from on a HugeCTR folder names the field that starts from one.
+  trainer_config resume = c;
+  resume.start_from_hugectr.clear();
+  resume.resume_from = dir;
+  auto wrong = trainer::create(resume);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.get_status().message().find("it is a HugeCTR sparse model folder, not a trainer "
+                                              "save; a run starts from one with "
+                                              "config.start_from_hugectr"),
+            std::string::npos)
+      << wrong.get_status().message();
+  // The library's checks: a repeated key names the file and the key.
+  write_items(dir + "/wide/key", std::vector<std::int64_t>{11, 22, 11});
+  auto repeated = trainer::create(c);
+  ASSERT_FALSE(repeated.ok());
+  EXPECT_NE(repeated.get_status().message().find("config.start_from_hugectr"), std::string::npos)
+      << repeated.get_status().message();
+  EXPECT_NE(repeated.get_status().message().find("11"), std::string::npos)
+      << repeated.get_status().message();
+  // A torn file: emb_vector shorter than its keys need.
+  write_items(dir + "/wide/key", keys);
+  write_items(dir + "/wide/emb_vector", std::vector<float>{0.5f, -0.25f});
+  auto torn = trainer::create(c);
+  ASSERT_FALSE(torn.ok());
+  EXPECT_NE(torn.get_status().message().find("wide/emb_vector' has 8 bytes"), std::string::npos)
+      << torn.get_status().message();
 }
 }  // namespace
 }  // namespace embcache::test

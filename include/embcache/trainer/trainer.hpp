@@ -113,7 +113,15 @@ struct trainer_config {
   std::string save_dir;            ///< save at the end of the run (default "": none)
   bool save_every_pass = false;    ///< save after every pass too (default off)
   std::string resume_from;         ///< a save to start from (default "": fresh start)
-  int threads = 0;                 ///< worker threads of the sparse ops (default 0: all)
+  /// A plain HugeCTR sparse model folder (default "": none) the tables start from: `DIR/wide` and
+  /// `DIR/deep`, each with `key` (int64), `emb_vector` (float32[n][dim]), and optionally
+  /// `slot_id` and the optimizer's files (`Adam.m` and `Adam.v`, `AdaGrad.accm`, ...: all or none;
+  /// none: state initialized). Read with the library's checks (training_cache::load with
+  /// load_options::allow_hugectr_folder): sizes before a byte is read, repeated keys and
+  /// non-finite floats refused naming the file and key. The dense network starts fresh and the
+  /// run at pass 1. Not with resume_from, nor in a sharded run.
+  std::string start_from_hugectr;
+  int threads = 0;  ///< worker threads of the sparse ops (default 0: all)
   /// Where the dense network runs: "host", "cuda" or "auto" (default: cuda when the program
   /// registered the cuda backend and a device is present, else host). make_dense_backend.
   std::string dense_device = "auto";
