@@ -6,17 +6,30 @@
 # swap between the cache and the host store. A few minutes on 2 cores.
 #   DEMO_DIR (default build/demo)  where the data, metrics, exports and the save go
 #   DEMO_ROWS (default 20000)      rows per shard (5 files of 5 shards, plus 1 eval shard)
+#   BUILD_DIR (default build/cpu)  the build folder to use: an existing one (configured by the
+#                                  `cpu` preset, scripts/test.sh, or any other configuration of
+#                                  this tree) is reused as it is, and only what is stale is built
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
-cmake --preset cpu >/dev/null
-cmake --build --preset cpu --target embcache-train embcache-continuous-training
+bin=${BUILD_DIR:-build/cpu}
+targets=(embcache-train embcache-continuous-training)
+if [[ -f "$bin/CMakeCache.txt" ]]; then
+  echo "== 0. building ${targets[*]} in $bin (an existing build: only what is stale) =="
+elif [[ -z "${BUILD_DIR:-}" ]]; then
+  echo "== 0. configuring the cpu preset in $bin, then building ${targets[*]} =="
+  echo "   (the first build compiles the library: several minutes on 2 cores; later runs reuse it)"
+  cmake --preset cpu
+else
+  echo "demo.sh: BUILD_DIR=$bin is not a configured build folder (no CMakeCache.txt)" >&2
+  exit 2
+fi
+cmake --build "$bin" --target "${targets[@]}" --parallel "$(nproc)"
 echo
 
 demo_dir=${DEMO_DIR:-build/demo}
 rows=${DEMO_ROWS:-20000}
-bin=./build/cpu
 rm -rf "$demo_dir"
 mkdir -p "$demo_dir"
 
