@@ -275,14 +275,22 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
       "set datafile missing 'nan'\n"
       "set xlabel 'pass'\nset grid\n"
       "# The legend sits below the plot, off the curves.\n"
-      "set key outside center bottom horizontal\n";
+      "set key outside center bottom horizontal\n"
+      "# The run's name in each title: the metrics folder (the run's output_dir).\n"
+      "set title noenhanced\n"
+      "# Room above and below the curves: no point on the border.\n"
+      "set offsets 0, 0, graph 0.05, graph 0.05\n";
   if (!history.empty()) {
-    // Pass k spans (k-1, k]: its per-pass point sits at its end, its steps inside it.
+    // Pass k spans (k-1, k]: its steps inside it, its evaluation at its end, its mean train loss
+    // drawn across it. The axis starts at the first pass's start and pads both ends by 3% of the
+    // span, so that no point sits on the border (a one-pass run included).
     const std::uint64_t first = history.front().pass, last = history.back().pass;
     const std::uint64_t from = first > 0 ? first - 1 : 0, span = last > from ? last - from : 1;
-    gp += "# Integer pass ticks.\nset xrange [" + std::to_string(from) + ":" +
-          std::to_string(from + span) + "]\nset xtics " + std::to_string((span + 9) / 10) +
-          "\nset format x '%.0f'\n";
+    char range[96];
+    std::snprintf(range, sizeof range, "[%.2f:%.2f]", double(from) - 0.03 * double(span),
+                  double(from + span) + 0.03 * double(span));
+    gp += "# Integer pass ticks.\nset xrange " + std::string(range) + "\nset xtics " +
+          std::to_string(from) + ", " + std::to_string((span + 9) / 10) + "\nset format x '%.0f'\n";
   }
   if (have_loss) {
     images.push_back("loss.png");
@@ -293,20 +301,20 @@ status plot_metrics(const std::string& dir_in, const std::vector<pass_metrics>& 
           "log_interval steps'");
     if (have_train)
       curves.push_back(
-          "d.'/metrics.tsv' using 1:2 with linespoints lc rgb '#08519c' pt 7 title 'train loss "
-          "per pass'");
+          "d.'/metrics.tsv' using ($1-0.5):2:($1-1):1 with xerrorbars lc rgb '#08519c' pt 7 "
+          "title 'train loss, mean of the pass (drawn across it)'");
     if (have_eval_loss)
       curves.push_back(
           "d.'/metrics.tsv' using 1:4 with linespoints lc rgb '#d95f0e' pt 5 title 'eval log "
           "loss'");
-    gp += "set output d.'/loss.png'.o\nset ylabel 'loss'\nplot ";
+    gp += "set output d.'/loss.png'.o\nset ylabel 'loss'\nset title 'loss: '.d\nplot ";
     for (std::size_t i = 0; i < curves.size(); ++i) gp += (i ? ", \\\n     " : "") + curves[i];
     gp += "\n";
   }
   if (have_auc) {
     images.push_back("auc.png");
     gp +=
-        "set output d.'/auc.png'.o\nset ylabel 'AUC'\n"
+        "set output d.'/auc.png'.o\nset ylabel 'AUC'\nset title 'eval AUC: '.d\n"
         "plot d.'/metrics.tsv' using 1:3 with linespoints lc rgb '#31a354' pt 7 title 'eval AUC'\n";
   }
   gp += "unset output\n";

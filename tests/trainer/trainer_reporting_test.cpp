@@ -305,10 +305,10 @@ TEST(trainer_plot, the_script_has_integer_pass_ticks_a_legend_off_the_curves_and
   EMBCACHE_ASSERT_OK(s);
   const std::string gp = read_bytes(c.output_dir + "/plot.gp");
   for (const char* want :
-       {"\nset xrange [0:1]\nset xtics 1\nset format x '%.0f'\n",
-        "\nset key outside center bottom horizontal\n",
-        "plot d.'/metrics_steps.tsv' using 3:5 with lines",
-        "d.'/metrics.tsv' using 1:2 with linespoints",
+       {"\nset xrange [-0.03:1.03]\nset xtics 0, 1\nset format x '%.0f'\n",
+        "\nset key outside center bottom horizontal\n", "set title 'loss: '.d\n",
+        "set title 'eval AUC: '.d\n", "plot d.'/metrics_steps.tsv' using 3:5 with lines",
+        "d.'/metrics.tsv' using ($1-0.5):2:($1-1):1 with xerrorbars",
         "d.'/metrics.tsv' using 1:4 with linespoints", "set output d.'/auc.png'"})
     EXPECT_NE(gp.find(want), std::string::npos) << want << " is not in\n" << gp;
   if (gnuplot_on_path()) {
@@ -325,8 +325,15 @@ TEST(trainer_plot, the_script_has_integer_pass_ticks_a_legend_off_the_curves_and
   const std::string dir = temp_dir("plot_many");
   EMBCACHE_ASSERT_OK(plot_metrics(dir, many, &note));
   const std::string gp12 = read_bytes(dir + "/plot.gp");
-  EXPECT_NE(gp12.find("\nset xrange [0:12]\nset xtics 2\nset format x '%.0f'\n"), std::string::npos)
+  EXPECT_NE(gp12.find("\nset xrange [-0.36:12.36]\nset xtics 0, 2\nset format x '%.0f'\n"),
+            std::string::npos)
       << gp12;
+  // A resumed run whose history starts at pass 4: the axis starts at that pass's start.
+  std::vector<pass_metrics> later(many.begin() + 3, many.end());
+  EMBCACHE_ASSERT_OK(plot_metrics(dir, later, &note));
+  EXPECT_NE(read_bytes(dir + "/plot.gp").find("\nset xrange [2.73:12.27]\nset xtics 3, 1\n"),
+            std::string::npos)
+      << read_bytes(dir + "/plot.gp");
   EXPECT_EQ(gp12.find("metrics_steps.tsv' using"), std::string::npos) << gp12;
   EXPECT_EQ(gp12.find("eval log loss"), std::string::npos) << gp12;  // no eval: no such curve
 }
