@@ -31,10 +31,12 @@ struct folder_table {
   std::vector<float> states;            ///< keys.size() * state_width floats
   std::vector<std::uint64_t> versions;  ///< keys.size() row versions
   std::vector<std::int64_t> erased;     ///< delta: tombstones (keys deleted since); model: empty
-  /// Model: the `slot_id` file (keys.size() slot ids), empty when the folder has none.
+  /// The `slot_id` file (keys.size() slot ids), empty when the folder has none. A delta has one
+  /// when each of its rows had a slot id at export (the training cache's slot_of, or ids loaded
+  /// or set).
   std::vector<std::uint64_t> slot_ids;
-  /// Model written by apply_deltas: rows whose slot id is unknown (new keys of a delta, which
-  /// carries no slot ids); `slot_id` is then left out, as save() does.
+  /// Model written by apply_deltas: rows whose slot id is unknown (rows of a delta without
+  /// `slot_id` that no base row gave one); `slot_id` is then left out, as save() does.
   std::uint64_t rows_without_slot_id = 0;
 };
 

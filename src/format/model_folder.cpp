@@ -126,16 +126,7 @@ constexpr std::size_t save_batch_rows = 65536;
 // The slot id save() writes for `key`, when one is known.
 template <class Key>
 bool slot_id_of(const stored_table<Key>& t, Key key, std::uint64_t* out) {
-  if (t.slot_ids) {
-    const auto it = t.slot_ids->find(key);
-    if (it != t.slot_ids->end()) {
-      *out = it->second;
-      return true;
-    }
-  }
-  if (!t.slot_of) return false;
-  *out = t.slot_of(key);
-  return true;
+  return known_slot_id(t.slot_ids, t.slot_of, key, out);
 }
 
 // Writes the folder of one table from its store, in key order, and returns its manifest entry.

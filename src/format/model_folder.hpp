@@ -92,6 +92,23 @@ class table_folder_writer {
 /// Writes `manifest` (pretty-printed, 2 spaces) as `dir/manifest.json` of a staged folder.
 [[nodiscard]] status write_manifest(const std::string& dir, const nlohmann::json& manifest);
 
+/// The slot id of `key`: the one `known` holds (loaded or set; may be null), else `slot_of`'s
+/// (may be empty). False when neither knows one. The one rule of saves and deltas.
+template <class Key>
+bool known_slot_id(const std::unordered_map<Key, std::uint64_t>* known,
+                   const std::function<std::uint64_t(Key)>& slot_of, Key key, std::uint64_t* out) {
+  if (known) {
+    const auto it = known->find(key);
+    if (it != known->end()) {
+      *out = it->second;
+      return true;
+    }
+  }
+  if (!slot_of) return false;
+  *out = slot_of(key);
+  return true;
+}
+
 /// One table to save from its parameter store.
 template <class Key>
 struct stored_table {

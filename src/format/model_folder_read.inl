@@ -395,7 +395,7 @@ status read_listed_table(const folder_manifest& m, const manifest_table& t, tabl
       interleave(part, p, r.state_width, &r.states);
     }
   }
-  r.has_slot_ids = !delta && t.files.contains("slot_id");
+  r.has_slot_ids = t.files.contains("slot_id");  // a delta's when every row of it had one
   if (r.has_slot_ids) {
     EMBCACHE_RETURN_IF_ERROR(
         read_listed_file(f, t, r.folder, "slot_id", t.count, 1, nullptr, &r.slot_ids));

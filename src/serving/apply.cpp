@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "embcache/serving.hpp"
-#include "embcache/optimizers.hpp"
-#include "embcache/training_cache.hpp"
 #include "common/durable_file.hpp"
+#include "embcache/optimizers.hpp"
+#include "embcache/serving.hpp"
+#include "embcache/training_cache.hpp"
 #include "format/checked_io.hpp"
 
 namespace embcache {
@@ -49,9 +49,12 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
     return x.key != y.key ? x.key < y.key : (!x.delta && y.delta);
   });
   folder_table out;
-  // A key's slot never changes: a row the delta overwrites keeps the base's slot id; a key new in
-  // the delta has none (deltas carry no slot ids).
+  // Slot ids: a delta row's own (a delta carries them when each of its rows had one), else the
+  // base's for a row it overwrites (a key's slot never changes); a base row keeps its own. Rows
+  // with none are counted, and `slot_id` is written only when every row has one.
   const bool base_slots = !b.slot_ids.empty() && b.slot_ids.size() == b.keys.size();
+  const bool delta_slots = !d.slot_ids.empty() && d.slot_ids.size() == d.keys.size();
+  const bool track = base_slots || delta_slots;
   std::uint64_t no_slot = 0;
   const std::uint64_t* overwritten_slot = nullptr;
   for (std::size_t j = 0; j < all.size(); ++j) {
@@ -61,8 +64,10 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
     }
     const src& s = all[j];
     const folder_table& from = s.delta ? d : b;
-    if (base_slots) {
-      const std::uint64_t* slot = s.delta ? overwritten_slot : &b.slot_ids[s.i];
+    if (track) {
+      const std::uint64_t* slot = s.delta      ? (delta_slots ? &d.slot_ids[s.i] : overwritten_slot)
+                                  : base_slots ? &b.slot_ids[s.i]
+                                               : nullptr;
       if (slot) {
         out.slot_ids.push_back(*slot);
       } else {
@@ -84,9 +89,8 @@ void merge_table(folder_table& b, const folder_table& d, bool keep_state, apply_
   b.vectors = std::move(out.vectors);
   b.states = std::move(out.states);
   b.versions = std::move(out.versions);
-  b.rows_without_slot_id += no_slot;
-  b.slot_ids = no_slot == 0 && b.rows_without_slot_id == 0 ? std::move(out.slot_ids)
-                                                            : std::vector<std::uint64_t>{};
+  if (track) b.rows_without_slot_id = no_slot;  // exact: the merged rows without one
+  b.slot_ids = track && no_slot == 0 ? std::move(out.slot_ids) : std::vector<std::uint64_t>{};
   if (!keep_state) b.state_width = 0;
 }
 
@@ -160,7 +164,8 @@ status write_model(const std::string& dir, const model_folder& m) {
   if (!m.run_id.empty()) manifest["run_id"] = m.run_id;
   const std::string text = manifest.dump(2);
   detail::durable_file_writer w;
-  EMBCACHE_RETURN_IF_ERROR(w.open(dir + "/manifest.json", detail::file_placement::in_staged_folder));
+  EMBCACHE_RETURN_IF_ERROR(
+      w.open(dir + "/manifest.json", detail::file_placement::in_staged_folder));
   EMBCACHE_RETURN_IF_ERROR(w.write(text.data(), text.size()));
   return w.commit();
 }

@@ -108,16 +108,24 @@ result<std::vector<table_delta<Key>>> training_cache_core<Key, Space>::collect_d
 }
 
 // Writes one table of a delta into `folder` (keys as int64: HugeCTR's `key` is int64 for every
-// key type) and returns the manifest entry of its files.
+// key type) and returns the manifest entry of its files. `slot_id` goes with the rows when each of
+// them has one (as a save writes it), so that a folder the deltas are applied to keeps them.
 template <class Key>
 status write_delta_table(const std::string& folder, const table_delta<Key>& d, bool with_state,
-                         std::size_t state_width, nlohmann::json* files) {
+                         std::size_t state_width,
+                         const std::unordered_map<Key, std::uint64_t>* known_slots,
+                         const std::function<std::uint64_t(Key)>& slot_of, nlohmann::json* files) {
+  std::vector<std::uint64_t> slot_ids(d.keys.size());
+  bool with_slot_ids = !d.keys.empty() && ((known_slots && !known_slots->empty()) || slot_of);
+  for (std::size_t i = 0; with_slot_ids && i < d.keys.size(); ++i)
+    with_slot_ids = known_slot_id(known_slots, slot_of, d.keys[i], &slot_ids[i]);
   table_folder_writer w;
   EMBCACHE_RETURN_IF_ERROR(
-      w.open(folder, d.dim, opt_state_layout(with_state, state_width), false, true));
+      w.open(folder, d.dim, opt_state_layout(with_state, state_width), with_slot_ids, true));
   const std::vector<std::int64_t> k64(d.keys.begin(), d.keys.end());
   EMBCACHE_RETURN_IF_ERROR(w.append(k64.data(), d.vectors.data(), d.dim, d.states.data(),
-                                    state_width, d.versions.data(), nullptr, k64.size()));
+                                    state_width, d.versions.data(),
+                                    with_slot_ids ? slot_ids.data() : nullptr, k64.size()));
   const std::vector<std::int64_t> e64(d.erased.begin(), d.erased.end());
   EMBCACHE_RETURN_IF_ERROR(w.append_erased(e64.data(), e64.size()));
   return w.finish(files);
@@ -167,8 +175,9 @@ result<std::string> training_cache_core<Key, Space>::export_to_folder(const std:
     const auto& d = deltas.value()[t];
     const auto& tb = tables[t];
     nlohmann::json files = nlohmann::json::object();
-    EMBCACHE_RETURN_IF_ERROR(
-        write_delta_table(staged + "/" + d.table, d, with_state, tb.state_width, &files));
+    EMBCACHE_RETURN_IF_ERROR(write_delta_table(staged + "/" + d.table, d, with_state,
+                                               tb.state_width, &tb.slot_ids, tb.opt.slot_of,
+                                               &files));
     entries.push_back({{"name", d.table},
                        {"dim", d.dim},
                        {"state_width", with_state ? tb.state_width : 0},

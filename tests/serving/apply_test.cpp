@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -204,6 +205,49 @@ TEST(apply_deltas, a_trainer_save_is_applied_through_its_sparse_folder) {
   ASSERT_TRUE(r.ok()) << r.get_status().to_string();
   EXPECT_EQ(r.value().model_dir, root + "/save/sparse");
   expect_same_tables(root + "/save/sparse", h.final_save, {"key", "emb_vector"});
+}
+
+// Deltas carry the slot ids of their rows when each row has one, and apply_deltas keeps them: a
+// key new in a delta without them is counted as without one (the folder then has no `slot_id`
+// file, as a save where a row has none), and a later delta whose rows know theirs brings it back.
+TEST(apply_deltas, slot_ids_travel_with_the_deltas) {
+  const std::string root = scratch("slot_ids");
+  table_options<std::int64_t> o;
+  o.name = "emb";
+  o.dim = 2;
+  o.capacity = 8;
+  training_cache<std::int64_t> tc(training_cache_options{}, {o});
+  const std::vector<std::int64_t> k0 = {1, 2};
+  const std::vector<std::uint64_t> s0 = {10, 20};
+  ASSERT_TRUE(tc.begin_pass({k0}).ok());
+  test::touch(tc, 0, k0, 1.0f);
+  ASSERT_TRUE(tc.set_slot_ids(0, k0.data(), s0.data(), k0.size()).ok());
+  ASSERT_TRUE(tc.save(root + "/base").ok());
+  ASSERT_TRUE(fs::exists(root + "/base/emb/slot_id"));
+  ASSERT_TRUE(tc.begin_pass({{2, 3}}).ok());
+  test::touch(tc, 0, {2, 3}, 2.0f);  // key 3 has no slot id yet
+  ASSERT_TRUE(tc.export_incremental_to(root + "/deltas").ok());
+  EXPECT_FALSE(fs::exists(root + "/deltas/delta-000001/emb/slot_id"));
+  auto r = apply_deltas(root + "/base", root + "/deltas");
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_FALSE(fs::exists(root + "/base/emb/slot_id"));
+  auto m = nlohmann::json::parse(file_bytes(root + "/base/manifest.json"));
+  EXPECT_EQ(m.at("tables")[0].value("rows_without_slot_id", 0), 1);
+  const std::int64_t three = 3;
+  const std::uint64_t thirty = 30;
+  ASSERT_TRUE(tc.set_slot_ids(0, &three, &thirty, 1).ok());
+  ASSERT_TRUE(tc.begin_pass({{1, 2, 3}}).ok());
+  test::touch(tc, 0, {1, 2, 3}, 3.0f);
+  ASSERT_TRUE(tc.export_incremental_to(root + "/deltas").ok());
+  EXPECT_TRUE(fs::exists(root + "/deltas/delta-000002/emb/slot_id"));
+  r = apply_deltas(root + "/base", root + "/deltas");
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  m = nlohmann::json::parse(file_bytes(root + "/base/manifest.json"));
+  EXPECT_FALSE(m.at("tables")[0].contains("rows_without_slot_id"));
+  const std::string ids = file_bytes(root + "/base/emb/slot_id");
+  std::vector<std::uint64_t> got(ids.size() / 8);
+  std::memcpy(got.data(), ids.data(), ids.size());
+  EXPECT_EQ(got, (std::vector<std::uint64_t>{10, 20, 30}));
 }
 
 #ifdef EMBCACHE_APPLY_EXE

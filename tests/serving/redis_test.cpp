@@ -440,27 +440,26 @@ TEST(serving_trainer, the_trainers_deltas_apply_to_its_final_save) {
   ASSERT_TRUE(r.ok()) << r.get_status().to_string();
   // delta 1 was exported before the base was saved: contained, it only moves the position.
   EXPECT_EQ(r.value().deltas, (std::vector<std::uint64_t>{1, 2, 3}));
-  // Every file of the final save but `version` (the update clock) and `slot_id` (deltas carry
-  // no slot ids: keys new since the base have none, so apply leaves the file out).
+  // Every file of the final save but `version` (the update clock), `slot_id` included: each delta
+  // carries the slot ids of its rows (the trainer's slot_of), so the keys new since the base keep
+  // theirs.
   for (const char* table : {"wide", "deep"}) {
     const std::string want = t.final_save + "/sparse/" + table;
     std::size_t compared = 0;
     for (const auto& e : fs::directory_iterator(want)) {
       const std::string f = e.path().filename().string();
-      if (f == "version" || f == "slot_id") continue;
+      if (f == "version") continue;
       EXPECT_EQ(file_bytes(copy + "/sparse/" + table + "/" + f), file_bytes(want + "/" + f))
           << table << "/" << f;
       ++compared;
     }
-    EXPECT_GE(compared, 3u) << table;  // key, emb_vector and the optimizer's files
-    // The base had a slot id for every row (the trainer's slot_of); the deltas bring keys the
-    // base did not hold, without slot ids: slot_id is left out and the rows without one counted.
-    EXPECT_TRUE(fs::exists(t.base + "/sparse/" + table + "/slot_id")) << table;
-    EXPECT_FALSE(fs::exists(copy + "/sparse/" + table + "/slot_id")) << table;
+    EXPECT_GE(compared, 4u) << table;  // key, emb_vector, slot_id and the optimizer's files
+    EXPECT_TRUE(fs::exists(copy + "/sparse/" + table + "/slot_id")) << table;
+    EXPECT_TRUE(fs::exists(t.deltas + "/delta-000002/" + table + "/slot_id")) << table;
   }
   const auto manifest = nlohmann::json::parse(file_bytes(copy + "/sparse/manifest.json"));
   for (const auto& e : manifest.at("tables"))
-    EXPECT_GT(e.value("rows_without_slot_id", 0), 0) << e.at("name");
+    EXPECT_FALSE(e.contains("rows_without_slot_id")) << e.at("name");
 }
 
 TEST(serving_trainer, scores_from_redis_equal_the_trainers_evaluation) {
