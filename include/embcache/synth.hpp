@@ -10,13 +10,14 @@
 /// generation needs constant memory.
 ///
 /// **Days that drift.** `day` and `drift` make a series of daily files from one seed: day D has
-/// its own rows, and each value rank of a slot stands for a key *identity* that is replaced by a
-/// new one (new category string, new hidden weight) on a `drift` share of the days, staggered so
-/// that each day a `drift` share of every slot's ranks retires its key and a new key takes its
-/// place (popular ranks included). A key keeps its weight for its whole life, so a model trained
-/// on day D still scores day D + 1. Day D is a pure function of (options, D): the same bytes
-/// whatever other days were generated. Day 0 is the plain data (byte-identical to `day` 0,
-/// `drift` 0), and `drift` 0 gives days with new rows over the same keys.
+/// its own rows, and each value rank of a slot stands for a key *identity* that is replaced now
+/// and then by a new one (new category string, new hidden weight; see generation()), so that each
+/// day about a `drift` share of every slot's ranks retires its key and a new key takes its place
+/// (popular ranks included), some ranks keeping theirs for many days. A key keeps its weight for
+/// its whole life, so a model trained on day D still scores day D + 1. Day D is a pure function of
+/// (options, D): the same bytes whatever other days were generated. Day 0 is the plain data
+/// (byte-identical to `day` 0, `drift` 0), and `drift` 0 gives days with new rows over the same
+/// keys.
 #pragma once
 
 #include <array>
@@ -78,8 +79,11 @@ class synth_generator {
   /// as in Criteo); empty for a missing value (-1).
   std::string category(std::size_t slot, std::int64_t value) const;
   /// Which identity the rank `value` of `slot` stands for on the generator's day:
-  /// floor(day × drift + u) with u uniform in [0, 1) drawn from (seed, slot, value), so 0 on day
-  /// 0 and without drift; the key changes exactly when this number does. 0 for a missing value.
+  /// floor(day × r + u), where the rank's rate r is uniform in [drift - w, drift + w]
+  /// (w = min(drift, 1 - drift)) and its phase u uniform in [0, 1), both drawn from (seed, slot,
+  /// value). So 0 on day 0 and without drift; between two days a rank changes with probability r
+  /// (a drift share of the ranks on average) and lives about 1 / r days. The key (category and
+  /// hidden weight) changes exactly when this number does. 0 for a missing value.
   std::uint64_t generation(std::size_t slot, std::int64_t value) const;
   /// Appends the row's TSV line (with its newline) to `out`.
   void append_tsv(const synth_row& r, std::string& out) const;

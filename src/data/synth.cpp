@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -136,11 +137,17 @@ void synth_generator::row(std::uint64_t index, synth_row& out) const {
 
 std::uint64_t synth_generator::generation(std::size_t slot, std::int64_t value) const {
   if (value < 0 || opts_.drift == 0 || opts_.day == 0) return 0;
-  // Each rank's identities live 1 / drift days, with a phase of its own: between two days a
-  // drift share of the ranks (those whose phase the day boundary crosses) change identity.
-  const double u = uniform_of(detail::hash_words(detail::hash_words(opts_.seed, salt_drift, slot),
-                                                 static_cast<std::uint64_t>(value)));
-  return static_cast<std::uint64_t>(std::floor(static_cast<double>(opts_.day) * opts_.drift + u));
+  // Each rank changes identity at its own rate r, uniform in [drift - w, drift + w] with
+  // w = min(drift, 1 - drift) (mean: drift), with a phase u of its own: between two days a rank
+  // changes with probability r, so a drift share of the ranks changes per day, and the ranks of
+  // rate near 0 keep their key for a long time, as stable categories do.
+  detail::splitmix64 rng(detail::hash_words(detail::hash_words(opts_.seed, salt_drift, slot),
+                                            static_cast<std::uint64_t>(value)));
+  const double f = opts_.drift;
+  const double w = std::min(f, 1.0 - f);
+  const double rate = f + w * (2.0 * rng.uniform() - 1.0);
+  const double u = rng.uniform();
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(opts_.day) * rate + u));
 }
 
 std::string synth_generator::category(std::size_t slot, std::int64_t value) const {

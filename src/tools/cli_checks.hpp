@@ -80,7 +80,8 @@ inline CLI::Validator finite_number(double low = -std::numeric_limits<double>::m
     if (low_open) range = "expected a number above " + shown(low);
     if (!low_open && has_low) range = "expected a number of at least " + shown(low);
     if (has_high) {
-      range += (range.empty() ? "expected a number" : std::string()) + " and at most " + shown(high);
+      range +=
+          (range.empty() ? "expected a number" : std::string()) + " and at most " + shown(high);
     }
   }
   return CLI::Validator(

@@ -56,7 +56,8 @@ int synth_main(int argc, char** argv) {
       "Days that drift: `embcache-synth -o day_D --day D --drift 0.05 [same other options]` for "
       "D = 0, 1, ... gives a series of daily datasets from one seed. Each day a --drift share of "
       "every slot's value ranks, popular ones included, retire their key and a new key takes its "
-      "place; a key keeps its hidden weight for its whole life (1 / drift days), so a model "
+      "place; a key keeps its hidden weight for its whole life (about 1 / drift days on average, "
+      "some ranks much longer), so a model "
       "trained on day D scores day D + 1 above chance. Zipf's long tail gives each day many keys "
       "seen once. Day D's bytes depend only on the options and D, not on the other days.");
   app.add_option("-n,--rows-per-shard", out.rows_per_shard, "Rows per shard (shards)")
