@@ -51,8 +51,8 @@ bin=build/cpu
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' >&2
-  exit 2
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
 }
 need_value() { [ $# -ge 2 ] || { echo "run_days.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
