@@ -207,11 +207,24 @@ fail_day() {  # message log [exit status]
 }
 
 # ---- the runs ----
-rm -f "$work/days.csv" "$work/days.jsonl"
+# Every variant's configuration is checked before anything runs: a build without the policies
+# fails here, not after the baseline's days.
 for v in "${variants[@]}"; do
   vd=$work/$v
   rm -rf "$vd"
   mkdir -p "$vd/config" "$vd/logs"
+  make_config "$v" 0 "$vd/config/day_000.json"
+  if ! "$train" --config "$vd/config/day_000.json" --print-config >"$vd/logs/config_check.log" 2>&1; then
+    if [ "$v" = policies ] && grep -q "admission\|expiry" "$vd/logs/config_check.log"; then
+      fail_day "this embcache-train refuses tables[i].admission / tables[i].expiry (a build \
+without them?): build one that has them, or run with --policies off" "$vd/logs/config_check.log" 2
+    fi
+    fail_day "$v: embcache-train refused $vd/config/day_000.json" "$vd/logs/config_check.log" 2
+  fi
+done
+rm -f "$work/days.csv" "$work/days.jsonl"
+for v in "${variants[@]}"; do
+  vd=$work/$v
   [ "$redis_port" != 0 ] && redis-cli -p "$redis_port" --scan --pattern "$v:*" |
     xargs -r redis-cli -p "$redis_port" del >/dev/null
   start=$SECONDS
@@ -220,13 +233,6 @@ for v in "${variants[@]}"; do
     cfg=$vd/config/$day.json
     log=$vd/logs/$day.log
     make_config "$v" "$d" "$cfg"
-    if [ "$d" = 0 ] && ! "$train" --config "$cfg" --print-config >"$log" 2>&1; then
-      if [ "$v" = policies ] && grep -q "admission\|expiry" "$log"; then
-        fail_day "this embcache-train refuses tables[i].admission / tables[i].expiry (a build \
-without them?): build one that has them, or run with --policies off" "$log" 2
-      fi
-      fail_day "$v: embcache-train refused $cfg" "$log" 2
-    fi
     "$train" --config "$cfg" --no-plot >"$log" 2>&1 || fail_day "$v $day: embcache-train failed" "$log"
     if [ "$d" = 0 ]; then
       # Serving starts from the first day's model, as a new service would.
