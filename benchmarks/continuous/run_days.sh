@@ -137,7 +137,7 @@ stop_redis() { if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || tru
 trap stop_redis EXIT
 if [ "$redis" = on ]; then
   mkdir -p "$work/redis"
-  for try in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5; do
     redis_port=$((20000 + (RANDOM % 20000)))
     redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
       --dir "$work/redis" >"$work/redis/server.log" 2>&1 &
