@@ -2,10 +2,14 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/durable_file.hpp"
 #include "random.hpp"
@@ -30,6 +34,8 @@ constexpr std::uint64_t salt_row = 0x726f77;
 constexpr std::uint64_t salt_weight = 0x77656967;
 constexpr std::uint64_t salt_category = 0x636174;
 constexpr std::uint64_t salt_slot = 0x736c6f74;
+constexpr std::uint64_t salt_day = 0x646179;
+constexpr std::uint64_t salt_drift = 0x6472696674;
 
 double uniform_of(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
 
@@ -60,6 +66,14 @@ synth_generator::synth_generator(const synth_options& opts) : opts_(opts) {
         opts.zipf_exponent, "a finite number above 0");
   check(std::isfinite(opts.signal), "signal", opts.signal, "a finite number");
   check(std::isfinite(opts.bias), "bias", opts.bias, "a finite number");
+  check(opts.drift >= 0 && opts.drift <= 1, "drift", opts.drift, "a number in [0, 1]");
+  if (opts.day > synth_max_day) {
+    throw error(status_code::invalid_argument, "synth_generator: day is " +
+                                                   std::to_string(opts.day) +
+                                                   ", expected an integer in [0, 4294967295]");
+  }
+  // Day 0 keeps the stream of the plain data; every other day draws its own rows.
+  row_seed_ = opts.day == 0 ? opts.seed : detail::hash_words(opts.seed, salt_day, opts.day);
   for (std::size_t j = 0; j < criteo_slot_count; ++j) {
     const double c =
         std::floor(static_cast<double>(criteo_kaggle_cardinalities[j]) * opts.cardinality_scale);
@@ -74,7 +88,7 @@ synth_generator::synth_generator(const synth_options& opts) : opts_(opts) {
 }
 
 void synth_generator::row(std::uint64_t index, synth_row& out) const {
-  detail::splitmix64 rng(detail::hash_words(opts_.seed, salt_row, index));
+  detail::splitmix64 rng(detail::hash_words(row_seed_, salt_row, index));
   double logit = opts_.bias;
   for (std::size_t j = 0; j < criteo_dense_count; ++j) {
     const bool present = rng.uniform() >= dense_missing[j];
@@ -109,18 +123,40 @@ void synth_generator::row(std::uint64_t index, synth_row& out) const {
     }
     out.values[j] = v;
     if (slot_scale_[j] != 0) {
-      logit += slot_scale_[j] * normal_of(detail::hash_words(opts_.seed ^ salt_weight, j,
-                                                             static_cast<std::uint64_t>(v + 1)));
+      // The weight belongs to the key: a new identity of the rank draws a new one.
+      std::uint64_t h =
+          detail::hash_words(opts_.seed ^ salt_weight, j, static_cast<std::uint64_t>(v + 1));
+      const std::uint64_t g = generation(j, v);
+      if (g != 0) h = detail::hash_words(h, g);
+      logit += slot_scale_[j] * normal_of(h);
     }
   }
   out.logit = logit;
   out.label = rng.uniform() * (1.0 + std::exp(-logit)) < 1.0 ? 1 : 0;
 }
 
+std::uint64_t synth_generator::generation(std::size_t slot, std::int64_t value) const {
+  if (value < 0 || opts_.drift == 0 || opts_.day == 0) return 0;
+  // Each rank changes identity at its own rate r, uniform in [drift - w, drift + w] with
+  // w = min(drift, 1 - drift) (mean: drift), with a phase u of its own: between two days a rank
+  // changes with probability r, so a drift share of the ranks changes per day, and the ranks of
+  // rate near 0 keep their key for a long time, as stable categories do.
+  detail::splitmix64 rng(detail::hash_words(detail::hash_words(opts_.seed, salt_drift, slot),
+                                            static_cast<std::uint64_t>(value)));
+  const double f = opts_.drift;
+  const double w = std::min(f, 1.0 - f);
+  const double rate = f + w * (2.0 * rng.uniform() - 1.0);
+  const double u = rng.uniform();
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(opts_.day) * rate + u));
+}
+
 std::string synth_generator::category(std::size_t slot, std::int64_t value) const {
   if (value < 0) return {};
-  const auto h = static_cast<std::uint32_t>(
-      detail::hash_words(opts_.seed ^ salt_category, slot, static_cast<std::uint64_t>(value)));
+  std::uint64_t full =
+      detail::hash_words(opts_.seed ^ salt_category, slot, static_cast<std::uint64_t>(value));
+  const std::uint64_t g = generation(slot, value);
+  if (g != 0) full = detail::hash_words(full, g);
+  const auto h = static_cast<std::uint32_t>(full);
   char buf[9];
   std::snprintf(buf, sizeof(buf), "%08x", h);
   return std::string(buf, 8);
@@ -233,14 +269,20 @@ result<dataset_summary> write_synth_dataset(const synth_options& opts, dataset_w
     ticker.tick(i + 1);
   }
   ticker.done(opts.rows);
-  EMBCACHE_RETURN_IF_ERROR(writer->finish({
+  std::vector<std::pair<std::string, std::string>> producer = {
       {"tool", "embcache-synth"},
       {"seed", std::to_string(opts.seed)},
       {"cardinality_scale", std::to_string(opts.cardinality_scale)},
       {"zipf_exponent", std::to_string(opts.zipf_exponent)},
       {"hash_seed", std::to_string(parse.hash_seed)},
       {"dense_transform", parse.transform == dense_transform::identity ? "identity" : "log1p"},
-  }));
+  };
+  // Only a drifting series says so: plain data keeps its manifest's bytes.
+  if (opts.day != 0 || opts.drift != 0) {
+    producer.emplace_back("day", std::to_string(opts.day));
+    producer.emplace_back("drift", std::to_string(opts.drift));
+  }
+  EMBCACHE_RETURN_IF_ERROR(writer->finish(producer));
   return writer->summary();
 }
 

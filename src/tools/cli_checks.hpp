@@ -37,21 +37,27 @@ inline void standard_options(CLI::App& app, const std::string& tool) {
   app.set_version_flag("--version", version_text(tool), "Print the version and the build's spaces");
 }
 
-/// An unsigned integer of at least `min` (no sign, no fraction).
-inline CLI::Validator integer_at_least(std::uint64_t min) {
-  const std::string range = "expected an integer from " + std::to_string(min) + " to " +
-                            std::to_string(std::numeric_limits<std::uint64_t>::max());
+/// An unsigned integer in [min, max] (no sign, no fraction).
+inline CLI::Validator integer_between(std::uint64_t min, std::uint64_t max) {
+  const std::string range =
+      "expected an integer from " + std::to_string(min) + " to " + std::to_string(max);
   return CLI::Validator(
-      [min, range](std::string& text) -> std::string {
+      [min, max, range](std::string& text) -> std::string {
         std::uint64_t v = 0;
         const char* end = text.data() + text.size();
         const auto [p, ec] = std::from_chars(text.data(), end, v);
-        if (text.empty() || ec != std::errc() || p != end || v < min) {
+        if (text.empty() || ec != std::errc() || p != end || v < min || v > max) {
           return "'" + text + "' is out of range, " + range;
         }
         return {};
       },
-      "INT>=" + std::to_string(min));
+      "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+}
+
+/// An unsigned integer of at least `min` (no sign, no fraction).
+inline CLI::Validator integer_at_least(std::uint64_t min) {
+  return integer_between(min, std::numeric_limits<std::uint64_t>::max())
+      .description("INT>=" + std::to_string(min));
 }
 
 inline std::string shown(double v) {
@@ -60,14 +66,23 @@ inline std::string shown(double v) {
   return buf;
 }
 
-/// A finite number (not nan or inf), above `low` when `low_open`, at most `high`.
+/// A finite number (not nan or inf), above `low` when `low_open`, else at least `low`, and at
+/// most `high`.
 inline CLI::Validator finite_number(double low = -std::numeric_limits<double>::max(),
                                     double high = std::numeric_limits<double>::max(),
                                     bool low_open = false) {
+  const bool has_low = low_open || low > -std::numeric_limits<double>::max();
+  const bool has_high = high < std::numeric_limits<double>::max();
   std::string range;
-  if (low_open) range = "expected a number above " + shown(low);
-  if (high < std::numeric_limits<double>::max()) {
-    range += (range.empty() ? "expected a number" : std::string()) + " and at most " + shown(high);
+  if (!low_open && has_low && has_high) {
+    range = "expected a number in [" + shown(low) + ", " + shown(high) + "]";
+  } else {
+    if (low_open) range = "expected a number above " + shown(low);
+    if (!low_open && has_low) range = "expected a number of at least " + shown(low);
+    if (has_high) {
+      range +=
+          (range.empty() ? "expected a number" : std::string()) + " and at most " + shown(high);
+    }
   }
   return CLI::Validator(
       [=](std::string& text) -> std::string {
@@ -77,7 +92,8 @@ inline CLI::Validator finite_number(double low = -std::numeric_limits<double>::m
           return "'" + text + "' is not a number";
         }
         if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
-        if ((low_open && !(v > low)) || v > high) return "'" + text + "' is out of range, " + range;
+        const bool low_ok = low_open ? v > low : v >= low;
+        if (!low_ok || v > high) return "'" + text + "' is out of range, " + range;
         return {};
       },
       "FINITE");

@@ -42,6 +42,24 @@ int synth_main(int argc, char** argv) {
   app.add_option("--signal", opts.signal, "Scale of the hidden model's weights")
       ->capture_default_str()
       ->check(embcache::tools::finite_number());
+  app.add_option("--day", opts.day,
+                 "Day of a drifting series: its own rows, with the keys of that day (day 0 is the "
+                 "plain data)")
+      ->capture_default_str()
+      ->check(embcache::tools::integer_between(0, embcache::synth_max_day));
+  app.add_option("--drift", opts.drift,
+                 "Share of the keys retired per day of the series, each replaced by a new key "
+                 "with a new hidden weight (0: every day has the same keys)")
+      ->capture_default_str()
+      ->check(embcache::tools::finite_number(0, 1));
+  app.footer(
+      "Days that drift: `embcache-synth -o day_D --day D --drift 0.05 [same other options]` for "
+      "D = 0, 1, ... gives a series of daily datasets from one seed. Each day a --drift share of "
+      "every slot's value ranks, popular ones included, retire their key and a new key takes its "
+      "place; a key keeps its hidden weight for its whole life (about 1 / drift days on average, "
+      "some ranks much longer), so a model "
+      "trained on day D scores day D + 1 above chance. Zipf's long tail gives each day many keys "
+      "seen once. Day D's bytes depend only on the options and D, not on the other days.");
   app.add_option("-n,--rows-per-shard", out.rows_per_shard, "Rows per shard (shards)")
       ->capture_default_str()
       ->check(embcache::tools::integer_at_least(1));

@@ -165,6 +165,15 @@ TEST(tools, synth_rejects_non_finite_and_out_of_range_values_naming_the_option) 
                     "--cardinality-scale: '0' is out of range, expected "
                     "a number above 0 and at most 1000000"},
            bad_case{"-n 0", "--rows-per-shard: '0' is out of range, expected an integer from 1"},
+           bad_case{"--day -1",
+                    "--day: '-1' is out of range, expected an integer from 0 to "
+                    "4294967295"},
+           bad_case{"--day 4294967296", "--day: '4294967296' is out of range"},
+           bad_case{"--day 2.5", "--day: '2.5' is out of range"},
+           bad_case{"--drift 1.01", "--drift: '1.01' is out of range, expected a number in [0, 1]"},
+           bad_case{"--drift -0.5", "--drift: '-0.5' is out of range, expected a number in [0, 1]"},
+           bad_case{"--drift nan", "--drift: 'nan' is not a finite number"},
+           bad_case{"--drift x", "--drift: 'x' is not a number"},
        }) {
     const run_result r = run(synth_exe, std::string("-f tsv -r 5 -o ") + out + " " + c.args);
     EXPECT_EQ(r.rc, 2) << c.args << ": " << r.output;
@@ -173,6 +182,8 @@ TEST(tools, synth_rejects_non_finite_and_out_of_range_values_naming_the_option) 
   EXPECT_FALSE(fs::exists(dir / "s.tsv"));
   const run_result ok = run(synth_exe, "-f tsv -r 5 -o " + out + " --signal -0.5");
   EXPECT_EQ(ok.rc, 0) << ok.output;
+  const run_result day = run(synth_exe, "-f tsv -r 5 -o " + out + " --day 4294967295 --drift 1");
+  EXPECT_EQ(day.rc, 0) << day.output;
 }
 
 TEST(tools, version_prints_name_version_and_spaces) {
