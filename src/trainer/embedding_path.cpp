@@ -152,6 +152,10 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
   }
   tables.options.mode =
       config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  const cache_memory_options memory = cache_memory_of(config);
+  tables.options.staging_bytes = static_cast<std::size_t>(memory.staging_bytes);
+  tables.options.write_back_bytes = static_cast<std::size_t>(memory.write_back_bytes);
+  tables.options.prefetch_batch = memory.prefetch_batch;
   *building = "config.tables: the training cache of";
   for (std::size_t t = 0; t < tables.tables.size(); ++t)
     *building += std::string(t ? " and" : "") + " table \"" + tables.tables[t].name + "\" (" +
