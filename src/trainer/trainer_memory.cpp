@@ -166,7 +166,7 @@ run_parts parts_of(const trainer_config& c) {
   // versions (the one pushed, a recycled one and, with prefetch, the worker's gather buffer), and
   // the worker's two batches of rows (its early eviction's and its early insert's).
   if (c.mode == trainer_mode::keyset) {
-    const cache_memory_options m = cache_memory_of(c);
+    const detail::cache_memory_options m = detail::cache_memory_of(c);
     memory_part rows;
     rows.field = "config.staging_bytes";
     std::uint64_t left = m.staging_bytes, staged_rows = 0;

@@ -101,12 +101,16 @@ TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
   auto plan = plan_trainer_memory(rocksdb_config(dir + "/db"), false);
   EXPECT_EQ(plan.get_status().message(), "config.memory_budget_bytes: not set (0)");
   c.memory_budget_bytes = 2048 * mib;
+  // Given, not derived from the budget (a quarter and a 32nd of it), so that the bytes needed
+  // below do not move with the budget.
+  c.staging_bytes = 512 * mib;
+  c.write_back_bytes = 64 * mib;
   auto ok = plan_trainer_memory(c);
   EMBCACHE_ASSERT_OK(ok);
   const memory_plan& m = ok.value();
   const std::uint64_t fixed = m.cache_bytes + m.staging_bytes + m.other_bytes;
   // The deep cache and its scratch are in cache_bytes. The staging, as the cache reserves it
-  // with a quarter of the budget (512 MiB) for staging and a 32nd (64 MiB) per write-back: the
+  // with 512 MiB for staging and 64 MiB per write-back: the
   // rows of both capacities (wide 3 floats, deep 48), 41 bytes of keys per key, three write-behind
   // buffers (wide: its 1000 rows; deep: 349,525 rows of 192 bytes) with 16 bytes of key and
   // version a row, and two batches of 16384 rows for the worker.
