@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <numeric>
 
@@ -152,8 +153,14 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
     std::size_t d = 0;
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(
         victims, b, std::min(chunk, m - b), dirty_keys.data(), rows.data(), dirty_vers.data(), &d));
-    EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
-                                 .with_context("write-back of table '" + tb.opt.name + "'"));
+    if (d > 0) {
+      // Not logged for the prefetch hazard: the victims are outside the keyset being installed,
+      // so no staged row can be theirs (logging them would only make swap_in copy every row).
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(
+          tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
+              .with_context("write-back of table '" + tb.opt.name + "'"));
+    }
     tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
                               dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
     pushed += d;

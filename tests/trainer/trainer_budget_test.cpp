@@ -2,8 +2,10 @@
 // every field; a budget too small refused before any work, naming the field and the bytes
 // needed; RocksDB's block cache and memtables counted and sized from it; and a store's disk that
 // fills during a pass: out_of_space, and the last save still loads.
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "embedding_path.hpp"
 #include "store/store_test_util.hpp"
@@ -245,6 +247,19 @@ TEST(trainer_memory_budget, the_budget_sizes_the_rocksdb_memtables) {
         << rest;
     EXPECT_NE(rest.find("max_write_buffer_number=2\n"), std::string::npos) << rest;
   }
+  // Under a budget the table is read, flushed and compacted with direct I/O where the file
+  // system takes O_DIRECT (tmpfs does not: there the page cache stays).
+  const std::string probe = fs::path(db).parent_path().string() + "/direct_probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  const std::string direct = fd >= 0 ? "true" : "false";
+  EXPECT_NE(options.find("use_direct_reads=" + direct + "\n"), std::string::npos) << options;
+  EXPECT_NE(options.find("use_direct_io_for_flush_and_compaction=" + direct + "\n"),
+            std::string::npos)
+      << options;
 }
 
 TEST(trainer_memory_budget, a_dram_tier_is_checked_and_trains_the_same_model) {
