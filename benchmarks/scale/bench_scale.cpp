@@ -19,6 +19,8 @@
 //   dram_tier=0|1 [0]     a tiered_store in front of RocksDB (sized by the budget)
 //   direct_reads=0|1 [1]  RocksDB reads with O_DIRECT (the page cache does not serve the table)
 //   block_cache=BYTES [64 MiB]  without a budget
+//   staging=BYTES, write_back=BYTES  training_cache_options::staging_bytes and write_back_bytes
+//                         [a quarter and a 32nd of the budget; without one the cache's defaults]
 //   train_rows_per_s=R [50000]  the simulated training consumes the keyset at this rate
 //                         (every row is rewritten once, then the pass waits out the rest)
 //   host=0|1 [0]          the baseline: the table in a host_store (loaded first, not timed)
@@ -191,6 +193,13 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
   using table_type = embcache::embedding_cache<key, embcache::host_space>;
   const std::uint64_t slots = (capacity + capacity / 4 + table_type::bucket_size - 1) /
                               table_type::bucket_size * table_type::bucket_size;
+  // The staging and write-back bounds: given, or a quarter and a 32nd of the budget.
+  embcache::training_cache_options copt;
+  copt.staging_bytes =
+      std::size_t(number(opt, "staging", budget ? double(budget / 4) : double(copt.staging_bytes)));
+  copt.write_back_bytes = std::size_t(
+      number(opt, "write_back", budget ? double(budget / 32) : double(copt.write_back_bytes)));
+  if (budget != 0) copt.prefetch_batch = 16384;
   embcache::memory_plan plan;
   auto o = store_options(dir, width);
   o.use_direct_reads = number(opt, "direct_reads", 1) != 0;
@@ -201,8 +210,15 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
     po.cache_bytes = slots * table_type::bytes_per_slot(co) +
                      slots / table_type::bucket_size * table_type::bytes_per_bucket +
                      slots * table_type::scratch_bytes_per_slot;
-    // Staged rows, written-behind rows and the recycled gather buffer (end_training's too).
-    po.staging_bytes = std::uint64_t(capacity) * (3 * width * sizeof(float) + 33);
+    // What the training cache reserves with the options below: the staged rows (at most
+    // staging_bytes), 41 bytes of keys per key, three write-behind buffers of write_back_bytes
+    // with their keys and versions, the worker's two batches of rows.
+    const std::uint64_t row = width * sizeof(float);
+    const std::uint64_t chunk =
+        std::min<std::uint64_t>(capacity, std::max<std::uint64_t>(1, copt.write_back_bytes / row));
+    po.staging_bytes = std::min<std::uint64_t>(copt.staging_bytes, capacity * row) +
+                       std::uint64_t(capacity) * 41 + chunk * (3 * row + 16) +
+                       2 * std::min<std::uint64_t>(capacity, copt.prefetch_batch) * row;
     po.other_bytes = std::uint64_t(distinct) * 3 * sizeof(key);  // the keysets in flight
     po.rocksdb_column_families = 2;
     po.dram_tier = dram_tier;
@@ -243,17 +259,18 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
   t.capacity = capacity;
   t.max_resident = capacity;
   t.store = store;
-  embcache::training_cache_options copt;
   embcache::training_cache<key> cache(copt, {t});
 
   std::printf(
       "{\"rows\": %llu, \"width\": %zu, \"keyset\": %zu, \"host\": %d, \"prefetch\": %d, "
       "\"budget\": %llu, \"block_cache\": %zu, \"memtables\": %llu, \"dram_tier\": %llu, "
-      "\"direct_reads\": %d}\n",
+      "\"direct_reads\": %d, \"staging\": %zu, \"write_back\": %zu, \"plan_staging\": %llu}\n",
       static_cast<unsigned long long>(rows), width, distinct, int(host), int(prefetch),
       static_cast<unsigned long long>(budget), o.block_cache_bytes,
       static_cast<unsigned long long>(plan.memtable_bytes),
-      static_cast<unsigned long long>(plan.dram_tier_bytes), int(o.use_direct_reads));
+      static_cast<unsigned long long>(plan.dram_tier_bytes), int(o.use_direct_reads),
+      copt.staging_bytes, copt.write_back_bytes,
+      static_cast<unsigned long long>(plan.staging_bytes));
   std::fflush(stdout);
   std::vector<key> current = draw.keyset(distinct), next;
   const std::size_t batch = 8192;

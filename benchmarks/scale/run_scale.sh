@@ -23,8 +23,11 @@
 #     --train-cardinality F   the synthetic dataset and passes of --trainer (defaults 3000000,
 #                      250000, 3, 64, 0.5: the 3-pass run of 4 shards of 250k samples)
 #     --train-cap-mib N, --train-budget-mib N   the cap and memory_budget_bytes of the RocksDB
-#                      trainer run (defaults 1792 and 1536)
+#                      trainer run (defaults 1536 and 1280: the 1.5 GiB cap)
 #     --skip-passes    skip the bench_scale runs (the tables are still built)
+#     --trainer-only   only item 4 (implies --trainer): no fio, no tables, no bench_scale runs
+#     --train-staging-mib N, --train-write-back-mib N   staging_bytes and write_back_bytes of
+#                      the RocksDB trainer run (default 0: from its memory budget)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -45,19 +48,25 @@ fio_seconds=20
 trainer=0
 keep=0
 skip_passes=0
+trainer_only=0
+train_staging_mib=0
+train_write_back_mib=0
 train_samples=3000000
 train_shard_samples=250000
 train_passes=3
 train_dim=64
 train_cardinality=0.5
-train_cap_mib=1792
-train_budget_mib=1536
+train_cap_mib=1536
+train_budget_mib=1280
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --tools) tools=$2; shift 2 ;;
     --train-exe) train=$2; shift 2 ;;
     --skip-passes) skip_passes=1; shift ;;
+    --trainer-only) trainer_only=1; trainer=1; skip_passes=1; fio_seconds=0; shift ;;
+    --train-staging-mib) train_staging_mib=$2; shift 2 ;;
+    --train-write-back-mib) train_write_back_mib=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --width) width=$2; shift 2 ;;
@@ -153,6 +162,7 @@ if [ "$fio_seconds" != 0 ] && command -v fio > /dev/null; then
 fi
 
 # --- The tables: the big one, and one that fits in memory with the same keyset size.
+if [ "$trainer_only" = 0 ]; then
 keys=$(python3 -c "print(int($rows * $fraction))")
 small_rows=$((keys * 4))
 small_fraction=0.25
@@ -175,6 +185,7 @@ run() {  # label cap_mib table rows fraction extra-options...
   capped "$mib" "$exe" passes "$dir/$t" "$n" "$width" passes="$passes" fraction="$f" \
     train_rows_per_s="$train_rate" "$@" 2>&1 | tee -a "$out"
 }
+fi
 budget=$((budget_mib << 20))
 if [ "$skip_passes" = 0 ]; then
 run "ssd, prefetch, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" budget=$budget prefetch=1
@@ -202,7 +213,7 @@ passes_json=$(python3 -c "
 import json, sys
 s = sys.argv[2:]; per = int(sys.argv[1])
 print(json.dumps([{'shards': s[i * per:(i + 1) * per]} for i in range(len(s) // per)]))" "$per" "$@")
-config() {  # store budget
+config() {  # store budget staging write_back
   cat <<JSON
 {"mode": "keyset", "data_dir": "$data", "passes": $passes_json,
  "tables": [
@@ -211,16 +222,22 @@ config() {  # store budget
     "store_path": "$dir/train/db-$1", "optimizer": {"kind": "adam", "learning_rate": 0.001}}],
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
- "embedding_device": "host", "memory_budget_bytes": $2}
+ "embedding_device": "host", "memory_budget_bytes": $2, "staging_bytes": $3,
+ "write_back_bytes": $4}
 JSON
 }
 for store in rocksdb host; do
   rm -rf "$dir/train/db-$store"
-  config $store $([ $store = rocksdb ] && echo $((train_budget_mib << 20)) || echo 0) \
-    > "$dir/train/$store.json"
+  if [ $store = rocksdb ]; then
+    config $store $((train_budget_mib << 20)) $((train_staging_mib << 20)) \
+      $((train_write_back_mib << 20)) > "$dir/train/$store.json"
+  else
+    config $store 0 0 0 > "$dir/train/$store.json"
+  fi
 done
 say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB"
-capped "$train_cap_mib" "$train" --config "$dir/train/rocksdb.json" 2>&1 | grep -E "pass [0-9]+ done|cgroup|error|rror" | tee -a "$out" || true
+capped "$train_cap_mib" /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/rocksdb.json" 2>&1 \
+  | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
 say "## embcache-train, host store, no cap"
 capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/host.json" 2>&1 \
-  | awk '{print; fflush()}' | grep -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true
+  | awk '{print; fflush()}' | grep --line-buffered -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true

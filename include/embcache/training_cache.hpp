@@ -111,6 +111,13 @@ struct training_cache_options {
   /// reads or changes the store (and store(t)) waits for that push first. false: begin_pass
   /// pushes them itself before returning.
   bool write_behind = true;
+  /// Most bytes of rows gathered at once to be written back; default 256 MiB (at least one row
+  /// is gathered). end_training() (and so save()) writes the resident dirty rows back in chunks
+  /// of this size, and a boundary writes behind at most this much per table: leavers past it are
+  /// pushed by begin_pass itself, in chunks of this size, before it returns. The stored rows are
+  /// the same whatever the size; a table holds at most three buffers of this size for its
+  /// write-behind (the one being pushed, a recycled one, the prefetch's gather buffer).
+  std::size_t write_back_bytes = std::size_t{256} << 20;
 };
 
 /// Counters of one table (over one pass, or in total).

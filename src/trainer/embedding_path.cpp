@@ -2,9 +2,13 @@
 // RocksDB) and the training cache over them; and the one place that picks the path by mode.
 #include "embedding_path.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +29,22 @@ std::string table_field(std::size_t t) { return "config.tables[" + std::to_strin
 std::atomic<cuda_cache_path_factory> cuda_path_factory{nullptr};
 
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+// Whether files in `path` (or its nearest existing parent) can be opened with O_DIRECT: tmpfs,
+// for one, refuses it.
+bool supports_direct_io(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = fs::absolute(path, ec);
+  while (!dir.empty() && !fs::is_directory(dir, ec) && dir != dir.parent_path())
+    dir = dir.parent_path();
+  const std::string probe = (dir / ".embcache_direct_io_probe").string();
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
 // Tables that name the same store_path share one database.
 using database_map = std::map<std::string, std::shared_ptr<rocksdb_database>>;
 #else
@@ -62,6 +82,12 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     auto plan = plan_trainer_memory(config);
     if (!plan.ok()) return plan.get_status();
     apply_memory_plan(plan.value(), rocksdb_databases_of(config).size(), ro);
+    // Under a budget the table goes through the block cache only: the page cache, which a
+    // memory cgroup charges to the process and reclaims at its limit, holds none of it.
+    if (supports_direct_io(tc.store_path)) {
+      ro.use_direct_reads = true;
+      ro.use_direct_io_for_flush_and_compaction = true;
+    }
     std::size_t auto_tiers = 0;
     for (const auto& other : config.tables) auto_tiers += other.dram_tier_auto ? 1 : 0;
     if (tc.dram_tier_auto) dram_bytes = plan.value().dram_tier_bytes / auto_tiers;
@@ -152,6 +178,10 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
   }
   tables.options.mode =
       config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
+  const cache_memory_options memory = cache_memory_of(config);
+  tables.options.staging_bytes = static_cast<std::size_t>(memory.staging_bytes);
+  tables.options.write_back_bytes = static_cast<std::size_t>(memory.write_back_bytes);
+  tables.options.prefetch_batch = memory.prefetch_batch;
   *building = "config.tables: the training cache of";
   for (std::size_t t = 0; t < tables.tables.size(); ++t)
     *building += std::string(t ? " and" : "") + " table \"" + tables.tables[t].name + "\" (" +

@@ -3,7 +3,10 @@
 // and written here, the rest of the configuration in trainer_config.cpp.
 #include "trainer_config_store.hpp"
 
+#include <algorithm>
+
 #include "embcache/trainer/trainer.hpp"
+#include "embcache/training_cache.hpp"
 
 namespace embcache::detail {
 
@@ -66,14 +69,37 @@ std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c) 
 
 void read_memory_fields(object_reader& r, trainer_config& c) {
   r.get_int("memory_budget_bytes", c.memory_budget_bytes, {0, max_memory_budget});
+  r.get_int("staging_bytes", c.staging_bytes, {0, max_memory_budget});
+  r.get_int("write_back_bytes", c.write_back_bytes, {0, max_memory_budget});
 }
 
 status validate_memory_fields(const trainer_config& c) {
-  return check_int("config.memory_budget_bytes", c.memory_budget_bytes, {0, max_memory_budget});
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int("config.memory_budget_bytes", c.memory_budget_bytes, {0, max_memory_budget}));
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int("config.staging_bytes", c.staging_bytes, {0, max_memory_budget}));
+  return check_int("config.write_back_bytes", c.write_back_bytes, {0, max_memory_budget});
 }
 
 void memory_fields_json(const trainer_config& c, json& j) {
   j["memory_budget_bytes"] = c.memory_budget_bytes;
+  j["staging_bytes"] = c.staging_bytes;
+  j["write_back_bytes"] = c.write_back_bytes;
+}
+
+cache_memory_options cache_memory_of(const trainer_config& c) {
+  const training_cache_options defaults;
+  cache_memory_options m;
+  const std::uint64_t budget = c.memory_budget_bytes;
+  m.staging_bytes = c.staging_bytes ? c.staging_bytes
+                    : budget != 0   ? budget / 4
+                                    : std::uint64_t{defaults.staging_bytes};
+  m.write_back_bytes = c.write_back_bytes ? c.write_back_bytes
+                       : budget != 0      ? std::max<std::uint64_t>(1, budget / 32)
+                                          : std::uint64_t{defaults.write_back_bytes};
+  // With a budget the worker's batch buffers (two batches of rows) stay small.
+  m.prefetch_batch = budget != 0 ? 16384 : defaults.prefetch_batch;
+  return m;
 }
 
 }  // namespace embcache::detail

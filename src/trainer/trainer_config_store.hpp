@@ -37,11 +37,22 @@ struct rocksdb_database_use {
 /// The RocksDB databases the tables name (store "rocksdb"), in the order of their first table.
 std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c);
 
-/// Reads the top-level "memory_budget_bytes".
+/// The memory options of the run's training cache (training_cache_options): staging_bytes and
+/// write_back_bytes from the configuration, or their defaults (a share of memory_budget_bytes
+/// when set, else the cache's own), and the prefetch's batch (16384 keys with a budget, else the
+/// cache's default). check_memory counts what the cache reserves with exactly these.
+struct cache_memory_options {
+  std::uint64_t staging_bytes = 0;
+  std::uint64_t write_back_bytes = 0;
+  std::size_t prefetch_batch = 0;
+};
+cache_memory_options cache_memory_of(const trainer_config& c);
+
+/// Reads the top-level "memory_budget_bytes", "staging_bytes" and "write_back_bytes".
 void read_memory_fields(object_reader& r, trainer_config& c);
-/// Checks it (its range; the budget's split is checked by check_memory).
+/// Checks them (their ranges; the budget's split is checked by check_memory).
 [[nodiscard]] status validate_memory_fields(const trainer_config& c);
-/// Writes it into the configuration's JSON object.
+/// Writes them into the configuration's JSON object.
 void memory_fields_json(const trainer_config& c, json& j);
 
 }  // namespace embcache::detail

@@ -13,6 +13,7 @@
 #include "embcache/embedding_cache.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "embcache/training_cache.hpp"
 #include "trainer_config_store.hpp"
 
 namespace embcache {
@@ -157,27 +158,53 @@ run_parts parts_of(const trainer_config& c) {
     p.overflow = !ok;
     r.batch = p;
   }
-  // Keyset mode: the rows the prefetch stages for the next pass (with their keys, versions and
-  // found flags), the dirty rows a boundary writes behind (with their keys and versions) and a
-  // second buffer of rows beside them (the write-behind's recycled gather buffer, which
-  // end_training's write-back of every resident row also needs), up to a capacity's rows each.
-  if (c.mode == trainer_mode::keyset)
+  // Keyset mode, as the training cache reserves it with the options the run gives it
+  // (cache_memory_of): the rows the prefetch stages, within staging_bytes over the tables in
+  // order, a capacity's rows at most each; per table the staging's keys (the keyset, the missing
+  // keys with their versions and found flags, the unstaged and the still missing ones: 41 bytes a
+  // key) and the write-behind buffers of write_back_bytes of rows each with their keys and
+  // versions (the one pushed, a recycled one and, with prefetch, the worker's gather buffer), and
+  // the worker's two batches of rows (its early eviction's and its early insert's).
+  if (c.mode == trainer_mode::keyset) {
+    const detail::cache_memory_options m = detail::cache_memory_of(c);
+    memory_part rows;
+    rows.field = "config.staging_bytes";
+    std::uint64_t left = m.staging_bytes, staged_rows = 0;
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
       memory_part p;
       p.field = "config.tables[" + std::to_string(t) + "].capacity (staging)";
-      std::uint64_t row = 0, per_row = 0;
+      std::uint64_t row = 0, keys = 0, chunk = 0, buffers = 0, batch = 0;
       bool ok = tc.dim < (std::uint64_t{1} << 32) &&
                 checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
-                checked_mul(row, sizeof(float), row) &&
-                checked_add(2 * row, (c.prefetch ? row + 17 : 0) + 16, per_row) &&
-                checked_mul(per_row, tc.capacity, p.bytes);
+                checked_mul(row, sizeof(float), row);
+      if (ok && c.prefetch) {
+        const std::uint64_t n = std::min<std::uint64_t>(tc.capacity, left / row);
+        left -= n * row;  // n * row <= left
+        staged_rows += n;
+        rows.bytes += n * row;
+        batch = std::min<std::uint64_t>(m.prefetch_batch, tc.capacity);
+        ok = checked_mul(tc.capacity, 41, keys) && checked_mul(batch, 2 * row, batch);
+      }
+      if (ok) {
+        chunk = std::min<std::uint64_t>(tc.capacity,
+                                        std::max<std::uint64_t>(1, m.write_back_bytes / row));
+        ok = checked_mul(chunk, (c.prefetch ? 3 : 2) * row + 16, buffers) &&
+             checked_add(keys, buffers, p.bytes) && checked_add(p.bytes, batch, p.bytes);
+      }
       p.overflow = !ok;
-      p.what = std::string("the ") + (c.prefetch ? "prefetch staging and " : "") +
-               "write-behind buffers of table \"" + tc.name + "\" (" + std::to_string(tc.capacity) +
-               " rows)";
+      p.what = std::string("the ") + (c.prefetch ? "prefetch staging's keys and " : "") +
+               "write-behind buffers of table \"" + tc.name + "\" (" +
+               std::to_string(c.prefetch ? 3 : 2) + " buffers of " + std::to_string(chunk) +
+               " rows, config.write_back_bytes " + std::to_string(m.write_back_bytes) + ")";
       r.staging.push_back(p);
     }
+    if (c.prefetch) {
+      rows.what = "the prefetch staging's " + std::to_string(staged_rows) + " rows (at most " +
+                  std::to_string(m.staging_bytes) + " bytes)";
+      r.staging.insert(r.staging.begin(), rows);
+    }
+  }
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <numeric>
 
@@ -111,16 +112,17 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
   auto& synced = tb.scratch.synced;
   synced.resize(n);
   for (std::size_t i = 0; i < n; ++i) synced[i] = st.found[i] ? st.versions[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(),
-                                             st.versions.data(), synced.data(),
-                                             tb.book.mark_epoch));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(), st.versions.data(),
+                                             synced.data(), tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }
 
 // Evicts up to `need` resident rows marked below `keep_mark` (outside the keysets), oldest first;
 // the dirty ones are gathered and pushed, by the flusher after begin_pass returns when
-// write-behind is on. The victims never leave the cache's memory: only their dirty rows do.
+// write-behind is on. The victims never leave the cache's memory: only their dirty rows do. At
+// most write_back_bytes of them are written behind: the victims past that are pushed here first,
+// in chunks of that size, through the same buffer.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
                                               std::uint32_t keep_mark, table_counters& c) {
@@ -129,36 +131,57 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
   victim_slots<Space> victims;
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(keep_mark, need, &victims));
   const std::size_t m = victims.count;
-  std::vector<Key> dirty_keys(m);
-  std::vector<std::uint64_t> dirty_vers(m);
+  const std::size_t chunk = std::min(write_back_chunk_rows(tb), std::max<std::size_t>(m, 1));
+  // Victims [0, behind) are written behind; [behind, m) are pushed now.
+  const std::size_t behind = options.write_behind ? std::min(chunk, m) : 0;
+  std::vector<Key> dirty_keys(chunk);
+  std::vector<std::uint64_t> dirty_vers(chunk);
   auto& rows = tb.wb.spare_rows;
-  if (rows.size() < m * w) {
+  if (rows.size() < chunk * w) {
     try {
-      rows.resize(m * w);
+      rows.resize(chunk * w);
     } catch (const std::bad_alloc&) {
-      // m <= the table's slots, whose rows are allocated already: m * w cannot overflow.
+      // chunk <= the table's slots, whose rows are allocated already: chunk * w cannot overflow.
       return host_allocation_failed("evicting " + std::to_string(m) + " rows of table '" +
-                                    tb.opt.name + "': their write-back buffer",
-                                m * w * sizeof(float));
+                                        tb.opt.name + "': their write-back buffer of " +
+                                        std::to_string(chunk) + " rows",
+                                    chunk * w * sizeof(float));
     }
   }
+  std::size_t pushed = 0;
+  for (std::size_t b = behind; b < m; b += chunk) {
+    std::size_t d = 0;
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(
+        victims, b, std::min(chunk, m - b), dirty_keys.data(), rows.data(), dirty_vers.data(), &d));
+    if (d > 0) {
+      // Not logged for the prefetch hazard: the victims are outside the keyset being installed,
+      // so no staged row can be theirs (logging them would only make swap_in copy every row).
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(
+          tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
+              .with_context("write-back of table '" + tb.opt.name + "'"));
+    }
+    tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
+                              dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
+    pushed += d;
+  }
   std::size_t d = 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, m, dirty_keys.data(), rows.data(),
-                                                  dirty_vers.data(), &d));
+  if (behind > 0) {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, behind, dirty_keys.data(),
+                                                    rows.data(), dirty_vers.data(), &d));
+  }
   dirty_keys.resize(d);
   dirty_vers.resize(d);
+  // The rows pushed above are in the store, those written behind in `rows`: erased after both.
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase_slots(victims));
   tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
-  c.rows_pushed += d;
+  c.rows_pushed += d + pushed;
   c.rows_evicted += m;
-  c.bytes_cache_to_store += d * w * sizeof(float);
-  if (options.write_behind) {
+  c.bytes_cache_to_store += (d + pushed) * w * sizeof(float);
+  if (d > 0) {
     tb.wb.keys = std::move(dirty_keys);
     tb.wb.versions = std::move(dirty_vers);
     tb.wb.rows.swap(rows);
-  } else {
-    EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
-                                 .with_context("write-back of table '" + tb.opt.name + "'"));
   }
   c.seconds_write_back += seconds_since(t0);
   return {};

@@ -107,11 +107,11 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
     const table_rows& L = data[t];
     ++tb.book.residency;
     // A CUDA failure throws in the space code; here it is load's status.
-    EMBCACHE_RETURN_IF_ERROR(guarded([&]() -> status {
-                               tb.cache->clear();
-                               return {};
-                             }).with_context("load: clearing the cache of table '" +
-                                             tb.opt.name + "'"));
+    EMBCACHE_RETURN_IF_ERROR(
+        guarded([&]() -> status {
+          tb.cache->clear();
+          return {};
+        }).with_context("load: clearing the cache of table '" + tb.opt.name + "'"));
     std::vector<Key> old;
     {
       std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
@@ -123,31 +123,40 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
       EMBCACHE_RETURN_IF_ERROR(tb.sync.store->erase(old.data(), old.size()));
     }
     const std::size_t n = L.keys.size(), w = tb.row_width, dim = tb.opt.dim;
+    // Pushed in chunks of write_back_bytes: the rows with their state are built a chunk at a time.
+    const std::size_t chunk = std::min(write_back_chunk_rows(tb), std::max<std::size_t>(n, 1));
     std::vector<Key> keys;
     std::vector<float> rows;
     try {
-      keys.assign(L.keys.begin(), L.keys.end());
-      rows.resize(n * w);
+      keys.reserve(chunk);
+      rows.resize(chunk * w);
     } catch (const std::bad_alloc&) {
-      // n rows of dim floats are in memory already (L.vectors): n * w cannot overflow.
-      return host_allocation_failed("load: the " + std::to_string(n) + " rows of table '" +
-                                    tb.opt.name + "'",
-                                n * (sizeof(Key) + w * sizeof(float)));
+      // chunk <= n rows of dim floats are in memory already (L.vectors): chunk * w cannot overflow.
+      return host_allocation_failed(
+          "load: " + std::to_string(chunk) + " rows of table '" + tb.opt.name + "'",
+          chunk * (sizeof(Key) + w * sizeof(float)));
     }
     std::uint64_t maxv = L.version;
-    for (std::size_t i = 0; i < n; ++i) {
-      float* row = rows.data() + i * w;
-      std::memcpy(row, L.vectors.data() + i * dim, dim * sizeof(float));
-      if (L.parts.empty()) {
-        if (tb.state_width) initialize_state(tb.opt.optimizer, dim, row + dim);
-      } else {
-        std::memcpy(row + dim, L.states.data() + i * L.state_width, L.state_width * sizeof(float));
-      }
-      maxv = std::max(maxv, L.versions[i]);
-    }
     tb.slot_ids.clear();
-    for (std::size_t i = 0; L.has_slot_ids && i < n; ++i) tb.slot_ids[keys[i]] = L.slot_ids[i];
-    EMBCACHE_RETURN_IF_ERROR(push(tb, keys.data(), n, rows.data(), L.versions.data()));
+    for (std::size_t b = 0; b < n; b += chunk) {
+      const std::size_t m = std::min(chunk, n - b);
+      keys.assign(L.keys.begin() + static_cast<std::ptrdiff_t>(b),
+                  L.keys.begin() + static_cast<std::ptrdiff_t>(b + m));
+      for (std::size_t j = 0; j < m; ++j) {
+        const std::size_t i = b + j;
+        float* row = rows.data() + j * w;
+        std::memcpy(row, L.vectors.data() + i * dim, dim * sizeof(float));
+        if (L.parts.empty()) {
+          if (tb.state_width) initialize_state(tb.opt.optimizer, dim, row + dim);
+        } else {
+          std::memcpy(row + dim, L.states.data() + i * L.state_width,
+                      L.state_width * sizeof(float));
+        }
+        maxv = std::max(maxv, L.versions[i]);
+        if (L.has_slot_ids) tb.slot_ids[keys[j]] = L.slot_ids[i];
+      }
+      EMBCACHE_RETURN_IF_ERROR(push(tb, keys.data(), m, rows.data(), L.versions.data() + b));
+    }
     {
       std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
       EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());

@@ -182,7 +182,8 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     // and its pages touched, here rather than at the boundary.
     const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
     const std::size_t need = resident + all > cap ? resident + all - cap : 0;
-    const std::size_t leaving = std::min(need, resident - std::min(resident, st.hits));
+    const std::size_t leaving =
+        std::min({need, resident - std::min(resident, st.hits), write_back_chunk_rows(tb)});
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
   }
   st.unstaged.assign(st.keys.begin() + static_cast<std::ptrdiff_t>(n), st.keys.end());

@@ -69,6 +69,16 @@ struct training_cache_core {
   std::uint64_t fresh_version(table_type& tb);
   status residents(table_type& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers);
   status write_back(table_type& tb, const std::vector<Key>& keys, bool evict, table_counters& c);
+  // One chunk of a write-back (write_back_bytes of rows at most) and its reused buffers.
+  struct write_back_buffers {
+    std::vector<std::int64_t> slots, dirty_slots;
+    std::vector<Key> keys;
+    std::vector<std::uint64_t> versions;
+    std::vector<float> rows;
+  };
+  std::size_t write_back_chunk_rows(const table_type& tb) const;
+  status write_back_chunk(table_type& tb, const Key* keys, std::size_t m, write_back_buffers& buf,
+                          table_counters& c);
 
   // --- prefetch worker and staging (prefetch.inl) ---
   status prefetch(const std::vector<std::vector<Key>>& keysets);

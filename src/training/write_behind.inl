@@ -3,9 +3,11 @@
 // wrote behind while the next pass trains, and the synchronous write-back of end_training().
 #pragma once
 
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 
@@ -167,34 +169,62 @@ status training_cache_core<Key, Space>::residents(table_type& tb, std::vector<Ke
   return {};
 }
 
-// Writes back the dirty rows among resident `keys`, then erases all of them from the cache when
-// `evict`.
+// Rows of `tb` that one write-back chunk holds (options.write_back_bytes, at least one).
+template <class Key, class Space>
+std::size_t training_cache_core<Key, Space>::write_back_chunk_rows(const table_type& tb) const {
+  return std::max<std::size_t>(1, options.write_back_bytes / (tb.row_width * sizeof(float)));
+}
+
+// Pushes the dirty rows among the resident `keys` [b, b + m), marks them in sync and logs them
+// for the export: one chunk of a write-back, in buffers of `chunk` rows.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::write_back_chunk(table_type& tb, const Key* keys,
+                                                         std::size_t m, write_back_buffers& buf,
+                                                         table_counters& c) {
+  const std::size_t w = tb.row_width;
+  buf.slots.resize(m);
+  buf.dirty_slots.resize(m);
+  buf.keys.resize(m);
+  buf.versions.resize(m);
+  if (buf.rows.size() < m * w) buf.rows.resize(m * w);
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys, m, buf.slots.data()));
+  for (const auto s : buf.slots) {
+    if (s < 0) return status::internal("resident key vanished during write-back");
+  }
+  std::size_t d = 0;
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(buf.slots.data(), m, buf.dirty_slots.data(),
+                                                  buf.keys.data(), buf.rows.data(),
+                                                  buf.versions.data(), &d));
+  EMBCACHE_RETURN_IF_ERROR(push(tb, buf.keys.data(), d, buf.rows.data(), buf.versions.data())
+                               .with_context("write-back of table '" + tb.opt.name + "'"));
+  tb.exports.written.insert(tb.exports.written.end(), buf.keys.begin(),
+                            buf.keys.begin() + static_cast<std::ptrdiff_t>(d));
+  // In sync at the versions pushed: a row updated since stays dirty.
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(buf.dirty_slots.data(), d, buf.versions.data()));
+  c.rows_pushed += d;
+  c.bytes_cache_to_store += d * w * sizeof(float);
+  return {};
+}
+
+// Writes back the dirty rows among resident `keys`, in chunks of write_back_bytes, then erases
+// all of them from the cache when `evict`.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::write_back(table_type& tb, const std::vector<Key>& keys,
                                                    bool evict, table_counters& c) {
   const auto t0 = clock_type::now();
   const std::size_t n = keys.size();
-  std::vector<std::int64_t> slots(n);
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(keys.data(), n, slots.data()));
-  for (const auto s : slots) {
-    if (s < 0) return status::internal("resident key vanished during write-back");
+  const std::size_t chunk = std::min(write_back_chunk_rows(tb), std::max<std::size_t>(n, 1));
+  write_back_buffers buf;
+  try {
+    buf.rows.reserve(chunk * tb.row_width);
+  } catch (const std::bad_alloc&) {
+    return host_allocation_failed("write-back of table '" + tb.opt.name + "': its buffer of " +
+                                      std::to_string(chunk) + " rows",
+                                  chunk * tb.row_width * sizeof(float));
   }
-  std::vector<std::int64_t> dirty_slots(n);
-  std::vector<Key> dirty_keys(n);
-  std::vector<std::uint64_t> dirty_vers(n);
-  std::vector<float> rows(n * tb.row_width);
-  std::size_t d = 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(slots.data(), n, dirty_slots.data(),
-                                                  dirty_keys.data(), rows.data(),
-                                                  dirty_vers.data(), &d));
-  EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
-                               .with_context("write-back of table '" + tb.opt.name + "'"));
-  tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
-                            dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
-  // In sync at the versions pushed: a row updated since stays dirty.
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(dirty_slots.data(), d, dirty_vers.data()));
-  c.rows_pushed += d;
-  c.bytes_cache_to_store += d * tb.row_width * sizeof(float);
+  for (std::size_t b = 0; b < n; b += chunk) {
+    EMBCACHE_RETURN_IF_ERROR(write_back_chunk(tb, keys.data() + b, std::min(chunk, n - b), buf, c));
+  }
   if (evict) {
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(keys.data(), n));
     c.rows_evicted += n;

@@ -2,9 +2,12 @@
 // every field; a budget too small refused before any work, naming the field and the bytes
 // needed; RocksDB's block cache and memtables counted and sized from it; and a store's disk that
 // fills during a pass: out_of_space, and the last save still loads.
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
+#include "embedding_path.hpp"
 #include "store/store_test_util.hpp"
 #include "trainer_test_support.hpp"
 
@@ -100,14 +103,22 @@ TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
   auto plan = plan_trainer_memory(rocksdb_config(dir + "/db"), false);
   EXPECT_EQ(plan.get_status().message(), "config.memory_budget_bytes: not set (0)");
   c.memory_budget_bytes = 2048 * mib;
+  // Given, not derived from the budget (a quarter and a 32nd of it), so that the bytes needed
+  // below do not move with the budget.
+  c.staging_bytes = 512 * mib;
+  c.write_back_bytes = 64 * mib;
   auto ok = plan_trainer_memory(c);
   EMBCACHE_ASSERT_OK(ok);
   const memory_plan& m = ok.value();
   const std::uint64_t fixed = m.cache_bytes + m.staging_bytes + m.other_bytes;
-  // The deep cache and its scratch are in cache_bytes; staging is a capacity's rows per table
-  // (deep: 48 floats plus key, version and flag, three times; wide: 3 floats).
-  EXPECT_EQ(m.staging_bytes,
-            (1u << 20) * (192 + 192 + 192 + 17 + 16) + 1000 * (12 + 12 + 12 + 17 + 16));
+  // The deep cache and its scratch are in cache_bytes. The staging, as the cache reserves it
+  // with 512 MiB for staging and 64 MiB per write-back: the
+  // rows of both capacities (wide 3 floats, deep 48), 41 bytes of keys per key, three write-behind
+  // buffers (wide: its 1000 rows; deep: 349,525 rows of 192 bytes) with 16 bytes of key and
+  // version a row, and two batches of 16384 rows for the worker.
+  EXPECT_EQ(m.staging_bytes, 1000u * 12 + (1u << 20) * 192 + (1000u + (1u << 20)) * 41 +
+                                 1000u * (3 * 12 + 16) + 349525u * (3 * 192 + 16) + 2 * 1000u * 12 +
+                                 2 * 16384u * 192);
   EXPECT_EQ(m.max_write_buffers, 2);
   EXPECT_EQ(m.memtable_bytes, 4 * m.write_buffer_bytes);
   EXPECT_LE(m.total_bytes(), c.memory_budget_bytes);
@@ -129,6 +140,73 @@ TEST(trainer_memory_budget, a_budget_too_small_is_refused_before_any_work) {
   EXPECT_EQ(check_memory(c, needed - 1).message(),
             "config.memory_budget_bytes: " + std::to_string(needed) + " bytes is more than the " +
                 std::to_string(needed - 1) + " bytes of physical memory");
+}
+
+TEST(trainer_memory_budget, staging_and_write_back_fields_round_trip_and_their_ranges_are_named) {
+  for (const char* field : {"staging_bytes", "write_back_bytes"}) {
+    json j = {{"passes", {{"a.bin"}}}, {field, 1 << 20}};
+    auto c = trainer_config_from_json(j);
+    EMBCACHE_ASSERT_OK(c);
+    json back;
+    to_json(back, c.value());
+    EXPECT_EQ(back.at(field), 1u << 20);
+    to_json(back, trainer_config{});
+    EXPECT_EQ(back.at(field), 0u);  // the default: from the budget, or the cache's own
+    for (const json& bad : {json(-1), json("1MiB"), json((std::uint64_t{1} << 50) + 1)}) {
+      j[field] = bad;
+      EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+                std::string("config.") + field +
+                    ": expected an integer in [0, 1125899906842624], got " + bad.dump());
+    }
+  }
+  trainer_config direct;
+  direct.passes = {{{"a.bin"}}};
+  direct.staging_bytes = (std::uint64_t{1} << 50) + 1;
+  EXPECT_EQ(validate(direct).message(),
+            "config.staging_bytes: expected an integer in [0, 1125899906842624], got "
+            "1125899906842625");
+}
+
+// The staging the plan counts is what the training cache is given and reserves: its rows within
+// config.staging_bytes (tables in order, a capacity's rows at most each), the keys, and the
+// write-behind buffers of config.write_back_bytes.
+TEST(trainer_memory_budget, the_staging_counted_is_what_the_cache_reserves) {
+  trainer_config c = rocksdb_config("/no/such/db");
+  c.tables[1].store = "host";  // build_embedding_stores below opens no database
+  c.memory_budget_bytes = 2048 * mib;
+  c.staging_bytes = 1000 * 12 + 5000 * 192;  // every wide row, 5000 deep ones
+  c.write_back_bytes = 300 * 192;            // wide: its 1000 rows (4800 fit); deep: 300 rows
+  auto plan = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(plan);
+  const std::uint64_t wide = 1000u * 41 + 1000u * (3 * 12 + 16) + 2 * 1000u * 12;
+  const std::uint64_t deep = (1u << 20) * 41u + 300u * (3 * 192 + 16) + 2 * 16384u * 192;
+  EXPECT_EQ(plan.value().staging_bytes, c.staging_bytes + wide + deep);
+  // Without prefetch: no staging, two write-behind buffers.
+  c.prefetch = false;
+  plan = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(plan);
+  EXPECT_EQ(plan.value().staging_bytes, 1000u * (2 * 12 + 16) + 300u * (2 * 192 + 16));
+  c.prefetch = true;
+  // The training cache gets the same options.
+  std::string building;
+  auto stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  EMBCACHE_ASSERT_OK(stores);
+  EXPECT_EQ(stores.value().options.staging_bytes, c.staging_bytes);
+  EXPECT_EQ(stores.value().options.write_back_bytes, c.write_back_bytes);
+  EXPECT_EQ(stores.value().options.prefetch_batch, 16384u);
+  // Unset, they come from the budget; without a budget they are the cache's defaults.
+  c.staging_bytes = c.write_back_bytes = 0;
+  stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  EMBCACHE_ASSERT_OK(stores);
+  EXPECT_EQ(stores.value().options.staging_bytes, 512 * mib);
+  EXPECT_EQ(stores.value().options.write_back_bytes, 64 * mib);
+  c.memory_budget_bytes = 0;
+  stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  EMBCACHE_ASSERT_OK(stores);
+  const training_cache_options defaults;
+  EXPECT_EQ(stores.value().options.staging_bytes, defaults.staging_bytes);
+  EXPECT_EQ(stores.value().options.write_back_bytes, defaults.write_back_bytes);
+  EXPECT_EQ(stores.value().options.prefetch_batch, defaults.prefetch_batch);
 }
 
 #ifdef EMBCACHE_TEST_ROCKSDB
@@ -169,6 +247,19 @@ TEST(trainer_memory_budget, the_budget_sizes_the_rocksdb_memtables) {
         << rest;
     EXPECT_NE(rest.find("max_write_buffer_number=2\n"), std::string::npos) << rest;
   }
+  // Under a budget the table is read, flushed and compacted with direct I/O where the file
+  // system takes O_DIRECT (tmpfs does not: there the page cache stays).
+  const std::string probe = fs::path(db).parent_path().string() + "/direct_probe";
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+  const std::string direct = fd >= 0 ? "true" : "false";
+  EXPECT_NE(options.find("use_direct_reads=" + direct + "\n"), std::string::npos) << options;
+  EXPECT_NE(options.find("use_direct_io_for_flush_and_compaction=" + direct + "\n"),
+            std::string::npos)
+      << options;
 }
 
 TEST(trainer_memory_budget, a_dram_tier_is_checked_and_trains_the_same_model) {

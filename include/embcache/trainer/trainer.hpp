@@ -155,6 +155,15 @@ struct trainer_config {
   /// (plan_trainer_memory). Checked before anything is allocated: too small is
   /// capacity_exceeded naming this field and the bytes needed.
   std::uint64_t memory_budget_bytes = 0;
+  /// Keyset mode: most bytes of rows the prefetch stages for the next shard, over all tables
+  /// (training_cache_options::staging_bytes), at most 2^50 (default 0: a quarter of
+  /// memory_budget_bytes when set, else the cache's 1 GiB). Missing rows past it are pulled when
+  /// the shard begins. Counted by check_memory and plan_trainer_memory as the cache reserves it.
+  std::uint64_t staging_bytes = 0;
+  /// Keyset mode: most bytes of rows gathered at once to be written back, per table
+  /// (training_cache_options::write_back_bytes), at least one row, at most 2^50 (default 0: a
+  /// 32nd of memory_budget_bytes when set, else the cache's 256 MiB).
+  std::uint64_t write_back_bytes = 0;
 
   /// The default dense part: hidden 1024-1024, dropout 0.5, Adam lr 0.001, seed 0.
   static wide_deep_options default_model() { return wide_deep_options{}; }
@@ -195,8 +204,9 @@ struct memory_budget {
 [[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
 /// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
 /// the caches (on the host unless `caches_on_device`), their pass boundary's scratch, in keyset
-/// mode the prefetch staging (when config.prefetch) and the write-behind buffers (each a
-/// capacity's rows, two for the write-behind, with their keys and versions per table), the dense
+/// mode the prefetch staging (when config.prefetch: the rows the cache reserves within
+/// config.staging_bytes, and per table its keys) and the write-behind buffers (per table three
+/// buffers of config.write_back_bytes of rows, two without prefetch, with their keys), the dense
 /// network and a batch as check_memory counts them, a 10% reserve, and the rest split between the
 /// RocksDB stores' memtables (two per column family: one per table and each database's default),
 /// the DRAM tiers of the tables with `"dram_tier_bytes": "auto"` (shared equally; a table's fixed

@@ -102,6 +102,21 @@ int train_main(int argc, char** argv) {
     spdlog::error("{}: {}", who, t.get_status().to_string());
     return embcache::tools::run_time_failure;
   }
+  // How the memory budget is spent (the configuration resolved: capacity "auto" known).
+  if (leader && c.memory_budget_bytes != 0) {
+    auto resolved = embcache::resolve_trainer_config(c);
+    auto plan = resolved.ok() ? embcache::plan_trainer_memory(resolved.value())
+                              : embcache::result<embcache::memory_plan>(resolved.get_status());
+    if (plan.ok()) {
+      const embcache::memory_plan& m = plan.value();
+      spdlog::info(
+          "memory plan of {} bytes: caches {}, staging {}, other {}, reserve {}, DRAM tiers {}, "
+          "block cache {}, memtables {} ({} per column family of {} bytes)",
+          m.budget_bytes, m.cache_bytes, m.staging_bytes, m.other_bytes, m.reserve_bytes,
+          m.dram_tier_bytes, m.block_cache_bytes, m.memtable_bytes, m.max_write_buffers,
+          m.write_buffer_bytes);
+    }
+  }
   // The trainer's progress and summary lines, as log lines with a timestamp and level. run()
   // logs where the dense network runs before the first pass. Rank 0 speaks for a sharded run.
   t.value()->set_log([leader](const std::string& line) {

@@ -1,0 +1,153 @@
+// training_cache_options::write_back_bytes: end_training() writes the resident dirty rows back in
+// chunks of that size, and a boundary writes behind at most that much (the leavers past it are
+// pushed by begin_pass). Whatever the size, the store ends with the same rows, versions and
+// export as with one chunk.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
+#include "embcache/host_store.hpp"
+#include "embcache/training_cache.hpp"
+
+namespace embcache::testing {
+namespace {
+
+constexpr std::size_t dim = 4;
+
+// Every stored row with its version.
+using stored_rows = std::map<std::int64_t, std::pair<std::vector<float>, std::uint64_t>>;
+
+stored_rows stored_of(param_store<std::int64_t>& store) {
+  stored_rows out;
+  EXPECT_TRUE(store
+                  .for_each(7,
+                            [&](const std::int64_t* k, const float* rows,
+                                const std::uint64_t* versions, std::size_t n) {
+                              for (std::size_t i = 0; i < n; ++i)
+                                out[k[i]] = {
+                                    std::vector<float>(rows + i * dim, rows + (i + 1) * dim),
+                                    versions[i]};
+                              return status{};
+                            })
+                  .ok());
+  return out;
+}
+
+struct cache_over_store {
+  std::shared_ptr<host_store<std::int64_t>> store;
+  std::unique_ptr<training_cache<std::int64_t>> tc;
+  cache_over_store(std::size_t write_back_bytes, bool write_behind) {
+    host_store_options so;
+    so.table_name = "t";
+    so.row_width = dim;
+    store = std::make_shared<host_store<std::int64_t>>(so);
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.capacity = 16;
+    o.store = store;
+    training_cache_options co;
+    co.write_back_bytes = write_back_bytes;
+    co.write_behind = write_behind;
+    tc = std::make_unique<training_cache<std::int64_t>>(co, std::vector{o});
+  }
+};
+
+struct run_result {
+  stored_rows stored;
+  std::vector<std::uint64_t> pushed, evicted;  // per pass and after end_training (total)
+  std::vector<std::int64_t> delta_keys;
+  std::vector<std::uint64_t> delta_versions;
+};
+
+// Passes of 12 keys over a cache of 16 rows, each keyset 8 keys past the last, so that the
+// boundaries evict dirty rows; every pass rewrites its rows; then end_training (or save into
+// `save_dir`) and an export.
+run_result train(std::size_t write_back_bytes, bool write_behind, bool prefetch,
+                 const std::string& save_dir = "") {
+  cache_over_store f(write_back_bytes, write_behind);
+  training_cache<std::int64_t>& tc = *f.tc;
+  run_result r;
+  const auto keyset = [](int p) {
+    std::vector<std::int64_t> k;
+    for (std::int64_t i = 0; i < 12; ++i) k.push_back(p * 8 + i);
+    return k;
+  };
+  constexpr int passes = 5;
+  for (int p = 0; p < passes; ++p) {
+    const auto keys = keyset(p);
+    EXPECT_TRUE(tc.begin_pass({keys}).ok());
+    if (prefetch && p + 1 < passes) EXPECT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+    std::vector<float> rows(keys.size() * dim);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(p * 1000 + int(i));
+    EXPECT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+    r.pushed.push_back(tc.counters().last[0].rows_pushed);
+    r.evicted.push_back(tc.counters().last[0].rows_evicted);
+  }
+  EXPECT_TRUE(save_dir.empty() ? tc.end_training().ok() : tc.save(save_dir).ok());
+  r.pushed.push_back(tc.counters().total[0].rows_pushed);
+  r.evicted.push_back(tc.counters().total[0].rows_evicted);
+  r.stored = stored_of(*f.store);
+  auto d = tc.export_incremental();
+  EXPECT_TRUE(d.ok());
+  if (d.ok()) {
+    r.delta_keys = d.value()[0].keys;
+    r.delta_versions = d.value()[0].versions;
+  }
+  return r;
+}
+
+void expect_same(const run_result& a, const run_result& b) {
+  EXPECT_EQ(a.stored, b.stored);
+  EXPECT_EQ(a.pushed, b.pushed);
+  EXPECT_EQ(a.evicted, b.evicted);
+  EXPECT_EQ(a.delta_keys, b.delta_keys);
+  EXPECT_EQ(a.delta_versions, b.delta_versions);
+}
+
+TEST(training_cache_write_back, one_row_chunks_store_the_same_rows_as_one_chunk) {
+  for (const bool write_behind : {true, false}) {
+    for (const bool prefetch : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "write_behind " << write_behind << ", prefetch " << prefetch);
+      const run_result whole = train(std::size_t{1} << 20, write_behind, prefetch);
+      // Every key of the 5 passes is stored: 8 * 4 + 12.
+      ASSERT_EQ(whole.stored.size(), 44u);
+      // 1 byte: one row per chunk; 3 rows of 16 bytes: a chunk of 3 (not a divisor of 8 or 12).
+      expect_same(whole, train(1, write_behind, prefetch));
+      expect_same(whole, train(3 * dim * sizeof(float), write_behind, prefetch));
+    }
+  }
+}
+
+TEST(training_cache_write_back, one_row_chunks_store_the_last_row_of_every_key) {
+  const run_result r = train(dim * sizeof(float), true, false);
+  ASSERT_EQ(r.stored.size(), 44u);
+  EXPECT_GE(r.pushed.back(), 44u);  // every key was dirty once at least
+  EXPECT_GT(r.evicted.back(), 0u);  // the boundaries evicted: their leavers went in chunks too
+  for (const auto& [key, row] : r.stored) {
+    const int pass = key < 40 ? int(key / 8) : 4;  // the last pass that wrote the key
+    EXPECT_EQ(row.first[0], float(pass * 1000 + int(key - pass * 8) * int(dim))) << "key " << key;
+  }
+}
+
+TEST(training_cache_write_back, save_and_load_in_one_row_chunks_keep_every_row) {
+  temp_dir dir("embcache_write_back");
+  const run_result saved = train(1, true, true, dir.sub("save"));
+  ASSERT_EQ(saved.stored.size(), 44u);
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{1} << 20}) {
+    cache_over_store f(bytes, true);
+    ASSERT_TRUE(f.tc->load(dir.sub("save")).ok());
+    EXPECT_EQ(stored_of(*f.store), saved.stored) << bytes << " bytes";
+  }
+}
+
+}  // namespace
+}  // namespace embcache::testing
