@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "embcache/admission.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
@@ -78,6 +79,8 @@ struct table_options {
   /// known. save() asks it for the keys with no loaded or set slot id. For keys made by
   /// criteo_key() the slot is criteo_key_tag(key).
   std::function<std::uint64_t(Key)> slot_of;
+  /// Feature admission (admission.hpp); default off: every key gets a row at its first lookup.
+  admission_options admission{};
 };
 
 /// The slots a table asks its device cache for (before the cache rounds them up to whole
@@ -132,6 +135,8 @@ struct table_counters {
   /// Background push of the rows written behind at this pass's boundary (not blocking the
   /// caller); known once that push is over, so `last` gets it at the next begin_pass.
   double seconds_write_behind = 0;
+  std::uint64_t keys_admitted = 0;  ///< sightings that admitted a key without a row (admission.hpp)
+  std::uint64_t keys_refused = 0;   ///< sightings of keys without a row that were not admitted
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };

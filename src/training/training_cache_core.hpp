@@ -105,6 +105,11 @@ struct training_cache_core {
   result<std::string> export_to_folder(const std::string& dir, bool with_state,
                                        std::uint64_t number);
 
+  // --- feature admission (admission.inl) ---
+  // Keeps of `keys` (sorted, unique) those admitted: resident, in the store, or (with `count`,
+  // each counted as a sighting) admitted by the table's sketch; `c` gets the admitted and refused.
+  status admit(table_type& tb, std::vector<Key>* keys, bool count, table_counters* c);
+
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);
   status load(const std::string& dir, const load_options& options);

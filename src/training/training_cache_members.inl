@@ -102,6 +102,8 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     // Versions of rows already in the store stay below every version the cache hands out.
     tb.cache->advance_version(tb.sync.store->max_version());
     tb.exports.last_version = tb.sync.store->max_version();
+    check_admission_options(o.admission, who + ": admission").throw_if_error();
+    tb.admission = admission_sketch(o.admission);
     tb.opt = std::move(o);
     core_->tables.push_back(std::move(tb));
     core_->counters.tables.push_back(core_->tables.back().opt.name);
@@ -203,8 +205,9 @@ status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
 template <class Key, class Space>
 status training_cache<Key, Space>::begin_pass_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
-      "begin_pass_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call("begin_pass_files", [&] {
+    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
+  }));
   return begin_pass(ks);
 }
 
@@ -216,8 +219,9 @@ status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>&
 template <class Key, class Space>
 status training_cache<Key, Space>::prefetch_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
-      "prefetch_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call("prefetch_files", [&] {
+    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
+  }));
   return prefetch(ks);
 }
 
@@ -338,13 +342,12 @@ status training_cache<Key, Space>::end_training() {
 template <class Key, class Space>
 result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
     bool with_state) {
-  return detail::public_call(
-      "export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
-        std::vector<detail::export_mark> marks;
-        auto out = core_->collect_deltas(with_state, &marks);
-        if (out.ok()) core_->commit_deltas(marks);
-        return out;
-      });
+  return detail::public_call("export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
+    std::vector<detail::export_mark> marks;
+    auto out = core_->collect_deltas(with_state, &marks);
+    if (out.ok()) core_->commit_deltas(marks);
+    return out;
+  });
 }
 
 template <class Key, class Space>
