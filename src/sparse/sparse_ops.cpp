@@ -63,8 +63,8 @@ const char* to_string(optimizer_kind kind) noexcept {
 }
 
 bool optimizer_kind_from_string(const std::string& name, optimizer_kind* out) noexcept {
-  for (optimizer_kind k :
-       {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam, optimizer_kind::ftrl}) {
+  for (optimizer_kind k : {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam,
+                           optimizer_kind::ftrl}) {
     if (name == to_string(k)) {
       *out = k;
       return true;
