@@ -2,26 +2,28 @@
 /// @brief Feature admission: a key earns a trained row only after enough sightings (counted in
 /// bounded memory by a count-min sketch) or by a seeded draw with probability p per sighting.
 ///
-/// **Sighting.** One sighting is one call that asks for the key while it has no row: in keyset
-/// mode a begin_pass() whose keyset holds it, in on-demand mode a lookup() whose batch holds it;
-/// repeats inside one keyset or batch count once. A key that has a row (resident, or in the
-/// table's store) is admitted and not counted. So a keyset pass and an on-demand batch weigh the
-/// same (one sighting per call), and the sharded trainer, whose owners see exactly the keysets of
-/// the keys they own, counts what a single rank counts (see the sketch's collisions below).
+/// **Sighting.** One sighting is one call that asks for the key: in keyset mode a begin_pass()
+/// whose keyset holds it, in on-demand mode a lookup() whose batch holds it; repeats inside one
+/// keyset or batch count once. Every sighting is counted, whether the key has a row or not, and
+/// a call counts all its keys before it decides for any: so the counts are a function of the
+/// sequence of keysets (or batches) alone, and a keyset pass and an on-demand batch weigh the
+/// same (one sighting per call). The sharded trainer keeps that exact: each owner counts the
+/// whole keyset of a shard (training_cache::count_sightings for the keys other ranks own) and
+/// decides for its own keys, so every rank's sketch is the single rank's, bit for bit.
 ///
-/// **Admission.** At a sighting of a key without a row, its count goes up by one and it is
-/// admitted when the count reaches its threshold: `min_count` when that is set; with
-/// `probability` p set, the sighting at which the key is admitted is drawn once per key from a
-/// hash of (key, seed) as a geometric variable of parameter p, which is the law of a coin of
-/// probability p tossed at every sighting, with no per-key memory and the same draw in every run
-/// and on every rank; with both set, the smaller threshold (whichever admits first). Then the
+/// **Admission.** A key that has a row (resident, or in the table's store) is admitted. A key
+/// without one is admitted when its count has reached its threshold: `min_count` when that is
+/// set; with `probability` p set, the sighting at which the key is admitted is drawn once per key
+/// from a hash of (key, seed) as a geometric variable of parameter p, which is the law of a coin
+/// of probability p tossed at every sighting, with no per-key memory and the same draw in every
+/// run and on every rank; with both set, the smaller threshold (whichever admits first). Then the
 /// training cache makes the key's row as it makes any new row (the initializer). A refused key
 /// gets no row: in keyset mode it is left out of the pass's resident keys, in on-demand mode its
 /// slot is -1, and the sparse ops read a zero row for slot -1 and apply no gradient to it
 /// (sparse_ops.hpp). It never reaches the store, a save or an export.
 ///
-/// **Error bound.** The sketch keeps `sketch_depth` rows of `sketch_width` 32-bit counters and
-/// counts with the conservative update (only the smallest of a key's counters grow); a key's
+/// **Error bound.** The sketch keeps `sketch_depth` rows of `sketch_width` 32-bit counters; a
+/// sighting adds one to one counter per row, chosen by that row's hash of the key, and a key's
 /// count is the smallest of its counters. It never undercounts, and with width w = e / eps and
 /// depth d = ln(1 / delta) it overcounts by at most eps * N with probability at least 1 - delta,
 /// N being the sightings counted so far (all keys). For the defaults (w = 2^20, d = 4): eps =
@@ -34,7 +36,7 @@
 /// `admission` file (training_cache.md, "Admission"), only when admission is on, so that a resume
 /// counts on bit for bit; a save without it (admission off when it was written) starts the counts
 /// at zero, its rows admitted as rows. A key that loses its row (erase) keeps its count, so it is
-/// admitted again at its next sighting.
+/// admitted again at its next sighting once its count is past its threshold.
 #pragma once
 
 #include <cstddef>
@@ -59,8 +61,9 @@ struct admission_options {
   bool enabled() const noexcept { return min_count > 0 || probability > 0; }
 };
 
-/// Checks `o`: probability in [0, 1], sketch_width in [1, 2^32], sketch_depth in [1, 16], and
-/// width * depth * 4 bytes at most 2^40. invalid_argument naming the field (prefixed by `at`).
+/// Checks `o`: probability in [0, 1] (NaN refused), sketch_width in [1, 2^32], sketch_depth in
+/// [1, 16] (so the counters' bytes, 4 * width * depth, stay below 2^38 and cannot overflow).
+/// invalid_argument naming the field (prefixed by `at`).
 [[nodiscard]] status check_admission_options(const admission_options& o,
                                              const std::string& at = "admission");
 
@@ -69,7 +72,8 @@ struct admission_options {
 class admission_sketch {
  public:
   /// An empty sketch; off when `o` is (no memory then). Throws embcache::error
-  /// (invalid_argument) when check_admission_options(o) fails.
+  /// (invalid_argument) when check_admission_options(o) fails, std::bad_alloc when the counters
+  /// cannot be allocated.
   explicit admission_sketch(const admission_options& o = {});
 
   /// Whether admission is on.
@@ -77,8 +81,10 @@ class admission_sketch {
   /// The options it was built with.
   const admission_options& options() const noexcept { return opt_; }
 
-  /// Counts one sighting of `key` (conservative update) and returns whether the key is admitted
-  /// at it (its count has reached its threshold). Always true when admission is off.
+  /// Counts one sighting of `key`: each of its counters grows by one (saturating).
+  void count_sighting(std::uint64_t key) noexcept;
+  /// count_sighting(key), then whether the key is admitted (its count has reached its
+  /// threshold). Always true when admission is off.
   bool sight(std::uint64_t key) noexcept;
   /// Whether `key`'s count has reached its threshold, without counting.
   bool admitted(std::uint64_t key) const noexcept;

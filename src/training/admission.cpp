@@ -15,7 +15,6 @@ constexpr std::uint32_t magic1 = 0x3154494d;  // "MIT1"
 constexpr std::uint32_t format_version = 1;
 constexpr std::uint32_t max_depth = 16;
 constexpr std::uint64_t max_width = std::uint64_t{1} << 32;
-constexpr std::uint64_t max_bytes = std::uint64_t{1} << 40;
 
 // splitmix64's finalizer: every input bit reaches every output bit.
 std::uint64_t mix(std::uint64_t x) noexcept {
@@ -44,11 +43,6 @@ status check_admission_options(const admission_options& o, const std::string& at
   if (o.sketch_depth < 1 || o.sketch_depth > max_depth)
     return status::invalid_argument(at + ".sketch_depth: " + std::to_string(o.sketch_depth) +
                                     " is outside [1, 16]");
-  // width <= 2^32 and depth <= 16: the product of the three cannot overflow.
-  if (o.sketch_width * o.sketch_depth * 4 > max_bytes)
-    return status::invalid_argument(at + ".sketch_width: " + std::to_string(o.sketch_width) +
-                                    " counters in " + std::to_string(o.sketch_depth) +
-                                    " rows take more than 2^40 bytes");
   return {};
 }
 
@@ -90,19 +84,20 @@ std::uint32_t admission_sketch::threshold(std::uint64_t key) const noexcept {
   return t;
 }
 
-bool admission_sketch::sight(std::uint64_t key) noexcept {
-  if (cells_.empty()) return true;
-  std::size_t at[max_depth];
-  std::uint32_t c = std::numeric_limits<std::uint32_t>::max();
+void admission_sketch::count_sighting(std::uint64_t key) noexcept {
+  if (cells_.empty()) return;
+  // Every counter of the key grows: the counters are sums of sightings, the same whatever the
+  // order of the keys counted.
   for (std::uint32_t r = 0; r < opt_.sketch_depth; ++r) {
-    at[r] = cell(r, key);
-    c = std::min(c, cells_[at[r]]);
+    std::uint32_t& c = cells_[cell(r, key)];
+    if (c < std::numeric_limits<std::uint32_t>::max()) ++c;
   }
-  if (c < std::numeric_limits<std::uint32_t>::max()) ++c;
-  // Conservative update: only the counters below the new count grow, to it.
-  for (std::uint32_t r = 0; r < opt_.sketch_depth; ++r) cells_[at[r]] = std::max(cells_[at[r]], c);
   ++total_;
-  return c >= threshold(key);
+}
+
+bool admission_sketch::sight(std::uint64_t key) noexcept {
+  count_sighting(key);
+  return admitted(key);
 }
 
 bool admission_sketch::admitted(std::uint64_t key) const noexcept {

@@ -244,6 +244,13 @@ status training_cache<Key, Space>::lookup(std::size_t t, const Key* keys, std::s
 }
 
 template <class Key, class Space>
+status training_cache<Key, Space>::count_sightings(std::size_t t, const Key* keys, std::size_t n) {
+  auto& tb = core_->tables.at(t);
+  return detail::public_call("count_sightings",
+                             [&] { return core_->count_sightings(tb, keys, n); });
+}
+
+template <class Key, class Space>
 status training_cache<Key, Space>::assign(std::size_t t, const Key* keys, std::size_t n,
                                           const float* rows) {
   auto& tb = core_->tables.at(t);

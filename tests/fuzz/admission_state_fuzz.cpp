@@ -78,8 +78,7 @@ EMBCACHE_FUZZ_TARGET(admission_state) {
   const embcache::status s = f.cache->load(f.dir);
   if (s.ok()) {
     EMBCACHE_FUZZ_CHECK(f.cache->save(f.again).ok());
-    EMBCACHE_FUZZ_CHECK(read_bytes(f.again + "/emb/admission") ==
-                        std::string(in.content, in.size));
+    EMBCACHE_FUZZ_CHECK(read_bytes(f.again + "/emb/admission") == std::string(in.content, in.size));
   } else {
     EMBCACHE_FUZZ_CHECK(s.code() == embcache::status_code::corruption);
     EMBCACHE_FUZZ_CHECK(s.message().find("admission") != std::string::npos);

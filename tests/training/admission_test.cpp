@@ -2,6 +2,8 @@
 // min_count-th sighting, seeded draws close to p), and the training cache in both modes: refused
 // keys get no row, read zeros, get no gradient and reach no store, save or export; the counts
 // survive save/load bit for bit; a corrupted admission file is refused clearly.
+#include "embcache/admission.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
-#include "embcache/admission.hpp"
 #include "embcache/json.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/training_cache.hpp"
@@ -132,12 +133,10 @@ TEST(admission_sketch, options_are_checked_naming_the_field) {
             std::string::npos);
   o = {};
   o.sketch_depth = 0;
-  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_depth"),
-            std::string::npos);
+  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_depth"), std::string::npos);
   o = {};
   o.sketch_width = 0;
-  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_width"),
-            std::string::npos);
+  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_width"), std::string::npos);
   table_options<key> t;
   t.name = "t";
   t.dim = 2;
@@ -246,8 +245,9 @@ TEST(admission_keyset, off_writes_nothing_new) {
 // The passes of the resume tests: a drifting keyset, each key seen now and then.
 std::vector<key> pass_keys(int p) {
   std::vector<key> k;
+  // Keys 0-4 every pass; the others once or twice in passes 0-7 (3p mod 10 takes 8 values).
   for (key x = 0; x < 40; ++x)
-    if ((x * 7 + p * 3) % 5 < 2 || x % 11 == p % 11) k.push_back(x);
+    if (x < 5 || (x * 7 + p * 3) % 10 < 2) k.push_back(x);
   return k;
 }
 
@@ -267,21 +267,21 @@ std::vector<char> file_bytes(const std::string& path) {
 
 TEST(admission_keyset, save_load_resume_is_bit_exact_and_prefetch_changes_nothing) {
   temp_dir dir;
-  auto whole = make_cache(cache_mode::keyset, counting(3));
+  auto whole = make_cache(cache_mode::keyset, counting(2));
   run_passes(*whole, 0, 8, false);
   EMBCACHE_ASSERT_OK(whole->save(dir.sub("whole")));
 
-  auto first = make_cache(cache_mode::keyset, counting(3));
+  auto first = make_cache(cache_mode::keyset, counting(2));
   run_passes(*first, 0, 4, true);
   EMBCACHE_ASSERT_OK(first->save(dir.sub("half")));
-  auto resumed = make_cache(cache_mode::keyset, counting(3));
+  auto resumed = make_cache(cache_mode::keyset, counting(2));
   EMBCACHE_ASSERT_OK(resumed->load(dir.sub("half")));
   run_passes(*resumed, 4, 8, true);
   EMBCACHE_ASSERT_OK(resumed->save(dir.sub("resumed")));
 
   EXPECT_EQ(store_model(*whole, 0), store_model(*resumed, 0));
-  EXPECT_LT(store_model(*whole, 0).size(), 40u);  // some keys were never admitted
-  EXPECT_GT(store_model(*whole, 0).size(), 0u);
+  EXPECT_LT(store_model(*whole, 0).size(), 40u);  // keys seen once were never admitted
+  EXPECT_GT(store_model(*whole, 0).size(), 5u);   // keys seen twice were
   for (const char* f : {"t/key", "t/emb_vector", "t/admission"}) {
     EXPECT_EQ(file_bytes(dir.sub(std::string("whole/") + f)),
               file_bytes(dir.sub(std::string("resumed/") + f)))
