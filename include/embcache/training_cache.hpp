@@ -206,9 +206,9 @@ class training_cache {
 
   /// Builds the caches and, where none is given, the host stores. Throws embcache::error
   /// (invalid_argument) for an empty or repeated name, a zero dim or capacity, bad optimizer
-  /// or admission options, or a store whose row width differs from dim + state width; in the cuda space,
-  /// embcache::error (unsupported) when no CUDA device can be used. `space` carries the stream the
-  /// device caches run on.
+  /// or admission options, or a store whose row width differs from dim + state width; in the cuda
+  /// space, embcache::error (unsupported) when no CUDA device can be used. `space` carries the
+  /// stream the device caches run on.
   training_cache(training_cache_options options, std::vector<table_options<Key>> tables,
                  Space space = {});
   /// Waits for a running prefetch; does not flush (call end_training() for that).

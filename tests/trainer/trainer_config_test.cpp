@@ -653,8 +653,7 @@ TEST(trainer_config, admission_is_checked_naming_the_field_and_round_trips) {
   trainer_config t;
   t.passes = {{{"a.bin"}}};
   t.tables[0].admission.sketch_depth = 0;
-  EXPECT_EQ(validate(t).message(),
-            "config.tables[0].admission.sketch_depth: 0 is outside [1, 16]");
+  EXPECT_EQ(validate(t).message(), "config.tables[0].admission.sketch_depth: 0 is outside [1, 16]");
 }
 
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {

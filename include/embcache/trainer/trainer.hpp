@@ -26,9 +26,9 @@
 #include <string_view>
 #include <vector>
 
+#include "embcache/admission.hpp"
 #include "embcache/json.hpp"
 #include "embcache/memory_plan.hpp"
-#include "embcache/admission.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/status.hpp"
 #include "embcache/trainer/dense_backend.hpp"
