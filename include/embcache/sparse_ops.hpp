@@ -35,8 +35,11 @@ enum class combiner : std::uint8_t {
 ///
 /// Bag `b * num_slots + s` (slot s of sample b) holds the row indices
 /// `row_indices[offsets[b*S + s] .. offsets[b*S + s + 1])`. One-hot slots have exactly one
-/// occurrence per bag; an empty bag pools to zeros. Offsets are int64: the same type as the row
-/// indices, so a batch can be sliced out of a larger index array without conversion.
+/// occurrence per bag; an empty bag pools to zeros. Row index -1 stands for a key without a row (a
+/// key that feature admission refused, admission.hpp, or an on-demand lookup's slot -1): it reads
+/// a zero row (with combiner::mean it still counts in the bag's size) and gets no gradient. Offsets
+/// are int64: the same type as the row indices, so a batch can be sliced out of a larger index
+/// array without conversion.
 struct slot_batch {
   std::size_t batch_size = 0;                 ///< samples B (default 0)
   std::size_t num_slots = 0;                  ///< slots per sample S (default 0)
@@ -49,7 +52,8 @@ struct slot_batch {
 };
 
 /// Checks a host-memory batch: offsets start at 0, never decrease, end at num_indices, and every
-/// row index is in [0, num_rows). The ops themselves trust their input (they run on the device).
+/// row index is -1 or in [0, num_rows). The ops themselves trust their input (they run on the
+/// device).
 [[nodiscard]] status check_batch(const slot_batch& batch, std::size_t num_rows);
 
 /// Forward: `out[(b*S + s)*dim + d]` = combiner over the bag's rows of `row[d]`.
@@ -93,8 +97,8 @@ struct sparse_gradients {
 };
 
 /// Backward of lookup_combine: from `d_out` (B*S*dim floats, the gradient of the loss with
-/// respect to `out`) computes the unique row indices of the batch (ascending) and, per unique
-/// row, the sum over its occurrences of the bag's gradient (divided by the bag's size for
+/// respect to `out`) computes the unique row indices of the batch (ascending, -1 left out) and, per
+/// unique row, the sum over its occurrences of the bag's gradient (divided by the bag's size for
 /// `combiner::mean`). The sum runs over occurrences in batch order: deterministic.
 ///
 /// Buffers of `grads` grow when too small and are reused otherwise.

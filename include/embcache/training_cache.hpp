@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "embcache/admission.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
@@ -78,6 +79,8 @@ struct table_options {
   /// known. save() asks it for the keys with no loaded or set slot id. For keys made by
   /// criteo_key() the slot is criteo_key_tag(key).
   std::function<std::uint64_t(Key)> slot_of;
+  /// Feature admission (admission.hpp); default off: every key gets a row at its first lookup.
+  admission_options admission{};
 };
 
 /// The slots a table asks its device cache for (before the cache rounds them up to whole
@@ -139,6 +142,8 @@ struct table_counters {
   /// Background push of the rows written behind at this pass's boundary (not blocking the
   /// caller); known once that push is over, so `last` gets it at the next begin_pass.
   double seconds_write_behind = 0;
+  std::uint64_t keys_admitted = 0;  ///< sightings that admitted a key without a row (admission.hpp)
+  std::uint64_t keys_refused = 0;   ///< sightings of keys without a row that were not admitted
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };
@@ -208,9 +213,9 @@ class training_cache {
 
   /// Builds the caches and, where none is given, the host stores. Throws embcache::error
   /// (invalid_argument) for an empty or repeated name, a zero dim or capacity, bad optimizer
-  /// options, or a store whose row width differs from dim + state width; in the cuda space,
-  /// embcache::error (unsupported) when no CUDA device can be used. `space` carries the stream the
-  /// device caches run on.
+  /// or admission options, or a store whose row width differs from dim + state width; in the cuda
+  /// space, embcache::error (unsupported) when no CUDA device can be used. `space` carries the
+  /// stream the device caches run on.
   training_cache(training_cache_options options, std::vector<table_options<Key>> tables,
                  Space space = {});
   /// Waits for a running prefetch; does not flush (call end_training() for that).
@@ -241,7 +246,8 @@ class training_cache {
   /// same keysets, part of this may already have been done during the pass (see prefetch()). A
   /// keyset with more distinct keys than its table's capacity gives capacity_exceeded before
   /// anything changes; so does a count of keysets other than num_tables() (invalid_argument).
-  /// Throws in on_demand mode.
+  /// Throws in on_demand mode. With table_options::admission on, a key of the keyset that has no
+  /// row and is not admitted at this sighting stays out (admission.hpp): no row, slot -1.
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
   /// begin_pass with keysets read from files (one per table, options().keyset_fmt). Read errors
   /// (missing, truncated, wrong key type) are returned before anything changes.
@@ -272,9 +278,16 @@ class training_cache {
   /// More distinct keys than the capacity gives capacity_exceeded before anything changes. When
   /// some keys find no room (more keys of the batch share a home bucket than it holds), the
   /// others are made resident, the victims written back, `slots_out` is -1 for those keys and
-  /// capacity_exceeded names how many and the first.
+  /// capacity_exceeded names how many and the first. With table_options::admission on, a key
+  /// that has no row and is not admitted at this sighting gets no row and slot -1 (admission.hpp).
   /// Throws in keyset mode.
   status lookup(std::size_t t, const Key* keys, std::size_t n, std::int64_t* slots_out);
+
+  /// Feature admission (admission.hpp): counts one sighting of each distinct key of `keys` in
+  /// table t's sketch, making no row and deciding nothing; nothing when the table's admission is
+  /// off. A sharded run calls it with the keys of a shard's keyset that other ranks own, before
+  /// its begin_pass of its own part, so that every rank counts what a single rank counts.
+  status count_sightings(std::size_t t, const Key* keys, std::size_t n);
 
   /// Overwrites the rows of resident keys (`rows`: n * row_width floats) and marks them
   /// updated. A key that is not resident gives not_found (nothing is written).

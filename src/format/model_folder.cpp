@@ -175,6 +175,14 @@ status write_stored_table(const std::string& folder, const stored_table<Key>& t,
                                            versions.data(), slot_ids.data(), m));
   }
   nlohmann::json files = nlohmann::json::object();
+  if (t.admission && !t.admission->empty()) {
+    durable_file_writer a;
+    EMBCACHE_RETURN_IF_ERROR(a.open(folder + "/admission", file_placement::in_staged_folder));
+    EMBCACHE_RETURN_IF_ERROR(
+        a.write(t.admission->data(), t.admission->size() * sizeof(std::uint32_t)));
+    EMBCACHE_RETURN_IF_ERROR(a.commit());
+    files["admission"] = {{"bytes", a.bytes()}, {"xxh64", hex64(a.digest())}};
+  }
   EMBCACHE_RETURN_IF_ERROR(writer.finish(&files));
   *entry = {{"name", t.name},
             {"dim", dim},

@@ -120,6 +120,9 @@ struct stored_table {
   /// Slot ids known for some keys (loaded or set), looked up first; may be null.
   const std::unordered_map<Key, std::uint64_t>* slot_ids = nullptr;
   std::function<std::uint64_t(Key)> slot_of;  ///< for the other keys; may be empty
+  /// Feature admission's state (admission_sketch::to_words), written as the file `admission`
+  /// when not null and not empty.
+  const std::vector<std::uint32_t>* admission = nullptr;
 };
 
 /// Writes the model folder `dir` from the stores of `tables` (the layout of
@@ -222,6 +225,12 @@ struct table_rows {
 /// `erased` for a delta.
 [[nodiscard]] status read_listed_table(const folder_manifest& m, const manifest_table& t,
                                        table_rows* out);
+/// Reads the file `name` of table `t` of `m`, listed in its `files`, as `words` 32-bit words:
+/// checked as read_listed_table checks its files (size against the manifest and the file, then
+/// the checksum). Used for a save's `admission` file (admission.hpp).
+[[nodiscard]] status read_listed_words(const folder_manifest& m, const manifest_table& t,
+                                       const std::string& name, std::uint64_t words,
+                                       std::vector<std::uint32_t>* out);
 /// Reads a plain HugeCTR table folder (no manifest): `key` int64, `emb_vector` float32[n][dim],
 /// optional `slot_id` uint64[n] and the files of `optimizer` (float32[n][dim] each: all or none);
 /// sizes checked before reading; every row at version 1.

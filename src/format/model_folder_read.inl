@@ -407,6 +407,11 @@ status read_listed_table(const folder_manifest& m, const manifest_table& t, tabl
   return {};
 }
 
+status read_listed_words(const folder_manifest& m, const manifest_table& t, const std::string& name,
+                         std::uint64_t words, std::vector<std::uint32_t>* out) {
+  return read_listed_file(fields{m.path}, t, m.dir + "/" + t.name, name, words, 1, nullptr, out);
+}
+
 status read_hugectr_table(const std::string& folder, std::size_t dim, optimizer_kind optimizer,
                           table_rows* out) {
   table_rows& r = *out;

@@ -40,10 +40,10 @@ status check_batch(const slot_batch& batch, std::size_t num_rows) {
                                     " occurrences has no row indices");
   for (std::size_t k = 0; k < batch.num_indices; ++k) {
     const std::int64_t r = batch.row_indices[k];
-    if (r < 0 || static_cast<std::size_t>(r) >= num_rows)
-      return status::invalid_argument("slot batch: row index " + std::to_string(r) +
-                                      " at occurrence " + std::to_string(k) + " is outside [0, " +
-                                      std::to_string(num_rows) + ")");
+    if (r < -1 || (r >= 0 && static_cast<std::size_t>(r) >= num_rows))
+      return status::invalid_argument(
+          "slot batch: row index " + std::to_string(r) + " at occurrence " + std::to_string(k) +
+          " is neither -1 (no row) nor in [0, " + std::to_string(num_rows) + ")");
   }
   return {};
 }

@@ -337,6 +337,8 @@ class keyset_path final : public cache_path<Space> {
     EMBCACHE_RETURN_IF_ERROR(this->cache().cache(t).lookup_slots(
         keys_[which].from_host(keys, n, this->space_), n, slots));
     this->slots_[which] = slots;
+    // Keys that admission refused have no row: slot -1, which the sparse ops read as zeros.
+    if (this->config_.tables[t].admission.enabled()) return {};
     if (count_equal(this->space_, static_cast<const std::int64_t*>(slots), n, std::int64_t{-1}) ==
         0)
       return {};

@@ -106,6 +106,10 @@ class keyset_swapper {
     auto keysets = take_keysets(shard);
     if (!keysets.ok()) return keysets.get_status();
     const auto t0 = std::chrono::steady_clock::now();
+    // Feature admission counts the whole keyset on every rank (admission.hpp).
+    for (std::size_t t = 0; t < others_.size(); ++t)
+      EMBCACHE_RETURN_IF_ERROR(
+          cache.count_sightings(t, others_[t].data(), others_[t].size()).with_context(shard));
     EMBCACHE_RETURN_IF_ERROR(cache.begin_pass(keysets.value()).with_context(shard));
     activity.blocked_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -113,7 +117,7 @@ class keyset_swapper {
     activity.hits += swap.hits;
     activity.misses += swap.misses;
     if (!config_.prefetch || upcoming.empty()) return {};
-    auto next = keysets_of(upcoming);
+    auto next = keysets_of(upcoming, &prefetched_others_);
     if (!next.ok()) return next.get_status();
     EMBCACHE_RETURN_IF_ERROR(cache.prefetch(next.value()).with_context(upcoming));
     prefetched_shard_ = upcoming;
@@ -125,7 +129,9 @@ class keyset_swapper {
   // The keysets of `shard`: those prefetched for it, else read; forgets the prefetched ones.
   result<std::vector<std::vector<trainer_key>>> take_keysets(const std::string& shard);
   result<keyset_format> keyset_format_of(const std::string& shard);
-  result<std::vector<std::vector<trainer_key>>> keysets_of(const std::string& shard);
+  // With `others`: per table with admission on, the keys `keep` cut (other ranks' keys).
+  result<std::vector<std::vector<trainer_key>>> keysets_of(
+      const std::string& shard, std::vector<std::vector<trainer_key>>* others = nullptr);
 
   const trainer_config& config_;
   table_roles roles_;
@@ -133,6 +139,9 @@ class keyset_swapper {
   std::map<std::string, keyset_format> formats_;  // per dataset folder
   std::string prefetched_shard_;
   std::vector<std::vector<trainer_key>> prefetched_keysets_;
+  // The keys of the current (prefetched) shard's keysets that other ranks own, per table with
+  // admission on: counted as sightings, never swapped in.
+  std::vector<std::vector<trainer_key>> others_, prefetched_others_;
 };
 
 /// The trainer's two embedding tables and the way a step reaches them. Every mode gives the

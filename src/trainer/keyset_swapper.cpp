@@ -3,6 +3,7 @@
 // cache once per shard with the next shard's staged meanwhile.
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
@@ -31,13 +32,15 @@ result<std::vector<std::vector<trainer_key>>> keyset_swapper::take_keysets(
   std::vector<std::vector<trainer_key>> keysets;
   if (prefetched_shard_ == shard) {
     keysets = std::move(prefetched_keysets_);
+    others_ = std::move(prefetched_others_);
   } else {
-    auto ks = keysets_of(shard);
+    auto ks = keysets_of(shard, &others_);
     if (!ks.ok()) return ks.get_status();
     keysets = std::move(ks).value();
   }
   prefetched_shard_.clear();
   prefetched_keysets_.clear();
+  prefetched_others_.clear();
   return keysets;
 }
 
@@ -57,7 +60,7 @@ result<keyset_format> keyset_swapper::keyset_format_of(const std::string& shard)
 }
 
 result<std::vector<std::vector<trainer_key>>> keyset_swapper::keysets_of(
-    const std::string& shard) {
+    const std::string& shard, std::vector<std::vector<trainer_key>>* others) {
   auto fmt = keyset_format_of(shard);
   if (!fmt.ok()) return fmt.get_status();
   auto slot_keys = read_keyset<trainer_key>(beside(shard, ".keys"), fmt.value());
@@ -73,8 +76,20 @@ result<std::vector<std::vector<trainer_key>>> keyset_swapper::keysets_of(
   } else {
     ks[roles_.wide] = ks[roles_.deep];
   }
-  if (keep_)
-    for (auto& k : ks) k = keep_(k);
+  if (others) others->assign(ks.size(), {});
+  if (keep_) {
+    for (std::size_t t = 0; t < ks.size(); ++t) {
+      std::vector<trainer_key> own = keep_(ks[t]);
+      if (others && config_.tables[t].admission.enabled()) {
+        std::vector<trainer_key> all = ks[t], mine = own;
+        std::sort(all.begin(), all.end());
+        std::sort(mine.begin(), mine.end());
+        std::set_difference(all.begin(), all.end(), mine.begin(), mine.end(),
+                            std::back_inserter((*others)[t]));
+      }
+      ks[t] = std::move(own);
+    }
+  }
   return ks;
 }
 

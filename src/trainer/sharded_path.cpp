@@ -85,6 +85,10 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
     EMBCACHE_RETURN_IF_ERROR(c.lookup_slots(keys, n, slots_.data()));
     const std::size_t dim = config_.dim, width = c.row_width();
     for (std::size_t i = 0; i < n; ++i) {
+      if (slots_[i] < 0 && config_.admission.enabled()) {
+        std::fill(out + i * dim, out + (i + 1) * dim, 0.0f);  // refused by admission: no row
+        continue;
+      }
       if (slots_[i] < 0)
         return status::not_found("key " + std::to_string(keys[i]) + " is not in rank " +
                                  std::to_string(rank_) + "'s part of the shard's keyset (table " +

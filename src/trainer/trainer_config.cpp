@@ -14,6 +14,7 @@
 #include "embcache/criteo.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "trainer_config_admission.hpp"
 #include "trainer_config_store.hpp"
 
 namespace embcache {
@@ -198,6 +199,7 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
+    EMBCACHE_RETURN_IF_ERROR(validate_admission_fields(c, tc, at));
   }
   for (const auto& f : count_fields)
     EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));
@@ -337,6 +339,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       tr.get_int("max_resident", tc.max_resident, {0, max_rows});
       read_store_fields(tr, tc);
       tr.get_real("init_scale", tc.init_scale, scale_range);
+      read_admission_fields(tr, at, tc, &err);
       tr.finish();
       c.tables.push_back(tc);
     }
@@ -419,6 +422,7 @@ void to_json(json& j, const trainer_config& c) {
                {"max_resident", t.max_resident},
                {"init_scale", float_json(t.init_scale)}};
     store_fields_json(t, tj);
+    admission_fields_json(t, tj);
     tables.push_back(std::move(tj));
   }
   j = json{{"mode", to_string(c.mode)},

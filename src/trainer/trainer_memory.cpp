@@ -225,7 +225,7 @@ memory_part rocksdb_part(const detail::rocksdb_database_use& d, std::uint64_t bl
   return p;
 }
 
-// The DRAM tiers of a fixed size (tables[i].dram_tier_bytes).
+// The DRAM tiers of a fixed size (tables[i].dram_tier_bytes) and the admission sketches.
 std::vector<memory_part> dram_tier_parts(const trainer_config& c) {
   std::vector<memory_part> parts;
   for (std::size_t t = 0; t < c.tables.size(); ++t)
@@ -234,6 +234,16 @@ std::vector<memory_part> dram_tier_parts(const trainer_config& c) {
       p.field = "config.tables[" + std::to_string(t) + "].dram_tier_bytes";
       p.what = "the DRAM tier of table \"" + c.tables[t].name + "\"";
       p.bytes = c.tables[t].dram_tier_bytes;
+      parts.push_back(p);
+    }
+  // Feature admission's sketches (4 bytes a counter; the product is checked at validation).
+  for (std::size_t t = 0; t < c.tables.size(); ++t)
+    if (c.tables[t].admission.enabled()) {
+      const admission_options& a = c.tables[t].admission;
+      memory_part p;
+      p.field = "config.tables[" + std::to_string(t) + "].admission";
+      p.what = "the admission sketch of table \"" + c.tables[t].name + "\"";
+      p.bytes = a.sketch_width * a.sketch_depth * 4;
       parts.push_back(p);
     }
   return parts;

@@ -275,6 +275,14 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
     return s.with_context("prefetch");
   }
   EMBCACHE_RETURN_IF_ERROR(written_behind);
+  // Feature admission: the keys refused at this sighting stay out of the pass (no row).
+  std::vector<std::vector<Key>> admitted(tables.size());
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    if (!tables[t].admission.enabled()) continue;
+    admitted[t] = *ks[t];
+    EMBCACHE_RETURN_IF_ERROR(admit(tables[t], &admitted[t], true, &pass[t]));
+    ks[t] = &admitted[t];
+  }
   const bool use_staging = staged_valid;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     auto& tb = tables[t];

@@ -20,12 +20,16 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   std::vector<Key> u(keys, keys + n);
   std::sort(u.begin(), u.end());
   u.erase(std::unique(u.begin(), u.end()), u.end());
-  const std::size_t m = u.size(), w = tb.row_width;
+  std::size_t m = u.size();
+  const std::size_t w = tb.row_width;
   if (m > tb.opt.capacity) {
     return status::capacity_exceeded("lookup batch of table '" + tb.opt.name + "' has " +
                                      std::to_string(m) + " distinct keys, more than the capacity " +
                                      std::to_string(tb.opt.capacity));
   }
+  // Feature admission: the keys refused at this sighting get no row and slot -1.
+  EMBCACHE_RETURN_IF_ERROR(admit(tb, &u, true, &c));
+  m = u.size();
   std::vector<std::int64_t> slots(m);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(u.data(), m, slots.data()));
   std::vector<Key> miss;
@@ -82,7 +86,7 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   if (slots_out) {
     for (std::size_t i = 0; i < n; ++i) {
       const auto d = std::lower_bound(u.begin(), u.end(), keys[i]) - u.begin();
-      slots_out[i] = placed[d];
+      slots_out[i] = d < static_cast<std::ptrdiff_t>(m) && u[d] == keys[i] ? placed[d] : -1;
     }
   }
   const auto t1 = clock_type::now();

@@ -22,10 +22,12 @@ status training_cache_core<Key, Space>::save(const std::string& dir,
   std::vector<stored_table<Key>> stored;
   // The worker is joined and the write-behind done (end_training): the stores hold still.
   std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<std::vector<std::uint32_t>> admission(tables.size());
   for (auto& tb : tables) {
     locks.emplace_back(*tb.sync.store_mutex);
+    admission[tb.index] = tb.admission.to_words();  // empty (no file) when admission is off
     stored.push_back({tb.opt.name, tb.opt.dim, tb.opt.optimizer.kind, tb.sync.store.get(),
-                      tb.cache->version(), &tb.slot_ids, tb.opt.slot_of});
+                      tb.cache->version(), &tb.slot_ids, tb.opt.slot_of, &admission[tb.index]});
   }
   return write_model_folder(dir, stored, on_progress, run_id);
 }
@@ -35,7 +37,7 @@ status training_cache_core<Key, Space>::save(const std::string& dir,
 template <class Key, class Space>
 status read_model_for(const std::vector<table_state<Key, Space>>& tables, const std::string& dir,
                       const load_options& options, std::vector<table_rows>* data,
-                      std::string* run_id) {
+                      std::string* run_id, std::vector<std::vector<std::uint32_t>>* admission) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -43,6 +45,7 @@ status read_model_for(const std::vector<table_state<Key, Space>>& tables, const 
   }
   const std::string manifest_path = dir + "/manifest.json";
   data->assign(tables.size(), table_rows{});
+  admission->assign(tables.size(), {});
   if (fs::exists(manifest_path, ec)) {
     auto m = read_folder_manifest(dir, folder_kind::model);
     if (!m.ok()) return m.get_status().with_context("load");
@@ -55,8 +58,20 @@ status read_model_for(const std::vector<table_state<Key, Space>>& tables, const 
     EMBCACHE_RETURN_IF_ERROR(match_schema(m.value(), to_string(key_type_of<Key>()), schemas, &order)
                                  .with_context("load"));
     for (std::size_t t = 0; t < tables.size(); ++t) {
-      EMBCACHE_RETURN_IF_ERROR(read_listed_table(m.value(), m.value().tables[order[t]], &(*data)[t])
-                                   .with_context("load"));
+      const manifest_table& mt = m.value().tables[order[t]];
+      EMBCACHE_RETURN_IF_ERROR(read_listed_table(m.value(), mt, &(*data)[t]).with_context("load"));
+      // Feature admission's counts, when this table counts and the save has them.
+      const admission_sketch& sketch = tables[t].admission;
+      if (sketch.enabled() && mt.files.contains("admission")) {
+        auto& words = (*admission)[t];
+        EMBCACHE_RETURN_IF_ERROR(
+            read_listed_words(m.value(), mt, "admission", sketch.word_count(), &words)
+                .with_context("load"));
+        EMBCACHE_RETURN_IF_ERROR(sketch
+                                     .check_words(words.data(), words.size(),
+                                                  m.value().dir + "/" + mt.name + "/admission")
+                                     .with_context("load"));
+      }
     }
   } else if (!options.allow_hugectr_folder) {
     return status::not_found(
@@ -97,7 +112,8 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
   const std::string dir = published_folder(strip_slashes(dir_in), "manifest.json");
   std::vector<table_rows> data;
   std::string loaded_run;
-  EMBCACHE_RETURN_IF_ERROR(read_model_for(tables, dir, options, &data, &loaded_run));
+  std::vector<std::vector<std::uint32_t>> admission;
+  EMBCACHE_RETURN_IF_ERROR(read_model_for(tables, dir, options, &data, &loaded_run, &admission));
   if (!loaded_run.empty()) run_id = loaded_run;  // a resumed run keeps its identity
   // Validated: replace the rows (write-behind rows of the old model would land on the new one).
   drop_staging();
@@ -137,6 +153,12 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
           chunk * (sizeof(Key) + w * sizeof(float)));
     }
     std::uint64_t maxv = L.version;
+    // Admission counts on from the save's counts, or from zero (every loaded row is admitted).
+    tb.admission.clear();
+    if (!admission[t].empty()) {
+      EMBCACHE_RETURN_IF_ERROR(
+          tb.admission.from_words(admission[t].data(), admission[t].size(), dir));
+    }
     tb.slot_ids.clear();
     for (std::size_t b = 0; b < n; b += chunk) {
       const std::size_t m = std::min(chunk, n - b);

@@ -242,7 +242,16 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     std::vector<Key> scratch;
-    const auto& keys = sorted_unique(keysets[t], scratch);
+    const std::vector<Key>* unique = &sorted_unique(keysets[t], scratch);
+    if (tb.admission.enabled()) {
+      // Only keys admitted already: the rows of those admitted at the next begin_pass are made
+      // there, so that a key refused then never gets a row staged or installed early.
+      if (unique != &scratch) scratch = *unique;
+      table_counters none;
+      EMBCACHE_RETURN_IF_ERROR(im.admit(tb, &scratch, false, &none));
+      unique = &scratch;
+    }
+    const auto& keys = *unique;
     // The next keyset's resident keys get its mark now: the worker's early eviction and the
     // boundary keep every row marked at or above the marks they are given.
     auto mark = im.next_mark(tb);

@@ -147,6 +147,8 @@ struct table_state {
   table_counters worker_counters;
   // Slot ids loaded from a folder's `slot_id` file or given to set_slot_ids(), for save().
   std::unordered_map<Key, std::uint64_t> slot_ids;
+  // Feature admission's counts (empty when off).
+  admission_sketch admission;
 };
 
 }  // namespace embcache::detail

@@ -115,6 +115,14 @@ struct training_cache_core {
   result<std::string> export_to_folder(const std::string& dir, bool with_state,
                                        std::uint64_t number);
 
+  // --- feature admission (admission.inl) ---
+  // Keeps of `keys` (sorted, unique) those admitted: resident, in the store, or admitted by the
+  // table's sketch, after counting each as a sighting when `count`; `c` gets the admitted and
+  // refused keys without a row.
+  status admit(table_type& tb, std::vector<Key>* keys, bool count, table_counters* c);
+  // Counts a sighting of each distinct key, deciding nothing (training_cache::count_sightings).
+  status count_sightings(table_type& tb, const Key* keys, std::size_t n);
+
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);
   status load(const std::string& dir, const load_options& options);

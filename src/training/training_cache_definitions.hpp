@@ -9,11 +9,13 @@
 //   prefetch.inl              the prefetch worker: staging and early install
 //   boundary.inl              begin_pass: leaving, staying and arriving rows
 //   on_demand.inl             lookup batches with eviction by score
+//   admission.inl             which keys of a keyset or batch are admitted (feature admission)
 //   export.inl                incremental export, in memory and as delta folders
 //   persistence.inl           save and load through the model-folder module (model_folder.hpp)
 //   training_cache_members.inl  the public members
 #pragma once
 
+#include "training/admission.inl"
 #include "training/boundary.inl"
 #include "training/export.inl"
 #include "training/on_demand.inl"

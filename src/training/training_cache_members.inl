@@ -102,6 +102,8 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     // Versions of rows already in the store stay below every version the cache hands out.
     tb.cache->advance_version(tb.sync.store->max_version());
     tb.exports.last_version = tb.sync.store->max_version();
+    check_admission_options(o.admission, who + ": admission").throw_if_error();
+    tb.admission = admission_sketch(o.admission);
     tb.opt = std::move(o);
     core_->tables.push_back(std::move(tb));
     core_->counters.tables.push_back(core_->tables.back().opt.name);
@@ -239,6 +241,13 @@ status training_cache<Key, Space>::lookup(std::size_t t, const Key* keys, std::s
     ++tb.book.residency;
     return core_->lookup(tb, keys, n, slots_out);
   });
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::count_sightings(std::size_t t, const Key* keys, std::size_t n) {
+  auto& tb = core_->tables.at(t);
+  return detail::public_call("count_sightings",
+                             [&] { return core_->count_sightings(tb, keys, n); });
 }
 
 template <class Key, class Space>

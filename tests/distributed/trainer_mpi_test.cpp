@@ -106,6 +106,41 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
   ASSERT_TRUE(world().barrier().ok());
 }
 
+// Feature admission in keyset mode: every rank counts the whole keyset of a shard and admits the
+// keys it owns, so the model is the single rank's, bit for bit, and some keys got no row.
+TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
+  const std::string dir = shared_temp_dir("trainer-admission");
+  trainer_config c = sharded_trainer_config(data_dir());
+  c.mode = trainer_mode::keyset;
+  for (auto& t : c.tables) {
+    t.capacity_auto = true;
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+  }
+  c.save_dir = dir + "/world";
+  auto t = run_sharded(c, world());
+  EMBCACHE_ASSERT_OK(t);
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() == 0) {
+    single_process_communicator one;
+    trainer_config c1 = c;
+    c1.save_dir = dir + "/one";
+    auto t1 = run_sharded(c1, one);
+    EMBCACHE_ASSERT_OK(t1);
+    expect_same_sharded_model(c.save_dir, c1.save_dir);
+    expect_same_history(t.value()->history(), t1.value()->history());
+    // Admission left keys out: fewer rows than without it.
+    trainer_config all = c1;
+    for (auto& tc : all.tables) tc.admission = {};
+    all.save_dir = dir + "/all";
+    auto ta = run_sharded(all, one);
+    EMBCACHE_ASSERT_OK(ta);
+    EXPECT_LT(sharded_rows(c1.save_dir, "deep", deep_width).keys.size(),
+              sharded_rows(all.save_dir, "deep", deep_width).keys.size());
+  }
+  ASSERT_TRUE(world().barrier().ok());
+}
+
 // RocksDB stores: each rank its database under store_path/rank-R; the save's parts are RocksDB
 // checkpoints, which a run of another number of ranks on host stores loads.
 TEST(sharded_trainer, rocksdb_stores_give_the_same_model_and_their_saves_resume_anywhere) {

@@ -290,22 +290,37 @@ TEST(sparse_backward, far_apart_rows_group_like_close_ones) {
   }
 }
 
-// Row indices outside any pool (negative; check_batch refuses them) skip the tables by row and
-// take the sorted path: still one sum per distinct row, ascending, in batch order.
-TEST(sparse_backward, negative_rows_take_the_sorted_path) {
+// Row index -1 (a key without a row) skips the tables by row and takes the sorted path: it reads
+// zeros and gets no gradient; the other rows still get one sum each, ascending, in batch order.
+TEST(sparse_backward, row_minus_one_reads_zeros_and_gets_no_gradient) {
   owned_batch b;
   b.batch_size = 3;
   b.num_slots = 1;
   b.offsets = {0, 2, 3, 4};
-  b.indices = {-5, 3, -5, 3};
+  b.indices = {-1, 3, -1, 3};
+  EMBCACHE_EXPECT_OK(check_batch(b.view(), 4));
   const std::vector<float> d_out = {1, 2, 4, 8, 16, 32};
   sparse_gradients<host_space> g;
   aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
-  ASSERT_EQ(g.size, 2u);
-  EXPECT_EQ(std::vector<std::int64_t>(g.rows.data(), g.rows.data() + 2),
-            (std::vector<std::int64_t>{-5, 3}));
-  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 4),
-            (std::vector<float>{1 + 4, 2 + 8, 1 + 16, 2 + 32}));
+  ASSERT_EQ(g.size, 1u);
+  EXPECT_EQ(g.rows.data()[0], 3);
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 2),
+            (std::vector<float>{1 + 16, 2 + 32}));
+  // Wide rows (past 32 bits) take the 64-bit sort: the same.
+  b.indices = {-1, std::int64_t{1} << 40, -1, std::int64_t{1} << 40};
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 1u);
+  EXPECT_EQ(g.rows.data()[0], std::int64_t{1} << 40);
+  EXPECT_EQ(std::vector<float>(g.values.data(), g.values.data() + 2),
+            (std::vector<float>{1 + 16, 2 + 32}));
+  // Forward: -1 pools as a zero row.
+  b.indices = {-1, 3, -1, 3};
+  const std::vector<float> rows = {0, 0, 0, 0, 0, 0, 5, 7};  // row 3 = (5, 7)
+  std::vector<float> out(6, 99.0f);
+  lookup_combine(host_space{}, rows.data(), 2, 2, b.view(), combiner::sum, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 7, 0, 0, 5, 7}));
+  b.indices = {-2, 3, -1, 3};
+  EXPECT_EQ(check_batch(b.view(), 4).code(), status_code::invalid_argument);
 }
 
 TEST(sparse_backward, buffers_are_reused_across_batches) {

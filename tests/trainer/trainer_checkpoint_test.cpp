@@ -74,6 +74,23 @@ TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
   EXPECT_NE(run_of(whole.save_dir), run_of(rest.save_dir));
 }
 
+// Feature admission: the counts travel with the save (`admission` beside each table's rows), so a
+// resume admits exactly what an uninterrupted run admits, in both cache modes.
+TEST(trainer_checkpoint, a_resume_with_admission_equals_an_uninterrupted_run) {
+  for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
+    const std::string name = std::string("admission_") + to_string(mode);
+    trainer_config whole = small_config(name);
+    whole.mode = mode;
+    for (auto& t : whole.tables) {
+      t.admission.min_count = 2;
+      t.admission.sketch_width = 4096;
+    }
+    const trainer_config rest = expect_resume_equals_whole(whole, name);
+    EXPECT_TRUE(fs::exists(rest.save_dir + "/sparse/deep/admission")) << name;
+    EXPECT_TRUE(fs::exists(rest.resume_from + "/sparse/wide/admission")) << name;
+  }
+}
+
 // Copies the files of a save (to compare it with what a later save or load left).
 std::map<std::string, std::string> files_of(const std::string& dir) {
   std::map<std::string, std::string> files;

@@ -622,6 +622,60 @@ TEST(trainer_config, world_and_num_blocks_are_checked_and_round_trip) {
             "pass a communicator to trainer::create");
 }
 
+// tables[i].admission: every field optional, checked naming it, written back only when set.
+TEST(trainer_config, admission_is_checked_naming_the_field_and_round_trips) {
+  auto parse = [](const std::string& admission, const std::string& mode = "keyset") {
+    return trainer_config_from_text(R"({"passes": [["a.bin"]], "mode": ")" + mode +
+                                    R"(", "tables": [{"name": "wide"}, {"name": "deep", )"
+                                    R"("admission": )" +
+                                    admission + "}]}");
+  };
+  auto err = [&](const std::string& admission, const std::string& mode = "keyset") {
+    auto c = parse(admission, mode);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  auto c = parse(R"({"min_count": 3, "probability": 0.125, "sketch_width": 1024,
+                     "sketch_depth": 3, "seed": 9})");
+  EMBCACHE_ASSERT_OK(c);
+  const admission_options& a = c.value().tables[1].admission;
+  EXPECT_EQ(a.min_count, 3u);
+  EXPECT_EQ(a.probability, 0.125);
+  EXPECT_EQ(a.sketch_width, 1024u);
+  EXPECT_EQ(a.sketch_depth, 3u);
+  EXPECT_EQ(a.seed, 9u);
+  const nlohmann::json j = c.value();
+  EXPECT_FALSE(j["tables"][0].contains("admission"));  // the default: not written
+  auto back = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(back);
+  EXPECT_EQ(nlohmann::json(back.value()), j);
+  EXPECT_EQ(back.value().tables[1].admission.sketch_depth, 3u);
+  EXPECT_EQ(parse(R"({"min_count": 2})").value().tables[1].admission.sketch_width,
+            std::uint64_t{1} << 20);
+  EXPECT_EQ(err(R"({"min_count": -1})"),
+            "config text: config.tables[1].admission.min_count: expected an integer in [0, "
+            "4294967295], got -1");
+  EXPECT_EQ(err(R"({"probability": 1.5})"),
+            "config text: config.tables[1].admission.probability: expected a number in [0, 1], "
+            "got 1.5");
+  EXPECT_EQ(err(R"({"sketch_depth": 17})"),
+            "config text: config.tables[1].admission.sketch_depth: expected an integer in [1, "
+            "16], got 17");
+  EXPECT_EQ(err(R"({"sketch_width": 0})"),
+            "config text: config.tables[1].admission.sketch_width: expected an integer in [1, "
+            "4294967296], got 0");
+  EXPECT_EQ(err(R"({"min_cout": 2})"),
+            "config text: config.tables[1].admission.min_cout: unknown field");
+  EXPECT_EQ(err("3"), "config text: config.tables[1].admission: expected an object");
+  EXPECT_EQ(err(R"({"min_count": 2})", "host_hybrid"),
+            "config text: config.tables[1].admission: feature admission needs a training cache "
+            "(config.mode \"keyset\" or \"on_demand\", not \"host_hybrid\")");
+  // Built in code: the same checks.
+  trainer_config t;
+  t.passes = {{{"a.bin"}}};
+  t.tables[0].admission.sketch_depth = 0;
+  EXPECT_EQ(validate(t).message(), "config.tables[0].admission.sketch_depth: 0 is outside [1, 16]");
+}
+
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};

@@ -31,13 +31,15 @@ struct combine_bag_fn {
 
   void prefetch(std::size_t bag) const {
     for (std::int64_t k = offsets[bag]; k < offsets[bag + 1]; ++k)
-      __builtin_prefetch(rows + static_cast<std::size_t>(row_indices[k]) * row_width);
+      if (row_indices[k] >= 0)
+        __builtin_prefetch(rows + static_cast<std::size_t>(row_indices[k]) * row_width);
   }
   EMBCACHE_HD void operator()(std::size_t bag) const {
     float* o = out + bag * dim;
     for (std::size_t d = 0; d < dim; ++d) o[d] = 0.0f;
     const std::int64_t begin = offsets[bag], end = offsets[bag + 1];
     for (std::int64_t k = begin; k < end; ++k) {
+      if (row_indices[k] < 0) continue;  // no row: reads zeros
       const float* r = rows + static_cast<std::size_t>(row_indices[k]) * row_width;
       for (std::size_t d = 0; d < dim; ++d) o[d] += r[d];
     }
@@ -62,7 +64,8 @@ struct combine_element_fn {
     const std::int64_t begin = offsets[bag], end = offsets[bag + 1];
     float acc = 0.0f;
     for (std::int64_t k = begin; k < end; ++k)
-      acc += rows[static_cast<std::size_t>(row_indices[k]) * row_width + d];
+      if (row_indices[k] >= 0)
+        acc += rows[static_cast<std::size_t>(row_indices[k]) * row_width + d];
     if (mean && end > begin) acc = acc / static_cast<float>(end - begin);
     out[i] = acc;
   }
@@ -270,7 +273,7 @@ void aggregate_gradients(const Space& space, const slot_batch& batch, combiner c
 
   detail::for_each_index(space, batch.num_bags(),
                          detail::bag_of_fn{batch.offsets, s.bag_of.data()});
-  std::size_t m = 0;
+  std::size_t m = 0, skip = 0;
   // Row indices that fit in 32 bits are sorted as such: half the bytes to move, half the radix
   // passes. The order (stable, by row) and so the sums are the same as with the 64-bit keys.
   if (detail::max_value(space, batch.row_indices, n) <= std::numeric_limits<std::int32_t>::max()) {
@@ -280,25 +283,36 @@ void aggregate_gradients(const Space& space, const slot_batch& batch, combiner c
     m = detail::sort_and_group(space, static_cast<const std::int32_t*>(narrow), n, narrow + n,
                                s.order.data(), s.heads.data(), s.run_id.data(), s.run_start.data(),
                                narrow + 2 * n, static_cast<std::int64_t*>(nullptr));
-    detail::for_each_index(space, m, detail::widen_fn{narrow + 2 * n, grads.rows.data()});
+    // Row -1 (no row, sparse_ops.hpp) sorts first: its run gets no gradient.
+    skip = m > 0 && detail::read_value(space, narrow + 2 * n) < 0 ? 1 : 0;
+    detail::for_each_index(space, m - skip,
+                           detail::widen_fn{narrow + 2 * n + skip, grads.rows.data()});
   } else {
     detail::ensure_size(s.sorted_rows, n, space);
     m = detail::sort_and_group(space, batch.row_indices, n, s.sorted_rows.data(), s.order.data(),
                                s.heads.data(), s.run_id.data(), s.run_start.data(),
                                grads.rows.data(), static_cast<std::int64_t*>(nullptr));
+    skip = m > 0 && detail::read_value(space, grads.rows.data()) < 0 ? 1 : 0;
+    if (skip) {  // shifted through the scratch: the loop's reads and writes must not overlap
+      detail::for_each_index(space, m - 1,
+                             detail::copy_fn<std::int64_t>{grads.rows.data() + 1, s.heads.data()});
+      detail::for_each_index(space, m - 1,
+                             detail::copy_fn<std::int64_t>{s.heads.data(), grads.rows.data()});
+    }
   }
+  m -= skip;
   detail::ensure_size(grads.values, m * dim, space);
   grads.size = m;
 
   if constexpr (is_host_space_v<Space>) {
     detail::for_each_index(
         space, m,
-        detail::reduce_run_fn{s.run_start.data(), s.order.data(), s.bag_of.data(), batch.offsets,
-                              d_out, dim, grads.values.data(), mean});
+        detail::reduce_run_fn{s.run_start.data() + skip, s.order.data(), s.bag_of.data(),
+                              batch.offsets, d_out, dim, grads.values.data(), mean});
   } else {
     detail::for_each_index(
         space, m * dim,
-        detail::reduce_element_fn{s.run_start.data(), s.order.data(), s.bag_of.data(),
+        detail::reduce_element_fn{s.run_start.data() + skip, s.order.data(), s.bag_of.data(),
                                   batch.offsets, d_out, dim, grads.values.data(), mean});
   }
 }

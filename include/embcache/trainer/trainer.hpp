@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "embcache/admission.hpp"
 #include "embcache/json.hpp"
 #include "embcache/memory_plan.hpp"
 #include "embcache/optimizers.hpp"
@@ -75,6 +76,9 @@ struct trainer_table_config {
   /// `"dram_tier_bytes": "auto"` (default false): the tier is sized from the memory budget.
   bool dram_tier_auto = false;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
+  /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
+  /// Modes keyset and on_demand only (a refused key reads zeros and gets no gradient).
+  admission_options admission{};
 };
 
 /// The default tables: wide (dim 1, FTRL alpha 0.05, init 0) and deep (dim 16, Adam, init 0.01),

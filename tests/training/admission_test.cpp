@@ -1,0 +1,352 @@
+// Feature admission (embcache/admission.hpp): the sketch's rule (admitted at exactly the
+// min_count-th sighting, seeded draws close to p), and the training cache in both modes: refused
+// keys get no row, read zeros, get no gradient and reach no store, save or export; the counts
+// survive save/load bit for bit; a corrupted admission file is refused clearly.
+#include "embcache/admission.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/status_assertions.hpp"
+#include "common/temp_dir.hpp"
+#include "embcache/json.hpp"
+#include "embcache/sparse_ops.hpp"
+#include "embcache/training_cache.hpp"
+#include "test_util.hpp"
+
+namespace embcache::testing {
+namespace {
+
+using key = std::int64_t;
+
+admission_options counting(std::uint32_t min_count) {
+  admission_options o;
+  o.min_count = min_count;
+  o.sketch_width = 4096;
+  o.sketch_depth = 4;
+  o.seed = 11;
+  return o;
+}
+
+TEST(admission_sketch, admits_at_exactly_the_min_count_th_sighting) {
+  admission_sketch s(counting(3));
+  ASSERT_TRUE(s.enabled());
+  EXPECT_EQ(s.bytes(), 4096u * 4 * 4);
+  for (key k = 1; k <= 50; ++k) {
+    EXPECT_FALSE(s.sight(k)) << k;
+    EXPECT_FALSE(s.sight(k)) << k;
+    EXPECT_FALSE(s.admitted(k)) << k;
+    EXPECT_TRUE(s.sight(k)) << k;
+    EXPECT_TRUE(s.admitted(k)) << k;
+    EXPECT_EQ(s.count(k), 3u) << k;  // 150 sightings in 4096 counters: no overcount here
+  }
+  EXPECT_EQ(s.total(), 150u);
+}
+
+TEST(admission_sketch, off_costs_nothing_and_admits_everything) {
+  admission_sketch s;
+  EXPECT_FALSE(s.enabled());
+  EXPECT_EQ(s.bytes(), 0u);
+  EXPECT_TRUE(s.sight(7));
+  EXPECT_TRUE(s.to_words().empty());
+}
+
+TEST(admission_sketch, probability_draws_are_seeded_and_close_to_p) {
+  admission_options o;
+  o.probability = 0.25;
+  o.sketch_width = 1 << 16;
+  o.seed = 5;
+  admission_sketch a(o), b(o);
+  const int n = 20000;
+  int first = 0;
+  double sum = 0;
+  for (key k = 0; k < n; ++k) {
+    const std::uint32_t t = a.threshold(k);
+    ASSERT_GE(t, 1u);
+    EXPECT_EQ(t, b.threshold(k));  // the same draw in every run
+    first += t == 1 ? 1 : 0;
+    sum += t;
+  }
+  // P(admitted at the first sighting) = p; mean sighting of admission = 1 / p. 5 sigma bounds.
+  const double p = 0.25, sigma = std::sqrt(p * (1 - p) / n);
+  EXPECT_NEAR(double(first) / n, p, 5 * sigma);
+  EXPECT_NEAR(sum / n, 1 / p, 5 * std::sqrt((1 - p) / (p * p) / n));
+  // Another seed draws otherwise.
+  o.seed = 6;
+  admission_sketch c(o);
+  int same = 0;
+  for (key k = 0; k < 1000; ++k) same += c.threshold(k) == a.threshold(k) ? 1 : 0;
+  EXPECT_LT(same, 900);
+  // p = 1 admits at once; with min_count too, the smaller threshold wins.
+  o.probability = 1;
+  EXPECT_EQ(admission_sketch(o).threshold(3), 1u);
+  o.probability = 1e-9;
+  o.min_count = 2;
+  EXPECT_EQ(admission_sketch(o).threshold(3), 2u);
+}
+
+TEST(admission_sketch, words_round_trip_and_bad_words_are_refused) {
+  admission_sketch s(counting(2));
+  for (key k = 0; k < 100; ++k) s.sight(k * 7);
+  const auto w = s.to_words();
+  ASSERT_EQ(w.size(), s.word_count());
+  admission_sketch r(counting(2));
+  EMBCACHE_ASSERT_OK(r.from_words(w.data(), w.size(), "f"));
+  EXPECT_EQ(r.to_words(), w);
+  EXPECT_EQ(r.total(), 100u);
+  auto bad = w;
+  bad[0] ^= 1;
+  status st = r.from_words(bad.data(), bad.size(), "some/admission");
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("some/admission"), std::string::npos) << st.message();
+  st = r.from_words(w.data(), w.size() - 1, "f");
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
+  st = r.from_words(w.data(), 3, "f");
+  EXPECT_EQ(st.code(), status_code::corruption);
+  auto other = counting(2);
+  other.seed = 12;
+  admission_sketch o(other);
+  st = o.from_words(w.data(), w.size(), "f");
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("seed"), std::string::npos) << st.message();
+  other = counting(2);
+  other.sketch_width = 2048;
+  st = admission_sketch(other).from_words(w.data(), w.size(), "f");
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("sketch_width"), std::string::npos) << st.message();
+}
+
+TEST(admission_sketch, options_are_checked_naming_the_field) {
+  admission_options o;
+  o.probability = 1.5;
+  EXPECT_NE(check_admission_options(o, "t.admission").message().find("t.admission.probability"),
+            std::string::npos);
+  o = {};
+  o.sketch_depth = 0;
+  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_depth"), std::string::npos);
+  o = {};
+  o.sketch_width = 0;
+  EXPECT_NE(check_admission_options(o).message().find("admission.sketch_width"), std::string::npos);
+  table_options<key> t;
+  t.name = "t";
+  t.dim = 2;
+  t.capacity = 8;
+  t.admission.min_count = 1;
+  t.admission.sketch_depth = 17;
+  EXPECT_THROW(training_cache<key>({}, {t}), error);
+}
+
+// A cache of one table "t" (dim 2, sgd) with admission `a`.
+std::unique_ptr<training_cache<key>> make_cache(cache_mode mode, const admission_options& a) {
+  training_cache_options o;
+  o.mode = mode;
+  table_options<key> t;
+  t.name = "t";
+  t.dim = 2;
+  t.capacity = 64;
+  t.admission = a;
+  return std::make_unique<training_cache<key>>(o, std::vector<table_options<key>>{t});
+}
+
+std::vector<key> resident_of(training_cache<key>& tc, const std::vector<key>& keys) {
+  std::vector<std::int64_t> slots(keys.size());
+  EMBCACHE_EXPECT_OK(tc.cache(0).lookup_slots(keys.data(), keys.size(), slots.data()));
+  std::vector<key> out;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (slots[i] >= 0) out.push_back(keys[i]);
+  return out;
+}
+
+std::vector<key> keys_of(const model<key>& m) {
+  std::vector<key> k;
+  for (const auto& [kk, row] : m) k.push_back(kk);
+  return k;
+}
+
+// One sgd step through the sparse ops on the batch `keys` (one-hot, one slot): every pooled value
+// gets gradient 1, as the trainer's keyset path runs it (slot -1 for a key without a row).
+void train_step(training_cache<key>& tc, const std::vector<key>& keys) {
+  auto& c = tc.cache(0);
+  std::vector<std::int64_t> slots(keys.size()), offsets(keys.size() + 1);
+  EMBCACHE_EXPECT_OK(c.lookup_slots(keys.data(), keys.size(), slots.data()));
+  for (std::size_t i = 0; i <= keys.size(); ++i) offsets[i] = std::int64_t(i);
+  const slot_batch b{keys.size(), 1, offsets.data(), slots.data(), keys.size()};
+  EMBCACHE_EXPECT_OK(check_batch(b, c.capacity()));
+  std::vector<float> pooled(keys.size() * 2, 5.0f), grads(keys.size() * 2, 1.0f);
+  lookup_combine(host_space{}, c.rows(), c.row_width(), 2, b, combiner::sum, pooled.data());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (slots[i] < 0) {  // refused: reads zeros
+      EXPECT_EQ(pooled[2 * i], 0.0f);
+      EXPECT_EQ(pooled[2 * i + 1], 0.0f);
+    }
+  }
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b, combiner::sum, grads.data(), 2, g);
+  optimizer_options sgd;
+  sgd.learning_rate = 0.5f;
+  apply_optimizer(host_space{}, sgd, c.rows(), c.row_width(), g, 1);
+  c.mark_updated(g.rows.data(), g.size);
+}
+
+TEST(admission_keyset, refused_keys_get_no_row_and_reach_no_store_save_or_export) {
+  temp_dir dir;
+  auto tc = make_cache(cache_mode::keyset, counting(2));
+  EMBCACHE_ASSERT_OK(tc->begin_pass({{1, 2, 3, 3}}));
+  EXPECT_TRUE(resident_of(*tc, {1, 2, 3}).empty());
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 3u);
+  EXPECT_EQ(tc->counters().last[0].keys_admitted, 0u);
+  train_step(*tc, {1, 2, 3, 3});
+  EMBCACHE_ASSERT_OK(tc->begin_pass({{1, 2, 4}}));
+  EXPECT_EQ(resident_of(*tc, {1, 2, 3, 4}), (std::vector<key>{1, 2}));
+  EXPECT_EQ(tc->counters().last[0].keys_admitted, 2u);
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 1u);
+  train_step(*tc, {1, 4, 2, 4});
+  // A key with a row stays admitted and is not counted again.
+  EMBCACHE_ASSERT_OK(tc->begin_pass({{1, 5}}));
+  EXPECT_EQ(tc->counters().last[0].keys_admitted, 0u);
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 1u);
+  EXPECT_EQ(resident_of(*tc, {1}), (std::vector<key>{1}));
+  auto delta = tc->export_incremental();
+  EMBCACHE_ASSERT_OK(delta.get_status());
+  EXPECT_EQ(delta.value()[0].keys, (std::vector<key>{1, 2}));
+  EMBCACHE_ASSERT_OK(tc->end_training());
+  EXPECT_EQ(keys_of(store_model(*tc, 0)), (std::vector<key>{1, 2}));
+  // Trained once with gradient 1 at lr 0.5 from their initial rows; key 1 read, 2 read.
+  EMBCACHE_ASSERT_OK(tc->save(dir.sub("save")));
+  EXPECT_TRUE(std::filesystem::exists(dir.sub("save/t/admission")));
+  EXPECT_EQ(std::filesystem::file_size(dir.sub("save/t/key")), 2 * sizeof(std::int64_t));
+  const nlohmann::json j = tc->counters();
+  EXPECT_EQ(j["tables"]["t"]["total"]["keys_admitted"], 2);
+  EXPECT_EQ(j["tables"]["t"]["total"]["keys_refused"], 5);
+}
+
+TEST(admission_keyset, off_writes_nothing_new) {
+  temp_dir dir;
+  auto tc = make_cache(cache_mode::keyset, {});
+  EMBCACHE_ASSERT_OK(tc->begin_pass({{1, 2}}));
+  EXPECT_EQ(resident_of(*tc, {1, 2}).size(), 2u);
+  EMBCACHE_ASSERT_OK(tc->save(dir.sub("save")));
+  EXPECT_FALSE(std::filesystem::exists(dir.sub("save/t/admission")));
+  const nlohmann::json j = tc->counters();
+  EXPECT_FALSE(j["tables"]["t"]["total"].contains("keys_admitted"));
+  EXPECT_FALSE(j["tables"]["t"]["total"].contains("keys_refused"));
+}
+
+// The passes of the resume tests: a drifting keyset, each key seen now and then.
+std::vector<key> pass_keys(int p) {
+  std::vector<key> k;
+  // Keys 0-4 every pass; the others once or twice in passes 0-7 (3p mod 10 takes 8 values).
+  for (key x = 0; x < 40; ++x)
+    if (x < 5 || (x * 7 + p * 3) % 10 < 2) k.push_back(x);
+  return k;
+}
+
+// Runs passes [from, to) with a prefetch of the next pass's keyset when `prefetch`.
+void run_passes(training_cache<key>& tc, int from, int to, bool prefetch) {
+  for (int p = from; p < to; ++p) {
+    EMBCACHE_ASSERT_OK(tc.begin_pass({pass_keys(p)}));
+    if (prefetch && p + 1 < to) EMBCACHE_ASSERT_OK(tc.prefetch({pass_keys(p + 1)}));
+    train_step(tc, pass_keys(p));
+  }
+}
+
+std::vector<char> file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST(admission_keyset, save_load_resume_is_bit_exact_and_prefetch_changes_nothing) {
+  temp_dir dir;
+  auto whole = make_cache(cache_mode::keyset, counting(2));
+  run_passes(*whole, 0, 8, false);
+  EMBCACHE_ASSERT_OK(whole->save(dir.sub("whole")));
+
+  auto first = make_cache(cache_mode::keyset, counting(2));
+  run_passes(*first, 0, 4, true);
+  EMBCACHE_ASSERT_OK(first->save(dir.sub("half")));
+  auto resumed = make_cache(cache_mode::keyset, counting(2));
+  EMBCACHE_ASSERT_OK(resumed->load(dir.sub("half")));
+  run_passes(*resumed, 4, 8, true);
+  EMBCACHE_ASSERT_OK(resumed->save(dir.sub("resumed")));
+
+  EXPECT_EQ(store_model(*whole, 0), store_model(*resumed, 0));
+  EXPECT_LT(store_model(*whole, 0).size(), 40u);  // keys seen once were never admitted
+  EXPECT_GT(store_model(*whole, 0).size(), 5u);   // keys seen twice were
+  for (const char* f : {"t/key", "t/emb_vector", "t/admission"}) {
+    EXPECT_EQ(file_bytes(dir.sub(std::string("whole/") + f)),
+              file_bytes(dir.sub(std::string("resumed/") + f)))
+        << f;
+  }
+}
+
+TEST(admission_keyset, a_corrupted_or_mismatched_admission_file_is_refused_naming_it) {
+  temp_dir dir;
+  auto tc = make_cache(cache_mode::keyset, counting(2));
+  run_passes(*tc, 0, 3, false);
+  EMBCACHE_ASSERT_OK(tc->save(dir.sub("save")));
+  const std::string file = dir.sub("save/t/admission");
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(60);
+    f.put('\x7f');
+  }
+  auto other = make_cache(cache_mode::keyset, counting(2));
+  status st = other->load(dir.sub("save"));
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("admission"), std::string::npos) << st.message();
+  // Truncated.
+  std::filesystem::resize_file(file, 20);
+  st = other->load(dir.sub("save"));
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("admission"), std::string::npos) << st.message();
+  // A sketch of another shape than the table's.
+  EMBCACHE_ASSERT_OK(tc->save(dir.sub("save2")));
+  auto wider = counting(2);
+  wider.sketch_width = 8192;
+  st = make_cache(cache_mode::keyset, wider)->load(dir.sub("save2"));
+  EXPECT_EQ(st.code(), status_code::corruption);
+  EXPECT_NE(st.message().find("admission"), std::string::npos) << st.message();
+  // Without admission the file is not read: the rows load.
+  EMBCACHE_EXPECT_OK(make_cache(cache_mode::keyset, {})->load(dir.sub("save")));
+}
+
+TEST(admission_keyset, rows_loaded_without_counts_stay_admitted) {
+  temp_dir dir;
+  auto plain = make_cache(cache_mode::keyset, {});
+  EMBCACHE_ASSERT_OK(plain->begin_pass({{1, 2}}));
+  EMBCACHE_ASSERT_OK(plain->save(dir.sub("save")));
+  auto tc = make_cache(cache_mode::keyset, counting(5));
+  EMBCACHE_ASSERT_OK(tc->load(dir.sub("save")));
+  EMBCACHE_ASSERT_OK(tc->begin_pass({{1, 2, 3}}));
+  EXPECT_EQ(resident_of(*tc, {1, 2, 3}), (std::vector<key>{1, 2}));
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 1u);
+}
+
+TEST(admission_on_demand, refused_keys_get_slot_minus_one_until_admitted) {
+  auto tc = make_cache(cache_mode::on_demand, counting(2));
+  const std::vector<key> batch = {4, 5, 4};
+  std::vector<std::int64_t> slots(3);
+  EMBCACHE_ASSERT_OK(tc->lookup(0, batch.data(), 3, slots.data()));
+  EXPECT_EQ(slots, (std::vector<std::int64_t>{-1, -1, -1}));
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 2u);
+  const std::vector<key> next = {4, 6};
+  EMBCACHE_ASSERT_OK(tc->lookup(0, next.data(), 2, slots.data()));
+  EXPECT_GE(slots[0], 0);
+  EXPECT_EQ(slots[1], -1);
+  EXPECT_EQ(tc->counters().last[0].keys_admitted, 1u);
+  EMBCACHE_ASSERT_OK(tc->end_training());
+  EXPECT_EQ(keys_of(store_model(*tc, 0)), (std::vector<key>{4}));
+}
+
+}  // namespace
+}  // namespace embcache::testing
