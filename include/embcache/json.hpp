@@ -9,7 +9,8 @@
 
 namespace embcache {
 
-/// JSON of counters: {"hits": ..., ...}, one field per member of table_counters.
+/// JSON of counters: {"hits": ..., ...}, one field per member of table_counters; the policies'
+/// counters (rows_expired) only when not 0.
 void to_json(nlohmann::json& j, const table_counters& c);
 /// JSON of all counters: {"passes": n, "tables": {"name": {"last": {...}, "total": {...}}}}.
 void to_json(nlohmann::json& j, const cache_counters& c);

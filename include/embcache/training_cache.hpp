@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "embcache/embedding_cache.hpp"
+#include "embcache/expiry.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"
@@ -78,6 +79,7 @@ struct table_options {
   /// known. save() asks it for the keys with no loaded or set slot id. For keys made by
   /// criteo_key() the slot is criteo_key_tag(key).
   std::function<std::uint64_t(Key)> slot_of;
+  expiry_options expiry{};  ///< default off; see expiry.hpp
 };
 
 /// The slots a table asks its device cache for (before the cache rounds them up to whole
@@ -132,6 +134,7 @@ struct table_counters {
   /// Background push of the rows written behind at this pass's boundary (not blocking the
   /// caller); known once that push is over, so `last` gets it at the next begin_pass.
   double seconds_write_behind = 0;
+  std::uint64_t rows_expired = 0;  ///< rows removed by expiry (expiry.hpp) at a pass boundary
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };
@@ -279,6 +282,13 @@ class training_cache {
 
   /// Removes keys from the cache and the store; they are reported as erased by the next export.
   status erase(std::size_t t, const Key* keys, std::size_t n);
+
+  /// On-demand mode: a pass boundary of expiry (expiry.hpp): records the version clocks and
+  /// removes the expired rows of every table with expiry on (cache, store, tombstones of the next
+  /// export; counted as rows_expired of `counters().last` and the totals). Waits for a pending
+  /// write-behind first. A no-op for tables with expiry off. Throws in keyset mode, where every
+  /// begin_pass is the boundary.
+  status expire();
 
   /// Writes every dirty resident row back and flushes the stores; rows stay resident.
   status end_training();

@@ -193,6 +193,10 @@ status write_stored_table(const std::string& folder, const stored_table<Key>& t,
             {"version", t.version},
             {"files", files}};
   if (no_slot_id) (*entry)["rows_without_slot_id"] = no_slot_id;
+  if (t.expiry) {
+    (*entry)["expiry"] = {{"boundaries", t.expiry->boundaries},
+                          {"pass_versions", t.expiry->versions}};
+  }
   return {};
 }
 

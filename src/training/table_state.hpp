@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "embcache/training_cache.hpp"
+#include "format/model_folder.hpp"
 #include "training/cache_bridge.hpp"
 
 namespace embcache::detail {
@@ -147,6 +148,8 @@ struct table_state {
   table_counters worker_counters;
   // Slot ids loaded from a folder's `slot_id` file or given to set_slot_ids(), for save().
   std::unordered_map<Key, std::uint64_t> slot_ids;
+  // Expiry's pass boundaries and recorded version clocks (expiry.inl); empty while it is off.
+  expiry_clock expiry;
 };
 
 }  // namespace embcache::detail

@@ -27,11 +27,16 @@ constexpr std::pair<const char*, double table_counters::*> seconds_fields[] = {
     {"seconds_prefetch_wait", &table_counters::seconds_prefetch_wait},
     {"seconds_staging", &table_counters::seconds_staging},
     {"seconds_write_behind", &table_counters::seconds_write_behind}};
+// Counters of the per-table policies (admission, expiry): in the JSON only when not 0, so that a
+// table with its policies off writes the same JSON as before they existed.
+constexpr std::pair<const char*, std::uint64_t table_counters::*> policy_fields[] = {
+    {"rows_expired", &table_counters::rows_expired}};
 }  // namespace
 
 table_counters& table_counters::operator+=(const table_counters& o) {
   for (const auto& [name, field] : count_fields) this->*field += o.*field;
   for (const auto& [name, field] : seconds_fields) this->*field += o.*field;
+  for (const auto& [name, field] : policy_fields) this->*field += o.*field;
   return *this;
 }
 
@@ -39,6 +44,9 @@ void to_json(nlohmann::json& j, const table_counters& c) {
   j = nlohmann::json::object();
   for (const auto& [name, field] : count_fields) j[name] = c.*field;
   for (const auto& [name, field] : seconds_fields) j[name] = c.*field;
+  for (const auto& [name, field] : policy_fields) {
+    if (c.*field != 0) j[name] = c.*field;
+  }
 }
 
 void to_json(nlohmann::json& j, const cache_counters& c) {

@@ -105,6 +105,13 @@ struct training_cache_core {
   result<std::string> export_to_folder(const std::string& dir, bool with_state,
                                        std::uint64_t number);
 
+  // --- expiry at a pass boundary (expiry.inl) ---
+  // Records the boundary in the table's expiry clock and removes its expired rows, sparing the
+  // keys of `keep` (sorted; may be null). A no-op when the table's expiry is off.
+  status expire_table(table_type& tb, const std::vector<Key>* keep, table_counters& c);
+  // training_cache::expire(): a boundary of every table.
+  status expire_all();
+
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);
   status load(const std::string& dir, const load_options& options);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,10 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
       throw error(status_code::invalid_argument, who + ": dim and capacity must be >= 1");
     }
     check_options(o.optimizer).with_context(who).throw_if_error();
+    if (!(o.expiry.min_l2_norm >= 0) || !std::isfinite(o.expiry.min_l2_norm)) {
+      throw error(status_code::invalid_argument,
+                  who + ": expiry.min_l2_norm must be a finite number >= 0");
+    }
     detail::table_state<Key, Space> tb;
     tb.index = t;
     tb.state_width = state_width(o.optimizer.kind, o.dim);
@@ -203,8 +208,9 @@ status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
 template <class Key, class Space>
 status training_cache<Key, Space>::begin_pass_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
-      "begin_pass_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call("begin_pass_files", [&] {
+    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
+  }));
   return begin_pass(ks);
 }
 
@@ -216,8 +222,9 @@ status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>&
 template <class Key, class Space>
 status training_cache<Key, Space>::prefetch_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
-      "prefetch_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call("prefetch_files", [&] {
+    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
+  }));
   return prefetch(ks);
 }
 
@@ -315,6 +322,15 @@ status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::si
 }
 
 template <class Key, class Space>
+status training_cache<Key, Space>::expire() {
+  if (core_->options.mode != cache_mode::on_demand) {
+    throw error(status_code::invalid_argument,
+                "expire needs cache_mode::on_demand (begin_pass is the boundary in keyset mode)");
+  }
+  return detail::public_call("expire", [&] { return core_->expire_all(); });
+}
+
+template <class Key, class Space>
 status training_cache<Key, Space>::end_training() {
   return detail::public_call("end_training", [&]() -> status {
     auto& im = *core_;
@@ -338,13 +354,12 @@ status training_cache<Key, Space>::end_training() {
 template <class Key, class Space>
 result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
     bool with_state) {
-  return detail::public_call(
-      "export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
-        std::vector<detail::export_mark> marks;
-        auto out = core_->collect_deltas(with_state, &marks);
-        if (out.ok()) core_->commit_deltas(marks);
-        return out;
-      });
+  return detail::public_call("export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
+    std::vector<detail::export_mark> marks;
+    auto out = core_->collect_deltas(with_state, &marks);
+    if (out.ok()) core_->commit_deltas(marks);
+    return out;
+  });
 }
 
 template <class Key, class Space>
