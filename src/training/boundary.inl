@@ -111,8 +111,9 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
   auto& synced = tb.scratch.synced;
   synced.resize(n);
   for (std::size_t i = 0; i < n; ++i) synced[i] = st.found[i] ? st.versions[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(), st.versions.data(),
-                                             synced.data(), tb.book.mark_epoch));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(),
+                                             st.versions.data(), synced.data(),
+                                             tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }
@@ -137,13 +138,13 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
     } catch (const std::bad_alloc&) {
       // m <= the table's slots, whose rows are allocated already: m * w cannot overflow.
       return host_allocation_failed("evicting " + std::to_string(m) + " rows of table '" +
-                                        tb.opt.name + "': their write-back buffer",
-                                    m * w * sizeof(float));
+                                    tb.opt.name + "': their write-back buffer",
+                                m * w * sizeof(float));
     }
   }
   std::size_t d = 0;
-  EMBCACHE_RETURN_IF_ERROR(
-      tb.bridge.gather_dirty(victims, 0, m, dirty_keys.data(), rows.data(), dirty_vers.data(), &d));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, m, dirty_keys.data(), rows.data(),
+                                                  dirty_vers.data(), &d));
   dirty_keys.resize(d);
   dirty_vers.resize(d);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase_slots(victims));

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "embcache/buffer.hpp"
-#include "embcache/embedding_cache.hpp"
 #include "embcache/embedding_cache_ref.hpp"
+#include "embcache/embedding_cache.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 
@@ -126,10 +126,9 @@ class worker_space<cuda_space> {
 };
 
 // The cache's bulk calls with every argument in host memory. The host space passes them through;
-// the cuda space copies inputs into device buffers, runs the call on the calling thread's stream
-// for the cache (embedding_cache::call_space) and copies outputs back (each call returns once its
-// results are on the host); a CUDA failure there becomes the returned status instead of an
-// exception.
+// the cuda space copies inputs into device buffers, runs the call on the calling thread's stream for
+// the cache (embedding_cache::call_space) and copies outputs back (each call returns once its results are on the host); a CUDA failure there becomes
+// the returned status instead of an exception.
 template <class Key, class Space>
 class device_cache_bridge {
  public:
@@ -285,7 +284,8 @@ class device_cache_bridge {
     });
   }
   // lookup_slots, then the found keys marked with `mark`.
-  status lookup_and_mark(const Key* keys, std::size_t n, std::uint32_t mark, std::int64_t* slots) {
+  status lookup_and_mark(const Key* keys, std::size_t n, std::uint32_t mark,
+                         std::int64_t* slots) {
     return guarded([&]() -> status {
       auto k = in(keys, n);
       buffer<std::int64_t, Space> s(is_host_space_v<Space> ? 0 : n, space());
@@ -336,8 +336,8 @@ class device_cache_bridge {
     });
   }
   // The dirty rows among host `slots`: their slots, keys, rows and versions (room for n each).
-  status gather_dirty(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out, Key* keys,
-                      float* rows, std::uint64_t* versions, std::size_t* count) {
+  status gather_dirty(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
+                      Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
     return guarded([&]() -> status {
       auto s = in(slots, n);
       gather_dirty_of(arg(slots, s), n, slots_out, keys, rows, versions, count);
@@ -357,8 +357,8 @@ class device_cache_bridge {
   Space space() const { return cache_->call_space(); }
   // gather_dirty of `slots` (n, in the space's memory) with host outputs (slots_out may be
   // nullptr): in the cuda space through device buffers, of which only the dirty rows come back.
-  void gather_dirty_of(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out, Key* keys,
-                       float* rows, std::uint64_t* versions, std::size_t* count) {
+  void gather_dirty_of(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
+                       Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
     *count = 0;
     if (n == 0) return;
     if constexpr (is_host_space_v<Space>) {

@@ -112,8 +112,8 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
     tb.wb.pushed = false;
     counters.last[tb.index] = c;
     counters.total[tb.index] += c;
-    return pushed.with_context("write-back of the rows evicted by lookup in table '" + tb.opt.name +
-                               "'");
+    return pushed.with_context("write-back of the rows evicted by lookup in table '" +
+                               tb.opt.name + "'");
   }
   c.rows_pushed += pk.size();
   c.bytes_cache_to_store += pk.size() * w * sizeof(float);
@@ -128,8 +128,7 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
       pulled.push_back(placed[i]);
       pulled_vers.push_back(vers[i]);
     }
-    EMBCACHE_RETURN_IF_ERROR(
-        tb.bridge.mark_synced(pulled.data(), pulled.size(), pulled_vers.data()));
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(pulled.data(), pulled.size(), pulled_vers.data()));
   }
   counters.last[tb.index] = c;
   counters.total[tb.index] += c;

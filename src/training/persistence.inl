@@ -108,11 +108,11 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
     const table_rows& L = data[t];
     ++tb.book.residency;
     // A CUDA failure throws in the space code; here it is load's status.
-    EMBCACHE_RETURN_IF_ERROR(
-        guarded([&]() -> status {
-          tb.cache->clear();
-          return {};
-        }).with_context("load: clearing the cache of table '" + tb.opt.name + "'"));
+    EMBCACHE_RETURN_IF_ERROR(guarded([&]() -> status {
+                               tb.cache->clear();
+                               return {};
+                             }).with_context("load: clearing the cache of table '" +
+                                             tb.opt.name + "'"));
     std::vector<Key> old;
     {
       std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
@@ -131,9 +131,9 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
       rows.resize(n * w);
     } catch (const std::bad_alloc&) {
       // n rows of dim floats are in memory already (L.vectors): n * w cannot overflow.
-      return host_allocation_failed(
-          "load: the " + std::to_string(n) + " rows of table '" + tb.opt.name + "'",
-          n * (sizeof(Key) + w * sizeof(float)));
+      return host_allocation_failed("load: the " + std::to_string(n) + " rows of table '" +
+                                    tb.opt.name + "'",
+                                n * (sizeof(Key) + w * sizeof(float)));
     }
     std::uint64_t maxv = L.version;
     for (std::size_t i = 0; i < n; ++i) {

@@ -208,9 +208,8 @@ status read_keysets(const std::vector<std::string>& paths, keyset_format fmt,
 template <class Key, class Space>
 status training_cache<Key, Space>::begin_pass_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call("begin_pass_files", [&] {
-    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
-  }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
+      "begin_pass_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
   return begin_pass(ks);
 }
 
@@ -222,9 +221,8 @@ status training_cache<Key, Space>::prefetch(const std::vector<std::vector<Key>>&
 template <class Key, class Space>
 status training_cache<Key, Space>::prefetch_files(const std::vector<std::string>& paths) {
   std::vector<std::vector<Key>> ks;
-  EMBCACHE_RETURN_IF_ERROR(detail::public_call("prefetch_files", [&] {
-    return detail::read_keysets(paths, core_->options.keyset_fmt, &ks);
-  }));
+  EMBCACHE_RETURN_IF_ERROR(detail::public_call(
+      "prefetch_files", [&] { return detail::read_keysets(paths, core_->options.keyset_fmt, &ks); }));
   return prefetch(ks);
 }
 
@@ -354,12 +352,13 @@ status training_cache<Key, Space>::end_training() {
 template <class Key, class Space>
 result<std::vector<table_delta<Key>>> training_cache<Key, Space>::export_incremental(
     bool with_state) {
-  return detail::public_call("export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
-    std::vector<detail::export_mark> marks;
-    auto out = core_->collect_deltas(with_state, &marks);
-    if (out.ok()) core_->commit_deltas(marks);
-    return out;
-  });
+  return detail::public_call(
+      "export_incremental", [&]() -> result<std::vector<table_delta<Key>>> {
+        std::vector<detail::export_mark> marks;
+        auto out = core_->collect_deltas(with_state, &marks);
+        if (out.ok()) core_->commit_deltas(marks);
+        return out;
+      });
 }
 
 template <class Key, class Space>

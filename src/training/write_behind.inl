@@ -184,8 +184,9 @@ status training_cache_core<Key, Space>::write_back(table_type& tb, const std::ve
   std::vector<std::uint64_t> dirty_vers(n);
   std::vector<float> rows(n * tb.row_width);
   std::size_t d = 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(
-      slots.data(), n, dirty_slots.data(), dirty_keys.data(), rows.data(), dirty_vers.data(), &d));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(slots.data(), n, dirty_slots.data(),
+                                                  dirty_keys.data(), rows.data(),
+                                                  dirty_vers.data(), &d));
   EMBCACHE_RETURN_IF_ERROR(push(tb, dirty_keys.data(), d, rows.data(), dirty_vers.data())
                                .with_context("write-back of table '" + tb.opt.name + "'"));
   tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
