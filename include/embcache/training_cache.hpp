@@ -285,9 +285,9 @@ class training_cache {
 
   /// On-demand mode: a pass boundary of expiry (expiry.hpp): records the version clocks and
   /// removes the expired rows of every table with expiry on (cache, store, tombstones of the next
-  /// export; counted as rows_expired of `counters().last` and the totals). Waits for a pending
-  /// write-behind first. A no-op for tables with expiry off. Throws in keyset mode, where every
-  /// begin_pass is the boundary.
+  /// export; counted as rows_expired of their `counters().last` and totals). Waits for a pending
+  /// write-behind first. Does nothing for tables with expiry off (nothing at all when every
+  /// table's is off). Throws in keyset mode, where every begin_pass is the boundary.
   status expire();
 
   /// Writes every dirty resident row back and flushes the stores; rows stay resident.

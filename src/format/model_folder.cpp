@@ -248,7 +248,7 @@ status save_stores(const std::string& dir, const std::vector<table_options<Key>>
     }
     EMBCACHE_RETURN_IF_ERROR(o.store->flush().with_context(who));
     stored.push_back({o.name, o.dim, o.optimizer.kind, o.store.get(), o.store->max_version(),
-                      nullptr, o.slot_of});
+                      nullptr, o.slot_of, nullptr});
   }
   return write_model_folder(dir, stored, on_progress, run_id);
 }

@@ -193,6 +193,12 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
+    EMBCACHE_RETURN_IF_ERROR(check_real(at + ".expiry.min_l2_norm", tc.expiry.min_l2_norm,
+                                        non_negative));
+    if (tc.expiry.enabled() && c.mode == trainer_mode::host_hybrid)
+      return status::invalid_argument(at +
+                                      ".expiry: needs mode \"keyset\" or \"on_demand\" (mode "
+                                      "\"host_hybrid\" has no training cache to expire rows from)");
   }
   for (const auto& f : count_fields)
     EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));
@@ -332,6 +338,12 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       tr.get_int("max_resident", tc.max_resident, {0, max_rows});
       read_store_fields(tr, tc);
       tr.get_real("init_scale", tc.init_scale, scale_range);
+      if (tr.has("expiry") && err.ok()) {
+        object_reader er(tr.at("expiry"), at + ".expiry", &err);
+        er.get_int("ttl_passes", tc.expiry.ttl_passes, {0, max_ttl_passes});
+        er.get_real("min_l2_norm", tc.expiry.min_l2_norm, non_negative);
+        er.finish();
+      }
       tr.finish();
       c.tables.push_back(tc);
     }
@@ -414,6 +426,8 @@ void to_json(json& j, const trainer_config& c) {
                {"max_resident", t.max_resident},
                {"init_scale", t.init_scale}};
     store_fields_json(t, tj);
+    if (t.expiry.enabled())
+      tj["expiry"] = {{"ttl_passes", t.expiry.ttl_passes}, {"min_l2_norm", t.expiry.min_l2_norm}};
     tables.push_back(std::move(tj));
   }
   j = json{{"mode", to_string(c.mode)},

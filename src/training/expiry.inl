@@ -117,8 +117,14 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
 
 template <class Key, class Space>
 status training_cache_core<Key, Space>::expire_all() {
+  // Tables with expiry off: nothing runs, not even the wait for the write-behind.
+  if (std::none_of(tables.begin(), tables.end(),
+                   [](const table_type& tb) { return tb.opt.expiry.enabled(); })) {
+    return {};
+  }
   EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
   for (auto& tb : tables) {
+    if (!tb.opt.expiry.enabled()) continue;
     table_counters c;
     {
       std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);

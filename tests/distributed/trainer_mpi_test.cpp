@@ -93,8 +93,7 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
       EXPECT_GT(a.rows_exported, 0u);
       EXPECT_EQ(a.rows_exported, b.rows_exported) << "pass " << a.pass;
       const std::string parts = read_bytes(a.export_path);
-      EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())),
-                std::string::npos)
+      EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())), std::string::npos)
           << parts;
       for (int r = 0; r < world().size(); ++r) {
         char part[64];
@@ -102,6 +101,35 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
         EXPECT_TRUE(fs::exists(c.export_dir + part + "/manifest.json")) << part;
       }
     }
+  }
+  ASSERT_TRUE(world().barrier().ok());
+}
+
+// Expiry in a sharded keyset run: each owner expires its own rows at every shard's start, and
+// the model is the one a single rank trains, bit for bit.
+TEST(sharded_trainer, expiry_gives_the_same_bits_on_every_number_of_ranks) {
+  const std::string dir = shared_temp_dir("trainer-expiry");
+  trainer_config c = sharded_trainer_config(data_dir());
+  c.mode = trainer_mode::keyset;
+  for (auto& t : c.tables) {
+    t.capacity_auto = true;
+    t.expiry.ttl_passes = 1;
+  }
+  c.save_dir = dir + "/world";
+  auto t = run_sharded(c, world());
+  EMBCACHE_ASSERT_OK(t);
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() == 0) {
+    single_process_communicator one;
+    trainer_config c1 = c;
+    c1.save_dir = dir + "/one";
+    auto t1 = run_sharded(c1, one);
+    EMBCACHE_ASSERT_OK(t1);
+    std::uint64_t expired = 0;
+    for (const auto& tc : t1.value()->cache().counters().total) expired += tc.rows_expired;
+    EXPECT_GT(expired, 0u);
+    expect_same_sharded_model(c.save_dir, c1.save_dir);
+    expect_same_history(t.value()->history(), t1.value()->history());
   }
   ASSERT_TRUE(world().barrier().ok());
 }

@@ -75,6 +75,11 @@ struct trainer_table_config {
   /// `"dram_tier_bytes": "auto"` (default false): the tier is sized from the memory budget.
   bool dram_tier_auto = false;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
+  /// `"expiry": {"ttl_passes": N, "min_l2_norm": x}` (table_options::expiry; every field
+  /// optional, default off): rows untouched for N shards, or whose embedding's norm is below x,
+  /// leave the table at a shard's start and are tombstones of the next export. Modes keyset and
+  /// on_demand; printed only when on.
+  expiry_options expiry{};
 };
 
 /// The default tables: wide (dim 1, FTRL alpha 0.05, init 0) and deep (dim 16, Adam, init 0.01),
