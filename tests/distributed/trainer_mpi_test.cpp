@@ -93,7 +93,8 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
       EXPECT_GT(a.rows_exported, 0u);
       EXPECT_EQ(a.rows_exported, b.rows_exported) << "pass " << a.pass;
       const std::string parts = read_bytes(a.export_path);
-      EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())), std::string::npos)
+      EXPECT_NE(parts.find("\"world_size\": " + std::to_string(world().size())),
+                std::string::npos)
           << parts;
       for (int r = 0; r < world().size(); ++r) {
         char part[64];

@@ -3,9 +3,9 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
-#include "../common/address_space.hpp"
 #include "embcache/distributed/communicator.hpp"
 #include "embedding_path.hpp"  // src/trainer: the cuda path's factory, for a stand-in
+#include "../common/address_space.hpp"
 #include "trainer_test_support.hpp"
 
 namespace embcache::test {
