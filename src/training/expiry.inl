@@ -26,7 +26,6 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
                                                      table_counters& c) {
   const expiry_options& e = tb.opt.expiry;
   if (!e.enabled()) return {};
-  const auto t0 = clock_type::now();
   // The clock of this boundary: V_P before any row of pass P is written; the rule compares with
   // V_(P - ttl), the oldest value kept once ttl values are there.
   auto& clock = tb.expiry;
@@ -85,10 +84,7 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
           return status{};
         }));
   }
-  if (gone.empty()) {
-    c.seconds_write_back += seconds_since(t0);
-    return {};
-  }
+  if (gone.empty()) return {};
   std::sort(gone.begin(), gone.end());
   if (!gone_res.empty()) {
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase(gone_res.data(), gone_res.size()));
@@ -111,7 +107,6 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
   }
   tb.exports.erased.insert(tb.exports.erased.end(), gone.begin(), gone.end());
   c.rows_expired += gone.size();
-  c.seconds_write_back += seconds_since(t0);
   return {};
 }
 
