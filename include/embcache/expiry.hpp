@@ -41,6 +41,9 @@
 /// manifest.json (an `expiry` object of the table) only when expiry is on; load() restores them,
 /// so a resumed run expires exactly the rows the uninterrupted run would. Saves without it (or a
 /// cache with expiry off) start counting at the next boundary.
+///
+/// **No step age.** There is no `ttl_steps`: the version clock counts the table's write calls,
+/// not training steps, so passes are the unit of age.
 #pragma once
 
 #include <cstdint>
