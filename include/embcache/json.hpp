@@ -9,8 +9,9 @@
 
 namespace embcache {
 
-/// JSON of counters: {"hits": ..., ...}, one field per member of table_counters; keys_admitted and
-/// keys_refused only when one of them is not 0 (admission on), so that they change nothing else.
+/// JSON of counters: {"hits": ..., ...}, one field per member of table_counters; the policies'
+/// counters only when on: keys_admitted and keys_refused when one of them is not 0 (admission),
+/// rows_expired when not 0 (expiry), so that they change nothing else.
 void to_json(nlohmann::json& j, const table_counters& c);
 /// JSON of all counters: {"passes": n, "tables": {"name": {"last": {...}, "total": {...}}}}.
 void to_json(nlohmann::json& j, const cache_counters& c);

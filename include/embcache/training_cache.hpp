@@ -29,6 +29,7 @@
 
 #include "embcache/admission.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/expiry.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"
@@ -81,6 +82,7 @@ struct table_options {
   std::function<std::uint64_t(Key)> slot_of;
   /// Feature admission (admission.hpp); default off: every key gets a row at its first lookup.
   admission_options admission{};
+  expiry_options expiry{};  ///< default off; see expiry.hpp
 };
 
 /// The slots a table asks its device cache for (before the cache rounds them up to whole
@@ -144,6 +146,7 @@ struct table_counters {
   double seconds_write_behind = 0;
   std::uint64_t keys_admitted = 0;  ///< sightings that admitted a key without a row (admission.hpp)
   std::uint64_t keys_refused = 0;   ///< sightings of keys without a row that were not admitted
+  std::uint64_t rows_expired = 0;  ///< rows removed by expiry (expiry.hpp) at a pass boundary
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };
@@ -299,6 +302,13 @@ class training_cache {
 
   /// Removes keys from the cache and the store; they are reported as erased by the next export.
   status erase(std::size_t t, const Key* keys, std::size_t n);
+
+  /// On-demand mode: a pass boundary of expiry (expiry.hpp): records the version clocks and
+  /// removes the expired rows of every table with expiry on (cache, store, tombstones of the next
+  /// export; counted as rows_expired of their `counters().last` and totals). Waits for a pending
+  /// write-behind first. Does nothing for tables with expiry off (nothing at all when every
+  /// table's is off). Throws in keyset mode, where every begin_pass is the boundary.
+  status expire();
 
   /// Writes every dirty resident row back and flushes the stores; rows stay resident.
   status end_training();

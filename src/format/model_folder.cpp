@@ -192,6 +192,10 @@ status write_stored_table(const std::string& folder, const stored_table<Key>& t,
             {"version", t.version},
             {"files", files}};
   if (no_slot_id) (*entry)["rows_without_slot_id"] = no_slot_id;
+  if (t.expiry) {
+    (*entry)["expiry"] = {{"boundaries", t.expiry->boundaries},
+                          {"pass_versions", t.expiry->versions}};
+  }
   return {};
 }
 
@@ -243,7 +247,7 @@ status save_stores(const std::string& dir, const std::vector<table_options<Key>>
     }
     EMBCACHE_RETURN_IF_ERROR(o.store->flush().with_context(who));
     stored.push_back({o.name, o.dim, o.optimizer.kind, o.store.get(), o.store->max_version(),
-                      nullptr, o.slot_of});
+                      nullptr, o.slot_of, nullptr});
   }
   return write_model_folder(dir, stored, on_progress, run_id);
 }

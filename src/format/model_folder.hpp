@@ -108,6 +108,13 @@ bool known_slot_id(const std::unordered_map<Key, std::uint64_t>* known,
   *out = slot_of(key);
   return true;
 }
+/// A table's expiry clock (embcache/expiry.hpp): the pass boundaries counted and the version clock
+/// recorded at the last ones, oldest first (at most the table's ttl_passes values). A save records
+/// it as the table's `expiry` object only when the table's expiry is on.
+struct expiry_clock {
+  std::uint64_t boundaries = 0;
+  std::vector<std::uint64_t> versions;
+};
 
 /// One table to save from its parameter store.
 template <class Key>
@@ -123,6 +130,7 @@ struct stored_table {
   /// Feature admission's state (admission_sketch::to_words), written as the file `admission`
   /// when not null and not empty.
   const std::vector<std::uint32_t>* admission = nullptr;
+  const expiry_clock* expiry = nullptr;       ///< written as `expiry` when set
 };
 
 /// Writes the model folder `dir` from the stores of `tables` (the layout of
@@ -162,6 +170,10 @@ struct manifest_table {
   std::uint64_t since_version = 0;  ///< delta only
   std::uint64_t erased = 0;         ///< delta only: tombstones
   nlohmann::json files;             ///< the `files` object
+  /// Model only: the optional `expiry` object ({"boundaries": n, "pass_versions": [v, ...]}:
+  /// at most n values, non-decreasing, none above `version`; at most 2^32 of them).
+  bool has_expiry = false;
+  expiry_clock expiry;
 };
 
 /// A folder's manifest.json, read and checked: size bound, JSON object, `format` of `kind`,
@@ -216,6 +228,8 @@ struct table_rows {
   std::vector<std::uint64_t> slot_ids;
   std::vector<std::int64_t> erased;  ///< delta: tombstones
   std::uint64_t version = 0;         ///< the table's version (delta: until_version)
+  bool has_expiry = false;           ///< the manifest's `expiry` of the table (a save only)
+  expiry_clock expiry;
 };
 
 /// Reads the files of table `t` of `m` into `out`: each file's manifest entry against the size

@@ -88,6 +88,35 @@ bool usable_folder_name(const std::string& n) {
          n.find('\0') == std::string::npos;
 }
 
+// A save's optional `expiry` object of a table (model_folder.hpp): boundaries, then at most that
+// many (and at most 2^32: ttl_passes is 32-bit) non-decreasing pass versions, none above the
+// table's version.
+status read_expiry_clock(const fields& f, const nlohmann::json& e, manifest_table* t) {
+  const auto it = e.find("expiry");
+  if (it == e.end()) return {};
+  const std::string at = t->at + "expiry.";
+  if (!it->is_object()) return f.bad(t->at + "expiry", "an object");
+  EMBCACHE_RETURN_IF_ERROR(f.u64(*it, "boundaries", at, &t->expiry.boundaries));
+  const auto pv = it->find("pass_versions");
+  if (pv == it->end() || !pv->is_array()) return f.bad(at + "pass_versions", "an array");
+  if (pv->size() > t->expiry.boundaries || pv->size() > (std::uint64_t{1} << 32)) {
+    return f.bad(at + "pass_versions", "an array of at most 'boundaries' values");
+  }
+  std::uint64_t prev = 0;
+  t->expiry.versions.reserve(pv->size());
+  for (const auto& v : *pv) {
+    if (!v.is_number_unsigned()) return f.bad(at + "pass_versions", "unsigned integers");
+    const std::uint64_t x = v.get<std::uint64_t>();
+    if (x < prev || x > t->version) {
+      return f.bad(at + "pass_versions", "non-decreasing and at most the table's version");
+    }
+    t->expiry.versions.push_back(x);
+    prev = x;
+  }
+  t->has_expiry = true;
+  return {};
+}
+
 status read_manifest_table(const fields& f, const nlohmann::json& e, folder_kind kind,
                            manifest_table* t) {
   const std::string& at = t->at;
@@ -106,6 +135,7 @@ status read_manifest_table(const fields& f, const nlohmann::json& e, folder_kind
     }
   } else {
     EMBCACHE_RETURN_IF_ERROR(f.u64(e, "version", at, &t->version));
+    EMBCACHE_RETURN_IF_ERROR(read_expiry_clock(f, e, t));
   }
   const auto files = e.find("files");
   if (files == e.end() || !files->is_object()) return f.bad(at + "files", "an object");
@@ -344,6 +374,8 @@ status read_listed_table(const folder_manifest& m, const manifest_table& t, tabl
   table_rows& r = *out;
   r.folder = m.dir + "/" + t.name;
   r.version = t.version;
+  r.has_expiry = t.has_expiry;
+  r.expiry = t.expiry;
   EMBCACHE_RETURN_IF_ERROR(read_listed_file(f, t, r.folder, "key", t.count, 1, nullptr, &r.keys));
   // The key file holds count keys: the table's other arrays (vectors, versions, state, slot ids
   // and one optimizer part at a time) must fit too, before any of them is allocated.

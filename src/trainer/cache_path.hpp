@@ -364,6 +364,11 @@ class on_demand_path final : public cache_path<Space> {
  public:
   using base::base;
 
+  // Each shard's start is a pass boundary of expiry (keyset mode's begin_pass is one too).
+  status begin_shard(const std::string&, const std::string&) override {
+    return this->cache().expire();
+  }
+
  protected:
   status find_slots(const batch_keys& k) override {
     EMBCACHE_RETURN_IF_ERROR(

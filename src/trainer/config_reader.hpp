@@ -41,6 +41,7 @@ inline constexpr std::uint64_t max_threads = 4096;                  // threads, 
 inline constexpr std::uint64_t max_world = std::uint64_t{1}
                                            << 20;  // world (as sharded saves allow)
 inline constexpr std::uint64_t max_blocks = std::uint64_t{1} << 16;                  // num_blocks
+inline constexpr std::uint64_t max_ttl_passes = 0xffffffffu;  // tables[i].expiry.ttl_passes
 inline constexpr std::uint64_t max_u64 = std::numeric_limits<std::uint64_t>::max();  // seeds
 
 // An inclusive integer range.

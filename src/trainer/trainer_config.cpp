@@ -200,6 +200,12 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(validate_admission_fields(c, tc, at));
+    EMBCACHE_RETURN_IF_ERROR(check_real(at + ".expiry.min_l2_norm", tc.expiry.min_l2_norm,
+                                        non_negative));
+    if (tc.expiry.enabled() && c.mode == trainer_mode::host_hybrid)
+      return status::invalid_argument(at +
+                                      ".expiry: needs mode \"keyset\" or \"on_demand\" (mode "
+                                      "\"host_hybrid\" has no training cache to expire rows from)");
   }
   for (const auto& f : count_fields)
     EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));
@@ -340,6 +346,12 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       read_store_fields(tr, tc);
       tr.get_real("init_scale", tc.init_scale, scale_range);
       read_admission_fields(tr, at, tc, &err);
+      if (tr.has("expiry") && err.ok()) {
+        object_reader er(tr.at("expiry"), at + ".expiry", &err);
+        er.get_int("ttl_passes", tc.expiry.ttl_passes, {0, max_ttl_passes});
+        er.get_real("min_l2_norm", tc.expiry.min_l2_norm, non_negative);
+        er.finish();
+      }
       tr.finish();
       c.tables.push_back(tc);
     }
@@ -423,6 +435,8 @@ void to_json(json& j, const trainer_config& c) {
                {"init_scale", float_json(t.init_scale)}};
     store_fields_json(t, tj);
     admission_fields_json(t, tj);
+    if (t.expiry.enabled())
+      tj["expiry"] = {{"ttl_passes", t.expiry.ttl_passes}, {"min_l2_norm", t.expiry.min_l2_norm}};
     tables.push_back(std::move(tj));
   }
   j = json{{"mode", to_string(c.mode)},

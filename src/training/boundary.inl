@@ -296,6 +296,7 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
     if (use_staging && tb.staged.gather.size() > tb.wb.spare_rows.size()) {
       tb.wb.spare_rows.swap(tb.staged.gather);
     }
+    EMBCACHE_RETURN_IF_ERROR(expire_table(tb, ks[t], c));
     EMBCACHE_RETURN_IF_ERROR(move_table_to_keyset(tb, *ks[t], use_staging, c));
     c.seconds_staging = use_staging ? tb.staged.seconds : 0.0;
   }

@@ -27,7 +27,8 @@ status training_cache_core<Key, Space>::save(const std::string& dir,
     locks.emplace_back(*tb.sync.store_mutex);
     admission[tb.index] = tb.admission.to_words();  // empty (no file) when admission is off
     stored.push_back({tb.opt.name, tb.opt.dim, tb.opt.optimizer.kind, tb.sync.store.get(),
-                      tb.cache->version(), &tb.slot_ids, tb.opt.slot_of, &admission[tb.index]});
+                      tb.cache->version(), &tb.slot_ids, tb.opt.slot_of, &admission[tb.index],
+                      tb.opt.expiry.enabled() ? &tb.expiry : nullptr});
   }
   return write_model_folder(dir, stored, on_progress, run_id);
 }
@@ -184,6 +185,8 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
       EMBCACHE_RETURN_IF_ERROR(tb.sync.store->flush());
     }
     tb.cache->advance_version(maxv);
+    // The expiry clock of the save (its boundaries are the run's), else counting starts anew.
+    tb.expiry = L.has_expiry ? L.expiry : expiry_clock{};
     tb.exports.last_version = tb.cache->version();
     tb.exports.written.clear();
     tb.exports.erased.clear();

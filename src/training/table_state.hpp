@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "embcache/training_cache.hpp"
+#include "format/model_folder.hpp"
 #include "training/cache_bridge.hpp"
 
 namespace embcache::detail {
@@ -149,6 +150,8 @@ struct table_state {
   std::unordered_map<Key, std::uint64_t> slot_ids;
   // Feature admission's counts (empty when off).
   admission_sketch admission;
+  // Expiry's pass boundaries and recorded version clocks (expiry.inl); empty while it is off.
+  expiry_clock expiry;
 };
 
 }  // namespace embcache::detail

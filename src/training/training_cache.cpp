@@ -27,16 +27,21 @@ constexpr std::pair<const char*, double table_counters::*> seconds_fields[] = {
     {"seconds_prefetch_wait", &table_counters::seconds_prefetch_wait},
     {"seconds_staging", &table_counters::seconds_staging},
     {"seconds_write_behind", &table_counters::seconds_write_behind}};
-// Admission's counters: in the JSON only when admission counted something.
+// Counters of the per-table policies, in the JSON only when on, so that a table with its
+// policies off writes the same JSON as before they existed: admission's two when one of them is
+// not 0, expiry's when not 0.
 constexpr std::pair<const char*, std::uint64_t table_counters::*> admission_fields[] = {
     {"keys_admitted", &table_counters::keys_admitted},
     {"keys_refused", &table_counters::keys_refused}};
+constexpr std::pair<const char*, std::uint64_t table_counters::*> expiry_fields[] = {
+    {"rows_expired", &table_counters::rows_expired}};
 }  // namespace
 
 table_counters& table_counters::operator+=(const table_counters& o) {
   for (const auto& [name, field] : count_fields) this->*field += o.*field;
   for (const auto& [name, field] : seconds_fields) this->*field += o.*field;
   for (const auto& [name, field] : admission_fields) this->*field += o.*field;
+  for (const auto& [name, field] : expiry_fields) this->*field += o.*field;
   return *this;
 }
 
@@ -46,6 +51,9 @@ void to_json(nlohmann::json& j, const table_counters& c) {
   for (const auto& [name, field] : seconds_fields) j[name] = c.*field;
   if (c.keys_admitted != 0 || c.keys_refused != 0)
     for (const auto& [name, field] : admission_fields) j[name] = c.*field;
+  for (const auto& [name, field] : expiry_fields) {
+    if (c.*field != 0) j[name] = c.*field;
+  }
 }
 
 void to_json(nlohmann::json& j, const cache_counters& c) {

@@ -122,6 +122,12 @@ struct training_cache_core {
   status admit(table_type& tb, std::vector<Key>* keys, bool count, table_counters* c);
   // Counts a sighting of each distinct key, deciding nothing (training_cache::count_sightings).
   status count_sightings(table_type& tb, const Key* keys, std::size_t n);
+  // --- expiry at a pass boundary (expiry.inl) ---
+  // Records the boundary in the table's expiry clock and removes its expired rows, sparing the
+  // keys of `keep` (sorted; may be null). A no-op when the table's expiry is off.
+  status expire_table(table_type& tb, const std::vector<Key>* keep, table_counters& c);
+  // training_cache::expire(): a boundary of every table.
+  status expire_all();
 
   // --- save and load (persistence.inl) ---
   status save(const std::string& dir, const save_progress& on_progress);

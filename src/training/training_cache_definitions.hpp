@@ -10,6 +10,7 @@
 //   boundary.inl              begin_pass: leaving, staying and arriving rows
 //   on_demand.inl             lookup batches with eviction by score
 //   admission.inl             which keys of a keyset or batch are admitted (feature admission)
+//   expiry.inl                expiry at a pass boundary (embcache/expiry.hpp)
 //   export.inl                incremental export, in memory and as delta folders
 //   persistence.inl           save and load through the model-folder module (model_folder.hpp)
 //   training_cache_members.inl  the public members
@@ -17,6 +18,7 @@
 
 #include "training/admission.inl"
 #include "training/boundary.inl"
+#include "training/expiry.inl"
 #include "training/export.inl"
 #include "training/on_demand.inl"
 #include "training/persistence.inl"

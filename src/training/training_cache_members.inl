@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,10 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
       throw error(status_code::invalid_argument, who + ": dim and capacity must be >= 1");
     }
     check_options(o.optimizer).with_context(who).throw_if_error();
+    if (!(o.expiry.min_l2_norm >= 0) || !std::isfinite(o.expiry.min_l2_norm)) {
+      throw error(status_code::invalid_argument,
+                  who + ": expiry.min_l2_norm must be a finite number >= 0");
+    }
     detail::table_state<Key, Space> tb;
     tb.index = t;
     tb.state_width = state_width(o.optimizer.kind, o.dim);
@@ -321,6 +326,15 @@ status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::si
     tb.exports.erased.insert(tb.exports.erased.end(), keys, keys + n);
     return {};
   });
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::expire() {
+  if (core_->options.mode != cache_mode::on_demand) {
+    throw error(status_code::invalid_argument,
+                "expire needs cache_mode::on_demand (begin_pass is the boundary in keyset mode)");
+  }
+  return detail::public_call("expire", [&] { return core_->expire_all(); });
 }
 
 template <class Key, class Space>

@@ -141,6 +141,35 @@ TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
   ASSERT_TRUE(world().barrier().ok());
 }
 
+// Expiry in a sharded keyset run: each owner expires its own rows at every shard's start, and
+// the model is the one a single rank trains, bit for bit.
+TEST(sharded_trainer, expiry_gives_the_same_bits_on_every_number_of_ranks) {
+  const std::string dir = shared_temp_dir("trainer-expiry");
+  trainer_config c = sharded_trainer_config(data_dir());
+  c.mode = trainer_mode::keyset;
+  for (auto& t : c.tables) {
+    t.capacity_auto = true;
+    t.expiry.ttl_passes = 1;
+  }
+  c.save_dir = dir + "/world";
+  auto t = run_sharded(c, world());
+  EMBCACHE_ASSERT_OK(t);
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() == 0) {
+    single_process_communicator one;
+    trainer_config c1 = c;
+    c1.save_dir = dir + "/one";
+    auto t1 = run_sharded(c1, one);
+    EMBCACHE_ASSERT_OK(t1);
+    std::uint64_t expired = 0;
+    for (const auto& tc : t1.value()->cache().counters().total) expired += tc.rows_expired;
+    EXPECT_GT(expired, 0u);
+    expect_same_sharded_model(c.save_dir, c1.save_dir);
+    expect_same_history(t.value()->history(), t1.value()->history());
+  }
+  ASSERT_TRUE(world().barrier().ok());
+}
+
 // RocksDB stores: each rank its database under store_path/rank-R; the save's parts are RocksDB
 // checkpoints, which a run of another number of ranks on host stores loads.
 TEST(sharded_trainer, rocksdb_stores_give_the_same_model_and_their_saves_resume_anywhere) {

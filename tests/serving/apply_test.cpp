@@ -76,6 +76,29 @@ TEST(apply_deltas, base_and_deltas_equal_the_final_save) {
   EXPECT_EQ(folder_bytes(h.base), before);
 }
 
+// Expiry: a key that expired in training is a tombstone of the next delta, and applying the
+// deltas leaves the served model equal to the final save, without that key.
+TEST(apply_deltas, expired_rows_leave_the_served_model) {
+  const std::string root = scratch("expired");
+  const history h = test::make_expiring_history(root);
+  auto delta = read_delta_folder(h.deltas + "/delta-000002");
+  ASSERT_TRUE(delta.ok()) << delta.get_status().to_string();
+  EXPECT_EQ(delta.value().tables[0].erased, (std::vector<std::int64_t>{1}));
+  EXPECT_TRUE(delta.value().tables[1].erased.empty());
+  auto r = apply_deltas(h.base, h.deltas);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().rows_erased, 1u);
+  for (const char* t : {"emb", "lin"})
+    for (const char* f : {"key", "emb_vector"})
+      EXPECT_EQ(file_bytes(h.base + "/" + t + "/" + f),
+                file_bytes(h.final_save + "/" + t + "/" + f))
+          << t << "/" << f;
+  auto served = read_model_folder(h.base);
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(served.value().tables[0].keys, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(served.value().tables[1].keys, (std::vector<std::int64_t>{1, 2, 3}));
+}
+
 TEST(apply_deltas, one_at_a_time_with_until_and_deltas_without_state_give_a_serving_model) {
   const std::string root = scratch("until");
   const history h = test::make_history(root, /*with_state=*/false);

@@ -217,6 +217,22 @@ TEST(redis_store, base_and_deltas_land_in_the_documented_layout) {
   EXPECT_EQ(srv.command({"GET", "h:applied"}), "2");
 }
 
+// Expiry: the tombstone of an expired key deletes it from Redis; Redis then holds the final save.
+TEST(redis_store, expired_rows_leave_redis) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::history h = test::make_expiring_history(scratch("expired"));
+  auto r = redis_push(srv.options("x"), h.base, h.deltas);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_EQ(r.value().keys_deleted, 1u);
+  EXPECT_EQ(srv.command({"HEXISTS", "x:table:emb", "1"}), "0");
+  EXPECT_EQ(srv.command({"HEXISTS", "x:table:lin", "1"}), "1");
+  for (const char* t : {"emb", "lin"}) {
+    const auto [keys, vectors] = saved_rows(h.final_save, t);
+    EXPECT_EQ(srv.command({"HLEN", std::string("x:table:") + t}), std::to_string(keys.size()));
+  }
+}
+
 TEST(redis_store, a_gap_stops_the_push_at_the_last_delta_pushed) {
   EMBCACHE_NEED_REDIS();
   const redis_server& srv = redis_server::get();

@@ -68,13 +68,14 @@ struct history {
 };
 
 /// Two tables: "emb" (dim 4, AdaGrad) and "lin" (dim 1, FTRL).
-inline std::unique_ptr<training_cache<std::int64_t>> history_cache() {
+inline std::unique_ptr<training_cache<std::int64_t>> history_cache(expiry_options emb_expiry = {}) {
   table_options<std::int64_t> emb, lin;
   emb.name = "emb";
   emb.dim = 4;
   emb.optimizer.kind = optimizer_kind::adagrad;
   emb.capacity = 64;
   emb.init.seed = 11;
+  emb.expiry = emb_expiry;
   lin.name = "lin";
   lin.dim = 1;
   lin.optimizer.kind = optimizer_kind::ftrl;
@@ -115,6 +116,32 @@ inline history make_history(const std::string& root, bool with_state) {
   touch(*tc, 0, {5, 77, 1000}, 5.0f);
   touch(*tc, 1, {5, 77}, 6.0f);
   tc->export_incremental_to(h.deltas, with_state).value();
+  tc->save(h.final_save).throw_if_error();
+  return h;
+}
+
+/// A history with expiry (ttl_passes 1 on table emb only): keys 1, 2, 3 trained in pass 1 and
+/// saved as `base`; pass 2 trains 2 and 3 (delta-000001); pass 3 begins {3}, where key 1 (of
+/// table emb, untouched in pass 2) expires: a tombstone of delta-000002; final save.
+inline history make_expiring_history(const std::string& root) {
+  history h{root + "/base", root + "/deltas", root + "/final"};
+  expiry_options e;
+  e.ttl_passes = 1;
+  auto tc = history_cache(e);
+  const std::vector<std::int64_t> k1 = {1, 2, 3}, k2 = {2, 3}, k3 = {3};
+  tc->begin_pass({k1, k1}).throw_if_error();
+  touch(*tc, 0, k1, 1.0f);
+  touch(*tc, 1, k1, 2.0f);
+  tc->save(h.base).throw_if_error();
+  tc->begin_pass({k2, k2}).throw_if_error();
+  touch(*tc, 0, k2, 3.0f);
+  touch(*tc, 1, k2, 4.0f);
+  tc->export_incremental_to(h.deltas).value();
+  tc->begin_pass({k3, k3}).throw_if_error();
+  if (tc->counters().last[0].rows_expired != 1) throw std::runtime_error("key 1 did not expire");
+  touch(*tc, 0, k3, 5.0f);
+  touch(*tc, 1, k3, 6.0f);
+  tc->export_incremental_to(h.deltas).value();
   tc->save(h.final_save).throw_if_error();
   return h;
 }

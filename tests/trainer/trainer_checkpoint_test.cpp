@@ -373,5 +373,20 @@ TEST(trainer_checkpoint, a_run_starts_from_a_hugectr_folder) {
   EXPECT_NE(torn.get_status().message().find("wide/emb_vector' has 8 bytes"), std::string::npos)
       << torn.get_status().message();
 }
+// Expiry (tables[i].expiry) in both cache modes: rows leave at shard starts, and a resume keeps
+// the expiry clock, so it expires what the uninterrupted run expires and ends with its model.
+TEST(trainer_checkpoint, an_expiring_resume_equals_an_uninterrupted_run) {
+  for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
+    const std::string name = std::string("expiry_") + to_string(mode);
+    trainer_config whole = small_config(name);
+    whole.mode = mode;
+    for (auto& t : whole.tables) t.expiry.ttl_passes = 1;
+    expect_resume_equals_whole(whole, name);
+    // Rows expired: the save holds fewer deep rows than the passes' keysets.
+    const std::size_t saved = fs::file_size(whole.save_dir + "/sparse/deep/key") / 8;
+    EXPECT_LT(saved, count_keys(whole, "deep")) << name;
+  }
+}
+
 }  // namespace
 }  // namespace embcache::test

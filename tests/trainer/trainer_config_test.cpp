@@ -842,6 +842,46 @@ TEST(trainer_config, an_eval_shard_that_is_also_trained_on_is_warned_about) {
   EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
   c.eval_shard.clear();
   EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
+TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
+  auto parse = [](const std::string& expiry, const std::string& mode = "keyset") {
+    return trainer_config_from_text(
+        R"({"passes": [["a.bin"]], "mode": ")" + mode +
+        R"(", "tables": [{"name": "wide"}, {"name": "deep", "expiry": )" + expiry + "}]}");
+  };
+  auto err = [&](const std::string& expiry, const std::string& mode = "keyset") {
+    auto c = parse(expiry, mode);
+    return c.ok() ? std::string("ok") : c.get_status().message();
+  };
+  auto c = parse(R"({"ttl_passes": 7, "min_l2_norm": 0.25})");
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().tables[1].expiry.ttl_passes, 7u);
+  EXPECT_EQ(c.value().tables[1].expiry.min_l2_norm, 0.25f);
+  const nlohmann::json printed(c.value());
+  EXPECT_EQ(printed.at("tables").at(1).at("expiry"),
+            nlohmann::json::parse(R"({"ttl_passes": 7, "min_l2_norm": 0.25})"));
+  // Off (the default) is not printed: a configuration without expiry prints as before.
+  EXPECT_FALSE(printed.at("tables").at(0).contains("expiry"));
+  auto back = trainer_config_from_json(printed);
+  EMBCACHE_ASSERT_OK(back);
+  EXPECT_EQ(back.value().tables[1].expiry.ttl_passes, 7u);
+  EXPECT_EQ(back.value().tables[1].expiry.min_l2_norm, 0.25f);
+  EXPECT_EQ(err(R"({})"), "ok");
+  EXPECT_EQ(err(R"({"ttl_passes": 3})", "on_demand"), "ok");
+  EXPECT_EQ(err(R"({"ttl_passes": -1})"),
+            "config text: config.tables[1].expiry.ttl_passes: expected an integer in [0, "
+            "4294967295], got -1");
+  EXPECT_EQ(err(R"({"ttl_passes": 4294967296})"),
+            "config text: config.tables[1].expiry.ttl_passes: expected an integer in [0, "
+            "4294967295], got 4294967296");
+  EXPECT_EQ(err(R"({"min_l2_norm": -0.5})"),
+            "config text: config.tables[1].expiry.min_l2_norm: expected a finite number >= 0, "
+            "got -0.5");
+  EXPECT_EQ(err(R"({"ttl_pases": 3})"),
+            "config text: config.tables[1].expiry.ttl_pases: unknown field");
+  EXPECT_EQ(err(R"(3)"), "config text: config.tables[1].expiry: expected an object");
+  EXPECT_EQ(err(R"({"ttl_passes": 3})", "host_hybrid"),
+            "config text: config.tables[1].expiry: needs mode \"keyset\" or \"on_demand\" (mode "
+            "\"host_hybrid\" has no training cache to expire rows from)");
 }
 
 }  // namespace

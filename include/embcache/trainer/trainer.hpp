@@ -79,6 +79,11 @@ struct trainer_table_config {
   /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
   /// Modes keyset and on_demand only (a refused key reads zeros and gets no gradient).
   admission_options admission{};
+  /// `"expiry": {"ttl_passes": N, "min_l2_norm": x}` (table_options::expiry; every field
+  /// optional, default off): rows untouched for N shards, or whose embedding's norm is below x,
+  /// leave the table at a shard's start and are tombstones of the next export. Modes keyset and
+  /// on_demand; printed only when on.
+  expiry_options expiry{};
 };
 
 /// The default tables: wide (dim 1, FTRL alpha 0.05, init 0) and deep (dim 16, Adam, init 0.01),
