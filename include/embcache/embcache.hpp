@@ -2,6 +2,7 @@
 /// @brief Umbrella header: everything a trainer needs from embcache's host library.
 #pragma once
 
+#include "embcache/admission.hpp"
 #include "embcache/buffer.hpp"
 #include "embcache/cache_options.hpp"
 #include "embcache/embedding_cache.hpp"

@@ -69,6 +69,10 @@ py::dict to_dict(const table_counters& c) {
   d["seconds_prefetch_wait"] = c.seconds_prefetch_wait;
   d["seconds_staging"] = c.seconds_staging;
   d["seconds_write_behind"] = c.seconds_write_behind;
+  if (c.keys_admitted != 0 || c.keys_refused != 0) {  // admission on (as in the counters' JSON)
+    d["keys_admitted"] = c.keys_admitted;
+    d["keys_refused"] = c.keys_refused;
+  }
   return d;
 }
 
