@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "embcache/json.hpp"
 #include "errors.hpp"
 #include "names.hpp"
 #include "store_ref.hpp"
@@ -53,25 +55,19 @@ std::vector<std::vector<key>> keysets_of(const py::sequence& keysets) {
 }
 
 py::dict to_dict(const table_counters& c) {
+  // The counters' JSON (embcache/json.hpp) is the one list of their names, and of when the
+  // policies' counters appear (admission's, expiry's: only when on).
+  const nlohmann::json j = c;
   py::dict d;
-  d["hits"] = c.hits;
-  d["misses"] = c.misses;
-  d["rows_pulled"] = c.rows_pulled;
-  d["rows_staged"] = c.rows_staged;
-  d["rows_restaged"] = c.rows_restaged;
-  d["rows_initialized"] = c.rows_initialized;
-  d["rows_pushed"] = c.rows_pushed;
-  d["rows_evicted"] = c.rows_evicted;
-  d["bytes_store_to_cache"] = c.bytes_store_to_cache;
-  d["bytes_cache_to_store"] = c.bytes_cache_to_store;
-  d["seconds_swap_in"] = c.seconds_swap_in;
-  d["seconds_write_back"] = c.seconds_write_back;
-  d["seconds_prefetch_wait"] = c.seconds_prefetch_wait;
-  d["seconds_staging"] = c.seconds_staging;
-  d["seconds_write_behind"] = c.seconds_write_behind;
-  if (c.keys_admitted != 0 || c.keys_refused != 0) {  // admission on (as in the counters' JSON)
-    d["keys_admitted"] = c.keys_admitted;
-    d["keys_refused"] = c.keys_refused;
+  for (const auto& [name, v] : j.items()) {
+    if (v.is_number_unsigned())
+      d[name.c_str()] = v.get<std::uint64_t>();
+    else if (v.is_number_integer())
+      d[name.c_str()] = v.get<std::int64_t>();
+    else if (v.is_number_float())
+      d[name.c_str()] = v.get<double>();
+    else
+      d[name.c_str()] = py::none();
   }
   return d;
 }

@@ -373,6 +373,7 @@ TEST(trainer_checkpoint, a_run_starts_from_a_hugectr_folder) {
   EXPECT_NE(torn.get_status().message().find("wide/emb_vector' has 8 bytes"), std::string::npos)
       << torn.get_status().message();
 }
+
 // Expiry (tables[i].expiry) in both cache modes: rows leave at shard starts, and a resume keeps
 // the expiry clock, so it expires what the uninterrupted run expires and ends with its model.
 TEST(trainer_checkpoint, an_expiring_resume_equals_an_uninterrupted_run) {

@@ -842,6 +842,8 @@ TEST(trainer_config, an_eval_shard_that_is_also_trained_on_is_warned_about) {
   EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
   c.eval_shard.clear();
   EXPECT_EQ(detail::eval_shard_in_training(c, 0), "");
+}
+
 TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
   auto parse = [](const std::string& expiry, const std::string& mode = "keyset") {
     return trainer_config_from_text(
