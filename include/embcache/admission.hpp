@@ -88,6 +88,13 @@ class admission_sketch {
   bool sight(std::uint64_t key) noexcept;
   /// Whether `key`'s count has reached its threshold, without counting.
   bool admitted(std::uint64_t key) const noexcept;
+  /// Counts one sighting of each of the `n` keys (distinct: a key given twice counts twice), then
+  /// sets `admitted_out[i]` to admitted(keys[i]) as it stands once all of them are counted, so the
+  /// result does not depend on their order. The same as count_sighting() of every key followed by
+  /// admitted() of every key, in fewer memory accesses: the counters are prefetched, and a key's
+  /// are read again only when its own increments left one below its threshold (counts only grow).
+  /// Every output true when admission is off.
+  void sight_all(const std::uint64_t* keys, std::size_t n, bool* admitted_out);
   /// The key's count: the smallest of its counters (0 when off).
   std::uint32_t count(std::uint64_t key) const noexcept;
   /// The sighting at which `key` is admitted: min_count, the key's geometric draw, or the smaller

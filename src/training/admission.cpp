@@ -95,6 +95,41 @@ void admission_sketch::count_sighting(std::uint64_t key) noexcept {
   ++total_;
 }
 
+void admission_sketch::sight_all(const std::uint64_t* keys, std::size_t n, bool* admitted_out) {
+  if (cells_.empty()) {
+    std::fill(admitted_out, admitted_out + n, true);
+    return;
+  }
+  constexpr std::uint32_t saturated = std::numeric_limits<std::uint32_t>::max();
+  // Counters of a few keys ahead are prefetched: the table is too large for the caches, and the
+  // increments of one key do not depend on another's, so their misses overlap.
+  constexpr std::size_t ahead = 8;
+  const std::uint32_t depth = opt_.sketch_depth;
+  std::vector<std::size_t> at(n * depth);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + ahead < n)
+      for (std::uint32_t r = 0; r < depth; ++r)
+        __builtin_prefetch(&cells_[at[(i + ahead) * depth + r]], 1);
+    std::uint32_t lowest = saturated;
+    for (std::uint32_t r = 0; r < depth; ++r) {
+      std::uint32_t& c = cells_[at[i * depth + r]];
+      if (c < saturated) ++c;
+      lowest = std::min(lowest, c);
+    }
+    // The final count is at least `lowest`: at or past the threshold, the key is admitted.
+    admitted_out[i] = lowest >= threshold(keys[i]);
+  }
+  total_ += n;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (admitted_out[i]) continue;
+    std::uint32_t c = saturated;
+    for (std::uint32_t r = 0; r < depth; ++r) c = std::min(c, cells_[at[i * depth + r]]);
+    admitted_out[i] = c >= threshold(keys[i]);
+  }
+}
+
 bool admission_sketch::sight(std::uint64_t key) noexcept {
   count_sighting(key);
   return admitted(key);

@@ -19,8 +19,13 @@ status training_cache_core<Key, Space>::admit(table_type& tb, std::vector<Key>* 
   const std::size_t n = k.size();
   if (!tb.admission.enabled() || n == 0) return {};
   // Every key is counted before any is decided: the counts depend on the keys, not their order.
-  if (count)
-    for (const Key key : k) tb.admission.count_sighting(static_cast<std::uint64_t>(key));
+  std::vector<std::uint64_t> k64(k.begin(), k.end());
+  std::unique_ptr<bool[]> by_count(new bool[n]);
+  if (count) {
+    tb.admission.sight_all(k64.data(), n, by_count.get());
+  } else {
+    for (std::size_t i = 0; i < n; ++i) by_count[i] = tb.admission.admitted(k64[i]);
+  }
   std::vector<std::int64_t> slots(n);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(k.data(), n, slots.data()));
   std::vector<Key> absent;
@@ -36,7 +41,7 @@ status training_cache_core<Key, Space>::admit(table_type& tb, std::vector<Key>* 
   for (std::size_t i = 0; i < n; ++i) {
     bool keep = true;
     if (slots[i] < 0 && !stored[a++]) {
-      keep = tb.admission.admitted(static_cast<std::uint64_t>(k[i]));
+      keep = by_count[i];
       if (count) ++(keep ? c->keys_admitted : c->keys_refused);
     }
     if (keep) k[out++] = k[i];
