@@ -54,5 +54,6 @@ if [[ ! -e /usr/local/cuda/include/cccl/cuda/atomic && ! -e /usr/local/cuda/incl
        "Thrust, CUB and libcu++ (/usr/include); the cuda space is left out"
 fi
 
-# Use both cores for builds unless told otherwise.
+# Use every core for builds and for the tests unless told otherwise.
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+export CTEST_PARALLEL_LEVEL="${CTEST_PARALLEL_LEVEL:-$(nproc)}"

@@ -95,6 +95,14 @@ class admission_sketch {
   /// are read again only when its own increments left one below its threshold (counts only grow).
   /// Every output true when admission is off.
   void sight_all(const std::uint64_t* keys, std::size_t n, bool* admitted_out);
+  /// Sets `admitted_out[i]` to whether keys[i] is admitted once `added` more sightings of it are
+  /// counted, without counting anything: with `added` 0 that is admitted(keys[i]); with 1 it
+  /// says that the key's next sighting admits it for certain (a sighting adds one to each of the
+  /// key's counters, and other keys' sightings only add more), which is how prefetch stages the
+  /// rows of the keys the next pass will admit. Counters prefetched as in sight_all(). Every
+  /// output true when admission is off.
+  void admitted_all(const std::uint64_t* keys, std::size_t n, std::uint32_t added,
+                    bool* admitted_out) const;
   /// The key's count: the smallest of its counters (0 when off).
   std::uint32_t count(std::uint64_t key) const noexcept;
   /// The sighting at which `key` is admitted: min_count, the key's geometric draw, or the smaller

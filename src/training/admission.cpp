@@ -130,6 +130,36 @@ void admission_sketch::sight_all(const std::uint64_t* keys, std::size_t n, bool*
   }
 }
 
+void admission_sketch::admitted_all(const std::uint64_t* keys, std::size_t n, std::uint32_t added,
+                                    bool* admitted_out) const {
+  if (cells_.empty()) {
+    std::fill(admitted_out, admitted_out + n, true);
+    return;
+  }
+  constexpr std::uint32_t saturated = std::numeric_limits<std::uint32_t>::max();
+  constexpr std::size_t ahead = 8;
+  const std::uint32_t depth = opt_.sketch_depth;
+  std::vector<std::size_t> at(std::min(n, ahead) * depth);
+  // A ring of the cells of the keys prefetched ahead.
+  const auto slot_of = [&](std::size_t i) { return (i % ahead) * depth; };
+  for (std::size_t i = 0; i < std::min(n, ahead); ++i)
+    for (std::uint32_t r = 0; r < depth; ++r) {
+      at[slot_of(i) + r] = cell(r, keys[i]);
+      __builtin_prefetch(&cells_[at[slot_of(i) + r]], 0);
+    }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t lowest = saturated;
+    for (std::uint32_t r = 0; r < depth; ++r) lowest = std::min(lowest, cells_[at[slot_of(i) + r]]);
+    const std::uint32_t grown = lowest > saturated - added ? saturated : lowest + added;
+    admitted_out[i] = grown >= threshold(keys[i]);
+    if (i + ahead < n)
+      for (std::uint32_t r = 0; r < depth; ++r) {
+        at[slot_of(i) + r] = cell(r, keys[i + ahead]);
+        __builtin_prefetch(&cells_[at[slot_of(i) + r]], 0);
+      }
+  }
+}
+
 bool admission_sketch::sight(std::uint64_t key) noexcept {
   count_sighting(key);
   return admitted(key);

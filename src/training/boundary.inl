@@ -280,7 +280,7 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
   for (std::size_t t = 0; t < tables.size(); ++t) {
     if (!tables[t].admission.enabled()) continue;
     admitted[t] = *ks[t];
-    EMBCACHE_RETURN_IF_ERROR(admit(tables[t], &admitted[t], true, &pass[t]));
+    EMBCACHE_RETURN_IF_ERROR(admit(tables[t], &admitted[t], admit_mode::sight, &pass[t]));
     ks[t] = &admitted[t];
   }
   const bool use_staging = staged_valid;
@@ -298,6 +298,8 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
     }
     EMBCACHE_RETURN_IF_ERROR(expire_table(tb, ks[t], c));
     EMBCACHE_RETURN_IF_ERROR(move_table_to_keyset(tb, *ks[t], use_staging, c));
+    // The admitted keys without a row are the rows made for this pass.
+    if (tb.admission.enabled()) c.keys_admitted = c.rows_initialized;
     c.seconds_staging = use_staging ? tb.staged.seconds : 0.0;
   }
   if (use_staging) drop_staging();

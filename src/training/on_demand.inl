@@ -28,7 +28,7 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
                                      std::to_string(tb.opt.capacity));
   }
   // Feature admission: the keys refused at this sighting get no row and slot -1.
-  EMBCACHE_RETURN_IF_ERROR(admit(tb, &u, true, &c));
+  EMBCACHE_RETURN_IF_ERROR(admit(tb, &u, admit_mode::sight, &c));
   m = u.size();
   std::vector<std::int64_t> slots(m);
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.lookup_slots(u.data(), m, slots.data()));
@@ -68,6 +68,8 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
       }
     }
   }
+  // The admitted keys without a row are the rows made for this batch.
+  if (tb.admission.enabled()) c.keys_admitted = c.rows_initialized;
   c.seconds_swap_in += seconds_since(t0);
   // Every distinct key goes in, hits included, so that no key of this batch is a victim.
   std::vector<Key> ev_keys(m);

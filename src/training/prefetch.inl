@@ -244,11 +244,13 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     std::vector<Key> scratch;
     const std::vector<Key>* unique = &sorted_unique(keysets[t], scratch);
     if (tb.admission.enabled()) {
-      // Only keys admitted already: the rows of those admitted at the next begin_pass are made
-      // there, so that a key refused then never gets a row staged or installed early.
+      // The keys the next begin_pass admits for certain (those with a row, and those its sighting
+      // takes to their threshold): a key it may refuse never gets a row staged or installed
+      // early. A key the sketch admits only through another key's sighting (a shared counter) is
+      // made by begin_pass.
       if (unique != &scratch) scratch = *unique;
       table_counters none;
-      EMBCACHE_RETURN_IF_ERROR(im.admit(tb, &scratch, false, &none));
+      EMBCACHE_RETURN_IF_ERROR(im.admit(tb, &scratch, admit_mode::next_sighting, &none));
       unique = &scratch;
     }
     const auto& keys = *unique;

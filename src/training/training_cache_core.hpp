@@ -116,10 +116,14 @@ struct training_cache_core {
                                        std::uint64_t number);
 
   // --- feature admission (admission.inl) ---
-  // Keeps of `keys` (sorted, unique) those admitted: resident, in the store, or admitted by the
-  // table's sketch, after counting each as a sighting when `count`; `c` gets the admitted and
-  // refused keys without a row.
-  status admit(table_type& tb, std::vector<Key>* keys, bool count, table_counters* c);
+  // How admit() reads the sketch: sight = count this sighting of every key, then decide (c gets
+  // the refused keys; the caller sets keys_admitted to the rows it initializes, which are the
+  // admitted keys without a row); next_sighting = count nothing and keep the keys that the next
+  // sighting admits for certain (prefetch stages their rows).
+  enum class admit_mode { sight, next_sighting };
+  // Keeps of `keys` (sorted, unique) those admitted by the table's sketch or with a row (resident,
+  // or in the store); only the keys the sketch refuses are looked up.
+  status admit(table_type& tb, std::vector<Key>* keys, admit_mode mode, table_counters* c);
   // Counts a sighting of each distinct key, deciding nothing (training_cache::count_sightings).
   status count_sightings(table_type& tb, const Key* keys, std::size_t n);
   // --- expiry at a pass boundary (expiry.inl) ---

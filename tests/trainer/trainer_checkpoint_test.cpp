@@ -12,10 +12,13 @@ namespace embcache::test {
 namespace {
 
 // Trains `whole` (three passes) once straight and once as a save after pass 1 resumed for
-// passes 2 and 3; both must end with the same model and history. Returns the resumed config.
-trainer_config expect_resume_equals_whole(trainer_config whole, const std::string& name) {
+// passes 2 and 3; both must end with the same model and history. Returns the resumed config (and
+// the uninterrupted run's result in `whole_run` when given).
+trainer_config expect_resume_equals_whole(trainer_config whole, const std::string& name,
+                                          run_result* whole_run = nullptr) {
   size_to_largest_shard(whole);
   const run_result rw = run(whole);
+  if (whole_run) *whole_run = rw;
 
   trainer_config first = whole;
   first.passes = {whole.passes[0]};
@@ -74,20 +77,29 @@ TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
   EXPECT_NE(run_of(whole.save_dir), run_of(rest.save_dir));
 }
 
-// Feature admission: the counts travel with the save (`admission` beside each table's rows), so a
-// resume admits exactly what an uninterrupted run admits, in both cache modes.
-TEST(trainer_checkpoint, a_resume_with_admission_equals_an_uninterrupted_run) {
+// Feature admission and expiry, in both cache modes: the admission counts travel with the save
+// (`admission` beside each table's rows) and so does the expiry clock (rows leave at shard
+// starts), so a resume admits and expires exactly what an uninterrupted run does and ends with
+// its model.
+TEST(trainer_checkpoint, a_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
   for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
-    const std::string name = std::string("admission_") + to_string(mode);
+    const std::string name = std::string("admission_expiry_") + to_string(mode);
     trainer_config whole = small_config(name);
     whole.mode = mode;
     for (auto& t : whole.tables) {
       t.admission.min_count = 2;
       t.admission.sketch_width = 4096;
+      t.expiry.ttl_passes = 1;
     }
-    const trainer_config rest = expect_resume_equals_whole(whole, name);
+    run_result whole_run;
+    const trainer_config rest = expect_resume_equals_whole(whole, name, &whole_run);
     EXPECT_TRUE(fs::exists(rest.save_dir + "/sparse/deep/admission")) << name;
     EXPECT_TRUE(fs::exists(rest.resume_from + "/sparse/wide/admission")) << name;
+    // Keys were refused and rows expired: the save holds fewer deep rows than the passes' keysets.
+    EXPECT_GT(whole_run.totals.keys_refused, 0u) << name;
+    EXPECT_GT(whole_run.totals.rows_expired, 0u) << name;
+    const std::size_t saved = fs::file_size(whole.save_dir + "/sparse/deep/key") / 8;
+    EXPECT_LT(saved, count_keys(whole, "deep")) << name;
   }
 }
 
@@ -372,21 +384,6 @@ TEST(trainer_checkpoint, a_run_starts_from_a_hugectr_folder) {
   ASSERT_FALSE(torn.ok());
   EXPECT_NE(torn.get_status().message().find("wide/emb_vector' has 8 bytes"), std::string::npos)
       << torn.get_status().message();
-}
-
-// Expiry (tables[i].expiry) in both cache modes: rows leave at shard starts, and a resume keeps
-// the expiry clock, so it expires what the uninterrupted run expires and ends with its model.
-TEST(trainer_checkpoint, an_expiring_resume_equals_an_uninterrupted_run) {
-  for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
-    const std::string name = std::string("expiry_") + to_string(mode);
-    trainer_config whole = small_config(name);
-    whole.mode = mode;
-    for (auto& t : whole.tables) t.expiry.ttl_passes = 1;
-    expect_resume_equals_whole(whole, name);
-    // Rows expired: the save holds fewer deep rows than the passes' keysets.
-    const std::size_t saved = fs::file_size(whole.save_dir + "/sparse/deep/key") / 8;
-    EXPECT_LT(saved, count_keys(whole, "deep")) << name;
-  }
 }
 
 }  // namespace

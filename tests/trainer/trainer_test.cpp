@@ -36,7 +36,7 @@ TEST(trainer, swapping_changes_no_bit_of_the_model) {
   // Everything resident, against a keyset-mode cache the size of the largest shard's keyset
   // (every pass evicts) and an on-demand cache of 10% of each table.
   trainer_config full = small_config("full");
-  full.passes = {{{shard(0)}}, {{shard(1)}}, {{shard(2)}}, {{shard(3)}}, {{shard(4)}}};
+  full.passes = {{{shard(0)}}, {{shard(1)}}, {{shard(2)}}};
   full.batch_size = 32;  // so that a batch's distinct keys fit in 10% of the deep table
   const run_result rf = run(full);
   EXPECT_EQ(rf.totals.rows_evicted, 0u);

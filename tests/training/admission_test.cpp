@@ -80,6 +80,44 @@ TEST(admission_sketch, sight_all_equals_counting_then_deciding) {
   }
 }
 
+// admitted_all (no counting): with 0 added sightings it is admitted(); with 1 it foresees the
+// next sighting: every key it admits is admitted by sight_all of any batch that holds it, and on
+// a sketch where no keys share counters it foresees exactly.
+TEST(admission_sketch, admitted_all_is_admitted_and_foresees_the_next_sighting) {
+  for (const std::uint64_t width : {std::uint64_t{64}, std::uint64_t{1} << 20}) {
+    admission_options o;
+    o.min_count = 3;
+    o.probability = 0.2;
+    o.sketch_width = width;
+    o.sketch_depth = 3;
+    o.seed = 9;
+    admission_sketch s(o);
+    std::vector<std::uint64_t> keys;
+    for (std::uint64_t k = 0; k < 200; ++k) keys.push_back(k * 7919 + 3);
+    std::unique_ptr<bool[]> now(new bool[keys.size()]), next(new bool[keys.size()]),
+        got(new bool[keys.size()]);
+    for (int round = 0; round < 4; ++round) {
+      s.admitted_all(keys.data(), keys.size(), 0, now.get());
+      s.admitted_all(keys.data(), keys.size(), 1, next.get());
+      std::size_t foreseen = 0;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        ASSERT_EQ(now[i], s.admitted(keys[i])) << width << " " << round << " " << keys[i];
+        if (now[i]) ASSERT_TRUE(next[i]);
+        foreseen += next[i];
+      }
+      const std::vector<std::uint32_t> before = s.to_words();
+      s.sight_all(keys.data(), keys.size(), got.get());
+      EXPECT_NE(s.to_words(), before);  // admitted_all counted nothing; sight_all did
+      std::size_t admitted = 0;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (next[i]) ASSERT_TRUE(got[i]) << width << " " << round << " " << keys[i];
+        admitted += got[i];
+      }
+      if (width > 64) EXPECT_EQ(foreseen, admitted) << round;
+    }
+  }
+}
+
 TEST(admission_sketch, off_costs_nothing_and_admits_everything) {
   admission_sketch s;
   EXPECT_FALSE(s.enabled());
@@ -315,6 +353,26 @@ TEST(admission_keyset, save_load_resume_is_bit_exact_and_prefetch_changes_nothin
               file_bytes(dir.sub(std::string("resumed/") + f)))
         << f;
   }
+}
+
+// The prefetch of the next pass stages the rows of the keys that pass's sighting admits (here:
+// keys seen for the second time), so begin_pass installs them from the staging; the keys it
+// refuses get nothing staged.
+TEST(admission_keyset, prefetch_stages_the_rows_of_keys_the_next_pass_admits) {
+  auto tc = make_cache(cache_mode::keyset, counting(2));
+  std::vector<key> first, second;
+  for (key k = 1; k <= 10; ++k) first.push_back(k);
+  for (key k = 1; k <= 20; ++k) second.push_back(k);
+  EMBCACHE_ASSERT_OK(tc->begin_pass({first}));
+  EXPECT_EQ(tc->counters().last[0].keys_refused, 10u);
+  EMBCACHE_ASSERT_OK(tc->prefetch({second}));
+  EMBCACHE_ASSERT_OK(tc->begin_pass({second}));
+  const table_counters& c = tc->counters().last[0];
+  EXPECT_EQ(c.keys_admitted, 10u);
+  EXPECT_EQ(c.keys_refused, 10u);
+  EXPECT_EQ(c.rows_initialized, 10u);
+  EXPECT_EQ(c.rows_staged, 10u);  // all made by the worker, none by begin_pass
+  EXPECT_EQ(resident_of(*tc, second), first);
 }
 
 TEST(admission_keyset, a_corrupted_or_mismatched_admission_file_is_refused_naming_it) {
