@@ -18,24 +18,12 @@ namespace {
 
 constexpr std::size_t dim = 4;
 
-struct outside_load {
-  std::shared_ptr<host_store<std::int64_t>> store;
-  std::unique_ptr<training_cache<std::int64_t>> tc;
+// A table whose store holds the rows of a save written at version 50, pushed behind the cache's
+// back.
+struct outside_load : cache_over_host_store {
   std::vector<std::int64_t> keys{0, 1, 2, 3, 4, 5, 6, 7};
 
-  outside_load() {
-    host_store_options so;
-    so.table_name = "t";
-    so.row_width = dim;  // sgd: no optimizer state
-    store = std::make_shared<host_store<std::int64_t>>(so);
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.capacity = 16;
-    o.store = store;
-    tc = std::make_unique<training_cache<std::int64_t>>(training_cache_options{},
-                                                        std::vector{o});
-    // The rows of a save written at version 50, pushed into the store behind the cache's back.
+  outside_load() : cache_over_host_store(dim, 16) {
     const std::vector<float> rows(keys.size() * dim, 1.0f);
     const std::vector<std::uint64_t> versions(keys.size(), 50);
     EMBCACHE_EXPECT_OK(store->push(keys.data(), keys.size(), rows.data(), versions.data()));

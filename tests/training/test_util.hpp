@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
+#include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
 
 namespace embcache::testing {
@@ -36,5 +38,26 @@ model<Key> store_model(training_cache<Key, Space>& tc, std::size_t t) {
       }));
   return m;
 }
+
+/// A training cache of one table "t" (sgd, so rows are `dim` floats) over a host store of its
+/// own, which the test may read or write behind the cache's back.
+struct cache_over_host_store {
+  std::shared_ptr<host_store<std::int64_t>> store;
+  std::unique_ptr<training_cache<std::int64_t>> tc;
+
+  cache_over_host_store(std::size_t dim, std::size_t capacity,
+                        const training_cache_options& co = {}) {
+    host_store_options so;
+    so.table_name = "t";
+    so.row_width = dim;
+    store = std::make_shared<host_store<std::int64_t>>(so);
+    table_options<std::int64_t> o;
+    o.name = "t";
+    o.dim = dim;
+    o.capacity = capacity;
+    o.store = store;
+    tc = std::make_unique<training_cache<std::int64_t>>(co, std::vector{o});
+  }
+};
 
 }  // namespace embcache::testing

@@ -15,6 +15,7 @@
 #include "common/temp_dir.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
+#include "test_util.hpp"
 
 namespace embcache::testing {
 namespace {
@@ -40,25 +41,13 @@ stored_rows stored_of(param_store<std::int64_t>& store) {
   return out;
 }
 
-struct cache_over_store {
-  std::shared_ptr<host_store<std::int64_t>> store;
-  std::unique_ptr<training_cache<std::int64_t>> tc;
-  cache_over_store(std::size_t write_back_bytes, bool write_behind) {
-    host_store_options so;
-    so.table_name = "t";
-    so.row_width = dim;
-    store = std::make_shared<host_store<std::int64_t>>(so);
-    table_options<std::int64_t> o;
-    o.name = "t";
-    o.dim = dim;
-    o.capacity = 16;
-    o.store = store;
-    training_cache_options co;
-    co.write_back_bytes = write_back_bytes;
-    co.write_behind = write_behind;
-    tc = std::make_unique<training_cache<std::int64_t>>(co, std::vector{o});
-  }
-};
+// The table over its store, with the write-back options under test.
+cache_over_host_store cache_over_store(std::size_t write_back_bytes, bool write_behind) {
+  training_cache_options co;
+  co.write_back_bytes = write_back_bytes;
+  co.write_behind = write_behind;
+  return cache_over_host_store(dim, 16, co);
+}
 
 struct run_result {
   stored_rows stored;
@@ -72,7 +61,7 @@ struct run_result {
 // `save_dir`) and an export.
 run_result train(std::size_t write_back_bytes, bool write_behind, bool prefetch,
                  const std::string& save_dir = "") {
-  cache_over_store f(write_back_bytes, write_behind);
+  cache_over_host_store f = cache_over_store(write_back_bytes, write_behind);
   training_cache<std::int64_t>& tc = *f.tc;
   run_result r;
   const auto keyset = [](int p) {
@@ -155,7 +144,7 @@ TEST(training_cache_write_back, save_and_load_in_one_row_chunks_keep_every_row) 
   const run_result saved = train(1, true, true, dir.sub("save"));
   ASSERT_EQ(saved.stored.size(), 44u);
   for (const std::size_t bytes : {std::size_t{1}, std::size_t{1} << 20}) {
-    cache_over_store f(bytes, true);
+    cache_over_host_store f = cache_over_store(bytes, true);
     ASSERT_TRUE(f.tc->load(dir.sub("save")).ok());
     EXPECT_EQ(stored_of(*f.store), saved.stored) << bytes << " bytes";
   }
