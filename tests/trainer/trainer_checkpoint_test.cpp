@@ -167,7 +167,7 @@ class file_size_limit {
 
 TEST(trainer_checkpoint, a_failed_dense_write_leaves_the_previous_save_whole) {
   trainer_config c = small_config("dense_fails");
-  c.passes = {c.passes[0], c.passes[1]};
+  c.passes = {{{shard(0)}}, {{shard(2)}}};
   c.model.hidden = {2048};  // dense.bin of about 10 MB, larger than every sparse file
   auto t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
