@@ -129,4 +129,83 @@ cache_options cache_options_of(std::size_t capacity, std::size_t dim, std::size_
   return o;
 }
 
+namespace {
+
+// One field of a policy dict: `item`'s value as T, TypeError naming `what`.`key` otherwise.
+template <class T>
+T field_value(const py::handle& value, const char* what, const std::string& key,
+              const char* expected) {
+  // A bool is an int in Python: refused, so that {"min_count": True} is not 1.
+  if (py::isinstance<py::bool_>(value))
+    throw py::type_error(std::string(what) + "." + key + ": expected " + expected);
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(what) + "." + key + ": expected " + expected);
+  }
+}
+
+py::dict dict_of(const py::object& d, const char* what) {
+  if (d.is_none()) return py::dict();
+  if (!py::isinstance<py::dict>(d))
+    throw py::type_error(std::string(what) + ": expected a dict or None");
+  return d.cast<py::dict>();
+}
+
+}  // namespace
+
+admission_options admission_options_of(const py::object& obj) {
+  admission_options o;
+  for (const auto& item : dict_of(obj, "admission")) {
+    const std::string key = py::str(item.first);
+    if (key == "min_count") {
+      o.min_count = field_value<std::uint32_t>(item.second, "admission", key, "an int >= 0");
+    } else if (key == "probability") {
+      o.probability = field_value<double>(item.second, "admission", key, "a number");
+    } else if (key == "sketch_width") {
+      o.sketch_width = field_value<std::uint64_t>(item.second, "admission", key, "an int >= 1");
+    } else if (key == "sketch_depth") {
+      o.sketch_depth = field_value<std::uint32_t>(item.second, "admission", key, "an int >= 1");
+    } else if (key == "seed") {
+      o.seed = field_value<std::uint64_t>(item.second, "admission", key, "an int >= 0");
+    } else {
+      throw py::value_error("admission: unknown field '" + key +
+                            "' (min_count, probability, sketch_width, sketch_depth, seed)");
+    }
+  }
+  return o;
+}
+
+expiry_options expiry_options_of(const py::object& obj) {
+  expiry_options o;
+  for (const auto& item : dict_of(obj, "expiry")) {
+    const std::string key = py::str(item.first);
+    if (key == "ttl_passes") {
+      o.ttl_passes = field_value<std::uint32_t>(item.second, "expiry", key, "an int >= 0");
+    } else if (key == "min_l2_norm") {
+      o.min_l2_norm = field_value<float>(item.second, "expiry", key, "a number");
+    } else {
+      throw py::value_error("expiry: unknown field '" + key + "' (ttl_passes, min_l2_norm)");
+    }
+  }
+  return o;
+}
+
+py::dict to_dict(const admission_options& o) {
+  py::dict d;
+  d["min_count"] = o.min_count;
+  d["probability"] = o.probability;
+  d["sketch_width"] = o.sketch_width;
+  d["sketch_depth"] = o.sketch_depth;
+  d["seed"] = o.seed;
+  return d;
+}
+
+py::dict to_dict(const expiry_options& o) {
+  py::dict d;
+  d["ttl_passes"] = o.ttl_passes;
+  d["min_l2_norm"] = o.min_l2_norm;
+  return d;
+}
+
 }  // namespace embcache::python

@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "embcache/admission.hpp"
 #include "embcache/cache_options.hpp"
+#include "embcache/expiry.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/sparse_ops.hpp"
@@ -34,6 +36,19 @@ const char* to_string(cache_mode m) noexcept;
 optimizer_options optimizer_options_of(const py::dict& d);
 /// The fields of `o` as a dict.
 py::dict to_dict(const optimizer_options& o);
+
+/// admission_options from a dict of its fields ({"min_count": 2, "probability": 0.1,
+/// "sketch_width": ..., "sketch_depth": ..., "seed": ...}); None or {} is off. An unknown key is
+/// ValueError naming it, a value of the wrong type TypeError; the ranges are checked by the
+/// training cache (InvalidArgumentError naming the field).
+admission_options admission_options_of(const py::object& d);
+/// expiry_options from a dict of its fields ({"ttl_passes": 7, "min_l2_norm": 0.0}); None or {}
+/// is off. Unknown keys and wrong types as for admission_options_of.
+expiry_options expiry_options_of(const py::object& d);
+/// The fields of `o` as a dict.
+py::dict to_dict(const admission_options& o);
+/// The fields of `o` as a dict.
+py::dict to_dict(const expiry_options& o);
 
 /// cache_options from the keyword arguments shared by EmbeddingCache and CudaEmbeddingCache;
 /// an unknown `init` or `scores` name is ValueError naming the argument.

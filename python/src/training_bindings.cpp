@@ -224,7 +224,8 @@ void save(training_ref& r, const std::string& dir, py::object on_progress) {
 tables_options make_table(const std::string& name, std::size_t dim, std::size_t capacity,
                           const py::dict& optimizer, std::size_t slots, std::size_t max_resident,
                           const std::string& init, float init_scale, std::uint64_t seed,
-                          const std::string& scores, py::object store) {
+                          const std::string& scores, py::object store, py::object admission,
+                          py::object expiry) {
   tables_options o;
   o.name = name;
   o.dim = dim;
@@ -237,6 +238,8 @@ tables_options make_table(const std::string& name, std::size_t dim, std::size_t 
   o.init.seed = seed;
   o.scores = score_policy_of(scores);
   if (!store.is_none()) o.store = store.cast<store_ref&>().store;
+  o.admission = admission_options_of(admission);
+  o.expiry = expiry_options_of(expiry);
   return o;
 }
 
@@ -250,13 +253,19 @@ Options of one table of a TrainingCache (C++ table_options<int64_t>).
            py::arg("optimizer") = py::dict(), py::arg("slots") = 0, py::arg("max_resident") = 0,
            py::arg("init") = "uniform", py::arg("init_scale") = 0.05f, py::arg("seed") = 0,
            py::arg("scores") = "lru", py::arg("store") = py::none(),
+           py::arg("admission") = py::none(), py::arg("expiry") = py::none(),
            R"doc(`name` (required, unique, usable as a folder name); `dim` embedding floats per
 row (>= 1); `capacity` most distinct keys of a keyset or lookup batch (>= 1); `optimizer` a dict of
 optimizer_options fields ({'kind': 'adam', 'learning_rate': 0.01, ...}; default sgd, lr 0.001);
 `slots` device-table slots (0: capacity * 5/4); `max_resident` rows kept between passes (0:
 capacity * 9/8); `init`/`init_scale`/`seed` the initializer (uniform(-0.05, 0.05), seed 0; the
 table index is folded into the seed); `scores` 'lru' | 'lfu' (on-demand eviction); `store` a
-ParamStore of row width dim + state width (None: a new HostStore).)doc")
+ParamStore of row width dim + state width (None: a new HostStore); `admission` a dict of
+admission_options fields ({'min_count': 2} or {'probability': 0.1}, with sketch_width,
+sketch_depth, seed; None: off): a key gets a row only once admitted, and until then lookups give
+slot -1; `expiry` a dict of expiry_options fields ({'ttl_passes': 7, 'min_l2_norm': 0.0}; None:
+off): rows untouched for ttl_passes pass boundaries leave at a boundary, as tombstones of the next
+export.)doc")
       .def_readonly("name", &tables_options::name)
       .def_readonly("dim", &tables_options::dim)
       .def_readonly("capacity", &tables_options::capacity)
@@ -264,9 +273,13 @@ ParamStore of row width dim + state width (None: a new HostStore).)doc")
       .def_readonly("max_resident", &tables_options::max_resident)
       .def_property_readonly("optimizer",
                              [](const tables_options& o) { return to_dict(o.optimizer); })
-      .def_property_readonly("state_width", [](const tables_options& o) {
-        return state_width(o.optimizer.kind, o.dim);
-      });
+      .def_property_readonly("state_width",
+                             [](const tables_options& o) {
+                               return state_width(o.optimizer.kind, o.dim);
+                             })
+      .def_property_readonly("admission",
+                             [](const tables_options& o) { return to_dict(o.admission); })
+      .def_property_readonly("expiry", [](const tables_options& o) { return to_dict(o.expiry); });
 
   py::class_<training_ref>(m, "TrainingCache", R"doc(
 The training cache of several tables (C++ training_cache<int64_t, host_space>): per table a device
@@ -374,6 +387,11 @@ key that is not resident (nothing written).)doc")
 the store.)doc")
       .def("erase", &erase, py::arg("t"), py::arg("keys"),
            "Removes keys from the cache and the store; the next export reports them erased.")
+      .def(
+          "expire", [](training_ref& r) { with_status(r, [](auto& c) { return c.expire(); }); },
+          R"doc(A pass boundary of expiry for every table with expiry on (on-demand mode's
+boundaries; in keyset mode every begin_pass is one): the expired rows leave the cache and the
+store and are tombstones (`erased`) of the next export.)doc")
       .def(
           "end_training",
           [](training_ref& r) { with_status(r, [](auto& c) { return c.end_training(); }); },

@@ -139,6 +139,50 @@ def test_save_load_round_trip_and_erase(tmp_path):
     assert "emb_vector" in str(e.value)
 
 
+def test_admission_refuses_keys_until_their_second_sighting(tmp_path):
+    admission = {"min_count": 2, "sketch_width": 4096, "seed": 3}
+    t = embcache.TableOptions("deep", dim=4, capacity=64, admission=admission)
+    assert t.admission["min_count"] == 2 and t.admission["sketch_width"] == 4096
+    assert t.expiry == {"ttl_passes": 0, "min_l2_norm": 0.0}
+    tc = embcache.TrainingCache([t], mode="on_demand")
+    assert tc.lookup("deep", keys(0, 10)).tolist() == [-1] * 10  # first sighting: refused
+    c = tc.counters["last"]["deep"]
+    assert c["keys_refused"] == 10 and c["keys_admitted"] == 0
+    assert np.all(tc.lookup("deep", keys(0, 5)) >= 0)  # second sighting: admitted, rows made
+    assert tc.counters["last"]["deep"]["keys_admitted"] == 5
+    tc.save(str(tmp_path / "save"))
+    assert (tmp_path / "save" / "deep" / "admission").exists()
+    with pytest.raises(ValueError, match="admission: unknown field 'min'"):
+        embcache.TableOptions("x", dim=1, capacity=1, admission={"min": 2})
+    with pytest.raises(TypeError, match="admission.min_count: expected an int >= 0"):
+        embcache.TableOptions("x", dim=1, capacity=1, admission={"min_count": -1})
+    with pytest.raises(embcache.InvalidArgumentError, match="probability"):
+        embcache.TrainingCache([embcache.TableOptions("x", dim=1, capacity=1,
+                                                      admission={"probability": 2.0})])
+
+
+def test_expiry_removes_untouched_rows_as_tombstones_of_the_next_export():
+    t = embcache.TableOptions("deep", dim=4, capacity=64, expiry={"ttl_passes": 1})
+    assert t.expiry["ttl_passes"] == 1
+    tc = embcache.TrainingCache([t], mode="on_demand")
+    tc.expire()  # boundary 1
+    tc.lookup("deep", keys(0, 10))
+    tc.export_incremental()
+    tc.expire()  # boundary 2: rows 0-9 were touched in pass 1
+    tc.lookup("deep", keys(0, 5))
+    slots = tc.lookup_slots("deep", keys(0, 5))
+    tc.mark_updated("deep", slots)  # rows 0-4 touched in pass 2, 5-9 not
+    tc.expire()  # boundary 3: rows 5-9 untouched for one pass
+    assert tc.counters["last"]["deep"]["rows_expired"] == 5
+    erased = tc.export_incremental()[0]["erased"]
+    assert sorted(erased.tolist()) == list(range(5, 10))
+    assert tc.read("deep", keys(5, 10))[1].tolist() == [False] * 5
+    with pytest.raises(ValueError, match="expiry: unknown field 'ttl'"):
+        embcache.TableOptions("x", dim=1, capacity=1, expiry={"ttl": 1})
+    with pytest.raises(TypeError, match="expiry: expected a dict or None"):
+        embcache.TableOptions("x", dim=1, capacity=1, expiry=3)
+
+
 def test_incremental_export_folder(tmp_path):
     tc = embcache.TrainingCache(tables())
     tc.begin_pass([keys(0, 50), keys(0, 50)])
