@@ -34,8 +34,10 @@
 /// **Cost.** Off (every field 0), nothing runs and nothing is stored. On, each boundary reads
 /// the versions of the resident rows and scans the whole store in batches of
 /// training_cache_options::prefetch_batch rows (param_store::for_each): O(store rows), with the
-/// store's rows read (a full iteration of a RocksDB store). With min_l2_norm the resident rows
-/// are read too. The boundary's write-behind is kept; a pending one is finished first.
+/// store's rows read (a full iteration of a RocksDB store), but only a version compare per row
+/// (and the norm with min_l2_norm); the rows the rule takes are then sorted and merged with the
+/// sorted resident keys, without touching the cache. With min_l2_norm the resident rows are read
+/// too. The boundary's write-behind is kept; a pending one is finished first.
 ///
 /// **Persistence.** save() records the table's boundary count and its kept clock values in
 /// manifest.json (an `expiry` object of the table) only when expiry is on; load() restores them,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "training/training_cache_core.hpp"
 
@@ -69,20 +70,34 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
       if (expired(res_keys[b + i], res_vers[b + i], row)) gone_res.push_back(res_keys[b + i]);
     }
   }
-  std::sort(res_keys.begin(), res_keys.end());
 
-  // The store, in batches: rows not resident.
+  // The store, in batches: rows not resident. The scan keeps the rows the rule takes by their
+  // stored version and norm (a few, usually); only those are then checked against the residents
+  // (whose stored copy may be older than the cache's) and the kept keys.
   std::vector<Key> gone = gone_res;
   {
-    std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
-    EMBCACHE_RETURN_IF_ERROR(tb.sync.store->for_each(
-        batch, [&](const Key* k, const float* r, const std::uint64_t* v, std::size_t n) {
-          for (std::size_t i = 0; i < n; ++i) {
-            if (std::binary_search(res_keys.begin(), res_keys.end(), k[i])) continue;
-            if (expired(k[i], v[i], r + i * w)) gone.push_back(k[i]);
-          }
-          return status{};
-        }));
+    std::vector<Key> stale;
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->for_each(
+          batch, [&](const Key* k, const float* r, const std::uint64_t* v, std::size_t n) {
+            for (std::size_t i = 0; i < n; ++i) {
+              if ((by_age && v[i] <= limit) ||
+                  (by_norm && norm_below(r + i * w, dim, e.min_l2_norm)))
+                stale.push_back(k[i]);
+            }
+            return status{};
+          }));
+    }
+    // Resident candidates are judged by their cache row above: one merge of two sorted lists
+    // (no lookup in the cache, which would touch the rows' eviction scores).
+    std::sort(stale.begin(), stale.end());
+    std::sort(res_keys.begin(), res_keys.end());
+    std::vector<Key> outside;
+    std::set_difference(stale.begin(), stale.end(), res_keys.begin(), res_keys.end(),
+                        std::back_inserter(outside));
+    for (const Key k : outside)
+      if (!kept(k)) gone.push_back(k);
   }
   if (gone.empty()) return {};
   std::sort(gone.begin(), gone.end());
