@@ -83,7 +83,14 @@ class host_hybrid_table {
 
   /// Pulls the rows of the batch's unique keys and writes the pooled embeddings into `out`
   /// (B*S*dim host floats). Fails on a malformed batch or a failing store.
-  [[nodiscard]] status forward(const key_batch<Key>& batch, float* out);
+  ///
+  /// `refused` (`num_refused` keys, ascending; may be null when 0) are keys without a row, those
+  /// feature admission refused at the pass's boundary (admission.hpp,
+  /// training_cache::begin_pass_in_stores): they are neither pulled nor initialized, read a zero
+  /// row (row index -1 of sparse_ops.hpp, as in the training cache), get no gradient and are not
+  /// pushed by backward(), so the store never gets a row for them.
+  [[nodiscard]] status forward(const key_batch<Key>& batch, float* out,
+                               const Key* refused = nullptr, std::size_t num_refused = 0);
 
   /// Applies the optimizer to the rows of the last forward() with `d_out` (B*S*dim floats, the
   /// gradient with respect to its `out`), advances the step counter and pushes the rows back.
@@ -94,7 +101,14 @@ class host_hybrid_table {
   std::uint64_t step() const noexcept { return step_; }
   /// Sets the step counter, e.g. when resuming from a checkpoint.
   void set_step(std::uint64_t step) noexcept { step_ = step; }
-  /// Unique keys of the last forward().
+  /// Stamps the rows backward() pushes from now on above `version` too (by default a push is
+  /// stamped max_version() + 1 of the store): a resume whose table clock (the saved one, which an
+  /// expiry clock's values may reach, expiry.hpp) is ahead of the rows it loaded keeps every row
+  /// it writes newer than that clock, as the uninterrupted run's are.
+  void advance_version(std::uint64_t version) noexcept {
+    if (version > version_floor_) version_floor_ = version;
+  }
+  /// Unique keys of the last forward(), its refused keys left out.
   std::size_t num_unique_keys() const noexcept { return unique_keys_.size(); }
   /// Floats per row.
   std::size_t row_width() const noexcept { return row_width_; }
@@ -107,7 +121,8 @@ class host_hybrid_table {
   embedding_initializer<Key> init_;
   std::size_t row_width_;
   std::uint64_t step_ = 0;
-  bool pending_ = false;  // a forward() awaits its backward()
+  std::uint64_t version_floor_ = 0;  // advance_version()
+  bool pending_ = false;             // a forward() awaits its backward()
 
   // The batch of the last forward(), re-expressed over scratch row indices.
   std::vector<std::int64_t> offsets_;
@@ -115,6 +130,8 @@ class host_hybrid_table {
   std::size_t batch_size_ = 0;
   std::size_t num_slots_ = 0;
   std::vector<Key> unique_keys_;
+  std::vector<std::int64_t> kept_rows_;  // with refused keys: each unique key's row, or -1
+  std::vector<std::uint64_t> versions_;  // the stamps of a push above version_floor_
   std::vector<float> rows_;
   buffer<bool, host_space> found_;
   sparse_gradients<host_space> grads_;

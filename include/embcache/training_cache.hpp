@@ -292,6 +292,22 @@ class training_cache {
   /// its begin_pass of its own part, so that every rank counts what a single rank counts.
   status count_sightings(std::size_t t, const Key* keys, std::size_t n);
 
+  /// Keyset mode, for tables trained outside the cache, directly in their stores (the trainer's
+  /// host-hybrid mode, host_hybrid.hpp; the cache holds none of their rows): the pass boundary of
+  /// begin_pass(keysets) without its swap. Per table with admission on, counts the sighting of
+  /// every distinct key of `keysets[t]` and writes into `(*refused_out)[t]` (ascending; resized
+  /// to num_tables(), empty for the other tables) the keys begin_pass would leave out: no row in
+  /// the store and not admitted at this sighting. The caller makes no row for them in this pass
+  /// (host_hybrid_table::forward's `refused`). Then, per table with expiry on, the boundary of
+  /// expiry with the admitted keys kept (expiry.hpp); the version clock first moves up to the
+  /// store's max_version(), so that the rows the caller pushed since the previous boundary count
+  /// as touched in that pass. Counted as begin_pass counts (passes; keys_admitted, keys_refused,
+  /// rows_expired). invalid_argument when a table holds resident rows or the number of keysets
+  /// is not num_tables() (nothing changes then). Throws in on_demand mode or when `refused_out`
+  /// is null.
+  status begin_pass_in_stores(const std::vector<std::vector<Key>>& keysets,
+                              std::vector<std::vector<Key>>* refused_out);
+
   /// Overwrites the rows of resident keys (`rows`: n * row_width floats) and marks them
   /// updated. A key that is not resident gives not_found (nothing is written).
   status assign(std::size_t t, const Key* keys, std::size_t n, const float* rows);

@@ -40,6 +40,16 @@ struct init_missing_fn {
   }
 };
 
+// Re-expresses occurrence i's row through `rows_of` (a unique key's kept row, or -1).
+struct remap_rows_fn {
+  std::int64_t* occurrence_rows;
+  const std::int64_t* rows_of;
+
+  void operator()(std::size_t i) const {
+    occurrence_rows[i] = rows_of[std::size_t(occurrence_rows[i])];
+  }
+};
+
 template <class Key>
 status check_key_batch(const key_batch<Key>& batch) {
   const std::size_t bags = batch.num_bags();
@@ -95,9 +105,13 @@ host_hybrid_table<Key>::host_hybrid_table(param_store<Key>& store,
 }
 
 template <class Key>
-status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out) {
+status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out, const Key* refused,
+                                       std::size_t num_refused) {
   pending_ = false;
   EMBCACHE_RETURN_IF_ERROR(check_key_batch(batch).with_context("host_hybrid_table::forward"));
+  if (num_refused > 0 && refused == nullptr)
+    return status::invalid_argument("host_hybrid_table::forward: " + std::to_string(num_refused) +
+                                    " refused keys given without their array");
   const host_space space{options_.max_threads};
   const std::size_t n = batch.num_keys;
   const std::size_t bags = batch.num_bags();
@@ -105,8 +119,27 @@ status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out) 
   num_slots_ = batch.num_slots;
   offsets_.assign(batch.offsets, batch.offsets + (bags > 0 ? bags + 1 : 0));
   occurrence_rows_.resize(n);
-  const std::size_t m =
-      grouping_.group(space, batch.keys, n, unique_keys_, occurrence_rows_.data());
+  std::size_t m = grouping_.group(space, batch.keys, n, unique_keys_, occurrence_rows_.data());
+  if (num_refused > 0) {
+    // Both ascending: one merge leaves the refused keys out of the rows, their occurrences at -1.
+    kept_rows_.resize(m);
+    std::size_t kept = 0, r = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const Key k = unique_keys_[i];
+      while (r < num_refused && refused[r] < k) ++r;
+      if (r < num_refused && refused[r] == k) {
+        kept_rows_[i] = -1;
+      } else {
+        kept_rows_[i] = std::int64_t(kept);
+        unique_keys_[kept++] = k;
+      }
+    }
+    if (kept < m) {
+      unique_keys_.resize(kept);
+      detail::for_each_index(space, n, remap_rows_fn{occurrence_rows_.data(), kept_rows_.data()});
+      m = kept;
+    }
+  }
 
   rows_.resize(m * row_width_);
   if (found_.size() < m) found_ = buffer<bool, host_space>(m);
@@ -140,7 +173,13 @@ status host_hybrid_table<Key>::backward(const float* d_out) {
   aggregate_gradients(space, local, options_.comb, d_out, options_.dim, grads_);
   ++step_;
   apply_optimizer(space, options_.optimizer, rows_.data(), row_width_, grads_, step_);
-  return store_.push(unique_keys_.data(), unique_keys_.size(), rows_.data())
+  const std::size_t m = unique_keys_.size();
+  const std::uint64_t* versions = nullptr;
+  if (version_floor_ > store_.max_version()) {
+    versions_.assign(m, version_floor_ + 1);
+    versions = versions_.data();
+  }
+  return store_.push(unique_keys_.data(), m, rows_.data(), versions)
       .with_context("host_hybrid_table::backward: push to '" + store_.table_name() + "'");
 }
 

@@ -170,7 +170,7 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
     o.init.seed = config.seed;
     o.slot_of = [](trainer_key k) -> std::uint64_t { return criteo_key_tag(k); };  // HugeCTR
     o.admission = tc.admission;
-    o.expiry = save_only_cache ? expiry_options{} : tc.expiry;
+    o.expiry = tc.expiry;  // host-hybrid: its boundaries (begin_pass_in_stores) expire rows
     *building = table_field(t) + " (table \"" + tc.name + "\"): its store";
     auto store = make_store(config, t, space, databases);
     if (!store.ok()) return store.get_status();

@@ -90,7 +90,8 @@ using keyset_filter = std::function<std::vector<trainer_key>(const std::vector<t
 /// Keyset mode's swaps: before each shard the training cache takes the shard's keysets, read
 /// from the files beside it (`X.keys`, and `X.cross.keys` for the wide table when crossing) in
 /// the layout its dataset's manifest.json names; with config.prefetch the next shard's are
-/// staged meanwhile and taken by its begin_shard without reading them again.
+/// staged meanwhile and taken by its begin_shard without reading them again. Host-hybrid's
+/// boundaries (admission, expiry) read the same keysets through read_keysets.
 class keyset_swapper {
  public:
   /// `keep` (may be empty) cuts each keyset to this process's keys (a sharded run: the keys the
@@ -123,6 +124,11 @@ class keyset_swapper {
     prefetched_shard_ = upcoming;
     prefetched_keysets_ = std::move(next).value();
     return {};
+  }
+  /// The keysets of `shard`, one per table (config.tables order), as begin_shard reads them.
+  [[nodiscard]] result<std::vector<std::vector<trainer_key>>> read_keysets(
+      const std::string& shard) {
+    return keysets_of(shard);
   }
 
  private:

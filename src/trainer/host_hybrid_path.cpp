@@ -1,10 +1,14 @@
 // The host-hybrid embedding path (MindSpore's host+device hybrid): no cache in the step; each
 // table's lookup and sparse optimizer run on its parameter store through host_hybrid_table.
+// With feature admission or expiry on, each shard's start is the pass boundary keyset mode's
+// begin_pass makes it: the shard's keysets are sighted and its rows expired by the cache of one
+// bucket per table over the stores (training_cache::begin_pass_in_stores), which keeps the
+// sketches and the expiry clocks and saves them, so a host-hybrid run admits, refuses and
+// expires exactly what a keyset-mode run does.
 #include <vector>
 
 #include "embcache/host_hybrid.hpp"
 #include "embedding_path.hpp"
-#include "format/model_folder.hpp"
 
 namespace embcache::detail {
 namespace {
@@ -12,7 +16,7 @@ namespace {
 class host_hybrid_path final : public embedding_path {
  public:
   host_hybrid_path(const trainer_config& config, embedding_tables tables, std::string* building)
-      : tables_(std::move(tables)) {
+      : config_(config), tables_(std::move(tables)), keysets_(config_, tables_.roles) {
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       host_hybrid_options ho;
       ho.dim = config.tables[t].dim;
@@ -22,17 +26,26 @@ class host_hybrid_path final : public embedding_path {
                   "\"): its host-hybrid table";
       hybrid_[t] = std::make_unique<host_hybrid_table<trainer_key>>(*tables_.stores[t], ho,
                                                                     initializer_of(t));
+      boundaries_ =
+          boundaries_ || config.tables[t].admission.enabled() || config.tables[t].expiry.enabled();
     }
+    refused_.resize(config.tables.size());
   }
 
-  status begin_shard(const std::string&, const std::string&) override { return {}; }
+  status begin_shard(const std::string& shard, const std::string&) override {
+    if (!boundaries_) return {};
+    auto keysets = keysets_.read_keysets(shard);
+    if (!keysets.ok()) return keysets.get_status();
+    return tables_.cache->begin_pass_in_stores(keysets.value(), &refused_).with_context(shard);
+  }
 
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
-    const std::size_t n = k.batch_size;
-    EMBCACHE_RETURN_IF_ERROR(hybrid_[tables_.roles.wide]->forward(
-        {n, k.wide_slots, k.offsets, k.wide, n * k.wide_slots}, wide_out));
-    return hybrid_[tables_.roles.deep]->forward(
-        {n, k.deep_slots, k.offsets, k.deep, n * k.deep_slots}, deep_out);
+    const std::size_t n = k.batch_size, w = tables_.roles.wide, d = tables_.roles.deep;
+    EMBCACHE_RETURN_IF_ERROR(
+        hybrid_[w]->forward({n, k.wide_slots, k.offsets, k.wide, n * k.wide_slots}, wide_out,
+                            refused_[w].data(), refused_[w].size()));
+    return hybrid_[d]->forward({n, k.deep_slots, k.offsets, k.deep, n * k.deep_slots}, deep_out,
+                               refused_[d].data(), refused_[d].size());
   }
 
   // The tables count their own optimizer steps, kept equal to the trainer's by set_step.
@@ -54,16 +67,20 @@ class host_hybrid_path final : public embedding_path {
   result<exported_delta> export_incremental_to(const std::string&, bool) override {
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   }
-  // The stores are written straight into the save layout (the cache holds none of their rows),
-  // under the run identity of the cache, which load() below adopts from a save.
+  // The cache holds none of the stores' rows: it takes their version clocks (adopt_stores) and
+  // saves them with its admission counts and expiry clocks, under its run identity, which load()
+  // below adopts from a save.
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
-    std::vector<table_options<trainer_key>> tables;
-    for (std::size_t t = 0; t < tables_.cache->num_tables(); ++t)
-      tables.push_back(tables_.cache->table(t));
-    return detail::save_stores<trainer_key>(dir, tables, on_progress, tables_.cache->run_id());
+    EMBCACHE_RETURN_IF_ERROR(tables_.cache->adopt_stores());
+    return tables_.cache->save(dir, on_progress);
   }
+  // The rows pushed from now on are newer than the loaded table clock (which the expiry clock's
+  // values may reach), as an uninterrupted run's are.
   status load_sparse(const std::string& dir, const load_options& options) override {
-    return tables_.cache->load(dir, options);
+    EMBCACHE_RETURN_IF_ERROR(tables_.cache->load(dir, options));
+    for (std::size_t t = 0; t < 2; ++t)
+      if (hybrid_[t]) hybrid_[t]->advance_version(tables_.cache->cache(t).version());
+    return {};
   }
   void set_step(std::uint64_t step) override {
     for (auto& h : hybrid_)
@@ -76,8 +93,12 @@ class host_hybrid_path final : public embedding_path {
     return cache_initializer(*tables_.cache, t);
   }
 
+  const trainer_config config_;  // keysets_ reads it
   embedding_tables tables_;
   std::unique_ptr<host_hybrid_table<trainer_key>> hybrid_[2];
+  bool boundaries_ = false;  // a table with admission or expiry: shards begin passes
+  keyset_swapper keysets_;
+  std::vector<std::vector<trainer_key>> refused_;  // per table: the shard's refused keys
 };
 
 }  // namespace

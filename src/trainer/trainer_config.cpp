@@ -199,13 +199,9 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(check_real(at + ".init_scale", tc.init_scale, scale_range));
     EMBCACHE_RETURN_IF_ERROR(check_optimizer_ranges(tc.optimizer, at + ".optimizer"));
     EMBCACHE_RETURN_IF_ERROR(check_options(tc.optimizer).with_context(at + ".optimizer"));
-    EMBCACHE_RETURN_IF_ERROR(validate_admission_fields(c, tc, at));
-    EMBCACHE_RETURN_IF_ERROR(check_real(at + ".expiry.min_l2_norm", tc.expiry.min_l2_norm,
-                                        non_negative));
-    if (tc.expiry.enabled() && c.mode == trainer_mode::host_hybrid)
-      return status::invalid_argument(at +
-                                      ".expiry: needs mode \"keyset\" or \"on_demand\" (mode "
-                                      "\"host_hybrid\" has no training cache to expire rows from)");
+    EMBCACHE_RETURN_IF_ERROR(validate_admission_fields(tc, at));
+    EMBCACHE_RETURN_IF_ERROR(
+        check_real(at + ".expiry.min_l2_norm", tc.expiry.min_l2_norm, non_negative));
   }
   for (const auto& f : count_fields)
     EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));

@@ -26,18 +26,12 @@ void read_admission_fields(object_reader& r, const std::string& at, trainer_tabl
   a.finish();
 }
 
-status validate_admission_fields(const trainer_config& c, const trainer_table_config& tc,
-                                 const std::string& at) {
+status validate_admission_fields(const trainer_table_config& tc, const std::string& at) {
   const admission_options& o = tc.admission;
   EMBCACHE_RETURN_IF_ERROR(check_int(at + ".admission.min_count", o.min_count, count_range));
   EMBCACHE_RETURN_IF_ERROR(
       check_real(at + ".admission.probability", o.probability, probability_range));
   EMBCACHE_RETURN_IF_ERROR(check_admission_options(o, at + ".admission"));
-  if (o.enabled() && c.mode == trainer_mode::host_hybrid)
-    return status::invalid_argument(
-        at +
-        ".admission: feature admission needs a training cache "
-        "(config.mode \"keyset\" or \"on_demand\", not \"host_hybrid\")");
   return {};
 }
 

@@ -18,9 +18,9 @@ namespace embcache::detail {
 /// "sketch_depth", "seed"}, each optional); `at` is the table's path ("config.tables[1]").
 void read_admission_fields(object_reader& r, const std::string& at, trainer_table_config& tc,
                            status* err);
-/// Checks them (ranges, and a mode with a training cache when admission is on).
-[[nodiscard]] status validate_admission_fields(const trainer_config& c,
-                                               const trainer_table_config& tc,
+/// Checks their ranges (every mode has admission; a sharded host-hybrid run refuses it in
+/// check_sharded_config).
+[[nodiscard]] status validate_admission_fields(const trainer_table_config& tc,
                                                const std::string& at);
 /// Writes them into the table's JSON object when any differs from the default.
 void admission_fields_json(const trainer_table_config& tc, json& j);

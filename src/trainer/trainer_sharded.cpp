@@ -22,6 +22,23 @@ status detail::check_sharded_config(const trainer_config& config, const communic
                                     "\" on " + std::to_string(world) +
                                     " ranks: a sharded run trains in mode \"keyset\" or "
                                     "\"host_hybrid\"");
+  // A sharded host-hybrid table trains on its owners' stores (sharded_table), which have no
+  // pass boundary for admission or expiry; keyset mode's training caches have one.
+  for (std::size_t t = 0; t < config.tables.size() && config.mode == trainer_mode::host_hybrid;
+       ++t) {
+    const trainer_table_config& tc = config.tables[t];
+    const std::string at = "config.tables[" + std::to_string(t) + "]";
+    const char* field = nullptr;
+    if (tc.admission.enabled())
+      field = ".admission";
+    else if (tc.expiry.enabled())
+      field = ".expiry";
+    if (field)
+      return status::invalid_argument(at + field +
+                                      ": a sharded run in mode \"host_hybrid\" has no feature "
+                                      "admission or expiry (a sharded run has them in mode "
+                                      "\"keyset\")");
+  }
   if (config.num_blocks % static_cast<std::size_t>(world) != 0)
     return status::invalid_argument("config.num_blocks: " + std::to_string(config.num_blocks) +
                                     " blocks do not split over " + std::to_string(world) +

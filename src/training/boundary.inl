@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -304,6 +305,68 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
   }
   if (use_staging) drop_staging();
   if (write_behind_pending()) start_flusher();
+  ++counters.passes;
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    counters.last[t] = pass[t];
+    counters.total[t] += pass[t];
+  }
+  return {};
+}
+
+// Tables kept in their stores (training_cache::begin_pass_in_stores): begin_pass's admission and
+// expiry, with the store standing for the residents, and no row moved.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::begin_pass_in_stores(
+    const std::vector<std::vector<Key>>& keysets, std::vector<std::vector<Key>>* refused_out) {
+  const std::string call = "begin_pass_in_stores: ";
+  if (keysets.size() != tables.size()) {
+    return status::invalid_argument(call + std::to_string(keysets.size()) + " keysets for " +
+                                    std::to_string(tables.size()) + " tables");
+  }
+  wait_worker();
+  EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
+  for (const auto& tb : tables) {
+    if (tb.cache->size() != 0) {
+      return status::invalid_argument(call + "table '" + tb.opt.name + "' holds " +
+                                      std::to_string(tb.cache->size()) +
+                                      " resident rows (its rows must be in its store only)");
+    }
+  }
+  refused_out->assign(tables.size(), {});
+  std::vector<table_counters> pass(tables.size());
+  std::vector<std::vector<Key>> scratch(tables.size()), admitted(tables.size());
+  std::vector<const std::vector<Key>*> ks(tables.size());
+  // Every table's sightings first, as begin_pass counts them.
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& tb = tables[t];
+    ks[t] = &sorted_unique(keysets[t], scratch[t]);
+    if (!tb.admission.enabled()) continue;
+    admitted[t] = *ks[t];
+    EMBCACHE_RETURN_IF_ERROR(admit(tb, &admitted[t], admit_mode::sight, &pass[t]));
+    std::set_difference(ks[t]->begin(), ks[t]->end(), admitted[t].begin(), admitted[t].end(),
+                        std::back_inserter((*refused_out)[t]));
+    ks[t] = &admitted[t];
+    // The admitted keys without a row: those begin_pass would make rows for (keys_admitted).
+    const std::size_t n = admitted[t].size();
+    std::unique_ptr<bool[]> stored(new bool[std::max<std::size_t>(n, 1)]);
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->contains(admitted[t].data(), n, stored.get()));
+    }
+    pass[t].keys_admitted =
+        static_cast<std::uint64_t>(std::count(stored.get(), stored.get() + n, false));
+  }
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    auto& tb = tables[t];
+    if (!tb.opt.expiry.enabled()) continue;
+    std::lock_guard<std::mutex> install_lock(*tb.sync.install_mutex);
+    {
+      // The rows written to the store since the last boundary are newer than the clock it took.
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      tb.cache->advance_version(tb.sync.store->max_version());
+    }
+    EMBCACHE_RETURN_IF_ERROR(expire_table(tb, ks[t], pass[t]));
+  }
   ++counters.passes;
   for (std::size_t t = 0; t < tables.size(); ++t) {
     counters.last[t] = pass[t];

@@ -96,6 +96,9 @@ struct training_cache_core {
 
   // --- the pass boundary (boundary.inl) ---
   status begin_pass(const std::vector<std::vector<Key>>& keysets);
+  // training_cache::begin_pass_in_stores: admission and expiry of a boundary, no swap.
+  status begin_pass_in_stores(const std::vector<std::vector<Key>>& keysets,
+                              std::vector<std::vector<Key>>* refused_out);
   // One table's boundary: from the resident rows to exactly those the keyset needs resident.
   status move_table_to_keyset(table_type& tb, const std::vector<Key>& keys, bool use_staging,
                               table_counters& c);

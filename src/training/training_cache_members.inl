@@ -192,6 +192,19 @@ status training_cache<Key, Space>::begin_pass(const std::vector<std::vector<Key>
   return detail::public_call("begin_pass", [&] { return core_->begin_pass(keysets); });
 }
 
+template <class Key, class Space>
+status training_cache<Key, Space>::begin_pass_in_stores(
+    const std::vector<std::vector<Key>>& keysets, std::vector<std::vector<Key>>* refused_out) {
+  if (core_->options.mode != cache_mode::keyset) {
+    throw error(status_code::invalid_argument, "begin_pass_in_stores needs cache_mode::keyset");
+  }
+  if (refused_out == nullptr) {
+    throw error(status_code::invalid_argument, "begin_pass_in_stores: refused_out is null");
+  }
+  return detail::public_call("begin_pass_in_stores",
+                             [&] { return core_->begin_pass_in_stores(keysets, refused_out); });
+}
+
 namespace detail {
 // One keyset per file, in the given format; the first read error is returned.
 template <class Key>

@@ -626,6 +626,45 @@ TEST(host_hybrid, caller_initializer_fills_missing_keys_and_state_starts_at_its_
   EXPECT_EQ(store.max_version(), 1u);
 }
 
+// Keys feature admission refused (forward's `refused`) have no row: they read zeros, get no
+// gradient and never reach the store; the other keys train as without them. advance_version()
+// lifts the next push's stamp above a given clock.
+TEST(host_hybrid, refused_keys_read_zeros_and_never_reach_the_store) {
+  host_hybrid_options ho;
+  ho.dim = 2;
+  ho.optimizer.kind = optimizer_kind::sgd;
+  ho.optimizer.learning_rate = 0.5f;
+  map_store store(2);
+  host_hybrid_table<std::int64_t> table(store, ho, [](std::int64_t key, float* e, std::size_t dim) {
+    for (std::size_t d = 0; d < dim; ++d) e[d] = float(key) + float(d) / 4;
+  });
+  // One sample, slots {7, 5} and {5}, then {9}: sum pooling; 5 refused (and 3, not in the batch).
+  const std::int64_t offsets[] = {0, 2, 3, 4};
+  const std::int64_t keys[] = {7, 5, 5, 9};
+  const std::int64_t refused[] = {3, 5};
+  std::vector<float> out(6);
+  EMBCACHE_ASSERT_OK(table.forward({1, 3, offsets, keys, 4}, out.data(), refused, 2));
+  EXPECT_EQ(table.num_unique_keys(), 2u);
+  EXPECT_EQ(out, (std::vector<float>{7, 7.25f, 0, 0, 9, 9.25f}));
+  const std::vector<float> ones(6, 1.0f);
+  table.advance_version(40);
+  EMBCACHE_ASSERT_OK(table.backward(ones.data()));
+  EXPECT_EQ(store.row(5), nullptr);
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_EQ(*store.row(7), (std::vector<float>{6.5f, 6.75f}));
+  EXPECT_EQ(*store.row(9), (std::vector<float>{8.5f, 8.75f}));
+  EXPECT_EQ(store.max_version(), 41u);
+  // Without refused keys, 5 gets its row; the stamps continue from the store's clock.
+  EMBCACHE_ASSERT_OK(table.forward({1, 3, offsets, keys, 4}, out.data()));
+  EXPECT_EQ(out, (std::vector<float>{11.5f, 12, 5, 5.25f, 8.5f, 8.75f}));
+  EMBCACHE_ASSERT_OK(table.backward(ones.data()));
+  ASSERT_NE(store.row(5), nullptr);
+  EXPECT_EQ(*store.row(5), (std::vector<float>{4, 4.25f}));  // two occurrences' gradients
+  EXPECT_EQ(store.max_version(), 42u);
+  EXPECT_EQ(table.forward({1, 3, offsets, keys, 4}, out.data(), nullptr, 1).code(),
+            status_code::invalid_argument);
+}
+
 TEST(host_hybrid, misuse_throws_and_bad_batches_are_refused) {
   host_hybrid_options ho;
   ho.dim = 4;

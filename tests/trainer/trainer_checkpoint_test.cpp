@@ -77,12 +77,13 @@ TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
   EXPECT_NE(run_of(whole.save_dir), run_of(rest.save_dir));
 }
 
-// Feature admission and expiry, in both cache modes: the admission counts travel with the save
+// Feature admission and expiry, in every mode: the admission counts travel with the save
 // (`admission` beside each table's rows) and so does the expiry clock (rows leave at shard
 // starts), so a resume admits and expires exactly what an uninterrupted run does and ends with
-// its model.
+// its model. Host-hybrid saves them from the cache that keeps them beside its stores.
 TEST(trainer_checkpoint, a_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
-  for (const trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
+  for (const trainer_mode mode :
+       {trainer_mode::keyset, trainer_mode::on_demand, trainer_mode::host_hybrid}) {
     const std::string name = std::string("admission_expiry_") + to_string(mode);
     trainer_config whole = small_config(name);
     whole.mode = mode;

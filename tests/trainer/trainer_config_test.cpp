@@ -666,9 +666,9 @@ TEST(trainer_config, admission_is_checked_naming_the_field_and_round_trips) {
   EXPECT_EQ(err(R"({"min_cout": 2})"),
             "config text: config.tables[1].admission.min_cout: unknown field");
   EXPECT_EQ(err("3"), "config text: config.tables[1].admission: expected an object");
-  EXPECT_EQ(err(R"({"min_count": 2})", "host_hybrid"),
-            "config text: config.tables[1].admission: feature admission needs a training cache "
-            "(config.mode \"keyset\" or \"on_demand\", not \"host_hybrid\")");
+  // Every mode has it (host-hybrid's shards begin the passes keyset mode's do).
+  EXPECT_EQ(err(R"({"min_count": 2})", "host_hybrid"), "ok");
+  EXPECT_EQ(err(R"({"min_count": 2})", "on_demand"), "ok");
   // Built in code: the same checks.
   trainer_config t;
   t.passes = {{{"a.bin"}}};
@@ -881,9 +881,30 @@ TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
   EXPECT_EQ(err(R"({"ttl_pases": 3})"),
             "config text: config.tables[1].expiry.ttl_pases: unknown field");
   EXPECT_EQ(err(R"(3)"), "config text: config.tables[1].expiry: expected an object");
-  EXPECT_EQ(err(R"({"ttl_passes": 3})", "host_hybrid"),
-            "config text: config.tables[1].expiry: needs mode \"keyset\" or \"on_demand\" (mode "
-            "\"host_hybrid\" has no training cache to expire rows from)");
+  EXPECT_EQ(err(R"({"ttl_passes": 3})", "host_hybrid"), "ok");
+}
+
+// A sharded host-hybrid run trains on its owners' stores, which have no pass boundary: admission
+// and expiry are refused there, naming the field, before anything is built.
+TEST(trainer_config, a_sharded_host_hybrid_run_refuses_admission_and_expiry) {
+  single_process_communicator one;
+  trainer_config c = small_config("sharded_hybrid_lifecycle");
+  c.passes = {{{shard(0)}}};
+  c.save_dir.clear();
+  c.mode = trainer_mode::host_hybrid;
+  c.tables[1].expiry.ttl_passes = 2;
+  auto t = trainer::create(c, one);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(t.get_status().message(),
+            "config.tables[1].expiry: a sharded run in mode \"host_hybrid\" has no feature "
+            "admission or expiry (a sharded run has them in mode \"keyset\")");
+  c.tables[1].expiry = {};
+  c.tables[0].admission.min_count = 2;
+  t = trainer::create(c, one);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().message().rfind("config.tables[0].admission: ", 0), 0u)
+      << t.get_status().message();
 }
 
 }  // namespace

@@ -115,6 +115,46 @@ TEST(trainer, host_hybrid_agrees_with_the_cache) {
   expect_same_model(cached.save_dir, hybrid.save_dir);
 }
 
+// Feature admission and expiry in host-hybrid mode: each shard's start is the boundary keyset
+// mode's begin_pass makes it (the shard's keysets sighted, the rows untouched for ttl_passes
+// shards removed), so the same keys are refused and the same rows expire, and the model, its
+// admission counts included, is the keyset run's, bit for bit.
+TEST(trainer, host_hybrid_admits_and_expires_as_the_cache_does) {
+  trainer_config cached = small_config("lifecycle_cached");
+  size_to_largest_shard(cached);
+  for (auto& t : cached.tables) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+    t.expiry.ttl_passes = 1;
+  }
+  const run_result rc = run(cached);
+  trainer_config hybrid = cached;
+  hybrid.mode = trainer_mode::host_hybrid;
+  hybrid.save_dir = temp_dir("lifecycle_hybrid") + "/save";
+  const run_result rh = run(hybrid);
+  ASSERT_EQ(rh.history.size(), rc.history.size());
+  for (std::size_t p = 0; p < rc.history.size(); ++p) {
+    EXPECT_EQ(rh.history[p].train_loss, rc.history[p].train_loss) << p;
+    EXPECT_EQ(rh.history[p].eval_auc, rc.history[p].eval_auc) << p;
+  }
+  EXPECT_GT(rc.totals.keys_refused, 0u);
+  EXPECT_GT(rc.totals.rows_expired, 0u);
+  EXPECT_EQ(rh.totals.keys_refused, rc.totals.keys_refused);
+  EXPECT_EQ(rh.totals.keys_admitted, rc.totals.keys_admitted);
+  EXPECT_EQ(rh.totals.rows_expired, rc.totals.rows_expired);
+  // The `admission` files are among the files compared; the expiry clocks count the same
+  // boundaries (their versions are each mode's own clock).
+  expect_same_model(cached.save_dir, hybrid.save_dir);
+  ASSERT_TRUE(fs::exists(hybrid.save_dir + "/sparse/deep/admission"));
+  const auto clock = [](const std::string& save, int t) {
+    return json::parse(read_bytes(save + "/sparse/manifest.json"))["tables"][t]["expiry"];
+  };
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_EQ(clock(hybrid.save_dir, t).value("boundaries", 0u), 5u) << t;
+    EXPECT_EQ(clock(hybrid.save_dir, t)["boundaries"], clock(cached.save_dir, t)["boundaries"]);
+  }
+}
+
 // The default embedding_device ("auto": the host in a program that registered no cuda path) and
 // an explicit "host" train the cache path of every earlier version: the same bits as host-hybrid,
 // whose path does not pass through the cache at all, in keyset and on-demand mode alike.

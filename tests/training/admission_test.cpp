@@ -296,6 +296,45 @@ TEST(admission_keyset, refused_keys_get_no_row_and_reach_no_store_save_or_export
   EXPECT_EQ(j["tables"]["t"]["total"]["keys_refused"], 5);
 }
 
+// Tables trained in their stores (the trainer's host-hybrid mode): begin_pass_in_stores counts
+// and refuses as begin_pass does, and expires the stored rows at the same boundaries, keeping the
+// keyset's keys; the rows the caller pushes between boundaries count as touched.
+TEST(admission_keyset, begin_pass_in_stores_refuses_and_expires_as_begin_pass_does) {
+  training_cache_options o;
+  table_options<key> t;
+  t.name = "t";
+  t.dim = 2;
+  t.capacity = 1;  // holds none of the rows
+  t.admission = counting(2);
+  t.expiry.ttl_passes = 1;
+  training_cache<key> tc(o, {t});
+  std::vector<std::vector<key>> refused;
+  EMBCACHE_ASSERT_OK(tc.begin_pass_in_stores({{3, 1, 2, 3}}, &refused));
+  EXPECT_EQ(refused, (std::vector<std::vector<key>>{{1, 2, 3}}));
+  EXPECT_EQ(tc.counters().last[0].keys_refused, 3u);
+  EMBCACHE_ASSERT_OK(tc.begin_pass_in_stores({{1, 2, 4}}, &refused));
+  EXPECT_EQ(refused, (std::vector<std::vector<key>>{{4}}));
+  EXPECT_EQ(tc.counters().last[0].keys_admitted, 2u);
+  // The caller trains 1 and 2 in the store (stamped by the store).
+  const std::vector<key> trained{1, 2};
+  const std::vector<float> rows(4, 0.5f);
+  EMBCACHE_ASSERT_OK(tc.store(0).push(trained.data(), 2, rows.data()));
+  // Touched in the last pass: nothing expires; 1 has a row, so it is admitted, 5 is refused.
+  EMBCACHE_ASSERT_OK(tc.begin_pass_in_stores({{1, 5}}, &refused));
+  EXPECT_EQ(refused, (std::vector<std::vector<key>>{{5}}));
+  EXPECT_EQ(tc.counters().last[0].rows_expired, 0u);
+  // Untouched for one pass: 2 expires; 1 is in the keyset being begun and stays.
+  EMBCACHE_ASSERT_OK(tc.begin_pass_in_stores({{1, 5}}, &refused));
+  EXPECT_TRUE(refused[0].empty());
+  EXPECT_EQ(tc.counters().last[0].keys_admitted, 1u);  // 5, at its second sighting
+  EXPECT_EQ(tc.counters().last[0].rows_expired, 1u);
+  EXPECT_EQ(keys_of(store_model(tc, 0)), (std::vector<key>{1}));
+  EXPECT_EQ(tc.counters().passes, 4u);
+  EXPECT_EQ(tc.counters().total[0].keys_refused, 5u);
+  // Misuse: the keysets must match the tables.
+  EXPECT_EQ(tc.begin_pass_in_stores({}, &refused).code(), status_code::invalid_argument);
+}
+
 TEST(admission_keyset, off_writes_nothing_new) {
   temp_dir dir;
   auto tc = make_cache(cache_mode::keyset, {});
