@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "embcache/distributed/sharded_save.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
@@ -77,8 +78,14 @@ result<model_folder> read_delta_folder(const std::string& dir);
 
 /// The folder of the sharded save in `dir` (`dir` or `dir/sparse`: a folder without manifest.json
 /// whose tables are sub-folders with a manifest.json, distributed/sharded_save.hpp), or "" when
-/// `dir` holds none.
+/// `dir` holds none (a model folder, or a trainer save whose `sparse/` is one).
 std::string sharded_save_of(const std::string& dir);
+
+/// The manifests of the tables of the sharded save in `dir` (as sharded_save_of gives it), in
+/// table name order, each read and checked by read_sharded_manifest, whose table_name must be its
+/// folder's; their key type, run_id and applied_delta must agree (invalid_argument naming the
+/// manifest). Reads no rows.
+result<std::vector<sharded_manifest>> read_sharded_manifests(const std::string& dir);
 
 /// Reads a sharded save (the `sparse/` of a sharded trainer save: one sharded save per table, as
 /// `<table>/manifest.json` and `<table>/gen-G/rank-R/`) as one model: every part of every table

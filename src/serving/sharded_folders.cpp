@@ -122,17 +122,49 @@ std::string rank_part(int rank, std::uint64_t sequence) {
 }  // namespace
 
 std::string sharded_save_of(const std::string& dir_in) {
-  const std::string dir = detail::strip_slashes(dir_in);
+  // A model folder, or a trainer save of one process (its sparse/ is one), is not sharded.
+  const std::string dir = model_folder_of(detail::strip_slashes(dir_in));
+  std::error_code ec;
+  if (fs::exists(dir + "/manifest.json", ec)) return {};
   for (const std::string& d : {dir, dir + "/sparse"})
     if (!sharded_tables(d).empty()) return d;
   return {};
 }
 
-result<model_folder> read_sharded_save(const std::string& dir_in) {
+result<std::vector<sharded_manifest>> read_sharded_manifests(const std::string& dir_in) {
   const std::string dir = detail::strip_slashes(dir_in);
   const std::vector<std::string> names = sharded_tables(dir);
   if (names.empty())
     return status::not_found("'" + dir + "' is not a sharded save (no <table>/manifest.json)");
+  std::vector<sharded_manifest> out;
+  for (const std::string& name : names) {
+    const std::string tdir = dir + "/" + name;
+    auto parsed = read_sharded_manifest(tdir);
+    if (!parsed.ok()) return parsed.get_status();
+    const sharded_manifest& m = parsed.value();
+    const std::string where = "'" + tdir + "/manifest.json'";
+    if (m.info.table_name != name)
+      return status::corruption(where + ": field 'table_name' is '" + m.info.table_name +
+                                "', its folder '" + name + "'");
+    if (!out.empty()) {
+      const sharded_manifest& first = out.front();
+      EMBCACHE_RETURN_IF_ERROR(check_same("field 'key_type' is", first.key_type, m.key_type, where));
+      EMBCACHE_RETURN_IF_ERROR(check_same("field 'run_id' is", first.info.run_id, m.info.run_id,
+                                          where + " (tables of two runs)"));
+      EMBCACHE_RETURN_IF_ERROR(check_same("field 'applied_delta' is",
+                                          std::to_string(first.info.applied_delta),
+                                          std::to_string(m.info.applied_delta),
+                                          where + " (tables saved at two points)"));
+    }
+    out.push_back(std::move(parsed).value());
+  }
+  return out;
+}
+
+result<model_folder> read_sharded_save(const std::string& dir_in) {
+  const std::string dir = detail::strip_slashes(dir_in);
+  auto manifests = read_sharded_manifests(dir);
+  if (!manifests.ok()) return manifests.get_status();
   // A trainer save's keys carry their slot (criteo_key_tag), as its single-process saves write it.
   std::error_code ec;
   const bool trainer_save = fs::path(dir).filename() == "sparse" &&
@@ -140,28 +172,13 @@ result<model_folder> read_sharded_save(const std::string& dir_in) {
   model_folder out;
   out.path = dir;
   out.sharded = true;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const std::string tdir = dir + "/" + names[i];
-    auto parsed = read_sharded_manifest(tdir);
-    if (!parsed.ok()) return parsed.get_status();
-    const sharded_manifest& m = parsed.value();
-    const std::string where = "'" + tdir + "/manifest.json'";
-    if (m.info.table_name != names[i])
-      return status::corruption(where + ": field 'table_name' is '" + m.info.table_name +
-                                "', its folder '" + names[i] + "'");
-    if (i == 0) {
-      out.key_type = m.key_type;
-      out.run_id = m.info.run_id;
-      out.sequence = m.info.applied_delta;
-    }
-    EMBCACHE_RETURN_IF_ERROR(check_same("field 'key_type' is", out.key_type, m.key_type, where));
-    EMBCACHE_RETURN_IF_ERROR(
-        check_same("field 'run_id' is", out.run_id, m.info.run_id, where + " (tables of two runs)"));
-    EMBCACHE_RETURN_IF_ERROR(check_same("field 'applied_delta' is", std::to_string(out.sequence),
-                                        std::to_string(m.info.applied_delta),
-                                        where + " (tables saved at two points)"));
+  out.key_type = manifests.value().front().key_type;
+  out.run_id = manifests.value().front().info.run_id;
+  out.sequence = manifests.value().front().info.applied_delta;
+  for (const sharded_manifest& m : manifests.value()) {
+    const std::string tdir = dir + "/" + m.info.table_name;
     folder_table t;
-    t.name = names[i];
+    t.name = m.info.table_name;
     t.dim = m.info.dim;
     t.state_width = m.info.row_width - m.info.dim;
     t.optimizer = m.info.optimizer;

@@ -379,6 +379,17 @@ TEST(redis_store, a_sharded_save_and_the_ranks_deltas_land_as_one_process_rows) 
   ASSERT_TRUE(again.ok()) << again.get_status().to_string();
   EXPECT_FALSE(again.value().base_pushed);
   EXPECT_TRUE(again.value().deltas.empty());
+  // The point of a sharded save is its applied_delta: the store (at delta 3) fits the final save
+  // and not the base (delta 1).
+  auto m = redis_read_model(srv.options("sh"));
+  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EXPECT_TRUE(redis_check_model(m.value(), srv.options("sh"), h.final_save, false).ok());
+  const status old = redis_check_model(m.value(), srv.options("sh"), h.base, false);
+  EXPECT_EQ(old.code(), status_code::invalid_argument);
+  EXPECT_NE(old.message().find("stands at version 3 (applied delta 3), the save '" + h.base +
+                               "' at version 1"),
+            std::string::npos)
+      << old.to_string();
 }
 
 TEST(redis_address, host_port_and_bracketed_ipv6) {
