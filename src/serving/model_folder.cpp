@@ -101,9 +101,9 @@ result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir) {
     (parts ? sharded : single) = out.back().path;
   }
   if (!sharded.empty() && !single.empty())
-    return status::invalid_argument("deltas folder '" + deltas_dir + "' holds both delta folders ('" +
-                                    single + "') and a sharded run's parts files ('" + sharded +
-                                    "'): the exports of two runs");
+    return status::invalid_argument(
+        "deltas folder '" + deltas_dir + "' holds both delta folders ('" + single +
+        "') and a sharded run's parts files ('" + sharded + "'): the exports of two runs");
   if (ec) return status::io_error("cannot list '" + deltas_dir + "': " + ec.message());
   std::sort(out.begin(), out.end(),
             [](const delta_entry& a, const delta_entry& b) { return a.sequence < b.sequence; });

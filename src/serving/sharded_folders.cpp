@@ -7,10 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <sstream>
 
 #include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
@@ -42,7 +40,8 @@ void sort_rows(folder_table& t) {
     s.versions.push_back(t.versions[i]);
     s.vectors.insert(s.vectors.end(), t.vectors.begin() + i * dim,
                      t.vectors.begin() + (i + 1) * dim);
-    if (sw) s.states.insert(s.states.end(), t.states.begin() + i * sw, t.states.begin() + (i + 1) * sw);
+    if (sw)
+      s.states.insert(s.states.end(), t.states.begin() + i * sw, t.states.begin() + (i + 1) * sw);
     if (!t.slot_ids.empty()) s.slot_ids.push_back(t.slot_ids[i]);
   }
   t.keys = std::move(s.keys);
@@ -57,8 +56,7 @@ template <class Key>
 status read_part(const std::string& part_dir, const sharded_manifest& m, int r, folder_table& t) {
   std::error_code ec;
   if (!fs::is_directory(part_dir, ec))
-    return status::not_found("rank " + std::to_string(r) + "'s part '" + part_dir +
-                             "' is missing");
+    return status::not_found("rank " + std::to_string(r) + "'s part '" + part_dir + "' is missing");
   if (fs::exists(part_dir + "/CURRENT", ec))
     return status::unsupported("rank " + std::to_string(r) + "'s part '" + part_dir +
                                "' is a RocksDB checkpoint; serving reads the parts host stores "
@@ -148,13 +146,13 @@ result<std::vector<sharded_manifest>> read_sharded_manifests(const std::string& 
                                 "', its folder '" + name + "'");
     if (!out.empty()) {
       const sharded_manifest& first = out.front();
-      EMBCACHE_RETURN_IF_ERROR(check_same("field 'key_type' is", first.key_type, m.key_type, where));
+      EMBCACHE_RETURN_IF_ERROR(
+          check_same("field 'key_type' is", first.key_type, m.key_type, where));
       EMBCACHE_RETURN_IF_ERROR(check_same("field 'run_id' is", first.info.run_id, m.info.run_id,
                                           where + " (tables of two runs)"));
-      EMBCACHE_RETURN_IF_ERROR(check_same("field 'applied_delta' is",
-                                          std::to_string(first.info.applied_delta),
-                                          std::to_string(m.info.applied_delta),
-                                          where + " (tables saved at two points)"));
+      EMBCACHE_RETURN_IF_ERROR(check_same(
+          "field 'applied_delta' is", std::to_string(first.info.applied_delta),
+          std::to_string(m.info.applied_delta), where + " (tables saved at two points)"));
     }
     out.push_back(std::move(parsed).value());
   }
@@ -187,7 +185,8 @@ result<model_folder> read_sharded_save(const std::string& dir_in) {
       const std::string part = tdir + "/" + m.parts[static_cast<std::size_t>(r)].path;
       const status s = m.key_type == "uint32" ? read_part<std::uint32_t>(part, m, r, t)
                                               : read_part<std::int64_t>(part, m, r, t);
-      EMBCACHE_RETURN_IF_ERROR(s.with_context("sharded save '" + dir + "', table '" + t.name + "'"));
+      EMBCACHE_RETURN_IF_ERROR(
+          s.with_context("sharded save '" + dir + "', table '" + t.name + "'"));
     }
     if (trainer_save)
       for (const std::int64_t k : t.keys) t.slot_ids.push_back(criteo_key_tag(k));
@@ -313,11 +312,16 @@ result<model_folder> read_sharded_delta(const std::string& parts_path) {
   return out;
 }
 
+namespace {
+
+// A list_deltas entry of a sharded run: its parts file.
 bool is_sharded_delta_path(const std::string& path) {
   return path.size() > std::char_traits<char>::length(parts_suffix) &&
-         path.compare(path.size() - std::char_traits<char>::length(parts_suffix),
-                      std::string::npos, parts_suffix) == 0;
+         path.compare(path.size() - std::char_traits<char>::length(parts_suffix), std::string::npos,
+                      parts_suffix) == 0;
 }
+
+}  // namespace
 
 result<model_folder> read_base(const std::string& dir_in) {
   const std::string dir = model_folder_of(detail::strip_slashes(dir_in));

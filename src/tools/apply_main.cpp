@@ -33,7 +33,8 @@ int apply_main(int argc, char** argv) {
   embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Applies the numbered deltas of DELTAS_DIR (delta-NNNNNN, as training_cache::"
-      "export_incremental_to writes them, or a sharded run's export folder: delta-NNNNNN.parts.json "
+      "export_incremental_to writes them, or a sharded run's export folder: "
+      "delta-NNNNNN.parts.json "
       "and rank-RRRRR/) to the base model folder BASE (a save's sparse folder, a trainer save, or "
       "a sharded save) atomically; with --output, writes the result to OUT and leaves BASE alone "
       "(required for a sharded save; without DELTAS_DIR it writes the sharded save as one "

@@ -261,9 +261,8 @@ class sharded_path final : public embedding_path {
     if (keyset_)
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep})
-      EMBCACHE_RETURN_IF_ERROR(
-          sharded_[t]->save(dir + "/" + config_.tables[t].name, tables_.cache->run_id(),
-                            last_delta_));
+      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name,
+                                                 tables_.cache->run_id(), last_delta_));
     return {};
   }
   // Any number of ranks may have written the save: each rank keeps the rows it owns now, and

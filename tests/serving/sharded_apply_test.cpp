@@ -198,8 +198,7 @@ TEST(sharded_apply, parts_of_two_runs_and_gaps_are_refused) {
   }
   r = apply_deltas(h.base, exports, o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.get_status().message().find("deltas of different runs do not mix"),
-            std::string::npos)
+  EXPECT_NE(r.get_status().message().find("deltas of different runs do not mix"), std::string::npos)
       << r.get_status().to_string();
   // A delta missing between the save and the next: a gap.
   fs::remove(exports + "/delta-000002.parts.json");
@@ -209,8 +208,7 @@ TEST(sharded_apply, parts_of_two_runs_and_gaps_are_refused) {
             std::string::npos)
       << r.get_status().to_string();
   // A folder of both kinds of deltas is the exports of two runs.
-  fs::copy(h.one_deltas + "/delta-000001", exports + "/delta-000001",
-           fs::copy_options::recursive);
+  fs::copy(h.one_deltas + "/delta-000001", exports + "/delta-000001", fs::copy_options::recursive);
   r = apply_deltas(h.base, exports, o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.get_status().message().find("holds both delta folders"), std::string::npos)

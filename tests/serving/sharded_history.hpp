@@ -26,8 +26,8 @@ inline std::vector<std::int64_t> owned(const std::vector<std::int64_t>& keys, in
 
 // Changes every float of the keys' rows by a function of the key alone (so one cache and the
 // ranks' caches change a key the same way).
-inline void touch_by_key(training_cache<std::int64_t>& tc, std::size_t t, const std::vector<std::int64_t>& keys,
-           float salt) {
+inline void touch_by_key(training_cache<std::int64_t>& tc, std::size_t t,
+                         const std::vector<std::int64_t>& keys, float salt) {
   const std::size_t w = tc.row_width(t);
   std::vector<float> rows(keys.size() * w);
   tc.read(t, keys.data(), keys.size(), rows.data(), nullptr).throw_if_error();
@@ -40,7 +40,7 @@ inline void touch_by_key(training_cache<std::int64_t>& tc, std::size_t t, const 
 // The ranks' save of their stores as a sharded save per table in `dir` (the layout of
 // distributed/sharded_save.hpp), at delta `applied`.
 inline void save_sharded_by_hand(std::vector<std::unique_ptr<training_cache<std::int64_t>>>& ranks,
-                          const std::string& dir, std::uint64_t applied) {
+                                 const std::string& dir, std::uint64_t applied) {
   for (std::size_t t = 0; t < 2; ++t) {
     const std::string name = t == 0 ? "emb" : "lin";
     nlohmann::json parts = nlohmann::json::array();
@@ -75,7 +75,7 @@ inline void save_sharded_by_hand(std::vector<std::unique_ptr<training_cache<std:
 
 // Every rank exports delta `n` into `dir`/rank-R/, and the parts file names them.
 inline void export_sharded(std::vector<std::unique_ptr<training_cache<std::int64_t>>>& ranks,
-                    const std::string& dir, std::uint64_t n) {
+                           const std::string& dir, std::uint64_t n) {
   nlohmann::json parts = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
     char part[64];
@@ -86,14 +86,14 @@ inline void export_sharded(std::vector<std::unique_ptr<training_cache<std::int64
   }
   char name[64];
   std::snprintf(name, sizeof name, "/delta-%06llu.parts.json", (unsigned long long)n);
-  std::ofstream(dir + name) << nlohmann::json{{"format", "embcache.sharded_delta"},
-                                              {"format_version", 1},
-                                              {"sequence", n},
-                                              {"run_id", run_a},
-                                              {"world_size", world},
-                                              {"rows", 0},
-                                              {"parts", parts}}
-                                   .dump(2);
+  std::ofstream(dir + name) << nlohmann::json{
+      {"format", "embcache.sharded_delta"},
+      {"format_version", 1},
+      {"sequence", n},
+      {"run_id", run_a},
+      {"world_size", world},
+      {"rows", 0},
+      {"parts", parts}}.dump(2);
 }
 
 // One history, trained by one cache and by two ranks: pass 1 (export 1, save: the base), pass 2
