@@ -34,19 +34,18 @@ int apply_main(int argc, char** argv) {
   CLI::App app{
       "Applies the numbered deltas of DELTAS_DIR (delta-NNNNNN, as training_cache::"
       "export_incremental_to writes them, or a sharded run's export folder: "
-      "delta-NNNNNN.parts.json "
-      "and rank-RRRRR/) to the base model folder BASE (a save's sparse folder, a trainer save, or "
-      "a sharded save) atomically; with --output, writes the result to OUT and leaves BASE alone "
-      "(required for a sharded save; without DELTAS_DIR it writes the sharded save as one "
-      "HugeCTR sparse model folder); with --redis, pushes BASE and the deltas into a Redis "
-      "serving store instead and leaves BASE alone."};
+      "delta-NNNNNN.parts.json and rank-RRRRR/) to the base model folder BASE (a save's sparse "
+      "folder, a trainer save, or a sharded save) atomically; with --output DIR, writes the "
+      "result to DIR and leaves BASE alone (required for a sharded save; without DELTAS_DIR it "
+      "writes the sharded save as one HugeCTR sparse model folder); with --redis, pushes BASE and "
+      "the deltas into a Redis serving store instead and leaves BASE alone."};
   std::string base, deltas, redis, prefix = "embcache", password_file, output;
   std::uint64_t until = std::numeric_limits<std::uint64_t>::max();
   bool replace = false;
   app.add_option("BASE", base, "Base model folder, trainer save or sharded save")->required();
   app.add_option("DELTAS_DIR", deltas,
                  "Folder of delta-NNNNNN folders or of a sharded run's delta-NNNNNN.parts.json "
-                 "(may be left out with --output)");
+                 "(may be left out with --output or --redis: the base alone)");
   app.add_option("--output", output,
                  "Write the result to this model folder (new, or a model folder it replaces) "
                  "instead of BASE");
