@@ -281,10 +281,9 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
     auto d = read_delta(e.path);
     if (!d.ok()) return d.get_status().with_context("apply");
     if (d.value().sequence != e.sequence) {
-      return status::corruption("apply: '" + e.path +
-                                (d.value().sharded ? "'" : "/manifest.json'") + " has sequence " +
-                                std::to_string(d.value().sequence) + ", its name " +
-                                std::to_string(e.sequence));
+      return status::corruption(
+          "apply: '" + e.path + (d.value().sharded ? "'" : "/manifest.json'") + " has sequence " +
+          std::to_string(d.value().sequence) + ", its name " + std::to_string(e.sequence));
     }
     if (d.value().key_type != m.key_type) {
       return status::invalid_argument("apply: '" + e.path + "' holds " + d.value().key_type +
