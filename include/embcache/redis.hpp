@@ -99,7 +99,8 @@ struct redis_model {
 /// when the store holds no model.
 result<redis_model> redis_read_model(const redis_options& options);
 
-/// Checks a store's model against the trainer save `save_dir` (its `sparse/manifest.json`) before
+/// Checks a store's model against the trainer save `save_dir` (its `sparse/manifest.json`, or for a
+/// sharded save its tables' manifests, each table at version `applied_delta`: serving.md) before
 /// scoring: key type, run identity (when both record one), every table of the save in the schema
 /// with its dim and holding rows, and (unless `allow_other_point`) the point of the run: each
 /// table's version in `P:versions` must equal the save's, since the save's dense network was

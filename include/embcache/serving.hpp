@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "embcache/distributed/sharded_save.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
@@ -52,6 +53,10 @@ struct model_folder {
   /// versions, which did not record one.
   std::string run_id;
   std::vector<folder_table> tables;  ///< in manifest order
+  /// Read from a sharded run's files (read_sharded_save, read_sharded_delta): the ranks' parts
+  /// merged, the tables' versions counting deltas (see read_sharded_save). A sharded save cannot
+  /// be rewritten in place: apply_deltas writes such a base to apply_options::output.
+  bool sharded = false;
 };
 
 /// Reads a folder written by training_cache::save (or by apply_deltas) and checks it as load()
@@ -71,15 +76,58 @@ std::string model_folder_of(const std::string& dir);
 /// `opt_state` file exactly when `state_width` > 0, and no key both in `key` and `erased`.
 result<model_folder> read_delta_folder(const std::string& dir);
 
-/// One delta folder found in a folder of deltas.
+/// The folder of the sharded save in `dir` (`dir` or `dir/sparse`: a folder without manifest.json
+/// whose tables are sub-folders with a manifest.json, distributed/sharded_save.hpp), or "" when
+/// `dir` holds none (a model folder, or a trainer save whose `sparse/` is one).
+std::string sharded_save_of(const std::string& dir);
+
+/// The manifests of the tables of the sharded save in `dir` (as sharded_save_of gives it), in
+/// table name order, each read and checked by read_sharded_manifest, whose table_name must be its
+/// folder's; their key type, run_id and applied_delta must agree (invalid_argument naming the
+/// manifest). Reads no rows.
+result<std::vector<sharded_manifest>> read_sharded_manifests(const std::string& dir);
+
+/// Reads a sharded save (the `sparse/` of a sharded trainer save: one sharded save per table, as
+/// `<table>/manifest.json` and `<table>/gen-G/rank-R/`) as one model: every part of every table
+/// (host_store checkpoints; a RocksDB part is unsupported), each key checked to be in its owner's
+/// part, rows sorted by key, each row's embedding, optimizer state (the rest of the row) and
+/// version. Tables in name order. The tables' key type, run_id and applied_delta must agree
+/// (invalid_argument naming the manifest). The model stands at delta S = the save's
+/// `applied_delta` (0 when none is recorded): `sequence` S and every table at version S. In a
+/// trainer save (its folder holds trainer.json), every row gets `slot_id` criteo_key_tag(key), as
+/// the trainer's single-process saves write it; otherwise the rows have none
+/// (rows_without_slot_id). Errors name the save, the table, the rank and the part.
+result<model_folder> read_sharded_save(const std::string& dir);
+
+/// Reads delta N of a sharded run: `parts_path` is `<dir>/delta-NNNNNN.parts.json` (format
+/// "embcache.sharded_delta", format_version 1, sequence, run_id, world_size, parts: one path per
+/// rank, `rank-RRRRR/delta-NNNNNN`), each part a delta folder read with read_delta_folder. The
+/// parts must all be there (not_found naming the rank and the folder), of the parts file's sequence
+/// (corruption) and run (invalid_argument naming the rank and both identities), with rank 0's key
+/// type and tables; each key in its owner's part (corruption). The result is one delta: the rows
+/// and tombstones of every rank sorted by key, `slot_id` when every part carries it, and per table
+/// since_version N - 1, until_version N.
+result<model_folder> read_sharded_delta(const std::string& parts_path);
+
+/// Any base serving takes: a sharded save (read_sharded_save, in `dir` or `dir/sparse`), else the
+/// model folder model_folder_of(dir) (read_model_folder).
+result<model_folder> read_base(const std::string& dir);
+
+/// One entry of list_deltas: a sharded delta (a path ending in `.parts.json`,
+/// read_sharded_delta) or a delta folder (read_delta_folder).
+result<model_folder> read_delta(const std::string& path);
+
+/// One delta found in a folder of deltas.
 struct delta_entry {
   std::uint64_t sequence = 0;  ///< NNNNNN of its name
-  std::string path;            ///< deltas_dir/delta-NNNNNN
+  std::string path;            ///< deltas_dir/delta-NNNNNN (or deltas_dir/delta-NNNNNN.parts.json)
 };
 
-/// The `delta-NNNNNN` folders of `deltas_dir` (six or more digits) in increasing order; hidden
-/// temporaries and other names are ignored. not_found when the folder does not exist;
-/// invalid_argument naming the folder when its number does not fit in 64 bits.
+/// The deltas of `deltas_dir` in increasing order: its `delta-NNNNNN` folders (six or more
+/// digits), or, for a sharded run's export folder, its `delta-NNNNNN.parts.json` files (the
+/// ranks' parts are in `rank-RRRRR/`); hidden temporaries and other names are ignored. A folder
+/// holding both kinds is invalid_argument (the exports of two runs). not_found when the folder
+/// does not exist; invalid_argument naming the folder when its number does not fit in 64 bits.
 result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir);
 
 /// Where a model stands in a stream of deltas.
@@ -113,11 +161,16 @@ result<std::vector<delta_entry>> plan_deltas(const model_position& position,
 struct apply_options {
   /// Apply deltas numbered at most this (default: every delta in the folder).
   std::uint64_t until = std::numeric_limits<std::uint64_t>::max();
+  /// The model folder to write (default "": the base itself, in place). Set, the base is left
+  /// alone and the base with the deltas applied is written to `output` (a missing folder, or a
+  /// model folder it replaces atomically; anything else is refused), even when no delta follows.
+  /// Required for a sharded base, which is read as one model and written as one HugeCTR folder.
+  std::string output;
 };
 
 /// What apply_deltas did.
 struct apply_report {
-  std::string model_dir;              ///< the model folder changed (BASE or BASE/sparse)
+  std::string model_dir;              ///< the model folder written (BASE, BASE/sparse, output)
   std::uint64_t from_delta = 0;       ///< applied_delta before
   std::uint64_t applied_delta = 0;    ///< applied_delta after (recorded in the manifest)
   std::vector<std::uint64_t> deltas;  ///< deltas taken in order (contained ones included)

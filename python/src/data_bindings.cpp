@@ -201,17 +201,22 @@ CorruptionError; a different number of crossed keys: InvalidArgumentError).)doc"
 void bind_serving(py::module_& m) {
   m.def(
       "apply_deltas",
-      [](const std::string& base_dir, const std::string& deltas_dir, py::object until) {
+      [](const std::string& base_dir, const std::string& deltas_dir, py::object until,
+         const std::string& output) {
         apply_options o;
         if (!until.is_none()) o.until = until.cast<std::uint64_t>();
+        o.output = output;
         return report_dict(
             take(without_gil([&] { return apply_deltas(base_dir, deltas_dir, o); })));
       },
       py::arg("base_dir"), py::arg("deltas_dir"), py::arg("until") = py::none(),
+      py::arg("output") = "",
       R"doc(embcache-apply: applies the delta-NNNNNN folders of `deltas_dir` that follow the model
 `base_dir` (a save or its sparse/ folder) in order, atomically -> dict(model_dir, from_delta,
 applied_delta, deltas, rows_written, rows_erased, state_dropped, changed, run_unchecked). `until`:
-apply deltas numbered at most this. A gap or another run's delta is InvalidArgumentError.)doc");
+apply deltas numbered at most this. A gap or another run's delta is InvalidArgumentError.
+`output`: write the result to this model folder instead of `base_dir` (required for a sharded save,
+with `deltas_dir` a sharded run's export folder or "" for none; docs/serving.md).)doc");
 }
 
 }  // namespace embcache::python

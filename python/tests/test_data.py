@@ -85,6 +85,14 @@ def test_apply_deltas_matches_a_later_save(tmp_path):
         tc.erase("wide", part[:3])
         tc.export_incremental_to(str(tmp_path / "deltas"), with_state=True)
     tc.save(str(tmp_path / "final"))
+    base_manifest = (tmp_path / "base" / "manifest.json").read_bytes()
+    served = embcache.apply_deltas(str(tmp_path / "base"), str(tmp_path / "deltas"),
+                                   output=str(tmp_path / "served"))
+    assert served["model_dir"] == str(tmp_path / "served") and served["deltas"] == [1, 2]
+    assert (tmp_path / "base" / "manifest.json").read_bytes() == base_manifest  # only read
+    for t in ("wide", "deep"):
+        assert (tmp_path / "served" / t / "emb_vector").read_bytes() == \
+            (tmp_path / "final" / t / "emb_vector").read_bytes(), t
     report = embcache.apply_deltas(str(tmp_path / "base"), str(tmp_path / "deltas"))
     assert report["applied_delta"] == 2 and report["deltas"] == [1, 2]
     assert report["rows_erased"] == 6 and report["changed"]

@@ -132,6 +132,7 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
     m["step"] = info.step;
     m["num_blocks"] = info.num_blocks;
     if (!info.run_id.empty()) m["run_id"] = info.run_id;
+    if (info.applied_delta != 0) m["applied_delta"] = info.applied_delta;
     m["world_size"] = world;
     m["owner_function"] = owner_function_name;
     m["generation"] = generation;
@@ -225,6 +226,9 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
     if (!detail::is_run_id(out.info.run_id))
       return bad("run_id", "is '" + out.info.run_id + "', expected 32 lowercase hex digits");
   }
+  if (m.contains("applied_delta"))
+    EMBCACHE_RETURN_IF_ERROR(
+        count_field(m, "applied_delta", "applied_delta", &out.info.applied_delta));
   // Widths become allocation sizes (rows * width * 4 bytes): bound them before any use.
   if (dim == 0 || width < dim || width > (std::uint64_t{1} << 24))
     return bad("row_width", "is " + std::to_string(width) + " for dim " + std::to_string(dim) +

@@ -377,7 +377,8 @@ status sharded_table<Key>::read_impl(const Key* keys, std::size_t n, float* rows
 }
 
 template <class Key>
-status sharded_table<Key>::save(const std::string& dir, const std::string& run_id) {
+status sharded_table<Key>::save(const std::string& dir, const std::string& run_id,
+                                std::uint64_t applied_delta) {
   sharded_save_info info;
   info.table_name = shard_.table_name();
   info.dim = options_.table.dim;
@@ -386,6 +387,7 @@ status sharded_table<Key>::save(const std::string& dir, const std::string& run_i
   info.step = step();
   info.num_blocks = options_.num_blocks;
   info.run_id = run_id;
+  info.applied_delta = applied_delta;
   return save_sharded(comm_, shard_, dir, info);
 }
 

@@ -241,28 +241,49 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
                                   const apply_options& options) {
   apply_report report;
   const std::string dir = model_folder_of(detail::strip_slashes(base_in));
-  report.model_dir = dir;
+  const std::string output = detail::strip_slashes(options.output);
+  const bool in_place = output.empty() || output == dir;
+  // The folder written: the base, or the output (the base is then only read).
+  const std::string target = in_place ? dir : output;
+  report.model_dir = target;
   detail::file_lock lock;
   const std::string lock_path =
-      detail::parent_dir(dir) + "/." + fs::path(dir).filename().string() + ".apply.lock";
-  EMBCACHE_RETURN_IF_ERROR(lock.try_lock(lock_path, "model folder '" + dir + "'"));
-  auto base = read_model_folder(dir);
+      detail::parent_dir(target) + "/." + fs::path(target).filename().string() + ".apply.lock";
+  EMBCACHE_RETURN_IF_ERROR(lock.try_lock(lock_path, "model folder '" + target + "'"));
+  auto base = read_base(dir);
   if (!base.ok()) return base.get_status().with_context("apply: base");
   model_folder& m = base.value();
+  if (m.sharded && in_place)
+    return status::invalid_argument("apply: base '" + m.path +
+                                    "' is a sharded save, which is not rewritten in place: name "
+                                    "the model folder to write (apply_options::output, --output)");
+  if (!in_place) {
+    std::error_code ec;
+    if (fs::exists(output, ec) && !fs::exists(output + "/manifest.json", ec))
+      return status::invalid_argument("apply: output '" + output +
+                                      "' exists and is not a model folder (no manifest.json); "
+                                      "it is replaced only when it is one");
+  }
   report.from_delta = report.applied_delta = m.sequence;
-  auto listed = list_deltas(deltas_dir);
-  if (!listed.ok()) return listed.get_status().with_context("apply");
+  if (deltas_dir.empty() && in_place)
+    return status::invalid_argument("apply: no deltas folder, and no output to write the base to");
+  std::vector<delta_entry> listed;
+  if (!deltas_dir.empty()) {
+    auto l = list_deltas(deltas_dir);
+    if (!l.ok()) return l.get_status().with_context("apply");
+    listed = std::move(l).value();
+  }
   model_position pos = position_of(m);
-  auto plan = plan_deltas(pos, listed.value(), options.until);
-  if (!plan.ok()) return plan.get_status().with_context("apply: base '" + dir + "'");
+  auto plan = plan_deltas(pos, listed, options.until);
+  if (!plan.ok()) return plan.get_status().with_context("apply: base '" + m.path + "'");
   // Read, check and merge everything in memory before anything is written.
   for (const delta_entry& e : plan.value()) {
-    auto d = read_delta_folder(e.path);
+    auto d = read_delta(e.path);
     if (!d.ok()) return d.get_status().with_context("apply");
     if (d.value().sequence != e.sequence) {
-      return status::corruption("apply: '" + e.path + "/manifest.json' has sequence " +
-                                std::to_string(d.value().sequence) + ", its folder name " +
-                                std::to_string(e.sequence));
+      return status::corruption(
+          "apply: '" + e.path + (d.value().sharded ? "'" : "/manifest.json'") + " has sequence " +
+          std::to_string(d.value().sequence) + ", its name " + std::to_string(e.sequence));
     }
     if (d.value().key_type != m.key_type) {
       return status::invalid_argument("apply: '" + e.path + "' holds " + d.value().key_type +
@@ -273,7 +294,7 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
     const std::string& run = d.value().run_id;
     if (!run.empty() && !m.run_id.empty() && run != m.run_id) {
       return status::invalid_argument("apply: '" + e.path + "' belongs to run " + run +
-                                      ", the base '" + dir + "' to run " + m.run_id +
+                                      ", the base '" + m.path + "' to run " + m.run_id +
                                       " (deltas of different runs do not mix)");
     }
     report.run_unchecked = report.run_unchecked || run.empty() || m.run_id.empty();
@@ -305,14 +326,14 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
     report.deltas.push_back(e.sequence);
   }
   report.applied_delta = m.sequence;
-  if (report.deltas.empty()) return report;
-  // Removed on every failure (a full disk): no partial `<base>.tmp` stays behind.
+  if (report.deltas.empty() && in_place) return report;
+  // Removed on every failure (a full disk): no partial `<target>.tmp` stays behind.
   detail::staging_folder staging;
   EMBCACHE_RETURN_IF_ERROR(
-      staging.create(detail::staging_folder_of(dir)).with_context("apply: writing the result"));
+      staging.create(detail::staging_folder_of(target)).with_context("apply: writing the result"));
   EMBCACHE_RETURN_IF_ERROR(
       write_model(staging.path(), m).with_context("apply: writing the result"));
-  EMBCACHE_RETURN_IF_ERROR(staging.publish(dir).with_context("apply"));
+  EMBCACHE_RETURN_IF_ERROR(staging.publish(target).with_context("apply"));
   report.changed = true;
   return report;
 }

@@ -78,10 +78,16 @@ result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir) {
     return status::not_found("deltas folder '" + deltas_dir + "' does not exist");
   }
   std::vector<delta_entry> out;
+  std::string sharded, single;  // one of each kind found
   for (const auto& e : fs::directory_iterator(deltas_dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("delta-", 0) != 0 || name.size() < 12) continue;
-    const std::string digits = name.substr(6);
+    // A sharded run's export folder names each delta by its parts file.
+    const std::string suffix = ".parts.json";
+    const bool parts = name.size() > suffix.size() &&
+                       name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const std::string digits = name.substr(6, name.size() - 6 - (parts ? suffix.size() : 0));
+    if (digits.size() < 6) continue;
     if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
     // Named like a delta, it is one: a number too large for 64 bits is refused, not skipped.
@@ -92,7 +98,12 @@ result<std::vector<delta_entry>> list_deltas(const std::string& deltas_dir) {
                                       "': the delta number " + digits +
                                       " does not fit in 64 bits (at most 18446744073709551615)");
     out.push_back({v, (fs::path(deltas_dir) / name).string()});
+    (parts ? sharded : single) = out.back().path;
   }
+  if (!sharded.empty() && !single.empty())
+    return status::invalid_argument(
+        "deltas folder '" + deltas_dir + "' holds both delta folders ('" + single +
+        "') and a sharded run's parts files ('" + sharded + "'): the exports of two runs");
   if (ec) return status::io_error("cannot list '" + deltas_dir + "': " + ec.message());
   std::sort(out.begin(), out.end(),
             [](const delta_entry& a, const delta_entry& b) { return a.sequence < b.sequence; });

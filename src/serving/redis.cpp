@@ -485,7 +485,7 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
     if (base_dir.empty())
       return status::invalid_argument(conn.where + " holds no model under prefix '" +
                                       options.prefix + "' and no base folder was given");
-    auto base = read_model_folder(model_folder_of(base_dir));
+    auto base = read_base(base_dir);
     if (!base.ok()) return base.get_status().with_context("redis push: base");
     EMBCACHE_RETURN_IF_ERROR(
         push_base(conn, options, lock, base.value(), held.ok() ? &held.value() : nullptr, &report));
@@ -500,7 +500,7 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
   auto plan = plan_deltas(m.position, listed.value(), apply.until);
   if (!plan.ok()) return plan.get_status().with_context("redis push: " + conn.where);
   for (const delta_entry& e : plan.value()) {
-    auto d = read_delta_folder(e.path);
+    auto d = read_delta(e.path);
     if (!d.ok()) return d.get_status().with_context("redis push");
     if (d.value().sequence != e.sequence || d.value().key_type != m.key_type)
       return status::invalid_argument("redis push: '" + e.path + "' has sequence " +

@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "embcache/distributed/sharded_save.hpp"
 #include "embcache/redis.hpp"
+#include "embcache/serving.hpp"
 #include "format/model_folder.hpp"
 #include "redis_detail.hpp"
 
@@ -10,6 +12,31 @@ namespace embcache {
 
 using detail::parse_u64;
 using detail::redis_where;
+
+namespace {
+
+// The manifests of a sharded save's tables as one model's: key type, run, per table its dim, rows
+// and version (the save's applied_delta).
+result<detail::folder_manifest> sharded_point(const std::string& dir) {
+  auto tables = read_sharded_manifests(dir);
+  if (!tables.ok()) return tables.get_status();
+  detail::folder_manifest out;
+  out.dir = dir;
+  for (const sharded_manifest& m : tables.value()) {
+    out.key_type = m.key_type;
+    out.run_id = m.info.run_id;
+    out.sequence = m.info.applied_delta;
+    detail::manifest_table e;
+    e.name = m.info.table_name;
+    e.dim = m.info.dim;
+    e.count = m.total_rows;
+    e.version = m.info.applied_delta;
+    out.tables.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
 
 result<redis_options> parse_redis_address(const std::string& host_port, redis_options base) {
   const auto colon = host_port.rfind(':');
@@ -39,9 +66,15 @@ status redis_check_model(const redis_model& m, const redis_options& options,
   const std::string where = redis_where(options) + " prefix '" + options.prefix + "'";
   const std::string sparse = model_folder_of(save_dir);
   std::error_code ec;
-  // A sharded save has a manifest per table and rank, not one: only connect()'s row counts stand.
-  if (!std::filesystem::exists(sparse + "/manifest.json", ec)) return {};
-  auto f = detail::read_folder_manifest(sparse, detail::folder_kind::model);
+  result<detail::folder_manifest> f = status::internal("no manifest read");
+  if (!sharded_save_of(save_dir).empty()) {
+    // A sharded save: its tables' manifests, at the point of its applied_delta (the version a
+    // store that applied its deltas holds, serving.md).
+    f = sharded_point(sharded_save_of(save_dir));
+  } else {
+    if (!std::filesystem::exists(sparse + "/manifest.json", ec)) return {};
+    f = detail::read_folder_manifest(sparse, detail::folder_kind::model);
+  }
   if (!f.ok()) return f.get_status().with_context("checking the store against the save");
   const detail::folder_manifest& s = f.value();
   if (s.key_type != m.key_type)

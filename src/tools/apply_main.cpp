@@ -33,14 +33,22 @@ int apply_main(int argc, char** argv) {
   embcache::tools::ignore_sigpipe();
   CLI::App app{
       "Applies the numbered deltas of DELTAS_DIR (delta-NNNNNN, as training_cache::"
-      "export_incremental_to writes them) to the base model folder BASE (a save's sparse folder "
-      "or a trainer save) atomically; with --redis, pushes BASE and the deltas into a Redis "
-      "serving store instead and leaves BASE alone."};
-  std::string base, deltas, redis, prefix = "embcache", password_file;
+      "export_incremental_to writes them, or a sharded run's export folder: "
+      "delta-NNNNNN.parts.json and rank-RRRRR/) to the base model folder BASE (a save's sparse "
+      "folder, a trainer save, or a sharded save) atomically; with --output DIR, writes the "
+      "result to DIR and leaves BASE alone (required for a sharded save; without DELTAS_DIR it "
+      "writes the sharded save as one HugeCTR sparse model folder); with --redis, pushes BASE and "
+      "the deltas into a Redis serving store instead and leaves BASE alone."};
+  std::string base, deltas, redis, prefix = "embcache", password_file, output;
   std::uint64_t until = std::numeric_limits<std::uint64_t>::max();
   bool replace = false;
-  app.add_option("BASE", base, "Base model folder")->required();
-  app.add_option("DELTAS_DIR", deltas, "Folder of delta-NNNNNN folders")->required();
+  app.add_option("BASE", base, "Base model folder, trainer save or sharded save")->required();
+  app.add_option("DELTAS_DIR", deltas,
+                 "Folder of delta-NNNNNN folders or of a sharded run's delta-NNNNNN.parts.json "
+                 "(may be left out with --output or --redis: the base alone)");
+  app.add_option("--output", output,
+                 "Write the result to this model folder (new, or a model folder it replaces) "
+                 "instead of BASE");
   app.add_option("--until", until, "Apply deltas up to this number (default: all)")
       ->check(embcache::tools::integer_at_least(0));
   app.add_option("--redis", redis, "Push into the Redis server at HOST:PORT");
@@ -53,6 +61,15 @@ int apply_main(int argc, char** argv) {
   embcache::tools::init_tool_log("embcache-apply");
   embcache::apply_options ao;
   ao.until = until;
+  ao.output = output;
+  if (deltas.empty() && output.empty() && redis.empty()) {
+    spdlog::error("embcache-apply: DELTAS_DIR is required unless --output or --redis is given");
+    return embcache::tools::usage_error;
+  }
+  if (!output.empty() && !redis.empty()) {
+    spdlog::error("embcache-apply: --output and --redis exclude each other");
+    return embcache::tools::usage_error;
+  }
   if (!redis.empty()) {
 #ifdef EMBCACHE_APPLY_WITH_REDIS
     auto where = embcache::parse_redis_address(redis);

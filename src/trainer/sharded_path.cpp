@@ -251,16 +251,18 @@ class sharded_path final : public embedding_path {
       written = write_text_durably(parts, j.dump(2) + "\n");
     }
     EMBCACHE_RETURN_IF_ERROR(agree(comm_, written, "the incremental export"));
+    last_delta_ = number;
     return exported_delta{parts, rows};
   }
-  // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest). Keyset
-  // mode writes the cache's dirty rows back to the stores first.
+  // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest), recording
+  // the last delta exported before it (serving applies the deltas after it). Keyset mode writes
+  // the cache's dirty rows back to the stores first.
   status save_sparse(const std::string& dir, const save_progress&) override {
     if (keyset_)
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep})
-      EMBCACHE_RETURN_IF_ERROR(
-          sharded_[t]->save(dir + "/" + config_.tables[t].name, tables_.cache->run_id()));
+      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name,
+                                                 tables_.cache->run_id(), last_delta_));
     return {};
   }
   // Any number of ranks may have written the save: each rank keeps the rows it owns now, and
@@ -292,6 +294,9 @@ class sharded_path final : public embedding_path {
       else if (!saved.empty())
         adopted = saved, adopted_from = folder;
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, local, "trainer::load"));
+      // The save is at its delta: a save before the next export is at it too.
+      auto m = read_sharded_manifest(folder);
+      if (m.ok()) last_delta_ = m.value().info.applied_delta;
     }
     // Every rank read the same manifests, so they adopt the same identity.
     if (!adopted.empty())
@@ -317,6 +322,7 @@ class sharded_path final : public embedding_path {
   const bool keyset_;
   keyset_swapper swapper_;
   path_activity activity_;
+  std::uint64_t last_delta_ = 0;  // the last delta exported (or the loaded save's applied_delta)
   std::unique_ptr<sharded_table<trainer_key>> sharded_[2];
 };
 

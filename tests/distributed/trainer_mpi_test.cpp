@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "embcache/serving.hpp"
 #include "mpi_env.hpp"
 #include "trainer_test_util.hpp"
 
@@ -100,6 +101,27 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
         char part[64];
         std::snprintf(part, sizeof part, "/rank-%05d/delta-%06zu", r, p + 1);
         EXPECT_TRUE(fs::exists(c.export_dir + part + "/manifest.json")) << part;
+      }
+    }
+    // Served (docs/serving.md): each sharded save, written as one model folder, holds the same
+    // tables (slot ids included) and stands at the last delta before it, which the run's exports
+    // do not pass.
+    apply_options ao;
+    ao.output = dir + "/served_world";
+    auto served = apply_deltas(c.save_dir, c.export_dir, ao);
+    EMBCACHE_ASSERT_OK(served);
+    EXPECT_EQ(served.value().from_delta, 2u);
+    EXPECT_TRUE(served.value().deltas.empty());
+    ao.output = dir + "/served_one";
+    EMBCACHE_ASSERT_OK(apply_deltas(k1.save_dir, "", ao));
+    for (const char* table : {"wide", "deep"}) {
+      const std::string one = dir + "/served_one/" + table;
+      EXPECT_TRUE(fs::exists(one + "/slot_id")) << table;
+      for (const auto& e : fs::directory_iterator(one)) {
+        const std::string f = e.path().filename().string();
+        if (f == "version") continue;  // each rank's clock stamps its own rows
+        EXPECT_EQ(read_bytes(dir + "/served_world/" + table + "/" + f), read_bytes(one + "/" + f))
+            << table << "/" << f;
       }
     }
   }

@@ -25,6 +25,7 @@
 #include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/score.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "sharded_history.hpp"
 #include "test_util.hpp"
 
 namespace embcache {
@@ -349,6 +350,46 @@ TEST(redis_store, a_reader_refuses_a_table_that_lost_its_rows) {
                 "'n:table:emb' holds 0 rows, the last push left 7 (the key is missing"),
             std::string::npos)
       << r.get_status().message();
+}
+
+// A sharded run's save and its ranks' deltas land as the rows of the same history trained by one
+// process, at the last delta.
+TEST(redis_store, a_sharded_save_and_the_ranks_deltas_land_as_one_process_rows) {
+  EMBCACHE_NEED_REDIS();
+  const redis_server& srv = redis_server::get();
+  const test::sharded_history h = test::make_sharded_history(scratch("sharded"));
+  auto r = redis_push(srv.options("sh"), h.base, h.exports);
+  ASSERT_TRUE(r.ok()) << r.get_status().to_string();
+  EXPECT_TRUE(r.value().base_pushed);
+  EXPECT_EQ(r.value().deltas, (std::vector<std::uint64_t>{2, 3}));  // delta 1 is in the save
+  EXPECT_EQ(r.value().keys_deleted, 1u);
+  EXPECT_EQ(srv.command({"GET", "sh:applied"}), "3");
+  for (const char* t : {"emb", "lin"}) {
+    const auto [keys, vectors] = saved_rows(h.one_final, t);
+    const std::size_t dim = vectors.size() / keys.size();
+    EXPECT_EQ(srv.command({"HLEN", std::string("sh:table:") + t}), std::to_string(keys.size()));
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      EXPECT_EQ(srv.command({"HGET", std::string("sh:table:") + t, std::to_string(keys[i])}),
+                std::string(reinterpret_cast<const char*>(&vectors[i * dim]), dim * 4))
+          << t << " key " << keys[i];
+  }
+  const auto schema = nlohmann::json::parse(srv.command({"GET", "sh:schema"}));
+  EXPECT_EQ(schema.at("run_id"), test::run_a);
+  auto again = redis_push(srv.options("sh"), h.base, h.exports);
+  ASSERT_TRUE(again.ok()) << again.get_status().to_string();
+  EXPECT_FALSE(again.value().base_pushed);
+  EXPECT_TRUE(again.value().deltas.empty());
+  // The point of a sharded save is its applied_delta: the store (at delta 3) fits the final save
+  // and not the base (delta 1).
+  auto m = redis_read_model(srv.options("sh"));
+  ASSERT_TRUE(m.ok()) << m.get_status().to_string();
+  EXPECT_TRUE(redis_check_model(m.value(), srv.options("sh"), h.final_save, false).ok());
+  const status old = redis_check_model(m.value(), srv.options("sh"), h.base, false);
+  EXPECT_EQ(old.code(), status_code::invalid_argument);
+  EXPECT_NE(old.message().find("stands at version 3 (applied delta 3), the save '" + h.base +
+                               "' at version 1"),
+            std::string::npos)
+      << old.to_string();
 }
 
 TEST(redis_address, host_port_and_bracketed_ipv6) {

@@ -21,7 +21,9 @@
 /// owner_function (ownership.hpp's owner_function_name), generation, parts: [{rank, path, rows}]
 /// with one entry per rank in rank order and path "gen-GGGGGG/rank-RRRRR"; and run_id (the run's
 /// identity, 32 lowercase hex digits), written when sharded_save_info::run_id is set and optional
-/// when read (saves written before it existed have none).
+/// when read (saves written before it existed have none); applied_delta (the last incremental
+/// export taken before the save, whose ranks' parts it therefore contains), written when not 0 and
+/// 0 when absent. Serving (serving.hpp: read_sharded_save) reads a save as one model at that delta.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +50,10 @@ struct sharded_save_info {
   /// The run's identity (training_cache::run_id(), 32 lowercase hex digits), recorded as
   /// `run_id`; default "": none recorded (as in saves written before run identities existed).
   std::string run_id;
+  /// The number of the last incremental export (`delta-N.parts.json`) the run took before the
+  /// save, recorded as `applied_delta` (default 0: none, or not recorded). The save contains every
+  /// change of that delta, so serving applies the deltas after it.
+  std::uint64_t applied_delta = 0;
 };
 
 /// One part of a save.

@@ -129,9 +129,11 @@ class sharded_table {
   [[nodiscard]] status read(const Key* keys, std::size_t n, float* rows, bool* found);
 
   /// Writes this table's save into `dir` (distributed/sharded_save.hpp): every rank its shard,
-  /// rank 0 the manifest that publishes it, with `run_id` (rank 0's; default "": none recorded).
+  /// rank 0 the manifest that publishes it, with `run_id` (rank 0's; default "": none recorded)
+  /// and `applied_delta` (the last incremental export before the save; default 0: none).
   /// Collective.
-  [[nodiscard]] status save(const std::string& dir, const std::string& run_id = {});
+  [[nodiscard]] status save(const std::string& dir, const std::string& run_id = {},
+                            std::uint64_t applied_delta = 0);
 
   /// Loads the save in `dir`, written by any number of ranks, into this rank's store (which must
   /// be empty): the rank keeps the rows it owns now, and the step counter is the save's. A save
