@@ -47,6 +47,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace embcache {
 
@@ -59,6 +60,15 @@ struct expiry_options {
 
   /// Whether any rule is on.
   constexpr bool enabled() const noexcept { return ttl_passes != 0 || min_l2_norm > 0; }
+};
+
+/// A table's expiry clock: the pass boundaries counted and the version clock recorded at the
+/// last ones, oldest first (at most the table's ttl_passes values; V_P of the rule above). Saves
+/// record it (training_cache::save as the table's `expiry` object, sharded saves per part) only
+/// when the table's expiry is on; default: no boundary yet.
+struct expiry_clock {
+  std::uint64_t boundaries = 0;         ///< boundaries counted; default 0
+  std::vector<std::uint64_t> versions;  ///< V_(P-k+1) .. V_P, oldest first; default empty
 };
 
 }  // namespace embcache
