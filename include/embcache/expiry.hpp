@@ -40,7 +40,9 @@
 /// **Persistence.** save() records the table's boundary count and its kept clock values in
 /// manifest.json (an `expiry` object of the table) only when expiry is on; load() restores them,
 /// so a resumed run expires exactly the rows the uninterrupted run would. Saves without it (or a
-/// cache with expiry off) start counting at the next boundary.
+/// cache with expiry off) start counting at the next boundary. A sharded save records each rank's
+/// clock in its part (distributed/sharded_save.hpp says how a load on another number of ranks
+/// keeps the rows' ages).
 ///
 /// **No step age.** There is no `ttl_steps`: the version clock counts the table's write calls,
 /// not training steps, so passes are the unit of age.

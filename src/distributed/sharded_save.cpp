@@ -77,9 +77,9 @@ status gather_lifetime(communicator& comm, const sharded_lifetime& mine, const s
   const std::size_t k = static_cast<std::size_t>(all[3]);
   std::vector<std::uint64_t> versions(k * world);
   if (k != 0)
-    EMBCACHE_RETURN_IF_ERROR(comm.all_gather(mine.expiry.versions.data(), k * sizeof(std::uint64_t),
-                                             versions.data())
-                                 .with_context(who));
+    EMBCACHE_RETURN_IF_ERROR(
+        comm.all_gather(mine.expiry.versions.data(), k * sizeof(std::uint64_t), versions.data())
+            .with_context(who));
   clocks->assign(world, expiry_clock{});
   if (all[2] == 0) return {};
   for (std::size_t r = 0; r < world; ++r) {
@@ -177,8 +177,8 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
       const std::string path = admission_path(generation);
       local = a.open(dir + "/" + path, detail::file_placement::in_staged_folder);
       if (local.ok())
-        local = a.write(lifetime->admission.data(),
-                        lifetime->admission.size() * sizeof(std::uint32_t));
+        local =
+            a.write(lifetime->admission.data(), lifetime->admission.size() * sizeof(std::uint32_t));
       if (local.ok()) local = a.commit();
       local = local.with_context(who);
       admission = {{"path", path}, {"bytes", a.bytes()}, {"xxh64", detail::hex64(a.digest())}};
@@ -365,8 +365,7 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
     const std::string expect = admission_path(out.generation);
     if (ap == a->end() || !ap->is_string() || ap->get<std::string>() != expect)
       return bad("admission.path", "is missing or not '" + expect + "'");
-    EMBCACHE_RETURN_IF_ERROR(
-        count_field(*a, "admission.bytes", "bytes", &out.admission.bytes));
+    EMBCACHE_RETURN_IF_ERROR(count_field(*a, "admission.bytes", "bytes", &out.admission.bytes));
     if (out.admission.bytes % sizeof(std::uint32_t) != 0)
       return bad("admission.bytes", "is " + std::to_string(out.admission.bytes) +
                                         ", not a multiple of 4 (32-bit counters)");
@@ -474,12 +473,12 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
                                               keep_rows.insert(keep_rows.end(), rows + i * width,
                                                                rows + (i + 1) * width);
                                               keep_versions.push_back(
-                                                  reclass ? 1 + static_cast<std::uint64_t>(
-                                                                    std::lower_bound(pass.begin(),
-                                                                                     pass.end(),
-                                                                                     v[i]) -
-                                                                    pass.begin())
-                                                          : v[i]);
+                                                  reclass
+                                                      ? 1 + static_cast<std::uint64_t>(
+                                                                std::lower_bound(pass.begin(),
+                                                                                 pass.end(), v[i]) -
+                                                                pass.begin())
+                                                      : v[i]);
                                             }
                                             return target.push(keep_keys.data(), keep_keys.size(),
                                                                keep_rows.data(),
@@ -508,13 +507,13 @@ result<sharded_manifest> load_sharded(communicator& comm, const std::string& dir
   return loaded;
 }
 
-#define EMBCACHE_SHARDED_SAVE(Key)                                                            \
-  template part_opener<Key> host_store_part_opener<Key>();                                   \
-  template status save_sharded<Key>(communicator&, param_store<Key>&, const std::string&,    \
-                                    const sharded_save_info&, const sharded_lifetime*);      \
-  template result<sharded_manifest> load_sharded_part<Key>(                                  \
-      const std::string&, int, int, param_store<Key>&, const part_opener<Key>&);             \
-  template result<sharded_manifest> load_sharded<Key>(communicator&, const std::string&,     \
+#define EMBCACHE_SHARDED_SAVE(Key)                                                        \
+  template part_opener<Key> host_store_part_opener<Key>();                                \
+  template status save_sharded<Key>(communicator&, param_store<Key>&, const std::string&, \
+                                    const sharded_save_info&, const sharded_lifetime*);   \
+  template result<sharded_manifest> load_sharded_part<Key>(                               \
+      const std::string&, int, int, param_store<Key>&, const part_opener<Key>&);          \
+  template result<sharded_manifest> load_sharded<Key>(communicator&, const std::string&,  \
                                                       param_store<Key>&, const part_opener<Key>&);
 EMBCACHE_SHARDED_SAVE(std::int64_t)
 EMBCACHE_SHARDED_SAVE(std::uint32_t)

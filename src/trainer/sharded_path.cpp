@@ -293,8 +293,8 @@ class sharded_path final : public embedding_path {
       EMBCACHE_RETURN_IF_ERROR(agree(
           comm_, local.with_context("rank " + std::to_string(comm_.rank())), "trainer::load"));
       std::string saved;
-      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->load(folder, part_opener_for(config_.tables[t]),
-                                                 &saved, &manifests[t == tables_.roles.deep]));
+      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->load(folder, part_opener_for(config_.tables[t]), &saved,
+                                                 &manifests[t == tables_.roles.deep]));
       if (!saved.empty() && !adopted.empty() && saved != adopted)
         local = status::invalid_argument(folder + "/manifest.json: run_id " + saved + ", but " +
                                          adopted_from + "/manifest.json has run_id " + adopted +
@@ -320,8 +320,7 @@ class sharded_path final : public embedding_path {
       const sharded_manifest& m = manifests[t == tables_.roles.deep];
       std::vector<std::uint32_t> words;
       if (config_.tables[t].admission.enabled()) {
-        auto read = read_sharded_admission(
-            folder, m, tables_.cache->admission_state(t).size());
+        auto read = read_sharded_admission(folder, m, tables_.cache->admission_state(t).size());
         if (!read.ok()) {
           local = read.get_status();
           break;

@@ -13,8 +13,8 @@
 #include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
-#include "embcache/distributed/sharded_save.hpp"
 #include "embcache/admission.hpp"
+#include "embcache/distributed/sharded_save.hpp"
 #include "embcache/distributed/sharded_table.hpp"
 #include "test_util.hpp"
 

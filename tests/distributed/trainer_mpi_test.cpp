@@ -111,7 +111,7 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
 /// single-rank trainer (null elsewhere, or when it failed), for the caller's own checks.
 template <class Lifetime>
 std::unique_ptr<trainer> expect_keyset_bits_on_every_number_of_ranks(const std::string& dir,
-                                                                      Lifetime lifetime) {
+                                                                     Lifetime lifetime) {
   trainer_config c = sharded_trainer_config(data_dir());
   c.mode = trainer_mode::keyset;
   for (auto& t : c.tables) {
@@ -143,11 +143,10 @@ std::unique_ptr<trainer> expect_keyset_bits_on_every_number_of_ranks(const std::
 // keys it owns, so the model is the single rank's, bit for bit, and some keys got no row.
 TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
   const std::string dir = shared_temp_dir("trainer-admission");
-  const auto alone =
-      expect_keyset_bits_on_every_number_of_ranks(dir, [](trainer_table_config& t) {
-        t.admission.min_count = 2;
-        t.admission.sketch_width = 4096;
-      });
+  const auto alone = expect_keyset_bits_on_every_number_of_ranks(dir, [](trainer_table_config& t) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+  });
   if (alone) {
     // Admission left keys out: fewer rows than without it.
     single_process_communicator one;

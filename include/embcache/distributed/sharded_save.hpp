@@ -97,7 +97,7 @@ struct sharded_manifest {
   std::uint64_t generation = 0;     ///< generation folder number (default 0)
   std::vector<sharded_part> parts;  ///< world_size parts, in rank order
   std::uint64_t total_rows = 0;     ///< sum of the parts' rows (default 0)
-  sharded_admission_file admission; ///< the admission file, when the save has one
+  sharded_admission_file admission;  ///< the admission file, when the save has one
 };
 
 /// Opens the store checkpoint in `part_dir` (read only use) for a table and row width.
@@ -168,8 +168,9 @@ expiry_clock resumed_expiry_clock(const sharded_manifest& m, int rank, int world
 /// word_count()): corruption naming the file for a size or checksum that does not match,
 /// invalid_argument naming it for another number of words (a sketch of another width or depth).
 /// Empty when the save has no admission file.
-[[nodiscard]] result<std::vector<std::uint32_t>> read_sharded_admission(
-    const std::string& dir, const sharded_manifest& m, std::size_t words);
+[[nodiscard]] result<std::vector<std::uint32_t>> read_sharded_admission(const std::string& dir,
+                                                                        const sharded_manifest& m,
+                                                                        std::size_t words);
 
 /// Name of the folder of generation `generation` ("gen-000007"), relative to the save folder.
 std::string sharded_generation_name(std::uint64_t generation);
