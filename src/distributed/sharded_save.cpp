@@ -69,10 +69,15 @@ status gather_lifetime(communicator& comm, const sharded_lifetime& mine, const s
       return status::internal(who + ": rank " + std::to_string(r) + "'s admission counts (" +
                               std::to_string(all[4 * r]) + " words) differ from rank 0's (" +
                               std::to_string(all[0]) + " words); every rank counts every key");
-    if ((all[4 * r + 2] == 0) != (all[2] == 0) || all[4 * r + 3] != all[3])
-      return status::internal(who + ": rank " + std::to_string(r) + "'s expiry clock has " +
-                              std::to_string(all[4 * r + 3]) + " pass versions, rank 0's " +
-                              std::to_string(all[3]));
+    // Every rank begins every shard: the clocks differ in their values only.
+    const auto clock = [&](std::size_t q) {
+      return all[4 * q + 2] == 0 ? std::string("none")
+                                 : std::to_string(all[4 * q + 2] - 1) + " boundaries, " +
+                                       std::to_string(all[4 * q + 3]) + " pass versions";
+    };
+    if (all[4 * r + 2] != all[2] || all[4 * r + 3] != all[3])
+      return status::internal(who + ": rank " + std::to_string(r) + "'s expiry clock (" + clock(r) +
+                              ") differs from rank 0's (" + clock(0) + ")");
   }
   const std::size_t k = static_cast<std::size_t>(all[3]);
   std::vector<std::uint64_t> versions(k * world);
