@@ -35,8 +35,10 @@
 /// **Persistence.** The counters, the total N and the seed travel with a save as the table's
 /// `admission` file (training_cache.md, "Admission"), only when admission is on, so that a resume
 /// counts on bit for bit; a save without it (admission off when it was written) starts the counts
-/// at zero, its rows admitted as rows. A key that loses its row (erase) keeps its count, so it is
-/// admitted again at its next sighting once its count is past its threshold.
+/// at zero, its rows admitted as rows. A sharded save holds the same file once, written by rank 0
+/// (distributed/sharded_save.hpp), and a sharded resume restores it on every rank. A key that loses
+/// its row (erase) keeps its count, so it is admitted again at its next sighting once its count is
+/// past its threshold.
 #pragma once
 
 #include <cstddef>

@@ -42,13 +42,16 @@
 /// **Persistence.** save() records the table's boundary count and its kept clock values in
 /// manifest.json (an `expiry` object of the table) only when expiry is on; load() restores them,
 /// so a resumed run expires exactly the rows the uninterrupted run would. Saves without it (or a
-/// cache with expiry off) start counting at the next boundary.
+/// cache with expiry off) start counting at the next boundary. A sharded save records each rank's
+/// clock in its part (distributed/sharded_save.hpp says how a load on another number of ranks
+/// keeps the rows' ages).
 ///
 /// **No step age.** There is no `ttl_steps`: the version clock counts the table's write calls,
 /// not training steps, so passes are the unit of age.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace embcache {
 
@@ -61,6 +64,15 @@ struct expiry_options {
 
   /// Whether any rule is on.
   constexpr bool enabled() const noexcept { return ttl_passes != 0 || min_l2_norm > 0; }
+};
+
+/// A table's expiry clock: the pass boundaries counted and the version clock recorded at the
+/// last ones, oldest first (at most the table's ttl_passes values; V_P of the rule above). Saves
+/// record it (training_cache::save as the table's `expiry` object, sharded saves per part) only
+/// when the table's expiry is on; default: no boundary yet.
+struct expiry_clock {
+  std::uint64_t boundaries = 0;         ///< boundaries counted; default 0
+  std::vector<std::uint64_t> versions;  ///< V_(P-k+1) .. V_P, oldest first; default empty
 };
 
 }  // namespace embcache

@@ -371,6 +371,26 @@ class training_cache {
   /// staged rows. invalid_argument, before anything changes, when a table holds resident rows.
   status adopt_stores();
 
+  /// Feature admission's state of table `t` as saves record it (admission_sketch::to_words():
+  /// header and counters); empty when the table's admission is off. Throws std::out_of_range for
+  /// a `t` out of range.
+  std::vector<std::uint32_t> admission_state(std::size_t t) const;
+  /// The expiry clock of table `t` (expiry.hpp); empty (no boundary) while its expiry is off.
+  /// Throws std::out_of_range for a `t` out of range.
+  expiry_clock expiry_state(std::size_t t) const;
+  /// What load() does with a save's admission file and expiry clock, for state saved elsewhere (a
+  /// sharded save, distributed/sharded_save.hpp), called after the rows are in place
+  /// (adopt_stores()): with the table's admission on, its counts become `admission` (as
+  /// admission_state() gave them), or zero when `admission` is empty (a save written with
+  /// admission off); with its expiry on, its clock becomes `clock` and its version clock moves to
+  /// at least the newest value of `clock`, so that rows written from now on are newer than every
+  /// recorded boundary. What a table does not use is ignored. corruption naming `origin` (the
+  /// file the words came from) for words of another sketch (width, depth or seed) or damaged
+  /// ones; nothing changes then. invalid_argument for a `t` out of range, or pass versions that
+  /// decrease or outnumber the boundaries. Waits for a running prefetch and drops staged rows.
+  status restore_lifetime(std::size_t t, const std::vector<std::uint32_t>& admission,
+                          const expiry_clock& clock, const std::string& origin);
+
   /// Records the slot id of each key of table `t` (`keys` and `slot_ids`: n each; a key given
   /// twice keeps the later id), for the `slot_id` file of save(). They stay until load() replaces
   /// them; about 40 bytes of host memory per key. invalid_argument when `t` is out of range.

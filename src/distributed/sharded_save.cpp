@@ -2,7 +2,9 @@
 #include "embcache/distributed/sharded_save.hpp"
 
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +49,52 @@ std::uint64_t last_generation(const std::string& dir) {
   return last;
 }
 
+std::string admission_path(std::uint64_t generation) {
+  return sharded_generation_name(generation) + "/admission";
+}
+
+// The lifetime state every rank saves: rank 0 gets every rank's expiry clock (`clocks`, in rank
+// order), and the ranks check that they hold the same admission words. Collective.
+status gather_lifetime(communicator& comm, const sharded_lifetime& mine, const std::string& who,
+                       std::vector<expiry_clock>* clocks) {
+  const auto world = static_cast<std::size_t>(comm.size());
+  const std::uint64_t own[4] = {
+      mine.admission.size(),
+      XXH64(mine.admission.data(), mine.admission.size() * sizeof(std::uint32_t), 0),
+      mine.has_expiry ? mine.expiry.boundaries + 1 : 0, mine.expiry.versions.size()};
+  std::vector<std::uint64_t> all(4 * world);
+  EMBCACHE_RETURN_IF_ERROR(comm.all_gather(own, sizeof own, all.data()).with_context(who));
+  for (std::size_t r = 1; r < world; ++r) {
+    if (all[4 * r] != all[0] || all[4 * r + 1] != all[1])
+      return status::internal(who + ": rank " + std::to_string(r) + "'s admission counts (" +
+                              std::to_string(all[4 * r]) + " words) differ from rank 0's (" +
+                              std::to_string(all[0]) + " words); every rank counts every key");
+    // Every rank begins every shard: the clocks differ in their values only.
+    const auto clock = [&](std::size_t q) {
+      return all[4 * q + 2] == 0 ? std::string("none")
+                                 : std::to_string(all[4 * q + 2] - 1) + " boundaries, " +
+                                       std::to_string(all[4 * q + 3]) + " pass versions";
+    };
+    if (all[4 * r + 2] != all[2] || all[4 * r + 3] != all[3])
+      return status::internal(who + ": rank " + std::to_string(r) + "'s expiry clock (" + clock(r) +
+                              ") differs from rank 0's (" + clock(0) + ")");
+  }
+  const std::size_t k = static_cast<std::size_t>(all[3]);
+  std::vector<std::uint64_t> versions(k * world);
+  if (k != 0)
+    EMBCACHE_RETURN_IF_ERROR(
+        comm.all_gather(mine.expiry.versions.data(), k * sizeof(std::uint64_t), versions.data())
+            .with_context(who));
+  clocks->assign(world, expiry_clock{});
+  if (all[2] == 0) return {};
+  for (std::size_t r = 0; r < world; ++r) {
+    (*clocks)[r].boundaries = all[4 * r + 2] - 1;
+    (*clocks)[r].versions.assign(versions.begin() + static_cast<std::ptrdiff_t>(r * k),
+                                 versions.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+  }
+  return {};
+}
+
 status write_manifest(const std::string& dir, const nlohmann::json& m) {
   // The rename inside is the moment the new save replaces the old one.
   return detail::write_text_durably(dir + "/manifest.json", m.dump(2) + "\n");
@@ -81,7 +129,7 @@ part_opener<Key> host_store_part_opener() {
 
 template <class Key>
 status save_sharded(communicator& comm, param_store<Key>& shard, const std::string& dir_in,
-                    const sharded_save_info& info) {
+                    const sharded_save_info& info, const sharded_lifetime* lifetime) {
   const std::string dir = detail::strip_slashes(dir_in);
   const int rank = comm.rank(), world = comm.size();
   const std::string who = "save_sharded of '" + dir + "' on rank " + std::to_string(rank);
@@ -100,6 +148,12 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
   }
   EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "save_sharded of '" + dir + "'"));
   EMBCACHE_RETURN_IF_ERROR(comm.broadcast(&generation, sizeof(generation), 0).with_context(who));
+  std::vector<expiry_clock> clocks;
+  if (lifetime) {
+    local = gather_lifetime(comm, *lifetime, who, &clocks);
+    EMBCACHE_RETURN_IF_ERROR(agree(comm, local, "save_sharded of '" + dir + "'"));
+  }
+  const bool with_expiry = lifetime && lifetime->has_expiry;
 
   // Every rank writes its part with the store's own checkpoint.
   const std::string part = sharded_part_path(generation, rank);
@@ -121,6 +175,19 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
 
   // Every part is complete: rank 0 publishes the save, then drops the other generations.
   if (rank == 0) {
+    // The admission counts, once (every rank holds the same), inside the generation folder.
+    nlohmann::json admission;
+    if (lifetime && !lifetime->admission.empty()) {
+      detail::durable_file_writer a;
+      const std::string path = admission_path(generation);
+      local = a.open(dir + "/" + path, detail::file_placement::in_staged_folder);
+      if (local.ok())
+        local =
+            a.write(lifetime->admission.data(), lifetime->admission.size() * sizeof(std::uint32_t));
+      if (local.ok()) local = a.commit();
+      local = local.with_context(who);
+      admission = {{"path", path}, {"bytes", a.bytes()}, {"xxh64", detail::hex64(a.digest())}};
+    }
     nlohmann::json m;
     m["format"] = manifest_format;
     m["format_version"] = manifest_format_version;
@@ -137,11 +204,18 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
     m["owner_function"] = owner_function_name;
     m["generation"] = generation;
     m["parts"] = nlohmann::json::array();
-    for (int r = 0; r < world; ++r)
-      m["parts"].push_back({{"rank", r},
-                            {"path", sharded_part_path(generation, r)},
-                            {"rows", rows[static_cast<std::size_t>(r)]}});
-    local = detail::sync_folder(dir + "/" + sharded_generation_name(generation));
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json part = {{"rank", r},
+                             {"path", sharded_part_path(generation, r)},
+                             {"rows", rows[static_cast<std::size_t>(r)]}};
+      if (with_expiry) {
+        const expiry_clock& c = clocks[static_cast<std::size_t>(r)];
+        part["expiry"] = {{"boundaries", c.boundaries}, {"pass_versions", c.versions}};
+      }
+      m["parts"].push_back(std::move(part));
+    }
+    if (!admission.is_null()) m["admission"] = admission;
+    if (local.ok()) local = detail::sync_folder(dir + "/" + sharded_generation_name(generation));
     if (local.ok()) local = detail::sync_folder(dir);
     if (local.ok()) local = write_manifest(dir, m).with_context(who);
     if (local.ok()) {
@@ -267,8 +341,87 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
       return bad(name + ".path", "is '" + pp->get<std::string>() + "', expected '" + expect + "'");
     if (__builtin_add_overflow(out.total_rows, rows, &out.total_rows))
       return bad(name + ".rows", "makes the total row count overflow 64 bits");
-    out.parts.push_back({expect, rows});
+    sharded_part part;
+    part.path = expect;
+    part.rows = rows;
+    if (auto e = p.find("expiry"); e != p.end()) {
+      const std::string at = name + ".expiry";
+      if (!e->is_object()) return bad(at, "is not an object");
+      EMBCACHE_RETURN_IF_ERROR(
+          count_field(*e, at + ".boundaries", "boundaries", &part.expiry.boundaries));
+      const auto pv = e->find("pass_versions");
+      if (pv == e->end() || !pv->is_array() || pv->size() > part.expiry.boundaries ||
+          pv->size() > (std::uint64_t{1} << 32))
+        return bad(at + ".pass_versions", "is not an array of at most 'boundaries' values");
+      for (const auto& v : *pv) {
+        if (!v.is_number_unsigned() ||
+            (!part.expiry.versions.empty() && v.get<std::uint64_t>() < part.expiry.versions.back()))
+          return bad(at + ".pass_versions", "is not non-decreasing unsigned integers");
+        part.expiry.versions.push_back(v.get<std::uint64_t>());
+      }
+      part.has_expiry = true;
+    }
+    // Every rank counted the same boundaries; a load on another number of ranks relies on it.
+    if (r > 0 && (part.has_expiry != out.parts[0].has_expiry ||
+                  part.expiry.boundaries != out.parts[0].expiry.boundaries ||
+                  part.expiry.versions.size() != out.parts[0].expiry.versions.size()))
+      return bad(name + ".expiry", "differs from parts[0].expiry in presence, boundaries or count");
+    out.parts.push_back(std::move(part));
   }
+  if (auto a = m.find("admission"); a != m.end()) {
+    if (!a->is_object()) return bad("admission", "is not an object");
+    auto ap = a->find("path");
+    const std::string expect = admission_path(out.generation);
+    if (ap == a->end() || !ap->is_string() || ap->get<std::string>() != expect)
+      return bad("admission.path", "is missing or not '" + expect + "'");
+    EMBCACHE_RETURN_IF_ERROR(count_field(*a, "admission.bytes", "bytes", &out.admission.bytes));
+    if (out.admission.bytes % sizeof(std::uint32_t) != 0)
+      return bad("admission.bytes", "is " + std::to_string(out.admission.bytes) +
+                                        ", not a multiple of 4 (32-bit counters)");
+    auto ax = a->find("xxh64");
+    if (ax == a->end() || !ax->is_string() ||
+        !detail::parse_hex64(ax->get<std::string>(), &out.admission.xxh64))
+      return bad("admission.xxh64", "is missing or not 16 hex digits");
+    out.admission.path = expect;
+  }
+  return out;
+}
+
+expiry_clock resumed_expiry_clock(const sharded_manifest& m, int rank, int world) {
+  if (m.parts.empty() || !m.parts[0].has_expiry) return {};
+  if (world == m.world_size && rank >= 0 && rank < world)
+    return m.parts[static_cast<std::size_t>(rank)].expiry;
+  expiry_clock c;
+  c.boundaries = m.parts[0].expiry.boundaries;
+  for (std::size_t i = 1; i <= m.parts[0].expiry.versions.size(); ++i) c.versions.push_back(i);
+  return c;
+}
+
+result<std::vector<std::uint32_t>> read_sharded_admission(const std::string& dir_in,
+                                                          const sharded_manifest& m,
+                                                          std::size_t words) {
+  std::vector<std::uint32_t> out;
+  if (m.admission.path.empty() || words == 0) return out;
+  const std::string path = detail::strip_slashes(dir_in) + "/" + m.admission.path;
+  const std::string who = "read_sharded_admission: '" + path + "'";
+  if (m.admission.bytes / sizeof(std::uint32_t) != words)
+    return status::invalid_argument(
+        who + " holds " + std::to_string(m.admission.bytes / sizeof(std::uint32_t)) +
+        " words (manifest field 'admission.bytes'), this table's sketch " + std::to_string(words) +
+        " (another sketch_width or sketch_depth)");
+  detail::checked_file_reader in;
+  std::uint64_t size = 0;
+  EMBCACHE_RETURN_IF_ERROR(in.open(path, &size));
+  if (size != m.admission.bytes)
+    return status::corruption(who + " has " + std::to_string(size) +
+                              " bytes, the manifest's 'admission.bytes' says " +
+                              std::to_string(m.admission.bytes));
+  out.resize(words);
+  EMBCACHE_RETURN_IF_ERROR(in.read(out.data(), words * sizeof(std::uint32_t)));
+  if (in.digest() != m.admission.xxh64)
+    return status::corruption(who + ": xxh64 " + detail::hex64(in.digest()) +
+                              ", the manifest's 'admission.xxh64' says " +
+                              detail::hex64(m.admission.xxh64));
   return out;
 }
 
@@ -302,7 +455,10 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
   std::vector<Key> keep_keys;
   std::vector<float> keep_rows;
   std::vector<std::uint64_t> keep_versions;
+  // On another number of ranks, versions become age classes (the header says why).
+  const bool reclass = m.world_size != world && m.parts[0].has_expiry;
   for (int r = 0; r < m.world_size; ++r) {
+    const std::vector<std::uint64_t>& pass = m.parts[static_cast<std::size_t>(r)].expiry.versions;
     // With the save's own world size, part r holds exactly rank r's keys.
     if (m.world_size == world && r != rank) continue;
     const std::string part_dir = dir + "/" + m.parts[static_cast<std::size_t>(r)].path;
@@ -325,7 +481,13 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
                                               keep_keys.push_back(k[i]);
                                               keep_rows.insert(keep_rows.end(), rows + i * width,
                                                                rows + (i + 1) * width);
-                                              keep_versions.push_back(v[i]);
+                                              keep_versions.push_back(
+                                                  reclass
+                                                      ? 1 + static_cast<std::uint64_t>(
+                                                                std::lower_bound(pass.begin(),
+                                                                                 pass.end(), v[i]) -
+                                                                pass.begin())
+                                                      : v[i]);
                                             }
                                             return target.push(keep_keys.data(), keep_keys.size(),
                                                                keep_rows.data(),
@@ -354,13 +516,13 @@ result<sharded_manifest> load_sharded(communicator& comm, const std::string& dir
   return loaded;
 }
 
-#define EMBCACHE_SHARDED_SAVE(Key)                                                            \
-  template part_opener<Key> host_store_part_opener<Key>();                                   \
-  template status save_sharded<Key>(communicator&, param_store<Key>&, const std::string&,    \
-                                    const sharded_save_info&);                               \
-  template result<sharded_manifest> load_sharded_part<Key>(                                  \
-      const std::string&, int, int, param_store<Key>&, const part_opener<Key>&);             \
-  template result<sharded_manifest> load_sharded<Key>(communicator&, const std::string&,     \
+#define EMBCACHE_SHARDED_SAVE(Key)                                                        \
+  template part_opener<Key> host_store_part_opener<Key>();                                \
+  template status save_sharded<Key>(communicator&, param_store<Key>&, const std::string&, \
+                                    const sharded_save_info&, const sharded_lifetime*);   \
+  template result<sharded_manifest> load_sharded_part<Key>(                               \
+      const std::string&, int, int, param_store<Key>&, const part_opener<Key>&);          \
+  template result<sharded_manifest> load_sharded<Key>(communicator&, const std::string&,  \
                                                       param_store<Key>&, const part_opener<Key>&);
 EMBCACHE_SHARDED_SAVE(std::int64_t)
 EMBCACHE_SHARDED_SAVE(std::uint32_t)

@@ -378,7 +378,8 @@ status sharded_table<Key>::read_impl(const Key* keys, std::size_t n, float* rows
 
 template <class Key>
 status sharded_table<Key>::save(const std::string& dir, const std::string& run_id,
-                                std::uint64_t applied_delta) {
+                                std::uint64_t applied_delta,
+                                const sharded_lifetime* lifetime) {
   sharded_save_info info;
   info.table_name = shard_.table_name();
   info.dim = options_.table.dim;
@@ -388,12 +389,12 @@ status sharded_table<Key>::save(const std::string& dir, const std::string& run_i
   info.num_blocks = options_.num_blocks;
   info.run_id = run_id;
   info.applied_delta = applied_delta;
-  return save_sharded(comm_, shard_, dir, info);
+  return save_sharded(comm_, shard_, dir, info, lifetime);
 }
 
 template <class Key>
 status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& open,
-                                std::string* run_id_out) {
+                                std::string* run_id_out, sharded_manifest* manifest_out) {
   auto manifest = read_sharded_manifest(dir);
   status local = manifest.get_status();
   if (local.ok()) {
@@ -410,6 +411,7 @@ status sharded_table<Key>::load(const std::string& dir, const part_opener<Key>& 
   if (!loaded.ok()) return loaded.get_status();
   set_step(loaded.value().info.step);
   if (run_id_out) *run_id_out = loaded.value().info.run_id;
+  if (manifest_out) *manifest_out = std::move(loaded).value();
   return {};
 }
 

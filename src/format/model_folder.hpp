@@ -108,13 +108,6 @@ bool known_slot_id(const std::unordered_map<Key, std::uint64_t>* known,
   *out = slot_of(key);
   return true;
 }
-/// A table's expiry clock (embcache/expiry.hpp): the pass boundaries counted and the version clock
-/// recorded at the last ones, oldest first (at most the table's ttl_passes values). A save records
-/// it as the table's `expiry` object only when the table's expiry is on.
-struct expiry_clock {
-  std::uint64_t boundaries = 0;
-  std::vector<std::uint64_t> versions;
-};
 
 /// One table to save from its parameter store.
 template <class Key>

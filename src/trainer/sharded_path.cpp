@@ -256,13 +256,22 @@ class sharded_path final : public embedding_path {
   }
   // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest), recording
   // the last delta exported before it (serving applies the deltas after it). Keyset mode writes
-  // the cache's dirty rows back to the stores first.
+  // the cache's dirty rows back to the stores first, and saves each table's admission counts and
+  // this rank's expiry clock with it.
   status save_sparse(const std::string& dir, const save_progress&) override {
     if (keyset_)
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
-    for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep})
+    for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
+      sharded_lifetime lifetime;
+      if (keyset_) {
+        lifetime.admission = tables_.cache->admission_state(t);
+        lifetime.has_expiry = config_.tables[t].expiry.enabled();
+        if (lifetime.has_expiry) lifetime.expiry = tables_.cache->expiry_state(t);
+      }
       EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name,
-                                                 tables_.cache->run_id(), last_delta_));
+                                                 tables_.cache->run_id(), last_delta_,
+                                                 keyset_ ? &lifetime : nullptr));
+    }
     return {};
   }
   // Any number of ranks may have written the save: each rank keeps the rows it owns now, and
@@ -270,6 +279,7 @@ class sharded_path final : public embedding_path {
   // identities existed, keeps the run's own).
   status load_sparse(const std::string& dir, const load_options&) override {
     std::string adopted, adopted_from;
+    sharded_manifest manifests[2];
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       const std::string folder = dir + "/" + config_.tables[t].name;
       status local;
@@ -285,8 +295,8 @@ class sharded_path final : public embedding_path {
       EMBCACHE_RETURN_IF_ERROR(agree(
           comm_, local.with_context("rank " + std::to_string(comm_.rank())), "trainer::load"));
       std::string saved;
-      EMBCACHE_RETURN_IF_ERROR(
-          sharded_[t]->load(folder, part_opener_for(config_.tables[t]), &saved));
+      EMBCACHE_RETURN_IF_ERROR(sharded_[t]->load(folder, part_opener_for(config_.tables[t]), &saved,
+                                                 &manifests[t == tables_.roles.deep]));
       if (!saved.empty() && !adopted.empty() && saved != adopted)
         local = status::invalid_argument(folder + "/manifest.json: run_id " + saved + ", but " +
                                          adopted_from + "/manifest.json has run_id " + adopted +
@@ -305,8 +315,29 @@ class sharded_path final : public embedding_path {
     // must pass theirs (or rows updated after the resume look clean and are never written back)
     // and whose next export starts at them (or it repeats the exports before the save).
     if (!keyset_) return {};
-    return agree(comm_,
-                 tables_.cache->adopt_stores().with_context("rank " + std::to_string(comm_.rank())),
+    EMBCACHE_RETURN_IF_ERROR(agree(
+        comm_, tables_.cache->adopt_stores().with_context("rank " + std::to_string(comm_.rank())),
+        "trainer::load"));
+    // Admission counts on from the save's (or from zero), expiry from this rank's clock.
+    status local;
+    for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
+      const std::string folder = dir + "/" + config_.tables[t].name;
+      const sharded_manifest& m = manifests[t == tables_.roles.deep];
+      std::vector<std::uint32_t> words;
+      if (config_.tables[t].admission.enabled()) {
+        auto read = read_sharded_admission(folder, m, tables_.cache->admission_state(t).size());
+        if (!read.ok()) {
+          local = read.get_status();
+          break;
+        }
+        words = std::move(read).value();
+      }
+      local = tables_.cache->restore_lifetime(
+          t, words, resumed_expiry_clock(m, comm_.rank(), comm_.size()),
+          m.admission.path.empty() ? folder + "/manifest.json" : folder + "/" + m.admission.path);
+      if (!local.ok()) break;
+    }
+    return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
                  "trainer::load");
   }
   void set_step(std::uint64_t step) override {

@@ -409,6 +409,55 @@ status training_cache<Key, Space>::adopt_stores() {
 }
 
 template <class Key, class Space>
+std::vector<std::uint32_t> training_cache<Key, Space>::admission_state(std::size_t t) const {
+  return core_->tables.at(t).admission.to_words();
+}
+
+template <class Key, class Space>
+expiry_clock training_cache<Key, Space>::expiry_state(std::size_t t) const {
+  return core_->tables.at(t).expiry;
+}
+
+template <class Key, class Space>
+status training_cache<Key, Space>::restore_lifetime(std::size_t t,
+                                                    const std::vector<std::uint32_t>& admission,
+                                                    const expiry_clock& clock,
+                                                    const std::string& origin) {
+  return detail::public_call("restore_lifetime", [&]() -> status {
+    if (t >= core_->tables.size()) {
+      return status::invalid_argument("restore_lifetime: table " + std::to_string(t) + " of " +
+                                      std::to_string(core_->tables.size()));
+    }
+    auto& tb = core_->tables[t];
+    const bool counts = tb.admission.enabled() && !admission.empty();
+    if (counts) {
+      EMBCACHE_RETURN_IF_ERROR(tb.admission.check_words(admission.data(), admission.size(), origin)
+                                   .with_context("restore_lifetime"));
+    }
+    const bool expires = tb.opt.expiry.enabled();
+    if (expires && (clock.versions.size() > clock.boundaries ||
+                    !std::is_sorted(clock.versions.begin(), clock.versions.end()))) {
+      return status::invalid_argument("restore_lifetime: the expiry clock of table '" +
+                                      tb.opt.name + "' from '" + origin + "' has " +
+                                      std::to_string(clock.versions.size()) +
+                                      " pass versions for " + std::to_string(clock.boundaries) +
+                                      " boundaries (expected at most one per boundary, "
+                                      "non-decreasing)");
+    }
+    core_->wait_worker();  // a running prefetch reads the sketch
+    core_->drop_staging();
+    tb.admission.clear();
+    if (counts) {
+      EMBCACHE_RETURN_IF_ERROR(tb.admission.from_words(admission.data(), admission.size(), origin)
+                                   .with_context("restore_lifetime"));
+    }
+    tb.expiry = expires ? clock : expiry_clock{};
+    if (expires && !clock.versions.empty()) tb.cache->advance_version(clock.versions.back());
+    return {};
+  });
+}
+
+template <class Key, class Space>
 status training_cache<Key, Space>::set_slot_ids(std::size_t t, const Key* keys,
                                                 const std::uint64_t* slot_ids, std::size_t n) {
   return detail::public_call("set_slot_ids", [&]() -> status {

@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
+#include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
+#include "embcache/admission.hpp"
 #include "embcache/distributed/sharded_save.hpp"
 #include "embcache/distributed/sharded_table.hpp"
 #include "test_util.hpp"
@@ -184,6 +187,109 @@ TEST_F(sharded_manifest_test, loads_check_the_parts_and_the_target) {
   host_store<std::int64_t> sgd_store(so);
   sharded_table<std::int64_t> sgd_table(alone_, sgd_store, sgd);
   EXPECT_EQ(sgd_table.load(dir_).code(), status_code::invalid_argument);
+}
+
+// The lifetime state (admission counts, expiry clocks) is written with the save, read back
+// checked, and refused by file or field name when damaged or of another sketch.
+TEST_F(sharded_manifest_test, lifetime_state_is_saved_checked_and_refused_when_damaged) {
+  // A save without it (admission and expiry off) reads back as none.
+  EXPECT_FALSE(manifest_.contains("admission"));
+  EXPECT_FALSE(manifest_["parts"][0].contains("expiry"));
+  auto none = read_sharded_manifest(dir_);
+  EMBCACHE_ASSERT_OK(none);
+  EXPECT_TRUE(none.value().admission.path.empty());
+  EXPECT_TRUE(resumed_expiry_clock(none.value(), 0, 1).versions.empty());
+  auto no_words = read_sharded_admission(dir_, none.value(), 20);
+  EMBCACHE_ASSERT_OK(no_words);
+  EXPECT_TRUE(no_words.value().empty());
+
+  admission_options ao;
+  ao.min_count = 2;
+  ao.sketch_width = 8;
+  ao.sketch_depth = 2;
+  admission_sketch sketch(ao);
+  for (std::uint64_t k = 0; k < 5; ++k) sketch.count_sighting(k);
+  sharded_lifetime lifetime;
+  lifetime.admission = sketch.to_words();
+  lifetime.has_expiry = true;
+  // Pass versions 1 and 2: rows of version 1, 2 and above fall in three age classes.
+  const model saved = read_store(store_);
+  lifetime.expiry = {3, {1, 2}};
+  const std::string with = root_ + "/with";
+  EMBCACHE_ASSERT_OK(table_.save(with, "", &lifetime));
+  auto m = read_sharded_manifest(with);
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().admission.path, "gen-000001/admission");
+  EXPECT_EQ(m.value().admission.bytes, lifetime.admission.size() * 4);
+  ASSERT_TRUE(m.value().parts[0].has_expiry);
+  EXPECT_EQ(m.value().parts[0].expiry.boundaries, 3u);
+  EXPECT_EQ(m.value().parts[0].expiry.versions, (std::vector<std::uint64_t>{1, 2}));
+  auto words = read_sharded_admission(with, m.value(), lifetime.admission.size());
+  EMBCACHE_ASSERT_OK(words);
+  EXPECT_EQ(words.value(), lifetime.admission);
+  // On the save's world size the rank's own clock and versions; on another, age classes.
+  EXPECT_EQ(resumed_expiry_clock(m.value(), 0, 1).versions, lifetime.expiry.versions);
+  const expiry_clock two = resumed_expiry_clock(m.value(), 1, 2);
+  EXPECT_EQ(two.boundaries, 3u);
+  EXPECT_EQ(two.versions, (std::vector<std::uint64_t>{1, 2}));
+  host_store<std::int64_t> same(store_options(options_));
+  EMBCACHE_ASSERT_OK(load_sharded_part(with, 0, 1, same));
+  EXPECT_TRUE(read_store(same).same_rows_and_versions(saved));
+  std::size_t moved = 0;
+  for (int r = 0; r < 2; ++r) {
+    host_store<std::int64_t> half(store_options(options_));
+    EMBCACHE_ASSERT_OK(load_sharded_part(with, r, 2, half));
+    const model h = read_store(half);
+    for (std::size_t i = 0; i < h.keys.size(); ++i, ++moved) {
+      const auto at = std::find(saved.keys.begin(), saved.keys.end(), h.keys[i]);
+      ASSERT_NE(at, saved.keys.end());
+      const std::uint64_t v = saved.versions[std::size_t(at - saved.keys.begin())];
+      EXPECT_EQ(h.versions[i], v <= 1 ? 1u : v <= 2 ? 2u : 3u) << "key " << h.keys[i];
+    }
+  }
+  EXPECT_EQ(moved, saved.keys.size());
+
+  // Another sketch size, a damaged or truncated file: refused naming the file.
+  const std::string file = with + "/gen-000001/admission";
+  status s = read_sharded_admission(with, m.value(), lifetime.admission.size() + 8).get_status();
+  EXPECT_EQ(s.code(), status_code::invalid_argument) << s.to_string();
+  EXPECT_NE(s.message().find(file), std::string::npos) << s.to_string();
+  std::string bytes = read_bytes(file);
+  bytes[bytes.size() - 1] ^= 1;
+  std::ofstream(file, std::ios::binary) << bytes;
+  s = read_sharded_admission(with, m.value(), lifetime.admission.size()).get_status();
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  EXPECT_NE(s.message().find(file), std::string::npos) << s.to_string();
+  std::ofstream(file, std::ios::binary) << bytes.substr(0, 12);
+  s = read_sharded_admission(with, m.value(), lifetime.admission.size()).get_status();
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  EXPECT_NE(s.message().find(file), std::string::npos) << s.to_string();
+
+  // Damaged manifest entries, by field.
+  std::ifstream in(with + "/manifest.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  dir_ = with;
+  const nlohmann::json good = nlohmann::json::parse(text.str());
+  nlohmann::json bad = good;
+  bad["admission"]["path"] = "../admission";
+  expect_refused(bad, status_code::corruption, "'admission.path'");
+  bad = good;
+  bad["admission"]["bytes"] = 7;
+  expect_refused(bad, status_code::corruption, "'admission.bytes'");
+  bad = good;
+  bad["admission"]["xxh64"] = "xyz";
+  expect_refused(bad, status_code::corruption, "'admission.xxh64'");
+  bad = good;
+  bad["parts"][0]["expiry"]["pass_versions"] = {2, 1};
+  expect_refused(bad, status_code::corruption, "'parts[0].expiry.pass_versions'");
+  bad = good;
+  bad["parts"][0]["expiry"]["boundaries"] = 1;
+  expect_refused(bad, status_code::corruption, "'parts[0].expiry.pass_versions'");
+  bad = good;
+  bad["world_size"] = 2;
+  bad["parts"][1] = {{"rank", 1}, {"path", "gen-000001/rank-00001"}, {"rows", 0}};
+  expect_refused(bad, status_code::corruption, "'parts[1].expiry'");
 }
 
 }  // namespace

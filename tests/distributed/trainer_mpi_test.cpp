@@ -128,68 +128,71 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
   ASSERT_TRUE(world().barrier().ok());
 }
 
-// Feature admission in keyset mode: every rank counts the whole keyset of a shard and admits the
-// keys it owns, so the model is the single rank's, bit for bit, and some keys got no row.
-TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
-  const std::string dir = shared_temp_dir("trainer-admission");
+/// Keyset mode with `lifetime` applied to every table (admission, expiry), run on this job's ranks
+/// and, on rank 0, on one rank alone: the same model and history, bit for bit. Returns rank 0's
+/// single-rank trainer (null elsewhere, or when it failed), for the caller's own checks.
+template <class Lifetime>
+std::unique_ptr<trainer> expect_keyset_bits_on_every_number_of_ranks(const std::string& dir,
+                                                                     Lifetime lifetime) {
   trainer_config c = sharded_trainer_config(data_dir());
   c.mode = trainer_mode::keyset;
   for (auto& t : c.tables) {
     t.capacity_auto = true;
-    t.admission.min_count = 2;
-    t.admission.sketch_width = 4096;
+    lifetime(t);
   }
   c.save_dir = dir + "/world";
   auto t = run_sharded(c, world());
-  EMBCACHE_ASSERT_OK(t);
-  ASSERT_TRUE(world().barrier().ok());
-  if (world().rank() == 0) {
+  EMBCACHE_EXPECT_OK(t);
+  EXPECT_TRUE(world().barrier().ok());
+  std::unique_ptr<trainer> alone;
+  if (world().rank() == 0 && t.ok()) {
     single_process_communicator one;
     trainer_config c1 = c;
     c1.save_dir = dir + "/one";
     auto t1 = run_sharded(c1, one);
-    EMBCACHE_ASSERT_OK(t1);
-    expect_same_sharded_model(c.save_dir, c1.save_dir);
-    expect_same_history(t.value()->history(), t1.value()->history());
+    EMBCACHE_EXPECT_OK(t1);
+    if (t1.ok()) {
+      expect_same_sharded_model(c.save_dir, c1.save_dir);
+      expect_same_history(t.value()->history(), t1.value()->history());
+      alone = std::move(t1).value();
+    }
+  }
+  EXPECT_TRUE(world().barrier().ok());
+  return alone;
+}
+
+// Feature admission in keyset mode: every rank counts the whole keyset of a shard and admits the
+// keys it owns, so the model is the single rank's, bit for bit, and some keys got no row.
+TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
+  const std::string dir = shared_temp_dir("trainer-admission");
+  const auto alone = expect_keyset_bits_on_every_number_of_ranks(dir, [](trainer_table_config& t) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+  });
+  if (alone) {
     // Admission left keys out: fewer rows than without it.
-    trainer_config all = c1;
+    single_process_communicator one;
+    trainer_config all = alone->config();
     for (auto& tc : all.tables) tc.admission = {};
     all.save_dir = dir + "/all";
-    auto ta = run_sharded(all, one);
-    EMBCACHE_ASSERT_OK(ta);
-    EXPECT_LT(sharded_rows(c1.save_dir, "deep", deep_width).keys.size(),
+    EMBCACHE_EXPECT_OK(run_sharded(all, one));
+    EXPECT_LT(sharded_rows(dir + "/one", "deep", deep_width).keys.size(),
               sharded_rows(all.save_dir, "deep", deep_width).keys.size());
   }
+  EXPECT_EQ(alone != nullptr, world().rank() == 0);
   ASSERT_TRUE(world().barrier().ok());
 }
 
 // Expiry in a sharded keyset run: each owner expires its own rows at every shard's start, and
 // the model is the one a single rank trains, bit for bit.
 TEST(sharded_trainer, expiry_gives_the_same_bits_on_every_number_of_ranks) {
-  const std::string dir = shared_temp_dir("trainer-expiry");
-  trainer_config c = sharded_trainer_config(data_dir());
-  c.mode = trainer_mode::keyset;
-  for (auto& t : c.tables) {
-    t.capacity_auto = true;
-    t.expiry.ttl_passes = 1;
-  }
-  c.save_dir = dir + "/world";
-  auto t = run_sharded(c, world());
-  EMBCACHE_ASSERT_OK(t);
-  ASSERT_TRUE(world().barrier().ok());
-  if (world().rank() == 0) {
-    single_process_communicator one;
-    trainer_config c1 = c;
-    c1.save_dir = dir + "/one";
-    auto t1 = run_sharded(c1, one);
-    EMBCACHE_ASSERT_OK(t1);
-    std::uint64_t expired = 0;
-    for (const auto& tc : t1.value()->cache().counters().total) expired += tc.rows_expired;
-    EXPECT_GT(expired, 0u);
-    expect_same_sharded_model(c.save_dir, c1.save_dir);
-    expect_same_history(t.value()->history(), t1.value()->history());
-  }
-  ASSERT_TRUE(world().barrier().ok());
+  const auto alone = expect_keyset_bits_on_every_number_of_ranks(
+      shared_temp_dir("trainer-expiry"), [](trainer_table_config& t) { t.expiry.ttl_passes = 1; });
+  EXPECT_EQ(alone != nullptr, world().rank() == 0);
+  if (!alone) return;
+  std::uint64_t expired = 0;
+  for (const auto& tc : alone->cache().counters().total) expired += tc.rows_expired;
+  EXPECT_GT(expired, 0u);
 }
 
 // RocksDB stores: each rank its database under store_path/rank-R; the save's parts are RocksDB

@@ -1,8 +1,9 @@
 // A sharded run in keyset mode interrupted after pass 1 (saved on N ranks) and resumed for pass 2
 // on M ranks gives what the uninterrupted run on M ranks gives: every row of the save (embedding
 // and optimizer state), dense.bin, the losses, and every row of every delta; and every delta and
-// save of a run, on every rank and across the resume, records one run identity. ctest runs this
-// binary on 1, 2 and 4 ranks, so the pairs are 1 -> 1, 2 -> 1, 1 -> 2, 4 -> 1 and 1 -> 4.
+// save of a run, on every rank and across the resume, records one run identity; admission counts
+// and expiry clocks travel with the save. ctest runs this binary on 1, 2 and 4 ranks, so the
+// pairs are 1 -> 1, 2 -> 1, 1 -> 2, 4 -> 1 and 1 -> 4 (and 2 -> 2, 4 -> 4 for the lifetime state).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -267,6 +268,81 @@ TEST(sharded_trainer_resume, keyset_resume_saves_and_exports_what_the_uninterrup
   expect_same_history(whole_alone->history(), resumed_one->history());
   expect_same_deltas(rest_one.export_dir, whole_one.export_dir, world_size, 1, first.save_dir);
   expect_one_run(rest_one.export_dir, {first.save_dir, rest_one.save_dir});
+}
+
+// Admission and expiry across a resume: the sharded save of pass 1 carries each table's
+// admission counts (once, rank 0's file) and every rank's expiry clock, so the run resumed from it
+// admits and expires in pass 2 exactly what the uninterrupted run does (without them it would
+// count from zero: keys seen once in pass 1 refused again, no row expired at pass 2's boundary).
+// Pairs: this job's ranks -> the same ranks, -> 1 and 1 -> this job's ranks.
+TEST(sharded_trainer_resume, admission_counts_and_expiry_clocks_resume_on_any_number_of_ranks) {
+  const int world_size = world().size();
+  const std::string dir = shared_temp_dir("trainer-lifetime-resume");
+  single_process_communicator one;
+  trainer_config whole = keyset_config(dir + "/whole", "");
+  for (auto& t : whole.tables) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+    t.expiry.ttl_passes = 1;
+  }
+  trainer_config first = whole;
+  first.passes = {whole.passes[0]};
+  first.save_dir = dir + "/first_world";
+  trainer_config rest = whole;
+  rest.passes = {whole.passes[1]};
+  auto whole_world = run_on(whole, world());
+  ASSERT_NE(whole_world, nullptr);
+  ASSERT_NE(run_on(first, world()), nullptr);
+  trainer_config first_one = first;
+  first_one.save_dir = dir + "/first_one";
+  if (world().rank() == 0 && world_size > 1) EXPECT_NE(run_on(first_one, one), nullptr);
+  ASSERT_TRUE(world().barrier().ok());
+
+  // The save holds the lifetime state: one admission file, a clock per part.
+  for (const char* table : {"wide", "deep"}) {
+    auto m = read_sharded_manifest(first.save_dir + "/sparse/" + table);
+    EMBCACHE_ASSERT_OK(m);
+    EXPECT_EQ(m.value().admission.path,
+              sharded_generation_name(m.value().generation) + "/admission");
+    EXPECT_GT(m.value().admission.bytes, 4096u * 4) << table;
+    for (const sharded_part& p : m.value().parts) {
+      EXPECT_TRUE(p.has_expiry) << table << " " << p.path;
+      EXPECT_EQ(p.expiry.boundaries, 2u) << table << " " << p.path;  // shards 0 and 1
+      EXPECT_EQ(p.expiry.versions.size(), 1u) << table << " " << p.path;
+    }
+  }
+
+  trainer_config same = rest;  // this job's ranks -> the same ranks
+  same.resume_from = first.save_dir;
+  same.save_dir = dir + "/rest_same";
+  auto resumed = run_on(same, world());
+  ASSERT_NE(resumed, nullptr);
+  trainer_config grown = rest;  // 1 -> this job's ranks
+  grown.resume_from = first_one.save_dir;
+  grown.save_dir = dir + "/rest_grown";
+  std::unique_ptr<trainer> resumed_grown;
+  if (world_size > 1) {
+    resumed_grown = run_on(grown, world());
+    ASSERT_NE(resumed_grown, nullptr);
+  }
+  ASSERT_TRUE(world().barrier().ok());
+  if (world().rank() != 0) return;
+
+  std::uint64_t expired = 0;
+  for (const auto& tc : resumed->cache().counters().last) expired += tc.rows_expired;
+  EXPECT_GT(expired, 0u) << "pass 2 expired nothing: the test would not see a lost clock";
+  expect_same_sharded_model(whole.save_dir, same.save_dir);
+  expect_same_history(whole_world->history(), resumed->history());
+  if (world_size == 1) return;
+  expect_same_sharded_model(whole.save_dir, grown.save_dir);
+  expect_same_history(whole_world->history(), resumed_grown->history());
+  trainer_config shrunk = rest;  // this job's ranks -> 1
+  shrunk.resume_from = first.save_dir;
+  shrunk.save_dir = dir + "/rest_shrunk";
+  auto resumed_one = run_on(shrunk, one);
+  ASSERT_NE(resumed_one, nullptr);
+  expect_same_sharded_model(whole.save_dir, shrunk.save_dir);
+  expect_same_history(whole_world->history(), resumed_one->history());
 }
 
 }  // namespace

@@ -473,5 +473,52 @@ TEST(admission_on_demand, refused_keys_get_slot_minus_one_until_admitted) {
   EXPECT_EQ(keys_of(store_model(*tc, 0)), (std::vector<key>{4}));
 }
 
+// restore_lifetime (what a sharded resume calls): the counts of a sketch's words, or zero for
+// none; words of another seed refused naming their file, nothing changed; an expiry clock taken,
+// the version clock moved past it; a clock with more versions than boundaries refused.
+TEST(admission, restore_lifetime_takes_counts_and_clocks_and_refuses_another_sketch) {
+  auto tc = make_cache(cache_mode::keyset, counting(2));
+  const std::vector<key> seen{1, 2};
+  EMBCACHE_ASSERT_OK(tc->count_sightings(0, seen.data(), seen.size()));
+  const std::vector<std::uint32_t> words = tc->admission_state(0);
+  const std::vector<std::uint32_t> zero =
+      make_cache(cache_mode::keyset, counting(2))->admission_state(0);
+  ASSERT_NE(words, zero);
+  auto other = make_cache(cache_mode::keyset, counting(2));
+  EMBCACHE_ASSERT_OK(other->restore_lifetime(0, words, {}, "w"));
+  EXPECT_EQ(other->admission_state(0), words);
+  EMBCACHE_ASSERT_OK(other->restore_lifetime(0, {}, {}, "w"));
+  EXPECT_EQ(other->admission_state(0), zero);
+
+  admission_options seeded = counting(2);
+  seeded.seed = 9;
+  auto third = make_cache(cache_mode::keyset, seeded);
+  const std::vector<std::uint32_t> before = third->admission_state(0);
+  const status s = third->restore_lifetime(0, words, {}, "/save/wide/gen-000001/admission");
+  EXPECT_EQ(s.code(), status_code::corruption) << s.to_string();
+  EXPECT_NE(s.message().find("/save/wide/gen-000001/admission"), std::string::npos)
+      << s.to_string();
+  EXPECT_EQ(third->admission_state(0), before);
+
+  training_cache_options o;
+  o.mode = cache_mode::keyset;
+  table_options<key> t;
+  t.name = "t";
+  t.dim = 2;
+  t.capacity = 64;
+  t.expiry.ttl_passes = 2;
+  training_cache<key> expiring(o, {t});
+  EMBCACHE_ASSERT_OK(expiring.restore_lifetime(0, words, {5, {3, 7}}, "m"));
+  EXPECT_EQ(expiring.expiry_state(0).boundaries, 5u);
+  EXPECT_EQ(expiring.expiry_state(0).versions, (std::vector<std::uint64_t>{3, 7}));
+  EXPECT_GE(expiring.cache(0).version(), 7u);
+  EXPECT_TRUE(expiring.admission_state(0).empty());  // admission off: the words are ignored
+  EXPECT_EQ(expiring.restore_lifetime(0, {}, {1, {3, 7}}, "m").code(),
+            status_code::invalid_argument);
+  EXPECT_EQ(expiring.restore_lifetime(0, {}, {5, {7, 3}}, "m").code(),
+            status_code::invalid_argument);
+  EXPECT_EQ(expiring.restore_lifetime(1, {}, {}, "m").code(), status_code::invalid_argument);
+}
+
 }  // namespace
 }  // namespace embcache::testing

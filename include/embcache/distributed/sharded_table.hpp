@@ -130,18 +130,22 @@ class sharded_table {
 
   /// Writes this table's save into `dir` (distributed/sharded_save.hpp): every rank its shard,
   /// rank 0 the manifest that publishes it, with `run_id` (rank 0's; default "": none recorded)
-  /// and `applied_delta` (the last incremental export before the save; default 0: none).
-  /// Collective.
+  /// and `applied_delta` (the last incremental export before the save; default 0: none); when
+  /// `lifetime` is not null, the table's admission counts and this rank's expiry clock
+  /// (save_sharded()). Collective.
   [[nodiscard]] status save(const std::string& dir, const std::string& run_id = {},
-                            std::uint64_t applied_delta = 0);
+                            std::uint64_t applied_delta = 0,
+                            const sharded_lifetime* lifetime = nullptr);
 
   /// Loads the save in `dir`, written by any number of ranks, into this rank's store (which must
   /// be empty): the rank keeps the rows it owns now, and the step counter is the save's. A save
   /// of another dim or optimizer is refused (invalid_argument). Collective.
   /// @param open  opens a part (empty: host_store_part_opener())
   /// @param run_id_out  when not null, gets the save's run identity ("" when it records none)
+  /// @param manifest_out  when not null, gets the save's manifest (its lifetime state included)
   [[nodiscard]] status load(const std::string& dir, const part_opener<Key>& open = {},
-                            std::string* run_id_out = nullptr);
+                            std::string* run_id_out = nullptr,
+                            sharded_manifest* manifest_out = nullptr);
 
   /// Steps applied so far (the same on every rank).
   std::uint64_t step() const noexcept { return step_; }
