@@ -78,8 +78,8 @@ py::dict batch_dict(shard_batch&& b) {
   d["size"] = b.size;
   d["shard_index"] = b.shard_index;
   d["labels"] = to_numpy(std::move(b.labels), {n});
-  d["dense"] = to_numpy(std::move(b.dense), {n, py::ssize_t(criteo_dense_count)});
-  d["keys"] = to_numpy(std::move(b.keys), {n, py::ssize_t(criteo_slot_count)});
+  d["dense"] = to_numpy(std::move(b.dense), {n, py::ssize_t(b.num_dense)});
+  d["keys"] = to_numpy(std::move(b.keys), {n, py::ssize_t(b.num_slots)});
   d["crossed"] = to_numpy(std::move(b.crossed), {n, py::ssize_t(b.num_crossed)});
   d["rows"] = to_numpy(std::move(b.rows), {n});
   return d;
