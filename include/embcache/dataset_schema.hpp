@@ -58,9 +58,11 @@ struct dataset_schema {
   /// The name of column `c` ("label" for the label column).
   const std::string& column_name(std::size_t c) const;
 
+  /// Same label column and the same names in the same order.
   bool operator==(const dataset_schema& o) const {
     return label_column == o.label_column && dense == o.dense && categorical == o.categorical;
   }
+  /// Not operator==.
   bool operator!=(const dataset_schema& o) const { return !(*this == o); }
 };
 
