@@ -14,8 +14,10 @@
 #include "common/temp_dir.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
+#include "embcache/serving.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
+#include "embcache/trainer/score.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/version.hpp"
 
@@ -307,6 +309,31 @@ std::string click_log(const std::string& dir, const char* name, int first, int r
   return o.output_dir;
 }
 
+// The rows of a model folder, as a serving store would hand them to score_shard.
+class folder_rows : public row_lookup {
+ public:
+  explicit folder_rows(model_folder f) : folder_(std::move(f)) {}
+  status lookup(const std::string& table, std::size_t dim, const std::int64_t* keys, std::size_t n,
+                float* rows, std::uint8_t* found) override {
+    for (const folder_table& t : folder_.tables) {
+      if (t.name != table) continue;
+      for (std::size_t i = 0; i < n; ++i) {
+        found[i] = 0;
+        for (std::size_t r = 0; r < t.keys.size(); ++r) {
+          if (t.keys[r] != keys[i]) continue;
+          std::copy_n(t.vectors.begin() + r * dim, dim, rows + i * dim);
+          found[i] = 1;
+          break;
+        }
+      }
+    }
+    return {};
+  }
+
+ private:
+  model_folder folder_;
+};
+
 TEST(trainer_datasets, a_non_criteo_schema_sizes_the_model_and_learns) {
   const std::string dir = fresh_dir("schema");
   click_log(dir, "train", 0, 1200);
@@ -319,6 +346,8 @@ TEST(trainer_datasets, a_non_criteo_schema_sizes_the_model_and_learns) {
   c.batch_size = 64;
   c.log_interval = 0;
   c.threads = 2;
+  c.dense_device = "host";  // score_shard runs the dense network on the host
+  c.save_dir = dir + "/save";
   auto resolved = resolve_trainer_config(c);
   EMBCACHE_ASSERT_OK(resolved);
   EXPECT_EQ(resolved.value().num_dense, 2u);
@@ -331,6 +360,19 @@ TEST(trainer_datasets, a_non_criteo_schema_sizes_the_model_and_learns) {
   EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().samples, 300u);
   EXPECT_GT(m.value().auc, 0.9) << "the label is a function of field user";
+  // Scoring follows the save's schema: the same metrics from its rows, a Criteo shard refused.
+  auto folder = read_model_folder(c.save_dir + "/sparse");
+  EMBCACHE_ASSERT_OK(folder);
+  folder_rows rows(std::move(folder).value());
+  auto scored = score_shard(c.save_dir, eval, rows);
+  EMBCACHE_ASSERT_OK(scored);
+  EXPECT_EQ(scored.value().samples, 300u);
+  EXPECT_EQ(scored.value().auc, m.value().auc);
+  auto wrong = score_shard(c.save_dir, data_root() + "/eval/shard-00000.bin", rows);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.get_status().message().find("has 13 dense features and 26 categorical slots"),
+            std::string::npos)
+      << wrong.get_status().message();
 
   // A Criteo shard in a later pass is refused, named.
   trainer_pass_config criteo;
