@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "embcache/dataset_schema.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/status.hpp"
@@ -77,9 +78,22 @@ float criteo_dense(std::int64_t x, dense_transform t) noexcept;
 
 /// Parses one line (no trailing newline; a trailing '\r' is ignored) into `out`. A malformed
 /// line gives a corruption status whose message is the reason only (wrong field count,
-/// non-numeric integer, bad label, over-long field); the caller adds file:line.
+/// non-numeric integer, bad label, over-long field), naming the field and its 1-based column
+/// ("field I3 (column 4) 'x' is not an integer"); the caller adds file:line.
 status parse_criteo_line(std::string_view line, const criteo_parse_options& opts,
                          criteo_sample& out);
+
+/// One parsed row of a dataset_schema.
+struct tsv_row {
+  float label = 0;                 ///< 0 or 1
+  std::vector<float> dense;        ///< [schema.num_dense()] transformed dense features
+  std::vector<std::int64_t> keys;  ///< [schema.num_categorical()] keys (criteo_key of each field)
+};
+
+/// parse_criteo_line for the columns of `schema` (a valid one, see validate): the same checks and
+/// messages, the field named by the schema. Categorical field j is hashed as slot j.
+status parse_tsv_line(std::string_view line, const dataset_schema& schema,
+                      const criteo_parse_options& opts, tsv_row& out);
 
 /// Progress of a prep run, handed to prep_options::on_progress.
 struct prep_progress {
@@ -112,6 +126,9 @@ struct prep_options {
   std::size_t max_reported = 10;       ///< malformed lines reported by file:line; default 10
   std::size_t max_line_bytes = 65536;  ///< longer lines are malformed; default 64 KiB
   criteo_parse_options parse;          ///< hashing and dense transform
+  /// The columns of the input rows (validated; written to the manifest); default Criteo's. With
+  /// `cross` it must have 26 categorical fields.
+  dataset_schema schema;
   std::function<void(const prep_progress&)> on_progress;  ///< about once a second; default none
 };
 
@@ -126,10 +143,10 @@ struct prep_summary {
   double seconds = 0;                ///< wall time of the whole run
 };
 
-/// Reads the inputs and writes shards, keysets and manifest.json into output_dir (see
-/// docs/data.md). Malformed lines are skipped and counted; with `strict` the first one stops the
-/// run with a corruption status "file:line: reason". A missing input gives not_found; a broken
-/// gzip stream counts as a malformed line at the line where it broke and ends that file.
+/// Reads the inputs (rows of opts.schema) and writes shards, keysets and manifest.json into
+/// output_dir (see docs/data.md). Malformed lines are skipped and counted; with `strict` the first
+/// one stops the run with a corruption status "file:line: reason". A missing input gives not_found;
+/// a broken gzip stream counts as a malformed line at the line where it broke and ends that file.
 result<prep_summary> prepare_criteo(const prep_options& opts);
 
 }  // namespace embcache

@@ -1,5 +1,6 @@
 /// @file shard.hpp
-/// @brief Binary shards of preprocessed Criteo-format samples: format, writers and reader.
+/// @brief Binary shards of preprocessed samples (Criteo's shape or a dataset_schema's): format,
+/// writers and reader.
 ///
 /// A shard file is a 64-byte little-endian header followed by fixed-width records:
 ///
@@ -8,17 +9,19 @@
 /// | 0      | 8    | magic `EMBSHRD1`                                        |
 /// | 8      | 2    | format version (1)                                      |
 /// | 10     | 2    | header size (64)                                        |
-/// | 12     | 4    | record size in bytes (56 + 8 * (26 + crossed))          |
+/// | 12     | 4    | record size: 4 * (1 + dense) + 8 * (slots + crossed)    |
 /// | 16     | 8    | row count                                               |
-/// | 24     | 2    | dense features per row (13)                             |
-/// | 26     | 2    | categorical slots per row (26)                          |
+/// | 24     | 2    | dense features per row (13 for Criteo; 0..1024)         |
+/// | 26     | 2    | categorical slots per row (26 for Criteo; 1..63)        |
 /// | 28     | 2    | crossed keys per row (0 or more)                        |
 /// | 30     | 2    | reserved, zero                                          |
 /// | 32     | 8    | xxHash64 (seed 0) of all record bytes                   |
 /// | 40     | 16   | reserved, zero                                          |
 /// | 56     | 8    | xxHash64 (seed 0) of header bytes 0..55                 |
 ///
-/// Record: float32 label, float32 dense[13], int64 keys[26], int64 crossed[crossed].
+/// Record: float32 label, float32 dense[dense], int64 keys[slots], int64 crossed[crossed]. The
+/// dense and slot counts are the dataset schema's (dataset_schema.hpp); a reader is told the shape
+/// it expects and refuses a shard of another, naming the file.
 ///
 /// A dataset folder holds `shard-NNNNN.bin`, one keyset per shard for the slot keys
 /// (`shard-NNNNN.keys`), one for the crossed keys when crossing is on
@@ -33,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "embcache/dataset_schema.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/status.hpp"
 
@@ -60,17 +64,26 @@ inline constexpr std::size_t shard_header_size = 64;
 constexpr std::size_t shard_record_size(std::size_t num_crossed) noexcept {
   return 4 * (1 + criteo_dense_count) + 8 * (criteo_slot_count + num_crossed);
 }
+/// Bytes of one record of `num_dense` dense features, `num_slots` slot keys and `num_crossed`
+/// crossed keys (the counts are at most 65535 each, so this cannot overflow).
+constexpr std::size_t shard_record_size(std::size_t num_dense, std::size_t num_slots,
+                                        std::size_t num_crossed) noexcept {
+  return 4 * (1 + num_dense) + 8 * (num_slots + num_crossed);
+}
 
 /// The decoded header of a shard file.
 struct shard_header {
-  std::uint64_t rows = 0;       ///< records in the shard
-  std::size_t num_crossed = 0;  ///< crossed keys per record
+  std::uint64_t rows = 0;                      ///< records in the shard
+  std::size_t num_dense = criteo_dense_count;  ///< dense features per record; default 13
+  std::size_t num_slots = criteo_slot_count;   ///< slot keys per record; default 26
+  std::size_t num_crossed = 0;                 ///< crossed keys per record
   std::size_t record_size = 0;  ///< bytes per record
   std::uint64_t checksum = 0;   ///< xxHash64 of the record bytes
 };
 
-/// Reads and checks the header of `path`: magic, version, header checksum, layout and that the
-/// file holds exactly `rows` records (truncated or overlong: corruption naming the path).
+/// Reads and checks the header of `path`: magic, version, header checksum, layout (dense and slot
+/// counts within a schema's limits, the record size theirs) and that the file holds exactly `rows`
+/// records (truncated or overlong: corruption naming the path).
 result<shard_header> read_shard_header(const std::string& path);
 
 /// A whole shard in memory, as records.
@@ -80,8 +93,9 @@ struct shard_data {
 
   /// Label of record `i`.
   float label(std::uint64_t i) const noexcept;
-  /// Copies record `i` into `out` and its crossed keys into `crossed` (may be nullptr).
-  void get(std::uint64_t i, criteo_sample& out, std::int64_t* crossed = nullptr) const noexcept;
+  /// Copies record `i` into `out` and its crossed keys into `crossed` (may be nullptr). Only for a
+  /// shard of Criteo's shape (13 dense, 26 slots); another throws invalid_argument.
+  void get(std::uint64_t i, criteo_sample& out, std::int64_t* crossed = nullptr) const;
 };
 
 /// Reads a whole shard and verifies header and record checksums (corruption on mismatch).
@@ -93,12 +107,22 @@ class shard_writer {
   /// Starts `path` with `num_crossed` crossed keys per record.
   static result<std::unique_ptr<shard_writer>> create(const std::string& path,
                                                       std::size_t num_crossed);
+  /// Starts `path` with records of `num_dense` dense features and `num_slots` slot keys (at most
+  /// schema_max_dense and schema_max_categorical, at least 1 slot: else invalid_argument).
+  static result<std::unique_ptr<shard_writer>> create(const std::string& path,
+                                                      std::size_t num_crossed,
+                                                      std::size_t num_dense, std::size_t num_slots);
   ~shard_writer();
   shard_writer(const shard_writer&) = delete;
   shard_writer& operator=(const shard_writer&) = delete;
 
   /// Appends a record; `crossed` holds num_crossed keys (nullptr only when num_crossed is 0).
+  /// Only for Criteo's shape (a writer of another throws invalid_argument).
   [[nodiscard]] status append(const criteo_sample& s, const std::int64_t* crossed = nullptr);
+  /// Appends a record of any shape: `dense` holds num_dense floats, `keys` num_slots keys,
+  /// `crossed` num_crossed keys (nullptr only when num_crossed is 0).
+  [[nodiscard]] status append_row(float label, const float* dense, const std::int64_t* keys,
+                                  const std::int64_t* crossed = nullptr);
   /// Writes the header and makes the file durable under its name.
   [[nodiscard]] status finish();
   /// Records appended so far.
@@ -129,8 +153,12 @@ struct dataset_summary {
   double label_mean = 0;                           ///< mean label over all samples
   std::size_t num_crossed = 0;                     ///< crossed keys per record
   keyset_format keyset = keyset_format::embcache;  ///< layout of the keyset files
-  bool has_unique_stats = false;                   ///< whether the unique counts below were taken
-  std::array<std::uint64_t, criteo_slot_count> unique_keys{};  ///< distinct keys per slot
+  /// The columns the samples came from (manifest field "schema"; a manifest without one:
+  /// Criteo's); its counts are the shards' dense and slot counts.
+  dataset_schema schema;
+  bool has_unique_stats = false;  ///< whether the unique counts below were taken
+  std::vector<std::uint64_t>
+      unique_keys;  ///< distinct keys per slot ([num_categorical] with stats)
   std::uint64_t unique_crossed_keys = 0;                       ///< distinct crossed keys
   std::vector<shard_files> shards;                             ///< in order
   std::vector<std::pair<std::string, std::string>> producer;   ///< how the data was made
@@ -151,6 +179,7 @@ struct dataset_writer_options {
   keyset_format keyset = keyset_format::embcache;         ///< default our format
   bool overwrite = false;    ///< replace an existing dataset (swapped at finish); default off
   bool unique_stats = true;  ///< count distinct keys per slot (memory ~16 B per key); default on
+  dataset_schema schema;     ///< the samples' columns (written to the manifest); default Criteo's
 };
 
 /// Splits a stream of samples into shards of rows_per_shard rows, writes the keysets of each
@@ -174,8 +203,13 @@ class dataset_writer {
   dataset_writer(const dataset_writer&) = delete;
   dataset_writer& operator=(const dataset_writer&) = delete;
 
-  /// Appends a sample; `crossed` holds num_crossed keys.
+  /// Appends a sample; `crossed` holds num_crossed keys. Only with Criteo's schema (another
+  /// throws invalid_argument: use append_row).
   [[nodiscard]] status append(const criteo_sample& s, const std::int64_t* crossed = nullptr);
+  /// Appends a sample of the schema's shape: `dense` holds its num_dense() floats, `keys` its
+  /// num_categorical() keys, `crossed` num_crossed keys.
+  [[nodiscard]] status append_row(float label, const float* dense, const std::int64_t* keys,
+                                  const std::int64_t* crossed = nullptr);
   /// Completes the last shard and writes manifest.json with `producer` notes.
   [[nodiscard]] status finish(std::vector<std::pair<std::string, std::string>> producer = {});
   /// The summary (complete after finish()).
@@ -192,7 +226,8 @@ class dataset_writer {
 std::string dataset_lock_path(const std::string& output_dir);
 
 /// Reads `dir`/manifest.json (paths in the result are full paths). Every field is checked for
-/// its type and range (corruption naming the file and the field): counts are non-negative
+/// its type and range (corruption naming the file and the field): the schema (absent: Criteo's)
+/// is valid and agrees with dense_count and slot_count, counts are non-negative
 /// integers, shard rows add up to `rows`, file names stay inside the folder, the rows of a
 /// shard that exists must match its file size, and a shard's keyset sizes (optional: "keys",
 /// with "crossed_keys" when crossing is on) are at most its rows times the keys per row.
@@ -202,10 +237,12 @@ result<dataset_summary> read_dataset_manifest(const std::string& dir);
 struct shard_batch {
   std::size_t size = 0;               ///< samples in the batch; 0 once the reader is exhausted
   std::size_t num_crossed = 0;        ///< crossed keys per sample
+  std::size_t num_dense = criteo_dense_count;  ///< dense features per sample
+  std::size_t num_slots = criteo_slot_count;   ///< slot keys per sample
   std::size_t shard_index = 0;        ///< which of the reader's shards the batch comes from
   std::vector<float> labels;          ///< [size]
-  std::vector<float> dense;           ///< [size * 13]
-  std::vector<std::int64_t> keys;     ///< [size * 26]
+  std::vector<float> dense;           ///< [size * num_dense]
+  std::vector<std::int64_t> keys;     ///< [size * num_slots]
   std::vector<std::int64_t> crossed;  ///< [size * num_crossed]
   std::vector<std::uint64_t> rows;    ///< [size] record index of each sample in its shard
 };
@@ -217,6 +254,8 @@ struct shard_reader_options {
   std::uint64_t seed = 0;         ///< shuffle seed (mixed with the shard's index); default 0
   bool drop_last = false;         ///< skip a shard's last partial batch; default off
   bool read_ahead = true;         ///< load the next shard on a background thread; default on
+  std::size_t num_dense = criteo_dense_count;  ///< dense features a shard must have; default 13
+  std::size_t num_slots = criteo_slot_count;   ///< slot keys a shard must have; default 26
 };
 
 /// Reads shards in order and hands out batches. Batches never span two shards (a pass over a
@@ -226,7 +265,8 @@ struct shard_reader_options {
 class shard_reader {
  public:
   /// Opens `paths` and checks every header (missing: not_found; truncated: corruption; a
-  /// different number of crossed keys between shards: invalid_argument). batch_size 0 throws.
+  /// different number of crossed keys between shards, or dense and slot counts other than the
+  /// options' (the dataset schema's): invalid_argument naming the file). batch_size 0 throws.
   static result<std::unique_ptr<shard_reader>> open(std::vector<std::string> paths,
                                                     const shard_reader_options& opts = {});
   ~shard_reader();

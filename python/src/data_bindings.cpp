@@ -44,6 +44,11 @@ py::dict manifest_dict(const dataset_summary& s) {
   d["rows"] = s.rows;
   d["label_mean"] = s.label_mean;
   d["num_crossed"] = s.num_crossed;
+  d["num_dense"] = s.schema.num_dense();
+  d["num_slots"] = s.schema.num_categorical();
+  d["dense_names"] = s.schema.dense;
+  d["categorical_names"] = s.schema.categorical;
+  d["label_column"] = s.schema.label_column;
   d["keyset_format"] = to_string(s.keyset);
   if (s.has_unique_stats) {
     d["unique_keys"] = std::vector<std::uint64_t>(s.unique_keys.begin(), s.unique_keys.end());
@@ -78,8 +83,8 @@ py::dict batch_dict(shard_batch&& b) {
   d["size"] = b.size;
   d["shard_index"] = b.shard_index;
   d["labels"] = to_numpy(std::move(b.labels), {n});
-  d["dense"] = to_numpy(std::move(b.dense), {n, py::ssize_t(criteo_dense_count)});
-  d["keys"] = to_numpy(std::move(b.keys), {n, py::ssize_t(criteo_slot_count)});
+  d["dense"] = to_numpy(std::move(b.dense), {n, py::ssize_t(b.num_dense)});
+  d["keys"] = to_numpy(std::move(b.keys), {n, py::ssize_t(b.num_slots)});
   d["crossed"] = to_numpy(std::move(b.crossed), {n, py::ssize_t(b.num_crossed)});
   d["rows"] = to_numpy(std::move(b.rows), {n});
   return d;
@@ -170,11 +175,14 @@ file and the field).)doc");
 
   py::class_<reader>(m, "ShardReader", R"doc(
 Reads shards in order and yields batches (C++ shard_reader): dicts of arrays labels (n,), dense
-(n, 13), keys (n, 26), crossed (n, num_crossed), rows (n,) and shard_index. A batch never spans two
+(n, num_dense), keys (n, num_slots), crossed (n, num_crossed), rows (n,) and shard_index. The
+shards must have num_dense dense features and num_slots slots (Criteo's 13 and 26 by default; a
+dataset's are its manifest's num_dense and num_slots). A batch never spans two
 shards; a shard is checked against its checksums before any of its samples is handed out.
 )doc")
       .def(py::init([](std::vector<std::string> paths, std::size_t batch_size, bool shuffle,
-                       std::uint64_t seed, bool drop_last, bool read_ahead) {
+                       std::uint64_t seed, bool drop_last, bool read_ahead, std::size_t num_dense,
+                       std::size_t num_slots) {
              if (batch_size == 0) throw py::value_error("batch_size: expected >= 1, got 0");
              shard_reader_options o;
              o.batch_size = batch_size;
@@ -182,13 +190,17 @@ shards; a shard is checked against its checksums before any of its samples is ha
              o.seed = seed;
              o.drop_last = drop_last;
              o.read_ahead = read_ahead;
+             o.num_dense = num_dense;
+             o.num_slots = num_slots;
              return std::make_unique<reader>(
                  take(without_gil([&] { return shard_reader::open(std::move(paths), o); })));
            }),
            py::arg("paths"), py::arg("batch_size") = 1024, py::arg("shuffle") = false,
            py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("read_ahead") = true,
+           py::arg("num_dense") = criteo_dense_count, py::arg("num_slots") = criteo_slot_count,
            R"doc(Opens `paths` and checks every header (missing: NotFoundError; truncated:
-CorruptionError; a different number of crossed keys: InvalidArgumentError).)doc")
+CorruptionError; a different number of crossed keys, or another shape than num_dense and
+num_slots: InvalidArgumentError naming the shard).)doc")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &reader::next)
       .def_property_readonly("total_rows", [](const reader& r) { return r.get().total_rows(); })

@@ -29,16 +29,6 @@ std::int64_t make_key(std::uint64_t tag, std::uint64_t h) noexcept {
   return static_cast<std::int64_t>((tag << 56) | h);
 }
 
-const char* field_name(std::size_t i, char* buf) {
-  if (i == 0) return "label";
-  if (i <= criteo_dense_count) {
-    std::snprintf(buf, 8, "I%zu", i);
-  } else {
-    std::snprintf(buf, 8, "C%zu", i - criteo_dense_count);
-  }
-  return buf;
-}
-
 std::string quoted(std::string_view v) {
   std::string s = "'";
   for (char c : v.substr(0, 24)) s += (c >= 32 && c < 127) ? c : '?';
@@ -46,9 +36,80 @@ std::string quoted(std::string_view v) {
   return s + "'";
 }
 
-status field_error(std::size_t i, const std::string& what) {
-  char buf[8];
-  return status::corruption(std::string("field ") + field_name(i, buf) + " " + what);
+// Names the field by the schema and its 1-based column.
+status field_error(const dataset_schema& schema, std::size_t column, const std::string& what) {
+  return status::corruption("field " + schema.column_name(column) + " (column " +
+                            std::to_string(column + 1) + ") " + what);
+}
+
+const dataset_schema& criteo_schema() {
+  static const dataset_schema s;
+  return s;
+}
+
+// Splits `line` at tabs into `f` (room for the schema's columns; more are only counted) and
+// parses the fields into label, dense and keys.
+status parse_fields(std::string_view line, const dataset_schema& schema,
+                    const criteo_parse_options& opts, std::string_view* f, float& label,
+                    float* dense, std::int64_t* keys) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  const std::size_t columns = schema.num_columns();
+  std::size_t n = 0;
+  const char* p = line.data();
+  const char* end = p + line.size();
+  while (true) {
+    // (An empty view may have no data at all: memchr must not see a null pointer.)
+    const char* tab = p < end ? static_cast<const char*>(std::memchr(p, '\t', end - p)) : nullptr;
+    const char* stop = tab ? tab : end;
+    if (n < columns) f[n] = std::string_view(p, stop - p);
+    ++n;
+    if (!tab) break;
+    p = tab + 1;
+  }
+  if (n != columns) {
+    return status::corruption("has " + std::to_string(n) + " fields, expected " +
+                              std::to_string(columns));
+  }
+  for (std::size_t i = 0; i < columns; ++i) {
+    if (f[i].size() > opts.max_field_bytes) {
+      return field_error(schema, i,
+                         "is " + std::to_string(f[i].size()) + " bytes long, the limit is " +
+                             std::to_string(opts.max_field_bytes));
+    }
+  }
+  const std::string_view l = f[schema.label_column];
+  if (l == "0") {
+    label = 0.0f;
+  } else if (l == "1") {
+    label = 1.0f;
+  } else {
+    return field_error(
+        schema, schema.label_column,
+        l.empty() ? "is empty, expected 0 or 1" : "is " + quoted(l) + ", expected 0 or 1");
+  }
+  for (std::size_t j = 0; j < schema.num_dense(); ++j) {
+    const std::size_t c = schema.dense_column(j);
+    const std::string_view v = f[c];
+    if (v.empty()) {
+      dense[j] = 0.0f;
+      continue;
+    }
+    std::int64_t x = 0;
+    const char* b = v.data();
+    if (*b == '+') ++b;  // from_chars refuses a leading '+'
+    auto [ptr, ec] = std::from_chars(b, v.data() + v.size(), x);
+    if (ec == std::errc::result_out_of_range) {
+      return field_error(schema, c, quoted(v) + " is out of the int64 range");
+    }
+    if (ec != std::errc() || ptr != v.data() + v.size() || b == v.data() + v.size()) {
+      return field_error(schema, c, quoted(v) + " is not an integer");
+    }
+    dense[j] = criteo_dense(x, opts.transform);
+  }
+  for (std::size_t j = 0; j < schema.num_categorical(); ++j) {
+    keys[j] = criteo_key(j, f[schema.categorical_column(j)], opts.hash_seed);
+  }
+  return {};
 }
 
 }  // namespace
@@ -87,60 +148,19 @@ float criteo_dense(std::int64_t x, dense_transform t) noexcept {
 
 status parse_criteo_line(std::string_view line, const criteo_parse_options& opts,
                          criteo_sample& out) {
-  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-  std::string_view f[criteo_field_count];
-  std::size_t n = 0;
-  const char* p = line.data();
-  const char* end = p + line.size();
-  while (true) {
-    // (An empty view may have no data at all: memchr must not see a null pointer.)
-    const char* tab = p < end ? static_cast<const char*>(std::memchr(p, '\t', end - p)) : nullptr;
-    const char* stop = tab ? tab : end;
-    if (n < criteo_field_count) f[n] = std::string_view(p, stop - p);
-    ++n;
-    if (!tab) break;
-    p = tab + 1;
-  }
-  if (n != criteo_field_count) {
-    return status::corruption("has " + std::to_string(n) + " fields, expected " +
-                              std::to_string(criteo_field_count));
-  }
-  for (std::size_t i = 0; i < criteo_field_count; ++i) {
-    if (f[i].size() > opts.max_field_bytes) {
-      return field_error(i, "is " + std::to_string(f[i].size()) + " bytes long, the limit is " +
-                                std::to_string(opts.max_field_bytes));
-    }
-  }
-  if (f[0] == "0") {
-    out.label = 0.0f;
-  } else if (f[0] == "1") {
-    out.label = 1.0f;
-  } else {
-    return field_error(
-        0, f[0].empty() ? "is empty, expected 0 or 1" : "is " + quoted(f[0]) + ", expected 0 or 1");
-  }
-  for (std::size_t j = 0; j < criteo_dense_count; ++j) {
-    const std::string_view v = f[1 + j];
-    if (v.empty()) {
-      out.dense[j] = 0.0f;
-      continue;
-    }
-    std::int64_t x = 0;
-    const char* b = v.data();
-    if (*b == '+') ++b;  // from_chars refuses a leading '+'
-    auto [ptr, ec] = std::from_chars(b, v.data() + v.size(), x);
-    if (ec == std::errc::result_out_of_range) {
-      return field_error(1 + j, quoted(v) + " is out of the int64 range");
-    }
-    if (ec != std::errc() || ptr != v.data() + v.size() || b == v.data() + v.size()) {
-      return field_error(1 + j, quoted(v) + " is not an integer");
-    }
-    out.dense[j] = criteo_dense(x, opts.transform);
-  }
-  for (std::size_t j = 0; j < criteo_slot_count; ++j) {
-    out.keys[j] = criteo_key(j, f[1 + criteo_dense_count + j], opts.hash_seed);
-  }
-  return {};
+  std::string_view fields[criteo_field_count];
+  return parse_fields(line, criteo_schema(), opts, fields, out.label, out.dense.data(),
+                      out.keys.data());
+}
+
+status parse_tsv_line(std::string_view line, const dataset_schema& schema,
+                      const criteo_parse_options& opts, tsv_row& out) {
+  thread_local std::vector<std::string_view> fields;
+  fields.resize(schema.num_columns());
+  out.dense.resize(schema.num_dense());
+  out.keys.resize(schema.num_categorical());
+  return parse_fields(line, schema, opts, fields.data(), out.label, out.dense.data(),
+                      out.keys.data());
 }
 
 // ---- prepare_criteo -------------------------------------------------------------------------
@@ -170,7 +190,7 @@ template <class OnRow, class OnMalformed>
 status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_t& lines,
                     std::uint64_t& bytes, OnRow&& on_row, OnMalformed&& on_malformed) {
   detail::line_reader reader(opts.max_line_bytes);
-  criteo_sample sample;
+  tsv_row sample;
   const auto t0 = clock_type::now();
   auto last_report = t0;
   std::uint64_t bytes_done = 0, consumed_done = 0;
@@ -191,7 +211,7 @@ status for_each_row(const prep_options& opts, int pass, int passes, std::uint64_
             on_malformed(path, reader.line_number(),
                          "line longer than " + std::to_string(opts.max_line_bytes) + " bytes"));
       } else {
-        status s = parse_criteo_line(reader.line(), opts.parse, sample);
+        status s = parse_tsv_line(reader.line(), opts.schema, opts.parse, sample);
         if (s.ok()) {
           EMBCACHE_RETURN_IF_ERROR(on_row(sample));
         } else {
@@ -229,6 +249,13 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   const auto t0 = clock_type::now();
   if (opts.inputs.empty()) return status::invalid_argument("prep: no input files");
   if (opts.output_dir.empty()) return status::invalid_argument("prep: no output folder");
+  EMBCACHE_RETURN_IF_ERROR(validate(opts.schema, "prep: schema"));
+  if (opts.cross && opts.schema.num_categorical() != criteo_slot_count) {
+    return status::invalid_argument(
+        "prep: crossing pairs Criteo's 26 categorical fields (criteo_cross_pairs), the schema "
+        "has " +
+        std::to_string(opts.schema.num_categorical()));
+  }
   // Every input must be a readable file before anything is written.
   const int stdin_inputs = int(std::count(opts.inputs.begin(), opts.inputs.end(), "-"));
   if (stdin_inputs > 1) {
@@ -263,6 +290,7 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   wopts.keyset = opts.keyset;
   wopts.overwrite = opts.overwrite;
   wopts.unique_stats = opts.unique_stats;
+  wopts.schema = opts.schema;
   auto writer_or = dataset_writer::create(wopts);
   if (!writer_or.ok()) return writer_or.get_status().with_context("prep");
   auto writer = std::move(writer_or).value();
@@ -273,7 +301,7 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   if (passes == 2) {
     detail::flat_key_counter counts(1 << 16);
     std::uint64_t lines = 0, bytes = 0;
-    auto count_row = [&](const criteo_sample& s) {
+    auto count_row = [&](const tsv_row& s) {
       for (std::int64_t k : s.keys) counts.add(k);
       return status{};
     };
@@ -291,12 +319,12 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
   }
 
   std::int64_t crossed[criteo_cross_count];
-  criteo_sample filtered;
-  auto write_row = [&](const criteo_sample& s) {
-    const criteo_sample* row = &s;
+  tsv_row filtered;
+  auto write_row = [&](const tsv_row& s) {
+    const tsv_row* row = &s;
     if (frequent) {
       filtered = s;
-      for (std::size_t j = 0; j < criteo_slot_count; ++j) {
+      for (std::size_t j = 0; j < s.keys.size(); ++j) {
         if (!frequent->contains(s.keys[j])) {
           filtered.keys[j] = criteo_oov_key(j);
           ++summary.rare_replaced;
@@ -305,7 +333,8 @@ result<prep_summary> prepare_criteo(const prep_options& opts) {
       row = &filtered;
     }
     if (opts.cross) criteo_cross_keys(row->keys.data(), crossed, opts.parse.hash_seed);
-    return writer->append(*row, opts.cross ? crossed : nullptr);
+    return writer->append_row(row->label, row->dense.data(), row->keys.data(),
+                              opts.cross ? crossed : nullptr);
   };
   std::string first_malformed;
   auto report = [&](const std::string& file, std::uint64_t line, const std::string& why) {

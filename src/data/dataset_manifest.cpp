@@ -7,6 +7,7 @@
 #include "dataset_files.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/shard.hpp"
+#include "schema_json.hpp"
 
 namespace embcache {
 
@@ -76,7 +77,7 @@ class manifest_fields {
 // A shard's keyset sizes, when recorded: "keys" (at most rows * 26 distinct keys) and, with
 // crossing, "crossed_keys" (at most rows * crossed_per_row).
 status key_counts(const manifest_fields& f, const nlohmann::json& e, const std::string& at,
-                  std::size_t num_crossed, shard_files& sf) {
+                  std::size_t num_slots, std::size_t num_crossed, shard_files& sf) {
   if (!e.contains("keys")) {
     if (e.contains("crossed_keys"))
       return f.fail(at + ".keys", "is missing, but crossed_keys is not");
@@ -92,8 +93,7 @@ status key_counts(const manifest_fields& f, const nlohmann::json& e, const std::
   const struct {
     const char* name;
     std::uint64_t value, per_row;
-  } counts[] = {{"keys", sf.keys, criteo_slot_count},
-                {"crossed_keys", sf.crossed_keys, num_crossed}};
+  } counts[] = {{"keys", sf.keys, num_slots}, {"crossed_keys", sf.crossed_keys, num_crossed}};
   for (const auto& c : counts) {
     std::uint64_t most = 0;
     if (!__builtin_mul_overflow(sf.rows, c.per_row, &most) && c.value > most) {
@@ -129,12 +129,19 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
   std::uint64_t dense = 0, slots = 0, crossed = 0;
   EMBCACHE_RETURN_IF_ERROR(f.count(j, "dense_count", "dense_count", dense));
   EMBCACHE_RETURN_IF_ERROR(f.count(j, "slot_count", "slot_count", slots));
-  if (dense != criteo_dense_count || slots != criteo_slot_count) {
-    return status::unsupported("'" + path + "': fields dense_count = " + std::to_string(dense) +
-                               ", slot_count = " + std::to_string(slots) + ", expected " +
-                               std::to_string(criteo_dense_count) + " and " +
-                               std::to_string(criteo_slot_count));
+  // No schema: the dataset predates schemas and is Criteo's.
+  if (j.contains("schema")) {
+    const status schema =
+        detail::schema_from_json(j.at("schema"), "'" + path + "'", "field schema", s.schema);
+    if (!schema.ok()) return status::corruption(schema.message());
   }
+  if (dense != s.schema.num_dense() || slots != s.schema.num_categorical()) {
+    return status::corruption("'" + path + "': fields dense_count = " + std::to_string(dense) +
+                              ", slot_count = " + std::to_string(slots) + ", but the schema has " +
+                              std::to_string(s.schema.num_dense()) + " dense and " +
+                              std::to_string(s.schema.num_categorical()) + " categorical fields");
+  }
+  const std::size_t num_slots = s.schema.num_categorical();
   EMBCACHE_RETURN_IF_ERROR(f.count(j, "crossed_per_row", "crossed_per_row", crossed));
   if (crossed > 0xffff) {
     return f.fail("crossed_per_row", "is " + std::to_string(crossed) + ", at most 65535");
@@ -155,11 +162,12 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
                   "is '" + text + "', expected '" + key_type_name<std::int64_t>() + "'");
   if (j.contains("unique_keys_per_slot")) {
     const nlohmann::json& u = j.at("unique_keys_per_slot");
-    if (!u.is_array() || u.size() != criteo_slot_count) {
+    if (!u.is_array() || u.size() != num_slots) {
       return f.fail("unique_keys_per_slot", "is " + f.shown(u) + ", expected an array of " +
-                                                std::to_string(criteo_slot_count) + " counts");
+                                                std::to_string(num_slots) + " counts");
     }
-    for (std::size_t i = 0; i < criteo_slot_count; ++i) {
+    s.unique_keys.assign(num_slots, 0);
+    for (std::size_t i = 0; i < num_slots; ++i) {
       EMBCACHE_RETURN_IF_ERROR(
           f.count_value(u[i], "unique_keys_per_slot[" + std::to_string(i) + "]", s.unique_keys[i]));
     }
@@ -173,7 +181,8 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
     return f.fail("shards", "is " + f.shown(*shards) + ", expected an array");
   }
   std::uint64_t total = 0;
-  const std::uint64_t record_size = shard_record_size(s.num_crossed);
+  const std::uint64_t record_size =
+      shard_record_size(s.schema.num_dense(), num_slots, s.num_crossed);
   for (std::size_t i = 0; i < shards->size(); ++i) {
     const nlohmann::json& e = (*shards)[i];
     const std::string at = "shards[" + std::to_string(i) + "]";
@@ -200,7 +209,7 @@ status parse_manifest(const nlohmann::json& j, const std::string& dir, const std
                         (ec ? "no size" : std::to_string(size)) + " bytes" +
                         (ec ? "" : " (" + std::to_string(record_size) + "-byte records)"));
     }
-    EMBCACHE_RETURN_IF_ERROR(key_counts(f, e, at, s.num_crossed, sf));
+    EMBCACHE_RETURN_IF_ERROR(key_counts(f, e, at, num_slots, s.num_crossed, sf));
     if (__builtin_add_overflow(total, sf.rows, &total)) {
       return f.fail("shards", "rows add up to more than 2^64");
     }

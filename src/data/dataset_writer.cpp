@@ -12,11 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "dataset_files.hpp"
-#include "embcache/shard.hpp"
-#include "embcache/keyset.hpp"
 #include "common/durable_file.hpp"
+#include "dataset_files.hpp"
+#include "embcache/keyset.hpp"
+#include "embcache/shard.hpp"
 #include "flat_set.hpp"
+#include "schema_json.hpp"
 
 namespace embcache {
 
@@ -257,6 +258,7 @@ result<std::unique_ptr<dataset_writer>> dataset_writer::create(const dataset_wri
   if (opts.rows_per_shard == 0) {
     return status::invalid_argument("dataset_writer: rows_per_shard must be at least 1");
   }
+  EMBCACHE_RETURN_IF_ERROR(validate(opts.schema, "dataset_writer_options.schema"));
   auto paths_or = resolve_output(opts.output_dir);
   if (!paths_or.ok()) return paths_or.get_status();
   const dataset_paths& paths = paths_or.value();
@@ -312,28 +314,41 @@ result<std::unique_ptr<dataset_writer>> dataset_writer::create(const dataset_wri
   }
   m.summary.num_crossed = opts.num_crossed;
   m.summary.keyset = opts.keyset;
+  m.summary.schema = opts.schema;
   m.summary.has_unique_stats = opts.unique_stats;
-  if (opts.unique_stats) m.slot_keys.assign(criteo_slot_count, detail::flat_key_set(1 << 10));
+  if (opts.unique_stats) {
+    m.slot_keys.assign(opts.schema.num_categorical(), detail::flat_key_set(1 << 10));
+  }
   return w;
 }
 
 status dataset_writer::append(const criteo_sample& s, const std::int64_t* crossed) {
+  if (!impl_->opts.schema.is_criteo()) {
+    throw error(status_code::invalid_argument,
+                "dataset_writer: append of a criteo_sample with a schema other than Criteo's");
+  }
+  return append_row(s.label, s.dense.data(), s.keys.data(), crossed);
+}
+
+status dataset_writer::append_row(float label, const float* dense, const std::int64_t* keys,
+                                  const std::int64_t* crossed) {
   impl& m = *impl_;
   if (m.finished) throw error(status_code::invalid_argument, "dataset_writer: append after finish");
+  const std::size_t slots = m.opts.schema.num_categorical();
   if (!m.shard) {
     auto w = shard_writer::create(m.in_stage(shard_file_name(m.summary.shards.size())),
-                                  m.opts.num_crossed);
+                                  m.opts.num_crossed, m.opts.schema.num_dense(), slots);
     if (!w.ok()) return w.get_status();
     m.shard = std::move(w).value();
   }
-  EMBCACHE_RETURN_IF_ERROR(m.shard->append(s, crossed));
-  for (std::size_t j = 0; j < criteo_slot_count; ++j) m.shard_keys.add(s.keys[j]);
+  EMBCACHE_RETURN_IF_ERROR(m.shard->append_row(label, dense, keys, crossed));
+  for (std::size_t j = 0; j < slots; ++j) m.shard_keys.add(keys[j]);
   for (std::size_t j = 0; j < m.opts.num_crossed; ++j) m.shard_crossed.add(crossed[j]);
   if (m.opts.unique_stats) {
-    for (std::size_t j = 0; j < criteo_slot_count; ++j) m.slot_keys[j].add(s.keys[j]);
+    for (std::size_t j = 0; j < slots; ++j) m.slot_keys[j].add(keys[j]);
     for (std::size_t j = 0; j < m.opts.num_crossed; ++j) m.all_crossed.add(crossed[j]);
   }
-  m.label_sum += s.label;
+  m.label_sum += label;
   ++m.summary.rows;
   if (m.shard->rows() == m.opts.rows_per_shard) return m.close_shard();
   return {};
@@ -347,7 +362,8 @@ status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> p
   dataset_summary& s = m.summary;
   s.label_mean = s.rows ? m.label_sum / static_cast<double>(s.rows) : 0.0;
   if (m.opts.unique_stats) {
-    for (std::size_t j = 0; j < criteo_slot_count; ++j) s.unique_keys[j] = m.slot_keys[j].size();
+    s.unique_keys.clear();
+    for (const auto& keys : m.slot_keys) s.unique_keys.push_back(keys.size());
     s.unique_crossed_keys = m.all_crossed.size();
     m.slot_keys.clear();
   }
@@ -358,9 +374,11 @@ status dataset_writer::finish(std::vector<std::pair<std::string, std::string>> p
   j["version"] = 1;
   j["rows"] = s.rows;
   j["label_mean"] = s.label_mean;
-  j["dense_count"] = criteo_dense_count;
-  j["slot_count"] = criteo_slot_count;
+  j["dense_count"] = s.schema.num_dense();
+  j["slot_count"] = s.schema.num_categorical();
   j["crossed_per_row"] = s.num_crossed;
+  // Criteo's schema is the one a manifest without "schema" has: its manifests stay as they were.
+  if (!s.schema.is_criteo()) j["schema"] = detail::schema_to_json(s.schema);
   j["keyset_format"] = to_string(s.keyset);
   j["key_type"] = key_type_name<std::int64_t>();
   if (s.has_unique_stats) {

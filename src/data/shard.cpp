@@ -22,8 +22,16 @@ namespace {
 
 constexpr std::size_t label_offset = 0;
 constexpr std::size_t dense_offset = 4;
-constexpr std::size_t keys_offset = 4 * (1 + criteo_dense_count);
-constexpr std::size_t crossed_offset = keys_offset + 8 * criteo_slot_count;
+// Where the keys and the crossed keys of a record of `dense` dense features and `slots` slots
+// begin.
+constexpr std::size_t keys_offset(std::size_t dense) noexcept { return 4 * (1 + dense); }
+constexpr std::size_t crossed_offset(std::size_t dense, std::size_t slots) noexcept {
+  return keys_offset(dense) + 8 * slots;
+}
+
+bool criteo_shape(const shard_header& h) noexcept {
+  return h.num_dense == criteo_dense_count && h.num_slots == criteo_slot_count;
+}
 
 void encode_header(const shard_header& h, unsigned char* out) {
   std::memset(out, 0, shard_header_size);
@@ -31,8 +39,8 @@ void encode_header(const shard_header& h, unsigned char* out) {
   const std::uint16_t version = shard_format_version;
   const std::uint16_t header_size = shard_header_size;
   const auto record_size = static_cast<std::uint32_t>(h.record_size);
-  const auto dense = static_cast<std::uint16_t>(criteo_dense_count);
-  const auto slots = static_cast<std::uint16_t>(criteo_slot_count);
+  const auto dense = static_cast<std::uint16_t>(h.num_dense);
+  const auto slots = static_cast<std::uint16_t>(h.num_slots);
   const auto crossed = static_cast<std::uint16_t>(h.num_crossed);
   std::memcpy(out + 8, &version, 2);
   std::memcpy(out + 10, &header_size, 2);
@@ -71,12 +79,17 @@ status decode_header(const unsigned char* in, const std::string& path, shard_hea
   std::memcpy(&slots, in + 26, 2);
   std::memcpy(&crossed, in + 28, 2);
   std::memcpy(&h.checksum, in + 32, 8);
-  if (header_size != shard_header_size || dense != criteo_dense_count ||
-      slots != criteo_slot_count || record_size != shard_record_size(crossed)) {
-    return status::unsupported(where + ": layout " + std::to_string(dense) + " dense, " +
-                               std::to_string(slots) + " slots, record size " +
-                               std::to_string(record_size) + "; expected 13 dense, 26 slots");
+  if (header_size != shard_header_size || dense > schema_max_dense || slots == 0 ||
+      slots > schema_max_categorical || record_size != shard_record_size(dense, slots, crossed)) {
+    return status::unsupported(
+        where + ": layout " + std::to_string(dense) + " dense, " + std::to_string(slots) +
+        " slots, " + std::to_string(crossed) + " crossed, record size " +
+        std::to_string(record_size) + "; expected at most " + std::to_string(schema_max_dense) +
+        " dense, 1 to " + std::to_string(schema_max_categorical) + " slots and a record size of " +
+        std::to_string(shard_record_size(dense, slots, crossed)));
   }
+  h.num_dense = dense;
+  h.num_slots = slots;
   h.num_crossed = crossed;
   h.record_size = record_size;
   return {};
@@ -106,12 +119,14 @@ status check_size(const shard_header& h, std::uint64_t file_size, const std::str
   return {};
 }
 
-void encode_record(const criteo_sample& s, const std::int64_t* crossed, std::size_t num_crossed,
-                   char* out) {
-  std::memcpy(out + label_offset, &s.label, 4);
-  std::memcpy(out + dense_offset, s.dense.data(), 4 * criteo_dense_count);
-  std::memcpy(out + keys_offset, s.keys.data(), 8 * criteo_slot_count);
-  if (num_crossed) std::memcpy(out + crossed_offset, crossed, 8 * num_crossed);
+void encode_record(const shard_header& h, float label, const float* dense, const std::int64_t* keys,
+                   const std::int64_t* crossed, char* out) {
+  std::memcpy(out + label_offset, &label, 4);
+  if (h.num_dense) std::memcpy(out + dense_offset, dense, 4 * h.num_dense);
+  std::memcpy(out + keys_offset(h.num_dense), keys, 8 * h.num_slots);
+  if (h.num_crossed) {
+    std::memcpy(out + crossed_offset(h.num_dense, h.num_slots), crossed, 8 * h.num_crossed);
+  }
 }
 
 }  // namespace
@@ -183,13 +198,20 @@ float shard_data::label(std::uint64_t i) const noexcept {
   return v;
 }
 
-void shard_data::get(std::uint64_t i, criteo_sample& out, std::int64_t* crossed) const noexcept {
+void shard_data::get(std::uint64_t i, criteo_sample& out, std::int64_t* crossed) const {
+  if (!criteo_shape(header)) {
+    throw error(status_code::invalid_argument,
+                "shard_data::get: the shard has " + std::to_string(header.num_dense) +
+                    " dense features and " + std::to_string(header.num_slots) +
+                    " slots, a criteo_sample 13 and 26");
+  }
   const char* r = records.data() + i * header.record_size;
   std::memcpy(&out.label, r + label_offset, 4);
   std::memcpy(out.dense.data(), r + dense_offset, 4 * criteo_dense_count);
-  std::memcpy(out.keys.data(), r + keys_offset, 8 * criteo_slot_count);
+  std::memcpy(out.keys.data(), r + keys_offset(criteo_dense_count), 8 * criteo_slot_count);
   if (crossed && header.num_crossed) {
-    std::memcpy(crossed, r + crossed_offset, 8 * header.num_crossed);
+    std::memcpy(crossed, r + crossed_offset(criteo_dense_count, criteo_slot_count),
+                8 * header.num_crossed);
   }
 }
 
@@ -211,14 +233,29 @@ shard_writer::~shard_writer() = default;
 
 result<std::unique_ptr<shard_writer>> shard_writer::create(const std::string& path,
                                                            std::size_t num_crossed) {
+  return create(path, num_crossed, criteo_dense_count, criteo_slot_count);
+}
+
+result<std::unique_ptr<shard_writer>> shard_writer::create(const std::string& path,
+                                                           std::size_t num_crossed,
+                                                           std::size_t num_dense,
+                                                           std::size_t num_slots) {
   if (num_crossed > 0xffff) {
     return status::invalid_argument("shard '" + path + "': " + std::to_string(num_crossed) +
                                     " crossed keys per row, at most 65535");
   }
+  if (num_dense > schema_max_dense || num_slots == 0 || num_slots > schema_max_categorical) {
+    return status::invalid_argument(
+        "shard '" + path + "': " + std::to_string(num_dense) + " dense features and " +
+        std::to_string(num_slots) + " slots per row, expected at most " +
+        std::to_string(schema_max_dense) + " and 1 to " + std::to_string(schema_max_categorical));
+  }
   std::unique_ptr<shard_writer> w(new shard_writer());
   impl& m = *w->impl_;
+  m.header.num_dense = num_dense;
+  m.header.num_slots = num_slots;
   m.header.num_crossed = num_crossed;
-  m.header.record_size = shard_record_size(num_crossed);
+  m.header.record_size = shard_record_size(num_dense, num_slots, num_crossed);
   m.record.resize(m.header.record_size);
   m.hash = XXH64_createState();
   if (!m.hash) throw std::bad_alloc();
@@ -231,12 +268,21 @@ result<std::unique_ptr<shard_writer>> shard_writer::create(const std::string& pa
 }
 
 status shard_writer::append(const criteo_sample& s, const std::int64_t* crossed) {
+  if (!criteo_shape(impl_->header)) {
+    throw error(status_code::invalid_argument,
+                "shard_writer: append of a criteo_sample to a shard of another shape");
+  }
+  return append_row(s.label, s.dense.data(), s.keys.data(), crossed);
+}
+
+status shard_writer::append_row(float label, const float* dense, const std::int64_t* keys,
+                                const std::int64_t* crossed) {
   impl& m = *impl_;
   if (m.finished) throw error(status_code::invalid_argument, "shard_writer: append after finish");
   if (m.header.num_crossed && !crossed) {
     throw error(status_code::invalid_argument, "shard_writer: crossed keys missing");
   }
-  encode_record(s, crossed, m.header.num_crossed, m.record.data());
+  encode_record(m.header, label, dense, keys, crossed, m.record.data());
   XXH64_update(m.hash, m.record.data(), m.record.size());
   ++m.header.rows;
   return m.file.write(m.record.data(), m.record.size());
@@ -286,7 +332,8 @@ struct shard_reader::impl {
         (ahead.valid() && ahead_index == index) ? ahead.get() : load(paths[index]);
     if (!r.ok()) return r.get_status();
     data = std::move(r).value();
-    if (data.header.rows != headers[index].rows || data.header.num_crossed != num_crossed) {
+    if (data.header.rows != headers[index].rows || data.header.num_crossed != num_crossed ||
+        data.header.num_dense != opts.num_dense || data.header.num_slots != opts.num_slots) {
       return status::corruption("shard '" + paths[index] + "' changed while being read");
     }
     start_read_ahead(index + 1);
@@ -321,6 +368,13 @@ result<std::unique_ptr<shard_reader>> shard_reader::open(std::vector<std::string
   for (std::size_t i = 0; i < paths.size(); ++i) {
     auto h = read_shard_header(paths[i]);
     if (!h.ok()) return h.get_status();
+    if (h.value().num_dense != opts.num_dense || h.value().num_slots != opts.num_slots) {
+      return status::invalid_argument(
+          "shard '" + paths[i] + "' has " + std::to_string(h.value().num_dense) +
+          " dense features and " + std::to_string(h.value().num_slots) +
+          " categorical slots per row, but the dataset schema has " +
+          std::to_string(opts.num_dense) + " and " + std::to_string(opts.num_slots));
+    }
     if (i > 0 && h.value().num_crossed != m.num_crossed) {
       return status::invalid_argument(
           "shard '" + paths[i] + "' has " + std::to_string(h.value().num_crossed) +
@@ -342,6 +396,8 @@ status shard_reader::next(shard_batch& out) {
   impl& m = *impl_;
   out.size = 0;
   out.num_crossed = m.num_crossed;
+  out.num_dense = m.opts.num_dense;
+  out.num_slots = m.opts.num_slots;
   if (!m.failed.ok()) return m.failed;
   const std::size_t b = m.opts.batch_size;
   while (true) {
@@ -364,12 +420,14 @@ status shard_reader::next(shard_batch& out) {
     }
   }
   const std::uint64_t n = std::min<std::uint64_t>(b, m.data.header.rows - m.position);
-  const std::size_t c = m.num_crossed;
+  const std::size_t c = m.num_crossed, nd = m.opts.num_dense, ns = m.opts.num_slots;
   out.size = n;
+  out.num_dense = nd;
+  out.num_slots = ns;
   out.shard_index = m.current;
   out.labels.resize(n);
-  out.dense.resize(n * criteo_dense_count);
-  out.keys.resize(n * criteo_slot_count);
+  out.dense.resize(n * nd);
+  out.keys.resize(n * ns);
   out.crossed.resize(n * c);
   out.rows.resize(n);
   const std::size_t rs = m.data.header.record_size;
@@ -378,9 +436,9 @@ status shard_reader::next(shard_batch& out) {
     const char* r = m.data.records.data() + row * rs;
     out.rows[i] = row;
     std::memcpy(&out.labels[i], r + label_offset, 4);
-    std::memcpy(&out.dense[i * criteo_dense_count], r + dense_offset, 4 * criteo_dense_count);
-    std::memcpy(&out.keys[i * criteo_slot_count], r + keys_offset, 8 * criteo_slot_count);
-    if (c) std::memcpy(&out.crossed[i * c], r + crossed_offset, 8 * c);
+    if (nd) std::memcpy(&out.dense[i * nd], r + dense_offset, 4 * nd);
+    std::memcpy(&out.keys[i * ns], r + keys_offset(nd), 8 * ns);
+    if (c) std::memcpy(&out.crossed[i * c], r + crossed_offset(nd, ns), 8 * c);
   }
   m.position += n;
   return {};

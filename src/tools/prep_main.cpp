@@ -1,10 +1,13 @@
-// embcache-prep: Criteo TSV (plain or gzip) to shards, keysets and manifest.json.
+// embcache-prep: Criteo TSV, or TSV of a dataset schema (--schema), plain or gzip, to shards,
+// keysets and manifest.json.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "cli_checks.hpp"
 #include "dataset_cli.hpp"
@@ -38,8 +41,10 @@ class prep_reporter {
 
 int prep_main(int argc, char** argv) {
   CLI::App app{
-      "Converts Criteo TSV files (label, I1..I13, C1..C26; plain or gzip) into binary "
-      "shards with one keyset per shard and table, and a manifest.json."};
+      "Converts Criteo TSV files (label, I1..I13, C1..C26; plain or gzip), or TSV files of "
+      "the columns a --schema file names, into binary shards with one keyset per shard and "
+      "table, and a manifest.json."};
+  std::string schema_file;
   embcache::prep_options opts;
   embcache::tools::dataset_cli dataset;
   std::string transform = "log1p";
@@ -56,6 +61,9 @@ int prep_main(int argc, char** argv) {
                  "Values seen fewer times than this map to one OOV key per slot (adds a counting "
                  "pass); 0 or 1: off")
       ->capture_default_str();
+  app.add_option("--schema", schema_file,
+                 "JSON file of the input's columns: {\"label_column\": 0, \"dense\": [names], "
+                 "\"categorical\": [names]} (default: Criteo's label, I1..I13, C1..C26)");
   app.add_flag("--cross", opts.cross, "Add 13 crossed keys per row: C1xC2, C3xC4, ..., C25xC26");
   app.add_flag("--strict", opts.strict, "Stop at the first malformed line");
   app.add_flag("--force", opts.overwrite, "Replace a dataset already in the output folder");
@@ -71,6 +79,21 @@ int prep_main(int argc, char** argv) {
   EMBCACHE_CLI_PARSE(app, argc, argv);
   embcache::tools::init_tool_log("embcache-prep");
 
+  if (!schema_file.empty()) {
+    std::ifstream in(schema_file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      spdlog::error("embcache-prep: cannot read schema file '{}'", schema_file);
+      return embcache::tools::run_time_failure;
+    }
+    auto schema = embcache::parse_dataset_schema(text.str(), "'" + schema_file + "'");
+    if (!schema.ok()) {
+      spdlog::error("embcache-prep: {}", schema.get_status().to_string());
+      return embcache::tools::run_time_failure;
+    }
+    opts.schema = std::move(schema).value();
+  }
   opts.keyset = dataset.format();
   opts.parse.transform = transform == "identity" ? embcache::dense_transform::identity
                                                  : embcache::dense_transform::log1p;
@@ -99,8 +122,9 @@ int prep_main(int argc, char** argv) {
   }
   if (d.has_unique_stats) {
     std::printf("unique keys  ");
-    for (std::size_t j = 0; j < embcache::criteo_slot_count; ++j) {
-      std::printf(" C%zu=%llu", j + 1, static_cast<unsigned long long>(d.unique_keys[j]));
+    for (std::size_t j = 0; j < d.unique_keys.size(); ++j) {
+      std::printf(" %s=%llu", d.schema.categorical[j].c_str(),
+                  static_cast<unsigned long long>(d.unique_keys[j]));
     }
     std::printf("\n");
     if (opts.cross) {

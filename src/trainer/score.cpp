@@ -50,7 +50,8 @@ result<saved_model> open_save(const std::string& save_dir) {
   }
   if (m.wide.empty() || m.deep.empty())
     return status::invalid_argument("'" + state_path + "': tables 'wide' and 'deep' expected");
-  const wide_deep_options mo = criteo_model_shape(c.model, c.crossed, m.deep_dim);
+  const wide_deep_options mo =
+      criteo_model_shape(c.model, c.crossed, m.deep_dim, c.num_dense, c.num_slots);
   try {
     m.dense = make_host_dense_backend(mo);
   } catch (const error& e) {
@@ -80,14 +81,16 @@ result<score_metrics> score_shard(const std::string& save_dir, const std::string
   shard_reader_options ro;
   ro.batch_size = options.batch_size ? options.batch_size : c.batch_size;
   ro.read_ahead = false;
+  ro.num_dense = c.num_dense;  // the save's dataset schema: a shard of another is refused
+  ro.num_slots = c.num_slots;
   const std::size_t max_samples = options.max_samples ? options.max_samples : c.eval_max_samples;
   auto reader = shard_reader::open({shard}, ro);
   if (!reader.ok()) return reader.get_status().with_context("score");
   if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
     return status::invalid_argument("score: " + shard +
                                     " has no crossed keys, the model uses them");
-  const std::size_t ws = criteo_wide_slots(c.crossed);
-  const std::size_t ds = criteo_slot_count, dim = m.deep_dim;
+  const std::size_t ws = model_wide_slots(c.num_slots, c.crossed);
+  const std::size_t ds = c.num_slots, dim = m.deep_dim;
   metric_accumulator acc;
   shard_batch b;
   std::vector<std::int64_t> wide_keys;
@@ -98,7 +101,7 @@ result<score_metrics> score_shard(const std::string& save_dir, const std::string
     if (b.size == 0) break;
     std::size_t n = b.size;
     if (max_samples > 0) n = std::min<std::size_t>(n, max_samples - acc.size());
-    if (const std::size_t bad = count_non_finite(b.dense.data(), n * criteo_dense_count) +
+    if (const std::size_t bad = count_non_finite(b.dense.data(), n * c.num_dense) +
                                 count_non_finite(b.labels.data(), n))
       return status::invalid_argument("score: " + shard + ": samples " +
                                       std::to_string(acc.size()) + ".." +

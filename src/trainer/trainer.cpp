@@ -84,12 +84,13 @@ status trainer::impl::build() {
   try {
     space.max_threads = config.threads;
     roles = detail::roles_of(config);
-    num_wide_slots = criteo_wide_slots(config.crossed);
+    num_wide_slots = model_wide_slots(config.num_slots, config.crossed);
     auto p = detail::make_embedding_path(config, space, comm, &building, &embedding_note);
     if (!p.ok()) return p.get_status();
     path = std::move(p).value();
     const wide_deep_options mo =
-        criteo_model_shape(config.model, config.crossed, config.tables[roles.deep].dim);
+        criteo_model_shape(config.model, config.crossed, config.tables[roles.deep].dim,
+                           config.num_dense, config.num_slots);
     // Shape errors are the model's, not the device's.
     if (const status ms = check_options(mlp_options(mo)); !ms.ok())
       return status(ms.code(), "config.model: " + ms.message());
@@ -111,7 +112,7 @@ void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size
   const std::size_t n = std::min(count, b.size - first), ws = num_wide_slots;
   wide_keys.resize(n * ws);
   fill_wide_keys(b, first, n, config.crossed, wide_keys.data());
-  const std::size_t need = n * std::max(ws, criteo_slot_count) + 1;
+  const std::size_t need = n * std::max(ws, config.num_slots) + 1;
   // One-hot bags: the offsets are 0, 1, 2, ... for every batch.
   while (offsets.size() < need) offsets.push_back(std::int64_t(offsets.size()));
 }
@@ -119,7 +120,7 @@ void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size
 status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
                                  double* loss) {
   if (comm != nullptr) return train_step_sharded(b, pass, pass_step, loss);
-  const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t n = b.size, ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b);
   const detail::batch_keys keys{n, wide_keys.data(), ws, b.keys.data(), ds, offsets.data()};
@@ -344,6 +345,8 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
   ro.batch_size = c.batch_size;
   ro.shuffle = c.shuffle;
   ro.seed = detail::splitmix64_finalize(c.seed ^ m.pass);
+  ro.num_dense = c.num_dense;
+  ro.num_slots = c.num_slots;
   auto reader = shard_reader::open(paths, ro);
   if (!reader.ok()) return reader.get_status().with_context("pass " + std::to_string(m.pass));
   if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
@@ -386,9 +389,8 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
     }
     // A non-finite feature would turn the weights it meets into NaN, which a ReLU can hide from
     // the loss: refuse the batch instead.
-    if (const std::size_t bad =
-            count_non_finite(batch.dense.data(), batch.size * criteo_dense_count) +
-            count_non_finite(batch.labels.data(), batch.size))
+    if (const std::size_t bad = count_non_finite(batch.dense.data(), batch.size * c.num_dense) +
+                                count_non_finite(batch.labels.data(), batch.size))
       return status::invalid_argument(
           step_label(m.pass, s.step + 1, m.steps + 1) + ": shard " + paths[current_shard] +
           ": the batch holds " + std::to_string(bad) +
@@ -493,7 +495,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
 
 status trainer::impl::predict_batch(const shard_batch& b, std::size_t n) {
   if (comm != nullptr) return predict_batch_sharded(b, n);
-  const std::size_t ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b, 0, n);
   in_wide.assign(n * ws, 0.0f);
@@ -527,6 +529,8 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
   shard_reader_options ro;
   ro.batch_size = c.batch_size;
   ro.read_ahead = false;
+  ro.num_dense = c.num_dense;
+  ro.num_slots = c.num_slots;
   auto reader = shard_reader::open({path}, ro);
   if (!reader.ok()) return reader.get_status().with_context("eval shard");
   if (c.crossed && reader.value()->num_crossed() < criteo_cross_count)
@@ -547,7 +551,7 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
                               std::to_string(s.step) + ", evaluation on " + path;
     const std::string samples =
         "samples " + std::to_string(acc.size()) + ".." + std::to_string(acc.size() + n - 1);
-    if (const std::size_t bad = count_non_finite(b.dense.data(), n * criteo_dense_count) +
+    if (const std::size_t bad = count_non_finite(b.dense.data(), n * c.num_dense) +
                                 count_non_finite(b.labels.data(), n))
       return status::invalid_argument(where + ": " + samples + " hold " + std::to_string(bad) +
                                       " non-finite dense features or labels");

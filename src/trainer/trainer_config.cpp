@@ -122,7 +122,9 @@ const ranged_field<std::size_t> count_fields[] = {
     {"eval_max_samples", &trainer_config::eval_max_samples, {0, max_count}},
     {"batch_size", &trainer_config::batch_size, {1, max_batch}},
     {"log_interval", &trainer_config::log_interval, {0, max_count}},
-    {"num_blocks", &trainer_config::num_blocks, {1, max_blocks}}};
+    {"num_blocks", &trainer_config::num_blocks, {1, max_blocks}},
+    {"num_dense", &trainer_config::num_dense, {0, schema_max_dense}},
+    {"num_slots", &trainer_config::num_slots, {1, schema_max_categorical}}};
 const ranged_field<int> thread_fields[] = {
     {"threads", &trainer_config::threads, {0, max_threads}},
     {"blas_threads", &trainer_config::blas_threads, {0, max_threads}}};
@@ -165,6 +167,18 @@ status validate(const trainer_config& c) {
     return status::invalid_argument(
         "config.start_from_hugectr: set together with config.resume_from; a run starts from a "
         "trainer save or from a HugeCTR sparse model folder, not both");
+  if (c.num_dense > schema_max_dense)
+    return status::invalid_argument("config.num_dense: expected an integer in [0, " +
+                                    std::to_string(schema_max_dense) + "], got " +
+                                    std::to_string(c.num_dense));
+  if (c.num_slots == 0 || c.num_slots > schema_max_categorical)
+    return status::invalid_argument("config.num_slots: expected an integer in [1, " +
+                                    std::to_string(schema_max_categorical) + "], got " +
+                                    std::to_string(c.num_slots));
+  if (c.crossed && c.num_slots != criteo_slot_count)
+    return status::invalid_argument(
+        "config.crossed: crossed keys pair Criteo's 26 categorical slots, the data has " +
+        std::to_string(c.num_slots));
   if (c.tables.size() != 2)
     return status::invalid_argument(
         "config.tables: must hold 2 tables, \"wide\" and \"deep\" (has " +

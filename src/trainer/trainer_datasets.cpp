@@ -74,6 +74,9 @@ result<trainer_config> resolve_trainer_config(const trainer_config& given) {
   EMBCACHE_RETURN_IF_ERROR(validate(given));
   trainer_config c = given;
   manifests known;
+  // The samples' shape: the first dataset's schema, every other dataset must share it; without a
+  // dataset, the first training shard's header when it can be read (the reader reports the rest).
+  std::string shape_from;
   for (std::size_t p = 0; p < c.passes.size(); ++p) {
     trainer_pass_config& pass = c.passes[p];
     if (pass.dataset.empty()) continue;
@@ -84,10 +87,29 @@ result<trainer_config> resolve_trainer_config(const trainer_config& given) {
     if (m.value().shards.empty()) {
       return status::invalid_argument(at + ": dataset '" + folder + "' holds no shards");
     }
+    const dataset_schema& schema = m.value().schema;
+    if (shape_from.empty()) {
+      shape_from = folder;
+      c.num_dense = schema.num_dense();
+      c.num_slots = schema.num_categorical();
+    } else if (c.num_dense != schema.num_dense() || c.num_slots != schema.num_categorical()) {
+      return status::invalid_argument(
+          at + ": dataset '" + folder + "' has " + std::to_string(schema.num_dense()) +
+          " dense and " + std::to_string(schema.num_categorical()) +
+          " categorical fields, dataset '" + shape_from + "' " + std::to_string(c.num_dense) +
+          " and " + std::to_string(c.num_slots) + "; a run trains one schema");
+    }
     // Paths as the dataset was named: relative to data_dir when it is.
     for (const shard_files& f : m.value().shards)
       pass.shards.push_back((fs::path(pass.dataset) / fs::path(f.shard).filename()).string());
     pass.dataset.clear();
+  }
+  if (shape_from.empty() && !c.passes.empty() && !c.passes[0].shards.empty()) {
+    auto h = read_shard_header(resolve_data_path(c.data_dir, c.passes[0].shards[0]));
+    if (h.ok()) {
+      c.num_dense = h.value().num_dense;
+      c.num_slots = h.value().num_slots;
+    }
   }
   for (std::size_t t = 0; t < c.tables.size(); ++t) {
     trainer_table_config& tc = c.tables[t];

@@ -125,7 +125,7 @@ run_parts parts_of(const trainer_config& c) {
     p.field = "config.model.hidden";
     p.what = "the dense network's parameters, gradients and Adam state";
     std::uint64_t in = 0, params = 0;
-    bool ok = checked_mul(criteo_slot_count, dim, in) && checked_add(in, criteo_dense_count, in);
+    bool ok = checked_mul(c.num_slots, dim, in) && checked_add(in, c.num_dense, in);
     std::vector<std::uint64_t> widths(c.model.hidden.begin(), c.model.hidden.end());
     widths.push_back(1);
     for (std::uint64_t w : widths) {
@@ -145,9 +145,8 @@ run_parts parts_of(const trainer_config& c) {
     p.field = "config.batch_size";
     p.what = "the buffers of one batch of " + std::to_string(c.batch_size) + " samples";
     std::uint64_t per_sample = 0, deep = 0;
-    bool ok = checked_mul(criteo_slot_count, dim, deep) &&
-              checked_add(deep, criteo_slot_count + criteo_cross_count + criteo_dense_count,
-                          per_sample) &&
+    bool ok = checked_mul(c.num_slots, dim, deep) &&
+              checked_add(deep, c.num_slots + criteo_cross_count + c.num_dense, per_sample) &&
               checked_mul(per_sample, 2, per_sample);
     for (std::uint64_t w : c.model.hidden) {
       std::uint64_t two = 0;

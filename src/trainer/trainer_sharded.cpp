@@ -48,7 +48,7 @@ status detail::check_sharded_config(const trainer_config& config, const communic
 
 status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pass,
                                          std::uint64_t pass_step, double* loss) {
-  const std::size_t n = b.size, ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t n = b.size, ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   const std::size_t num_blocks = config.num_blocks;
   const sample_range mine = block_samples(num_blocks, n, blocks.first, blocks.count);
@@ -71,11 +71,8 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
     const sample_range r = block_samples(num_blocks, n, blocks.first + j);
     if (r.size() == 0) continue;  // a short batch leaves some blocks empty: zero gradient
     const std::size_t at = r.begin - mine.begin;
-    wide_deep_batch wb{r.size(),
-                       in_wide.data() + at * ws,
-                       in_deep.data() + at * ds * dim,
-                       b.dense.data() + r.begin * criteo_dense_count,
-                       b.labels.data() + r.begin};
+    wide_deep_batch wb{r.size(), in_wide.data() + at * ws, in_deep.data() + at * ds * dim,
+                       b.dense.data() + r.begin * config.num_dense, b.labels.data() + r.begin};
     wb.mean_over = n;
     block_losses[j] = model->forward_backward(wb, step * num_blocks + blocks.first + j,
                                               d_wide.data() + at * ws,
@@ -111,7 +108,7 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
 }
 
 status trainer::impl::predict_batch_sharded(const shard_batch& b, std::size_t n) {
-  const std::size_t ws = num_wide_slots, ds = criteo_slot_count;
+  const std::size_t ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   const std::size_t num_blocks = config.num_blocks;
   const sample_range mine = block_samples(num_blocks, n, blocks.first, blocks.count);
@@ -132,7 +129,7 @@ status trainer::impl::predict_batch_sharded(const shard_batch& b, std::size_t n)
     if (r.size() == 0) continue;
     const std::size_t at = r.begin - mine.begin;
     model->predict({r.size(), in_wide.data() + at * ws, in_deep.data() + at * ds * dim,
-                    b.dense.data() + r.begin * criteo_dense_count, nullptr},
+                    b.dense.data() + r.begin * config.num_dense, nullptr},
                    block);
     std::copy(block.begin(), block.end(), local.begin() + at);
   }

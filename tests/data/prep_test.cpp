@@ -143,17 +143,17 @@ TEST(criteo_parse, malformed_lines_say_why) {
     g[i] = v;
     return join(g);
   };
-  EXPECT_EQ(parse_error(with(3, "abc")), "field I3 'abc' is not an integer");
-  EXPECT_EQ(parse_error(with(3, "12x")), "field I3 '12x' is not an integer");
-  EXPECT_EQ(parse_error(with(3, "1.5")), "field I3 '1.5' is not an integer");
-  EXPECT_EQ(parse_error(with(3, "-")), "field I3 '-' is not an integer");
-  EXPECT_EQ(parse_error(with(3, "+")), "field I3 '+' is not an integer");
+  EXPECT_EQ(parse_error(with(3, "abc")), "field I3 (column 4) 'abc' is not an integer");
+  EXPECT_EQ(parse_error(with(3, "12x")), "field I3 (column 4) '12x' is not an integer");
+  EXPECT_EQ(parse_error(with(3, "1.5")), "field I3 (column 4) '1.5' is not an integer");
+  EXPECT_EQ(parse_error(with(3, "-")), "field I3 (column 4) '-' is not an integer");
+  EXPECT_EQ(parse_error(with(3, "+")), "field I3 (column 4) '+' is not an integer");
   EXPECT_EQ(parse_error(with(13, "99999999999999999999")),
-            "field I13 '99999999999999999999' is out of the int64 range");
-  EXPECT_EQ(parse_error(with(0, "2")), "field label is '2', expected 0 or 1");
-  EXPECT_EQ(parse_error(with(0, "")), "field label is empty, expected 0 or 1");
+            "field I13 (column 14) '99999999999999999999' is out of the int64 range");
+  EXPECT_EQ(parse_error(with(0, "2")), "field label (column 1) is '2', expected 0 or 1");
+  EXPECT_EQ(parse_error(with(0, "")), "field label (column 1) is empty, expected 0 or 1");
   EXPECT_EQ(parse_error(with(20, std::string(65, 'a'))),
-            "field C7 is 65 bytes long, the limit is 64");
+            "field C7 (column 21) is 65 bytes long, the limit is 64");
   EXPECT_TRUE(parse_ok(with(20, std::string(64, 'a'))).keys[6] ==
               criteo_key(6, std::string(64, 'a')));
 }
@@ -309,7 +309,7 @@ TEST(prep, malformed_lines_are_counted_and_reported_by_file_and_line) {
   const std::string f = dir / "m.tsv";
   EXPECT_EQ(s.reports[0], f + ":2: has 3 fields, expected 40");
   EXPECT_EQ(s.reports[1], f + ":4: has 1 fields, expected 40");
-  EXPECT_EQ(s.reports[2].rfind(f + ":5: field I1 'zz", 0), 0u) << s.reports[2];
+  EXPECT_EQ(s.reports[2].rfind(f + ":5: field I1 (column 2) 'zz", 0), 0u) << s.reports[2];
   const auto samples = read_back(s.dataset, nullptr);
   ASSERT_EQ(samples.size(), 4u);
   for (int i = 0; i < 4; ++i)

@@ -21,6 +21,10 @@ EMBCACHE_FUZZ_TARGET(dataset_manifest) {
   }
   const embcache::dataset_summary& s = r.value();
   EMBCACHE_FUZZ_CHECK(s.num_crossed <= 0xffff);
+  // The schema (Criteo's when absent) is valid, and the per-slot counts are one per slot.
+  EMBCACHE_FUZZ_CHECK(embcache::validate(s.schema).ok());
+  EMBCACHE_FUZZ_CHECK(s.unique_keys.size() ==
+                      (s.has_unique_stats ? s.schema.num_categorical() : 0));
   EMBCACHE_FUZZ_CHECK(s.label_mean >= 0.0 && s.label_mean <= 1.0);
   std::uint64_t total = 0;
   const std::filesystem::path folder = std::filesystem::path(dir).parent_path();  // no '/'
@@ -33,9 +37,10 @@ EMBCACHE_FUZZ_TARGET(dataset_manifest) {
     EMBCACHE_FUZZ_CHECK(f.crossed_keyset.empty() == (s.num_crossed == 0));
     // No shard file is there, so none can hold rows: only the sum is checked.
     EMBCACHE_FUZZ_CHECK(f.rows <= s.rows);
-    // Keyset sizes, when recorded, fit the rows (26 slot keys, crossed_per_row crossed keys).
+    // Keyset sizes, when recorded, fit the rows (the schema's slot keys, crossed_per_row
+    // crossed keys).
     if (f.has_key_counts) {
-      EMBCACHE_FUZZ_CHECK(f.keys / 26 <= f.rows);
+      EMBCACHE_FUZZ_CHECK(f.keys / s.schema.num_categorical() <= f.rows);
       EMBCACHE_FUZZ_CHECK(s.num_crossed > 0 || f.crossed_keys == 0);
     } else {
       EMBCACHE_FUZZ_CHECK(f.keys == 0 && f.crossed_keys == 0);

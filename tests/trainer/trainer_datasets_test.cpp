@@ -12,9 +12,12 @@
 
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
+#include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
+#include "embcache/serving.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
+#include "embcache/trainer/score.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/version.hpp"
 
@@ -280,6 +283,122 @@ TEST(trainer_datasets, capacity_auto_with_an_older_manifest_names_the_field) {
             "of shard '" +
                 data_root() + "/day/shard-00009.bin', which '" + data_root() +
                 "/day/manifest.json' does not list");
+}
+
+// A click log that is not Criteo's: label last, 2 dense and 4 categorical fields; the label is 1
+// exactly when field "user" is one of the first three of its nine values.
+std::string click_log(const std::string& dir, const char* name, int first, int rows) {
+  std::string text;
+  for (int i = first; i < first + rows; ++i) {
+    const int user = (i * 7 + i / 9) % 9;
+    text += std::to_string(i % 17) + "\t" + std::to_string(i % 5) + "\tu" + std::to_string(user) +
+            "\tp" + std::to_string(i % 13) + "\tc" + std::to_string(i % 4) + "\tw" +
+            std::to_string(i % 7) + "\t" + (user < 3 ? "1" : "0") + "\n";
+  }
+  const std::string tsv = dir + "/" + name + ".tsv";
+  std::ofstream(tsv, std::ios::binary) << text;
+  prep_options o;
+  o.inputs = {tsv};
+  o.output_dir = dir + "/" + name;
+  o.rows_per_shard = 600;
+  o.schema.label_column = 6;
+  o.schema.dense = {"f0", "f1"};
+  o.schema.categorical = {"user", "page", "country", "weekday"};
+  auto r = prepare_criteo(o);
+  EMBCACHE_EXPECT_OK(r);
+  return o.output_dir;
+}
+
+// The rows of a model folder, as a serving store would hand them to score_shard.
+class folder_rows : public row_lookup {
+ public:
+  explicit folder_rows(model_folder f) : folder_(std::move(f)) {}
+  status lookup(const std::string& table, std::size_t dim, const std::int64_t* keys, std::size_t n,
+                float* rows, std::uint8_t* found) override {
+    for (const folder_table& t : folder_.tables) {
+      if (t.name != table) continue;
+      for (std::size_t i = 0; i < n; ++i) {
+        found[i] = 0;
+        for (std::size_t r = 0; r < t.keys.size(); ++r) {
+          if (t.keys[r] != keys[i]) continue;
+          std::copy_n(t.vectors.begin() + r * dim, dim, rows + i * dim);
+          found[i] = 1;
+          break;
+        }
+      }
+    }
+    return {};
+  }
+
+ private:
+  model_folder folder_;
+};
+
+TEST(trainer_datasets, a_non_criteo_schema_sizes_the_model_and_learns) {
+  const std::string dir = fresh_dir("schema");
+  click_log(dir, "train", 0, 1200);
+  const std::string eval = click_log(dir, "eval", 5000, 300) + "/shard-00000.bin";
+  trainer_config c;
+  c.data_dir = dir;
+  c.passes = {{{}, "train"}, {{}, "train"}};
+  c.eval_shard = eval;
+  c.model.hidden = {8};
+  c.batch_size = 64;
+  c.log_interval = 0;
+  c.threads = 2;
+  c.dense_device = "host";  // score_shard runs the dense network on the host
+  c.save_dir = dir + "/save";
+  auto resolved = resolve_trainer_config(c);
+  EMBCACHE_ASSERT_OK(resolved);
+  EXPECT_EQ(resolved.value().num_dense, 2u);
+  EXPECT_EQ(resolved.value().num_slots, 4u);
+  auto t = trainer::create(c);
+  EMBCACHE_ASSERT_OK(t);
+  t.value()->set_log([](const std::string&) {});
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  auto m = t.value()->evaluate();
+  EMBCACHE_ASSERT_OK(m);
+  EXPECT_EQ(m.value().samples, 300u);
+  EXPECT_GT(m.value().auc, 0.9) << "the label is a function of field user";
+  // Scoring follows the save's schema: the same metrics from its rows, a Criteo shard refused.
+  auto folder = read_model_folder(c.save_dir + "/sparse");
+  EMBCACHE_ASSERT_OK(folder);
+  folder_rows rows(std::move(folder).value());
+  auto scored = score_shard(c.save_dir, eval, rows);
+  EMBCACHE_ASSERT_OK(scored);
+  EXPECT_EQ(scored.value().samples, 300u);
+  EXPECT_EQ(scored.value().auc, m.value().auc);
+  auto wrong = score_shard(c.save_dir, data_root() + "/eval/shard-00000.bin", rows);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.get_status().message().find("has 13 dense features and 26 categorical slots"),
+            std::string::npos)
+      << wrong.get_status().message();
+
+  // A Criteo shard in a later pass is refused, named.
+  trainer_pass_config criteo;
+  criteo.shards = {data_root() + "/day/shard-00000.bin"};
+  auto p = t.value()->run_pass(criteo);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.get_status().code(), status_code::invalid_argument);
+  EXPECT_NE(p.get_status().message().find("shard '" + data_root() +
+                                          "/day/shard-00000.bin' has 13 dense features and 26 "
+                                          "categorical slots per row, but the dataset schema "
+                                          "has 2 and 4"),
+            std::string::npos)
+      << p.get_status().message();
+  // Datasets of two schemas in one run are refused at resolution.
+  c.passes = {{{}, "train"}, {{}, data_root() + "/day"}};
+  auto mixed = resolve_trainer_config(c);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.get_status().message().rfind("config.passes[1].dataset: dataset '", 0), 0u)
+      << mixed.get_status().message();
+  // Crossed keys pair Criteo's slots: refused for this schema, naming the field.
+  c.passes = {{{}, "train"}};
+  c.crossed = true;
+  auto crossed = resolve_trainer_config(c);
+  ASSERT_FALSE(crossed.ok());
+  EXPECT_EQ(crossed.get_status().message(),
+            "config.crossed: crossed keys pair Criteo's 26 categorical slots, the data has 4");
 }
 
 #ifdef EMBCACHE_TRAIN_EXE

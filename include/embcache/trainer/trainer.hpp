@@ -30,6 +30,7 @@
 #include "embcache/json.hpp"
 #include "embcache/memory_plan.hpp"
 #include "embcache/optimizers.hpp"
+#include "embcache/shard.hpp"
 #include "embcache/status.hpp"
 #include "embcache/trainer/dense_backend.hpp"
 #include "embcache/trainer/in_memory.hpp"
@@ -111,6 +112,12 @@ struct trainer_config {
   std::vector<trainer_table_config> tables = default_trainer_tables();  ///< wide and deep
   wide_deep_options model = default_model();  ///< dense part (shape fields are set from data)
   bool crossed = false;            ///< wide also takes the shards' crossed keys (default off)
+  /// Dense features per sample, the dataset schema's (default 13, Criteo's; 0..1024).
+  /// resolve_trainer_config sets it and num_slots from the first dataset's manifest.json (or the
+  /// first shard's header); every shard of the run must have this shape (else refused, named).
+  std::size_t num_dense = criteo_dense_count;
+  /// Categorical slots per sample, the dataset schema's (default 26, Criteo's; 1..63).
+  std::size_t num_slots = criteo_slot_count;
   std::size_t batch_size = 1024;   ///< samples per step (default 1024)
   bool shuffle = false;            ///< visit each shard in a seeded random order (default off)
   std::uint64_t seed = 0;          ///< embedding initialization and shuffling (default 0)
