@@ -216,7 +216,7 @@ TEST_F(sharded_manifest_test, lifetime_state_is_saved_checked_and_refused_when_d
   const model saved = read_store(store_);
   lifetime.expiry = {3, {1, 2}};
   const std::string with = root_ + "/with";
-  EMBCACHE_ASSERT_OK(table_.save(with, "", &lifetime));
+  EMBCACHE_ASSERT_OK(table_.save(with, "", 0, &lifetime));
   auto m = read_sharded_manifest(with);
   EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().admission.path, "gen-000001/admission");
