@@ -107,11 +107,7 @@ TEST(trainer, host_hybrid_agrees_with_the_cache) {
   hybrid.mode = trainer_mode::host_hybrid;
   hybrid.save_dir = temp_dir("hybrid") + "/save";
   const run_result rh = run(hybrid);
-  ASSERT_EQ(rh.history.size(), rc.history.size());
-  for (std::size_t p = 0; p < rc.history.size(); ++p) {
-    EXPECT_EQ(rh.history[p].train_loss, rc.history[p].train_loss) << p;
-    EXPECT_EQ(rh.history[p].eval_auc, rc.history[p].eval_auc) << p;
-  }
+  expect_same_history(rh.history, rc.history);
   expect_same_model(cached.save_dir, hybrid.save_dir);
 }
 
@@ -132,11 +128,7 @@ TEST(trainer, host_hybrid_admits_and_expires_as_the_cache_does) {
   hybrid.mode = trainer_mode::host_hybrid;
   hybrid.save_dir = temp_dir("lifecycle_hybrid") + "/save";
   const run_result rh = run(hybrid);
-  ASSERT_EQ(rh.history.size(), rc.history.size());
-  for (std::size_t p = 0; p < rc.history.size(); ++p) {
-    EXPECT_EQ(rh.history[p].train_loss, rc.history[p].train_loss) << p;
-    EXPECT_EQ(rh.history[p].eval_auc, rc.history[p].eval_auc) << p;
-  }
+  expect_same_history(rh.history, rc.history);
   EXPECT_GT(rc.totals.keys_refused, 0u);
   EXPECT_GT(rc.totals.rows_expired, 0u);
   EXPECT_EQ(rh.totals.keys_refused, rc.totals.keys_refused);
@@ -175,11 +167,7 @@ TEST(trainer, embeddings_on_the_host_keep_the_bits_of_the_host_hybrid_path) {
     EMBCACHE_ASSERT_OK(t);
     EXPECT_STREQ(t.value()->embedding_device(), "host");
     EMBCACHE_ASSERT_OK(t.value()->run());
-    ASSERT_EQ(t.value()->history().size(), rh.history.size());
-    for (std::size_t p = 0; p < rh.history.size(); ++p) {
-      EXPECT_EQ(t.value()->history()[p].train_loss, rh.history[p].train_loss) << p;
-      EXPECT_EQ(t.value()->history()[p].eval_auc, rh.history[p].eval_auc) << p;
-    }
+    expect_same_history(t.value()->history(), rh.history);
     expect_same_model(c.save_dir, hybrid.save_dir);
   }
 }

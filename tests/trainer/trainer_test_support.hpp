@@ -118,6 +118,16 @@ inline run_result run(const trainer_config& c) {
   return r;
 }
 
+// Two runs' histories: as many passes, and the same train loss and eval AUC in each, to the bit.
+inline void expect_same_history(const std::vector<pass_metrics>& a,
+                                const std::vector<pass_metrics>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    EXPECT_EQ(a[p].train_loss, b[p].train_loss) << "pass " << p;
+    EXPECT_EQ(a[p].eval_auc, b[p].eval_auc) << "pass " << p;
+  }
+}
+
 inline std::size_t count_keys(const trainer_config& c, const char* file) {
   std::vector<std::int64_t> all;
   for (const auto& p : c.passes)
