@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 namespace embcache {
 
@@ -15,6 +17,29 @@ constexpr std::uint32_t magic1 = 0x3154494d;  // "MIT1"
 constexpr std::uint32_t format_version = 1;
 constexpr std::uint32_t max_depth = 16;
 constexpr std::uint64_t max_width = std::uint64_t{1} << 32;
+
+constexpr std::uint32_t saturated = std::numeric_limits<std::uint32_t>::max();
+
+// Hands fn(i, cells) the `depth` counters of each of the n keys in turn (copied in and, when
+// `write`, back out), `at` holding their indices key by key. The counters of the key a few places
+// ahead are prefetched: the sketch is too large for the caches, and one key's counters do not
+// depend on another's, so their misses overlap.
+template <bool write, class Fn>
+void walk_cells(std::conditional_t<write, std::uint32_t*, const std::uint32_t*> cells,
+                const std::size_t* at, std::size_t n, std::uint32_t depth, Fn fn) {
+  constexpr std::size_t ahead = 8;
+  std::uint32_t c[max_depth];
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + ahead < n)
+      for (std::uint32_t r = 0; r < depth; ++r)
+        __builtin_prefetch(&cells[at[(i + ahead) * depth + r]], write ? 1 : 0);
+    const std::size_t* ai = at + i * depth;
+    for (std::uint32_t r = 0; r < depth; ++r) c[r] = cells[ai[r]];
+    fn(i, c);
+    if constexpr (write)
+      for (std::uint32_t r = 0; r < depth; ++r) cells[ai[r]] = c[r];
+  }
+}
 
 // splitmix64's finalizer: every input bit reaches every output bit.
 std::uint64_t mix(std::uint64_t x) noexcept {
@@ -100,28 +125,21 @@ void admission_sketch::sight_all(const std::uint64_t* keys, std::size_t n, bool*
     std::fill(admitted_out, admitted_out + n, true);
     return;
   }
-  constexpr std::uint32_t saturated = std::numeric_limits<std::uint32_t>::max();
-  // Counters of a few keys ahead are prefetched: the table is too large for the caches, and the
-  // increments of one key do not depend on another's, so their misses overlap.
-  constexpr std::size_t ahead = 8;
   const std::uint32_t depth = opt_.sketch_depth;
   std::vector<std::size_t> at(n * depth);
   for (std::size_t i = 0; i < n; ++i)
     for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + ahead < n)
-      for (std::uint32_t r = 0; r < depth; ++r)
-        __builtin_prefetch(&cells_[at[(i + ahead) * depth + r]], 1);
+  walk_cells<true>(cells_.data(), at.data(), n, depth, [&](std::size_t i, std::uint32_t* c) {
     std::uint32_t lowest = saturated;
     for (std::uint32_t r = 0; r < depth; ++r) {
-      std::uint32_t& c = cells_[at[i * depth + r]];
-      if (c < saturated) ++c;
-      lowest = std::min(lowest, c);
+      if (c[r] < saturated) ++c[r];
+      lowest = std::min(lowest, c[r]);
     }
     // The final count is at least `lowest`: at or past the threshold, the key is admitted.
     admitted_out[i] = lowest >= threshold(keys[i]);
-  }
+  });
   total_ += n;
+  // The others are read again once every key is counted (counts only grow).
   for (std::size_t i = 0; i < n; ++i) {
     if (admitted_out[i]) continue;
     std::uint32_t c = saturated;
@@ -136,28 +154,18 @@ void admission_sketch::admitted_all(const std::uint64_t* keys, std::size_t n, st
     std::fill(admitted_out, admitted_out + n, true);
     return;
   }
-  constexpr std::uint32_t saturated = std::numeric_limits<std::uint32_t>::max();
-  constexpr std::size_t ahead = 8;
   const std::uint32_t depth = opt_.sketch_depth;
-  std::vector<std::size_t> at(std::min(n, ahead) * depth);
-  // A ring of the cells of the keys prefetched ahead.
-  const auto slot_of = [&](std::size_t i) { return (i % ahead) * depth; };
-  for (std::size_t i = 0; i < std::min(n, ahead); ++i)
-    for (std::uint32_t r = 0; r < depth; ++r) {
-      at[slot_of(i) + r] = cell(r, keys[i]);
-      __builtin_prefetch(&cells_[at[slot_of(i) + r]], 0);
-    }
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t lowest = saturated;
-    for (std::uint32_t r = 0; r < depth; ++r) lowest = std::min(lowest, cells_[at[slot_of(i) + r]]);
-    const std::uint32_t grown = lowest > saturated - added ? saturated : lowest + added;
-    admitted_out[i] = grown >= threshold(keys[i]);
-    if (i + ahead < n)
-      for (std::uint32_t r = 0; r < depth; ++r) {
-        at[slot_of(i) + r] = cell(r, keys[i + ahead]);
-        __builtin_prefetch(&cells_[at[slot_of(i) + r]], 0);
-      }
-  }
+  std::vector<std::size_t> at(n * depth);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
+  walk_cells<false>(cells_.data(), at.data(), n, depth,
+                    [&](std::size_t i, const std::uint32_t* c) {
+                      std::uint32_t lowest = saturated;
+                      for (std::uint32_t r = 0; r < depth; ++r) lowest = std::min(lowest, c[r]);
+                      const std::uint32_t grown =
+                          lowest > saturated - added ? saturated : lowest + added;
+                      admitted_out[i] = grown >= threshold(keys[i]);
+                    });
 }
 
 bool admission_sketch::sight(std::uint64_t key) noexcept {
