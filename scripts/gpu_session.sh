@@ -41,14 +41,21 @@ for step in "${steps[@]}"; do
   fi
   mkdir -p "$logs/$step"
   t0=$SECONDS
-  # The sanitizers run the first suite group (the cache's kernels) and the training cache's.
-  if [[ $step == memcheck || $step == synccheck || $step == initcheck ]]; then
-    GTEST_FILTER='cache_cuda.*:cuda/cache_conformance*:training_cache_cuda*:-training_cache_cuda.without_a_device_*' \
-      OUT=$logs/$step .gpu-kit/run.sh "$step" >"$logs/$step/run.txt" 2>&1
-  else
-    OUT=$logs/$step .gpu-kit/run.sh "$step" >"$logs/$step/run.txt" 2>&1
-  fi
+  SANITIZER_FLAGS=${SANITIZER_FLAGS:---print-limit 2000} OUT=$logs/$step .gpu-kit/run.sh "$step" \
+    >"$logs/$step/run.txt" 2>&1
   rc=$?
+  if [[ $step == memcheck || $step == synccheck || $step == initcheck ]]; then
+    # Where the reports come from: the two innermost embcache frames of each, counted.
+    echo "embcache-session: $step reports by their two innermost embcache frames:"
+    cat "$logs/$step"/cuda_tests_*.log | awk '
+      /^=+ +[A-Z]/ && !/Frame:|Saved host|ERROR SUMMARY/ {want = 2; line = ""}
+      want && /Frame:.*embcache/ {
+        f = $0; sub(/ \[0x[0-9a-f]+\].*/, "", f); sub(/^.*Frame: */, "", f); sub(/\(.*/, "", f)
+        line = line (line == "" ? "" : " <- ") f
+        if (--want == 0) print line
+      }' |
+      sort | uniq -c | sort -rn | head -15
+  fi
   ((rc > worst)) && worst=$rc
   echo "embcache-session: $step exit status $rc in $((SECONDS - t0))s" | tee -a "$logs/session.txt"
   tar -C "$logs" -czf "$out/logs.tar.gz" . 2>/dev/null

@@ -64,16 +64,38 @@ class harness {
     auto k = to_space(keys);
     buffer<float, Space> rows(keys.size() * cache.row_width(), space_);
     buffer<bool, Space> found(keys.size(), space_);
+    rows.fill_bytes(poison_byte);  // the rows of missing keys must stay as they were
     cache.find(k.data(), keys.size(), rows.data(), found.data());
-    return {to_host(rows, rows.size()), bools_to_host(found, keys.size())};
+    find_result r{to_host(rows, rows.size()), bools_to_host(found, keys.size())};
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(r.found[i], !is_poison(r.rows, i)) << "find: the row of key " << keys[i]
+          << (r.found[i] ? " was not written" : " (missing) was written");
+    }
+    return r;
+  }
+  // A byte pattern no row holds (every float NaN): outputs are filled with it before a call,
+  // so a row the call did not write is seen, and device memory is never read uninitialized.
+  static constexpr int poison_byte = 0xFF;
+  bool is_poison(const std::vector<float>& rows, std::size_t i) const {
+    const std::size_t w = cache.row_width();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(rows.data() + i * w);
+    return std::all_of(bytes, bytes + w * sizeof(float),
+                       [](unsigned char b) { return b == poison_byte; });
   }
   status find_or_insert(const std::vector<Key>& keys, std::vector<float>* rows_out = nullptr,
                         std::vector<bool>* inserted_out = nullptr) {
     auto k = to_space(keys);
     buffer<float, Space> rows(keys.size() * cache.row_width(), space_);
     buffer<bool, Space> ins(keys.size(), space_);
+    rows.fill_bytes(poison_byte);
+    ins.fill_bytes(0);
     status s = cache.find_or_insert(k.data(), keys.size(), rows.data(), ins.data());
-    if (rows_out) *rows_out = to_host(rows, rows.size());
+    auto got = to_host(rows, rows.size());
+    for (std::size_t i = 0; s.ok() && i < keys.size(); ++i) {
+      EXPECT_FALSE(is_poison(got, i)) << "find_or_insert: the row of key " << keys[i]
+                                      << " was not written";
+    }
+    if (rows_out) *rows_out = std::move(got);
     if (inserted_out) *inserted_out = bools_to_host(ins, keys.size());
     return s;
   }

@@ -28,9 +28,9 @@ TEST(cache_cuda, same_rows_as_the_host_space) {
   }
 }
 
-// The cuda space finds keys with a warp per key (warp_find_slot); the host space runs the
+// The cuda space finds keys with a tile of lanes per key (tile_find_slot); the host space runs the
 // portable find_slot. In a full table (many keys past their home bucket) both must answer alike.
-TEST(cache_cuda, warp_find_matches_the_host_space_in_a_full_table) {
+TEST(cache_cuda, tile_find_matches_the_host_space_in_a_full_table) {
   EMBCACHE_NEED_CUDA_DEVICE();
   auto o = small_options(8192, 37, 3);  // a row width that is not a multiple of 32
   harness<std::int64_t, host_space> h(o);

@@ -3,6 +3,7 @@
 /// CUDA system with an explicit policy.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <thrust/count.h>
 #include <thrust/execution_policy.h>
@@ -95,35 +96,42 @@ __global__ void for_each_index_kernel(std::size_t n, F f) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
-// A warp per index: every lane of a warp calls f.warp(i, lane) with the same i, so warp-wide
-// intrinsics (ballot, shuffle) are safe in it.
+// A tile of F::lanes_per_index lanes per index: every lane of a tile calls f.lanes(i, tile) with
+// the same i, so the tile's collectives (ballot, shuffle, sync) are safe in it; tiles of one warp
+// may take different paths.
 template <class F>
-__global__ void for_each_index_warp_kernel(std::size_t n, F f) {
-  const std::size_t warps = (std::size_t(gridDim.x) * blockDim.x) / 32;
-  const unsigned lane = threadIdx.x % 32;
-  for (std::size_t i = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; i < n; i += warps)
-    f.warp(i, lane);
+__global__ void for_each_index_tile_kernel(std::size_t n, F f) {
+  constexpr unsigned lanes = F::lanes_per_index;
+  const auto tile = cooperative_groups::tiled_partition<lanes>(cooperative_groups::this_thread_block());
+  const std::size_t tiles = (std::size_t(gridDim.x) * blockDim.x) / lanes;
+  for (std::size_t i = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / lanes; i < n;
+       i += tiles)
+    f.lanes(i, tile);
 }
 
-/// Whether a loop body asks for a warp per index (`static constexpr bool warp_per_index`, with
-/// a `__device__ warp(i, lane)` doing the work of `f(i)` cooperatively).
+/// Whether a loop body asks for several lanes per index (`static constexpr unsigned
+/// lanes_per_index`, a power of two up to 32, with a `__device__ lanes(i, tile)` doing the work
+/// of `f(i)` cooperatively on a cooperative_groups tile of that size).
 template <class F, class = void>
-struct has_warp_per_index : std::false_type {};
+struct lanes_per_index : std::integral_constant<unsigned, 1> {};
 template <class F>
-struct has_warp_per_index<F, std::enable_if_t<F::warp_per_index>> : std::true_type {};
+struct lanes_per_index<F, std::enable_if_t<(F::lanes_per_index > 1)>>
+    : std::integral_constant<unsigned, F::lanes_per_index> {};
 
 /// Calls `f(i)` for every i in [0, n) on the space's stream (asynchronous); a body with
-/// `warp_per_index` gets a warp per index instead.
+/// `lanes_per_index` gets a tile of that many lanes per index instead.
 template <class F>
 void for_each_index(const cuda_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
   constexpr int block = 256;
   constexpr std::size_t max_grid = 65535u * 32u;
-  constexpr std::size_t threads_per_index = has_warp_per_index<F>::value ? 32 : 1;
+  constexpr std::size_t threads_per_index = lanes_per_index<F>::value;
+  static_assert(block % threads_per_index == 0 && threads_per_index <= 32,
+                "lanes_per_index: a power of two up to 32");
   const std::size_t blocks = (n * threads_per_index + block - 1) / block;
   const unsigned grid = static_cast<unsigned>(blocks < max_grid ? blocks : max_grid);
-  if constexpr (has_warp_per_index<F>::value)
-    for_each_index_warp_kernel<<<grid, block, 0, space.stream>>>(n, f);
+  if constexpr (threads_per_index > 1)
+    for_each_index_tile_kernel<<<grid, block, 0, space.stream>>>(n, f);
   else
     for_each_index_kernel<<<grid, block, 0, space.stream>>>(n, f);
   EMBCACHE_CUDA_CHECK(cudaGetLastError());
