@@ -68,7 +68,8 @@ class harness {
     cache.find(k.data(), keys.size(), rows.data(), found.data());
     find_result r{to_host(rows, rows.size()), bools_to_host(found, keys.size())};
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      EXPECT_EQ(r.found[i], !is_poison(r.rows, i)) << "find: the row of key " << keys[i]
+      EXPECT_EQ(r.found[i], !is_poison(r.rows, i))
+          << "find: the row of key " << keys[i]
           << (r.found[i] ? " was not written" : " (missing) was written");
     }
     return r;
@@ -92,8 +93,8 @@ class harness {
     status s = cache.find_or_insert(k.data(), keys.size(), rows.data(), ins.data());
     auto got = to_host(rows, rows.size());
     for (std::size_t i = 0; s.ok() && i < keys.size(); ++i) {
-      EXPECT_FALSE(is_poison(got, i)) << "find_or_insert: the row of key " << keys[i]
-                                      << " was not written";
+      EXPECT_FALSE(is_poison(got, i))
+          << "find_or_insert: the row of key " << keys[i] << " was not written";
     }
     if (rows_out) *rows_out = std::move(got);
     if (inserted_out) *inserted_out = bools_to_host(ins, keys.size());

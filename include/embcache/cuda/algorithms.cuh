@@ -102,7 +102,8 @@ __global__ void for_each_index_kernel(std::size_t n, F f) {
 template <class F>
 __global__ void for_each_index_tile_kernel(std::size_t n, F f) {
   constexpr unsigned lanes = F::lanes_per_index;
-  const auto tile = cooperative_groups::tiled_partition<lanes>(cooperative_groups::this_thread_block());
+  const auto tile =
+      cooperative_groups::tiled_partition<lanes>(cooperative_groups::this_thread_block());
   const std::size_t tiles = (std::size_t(gridDim.x) * blockDim.x) / lanes;
   for (std::size_t i = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) / lanes; i < n;
        i += tiles)

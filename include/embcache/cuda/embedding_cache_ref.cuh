@@ -30,8 +30,8 @@ using key_tile = cooperative_groups::thread_block_tile<lanes_per_key>;
 /// [l * words, (l + 1) * words) of each bucket, and the lanes check the keys of their digest
 /// matches at once.
 template <class Key>
-__device__ std::int64_t tile_find_slot(const key_tile& tile, const const_embedding_cache_ref<Key>& t,
-                                       Key k) {
+__device__ std::int64_t tile_find_slot(const key_tile& tile,
+                                       const const_embedding_cache_ref<Key>& t, Key k) {
   constexpr unsigned words = detail::cache_bucket_size / 4 / lanes_per_key;
   const unsigned lane = tile.thread_rank();
   const auto h = t.hash(k);
@@ -50,7 +50,8 @@ __device__ std::int64_t tile_find_slot(const key_tile& tile, const const_embeddi
       const std::uint32_t x = word[j] ^ pattern;
       std::uint32_t m = ~(((x & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x) & 0x80808080u;
       while (m && mine < 0) {
-        const std::size_t s = first + 4 * j + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1) / 8;
+        const std::size_t s =
+            first + 4 * j + static_cast<std::size_t>(__ffs(static_cast<int>(m)) - 1) / 8;
         m &= m - 1;
         if (t.keys[s] == k) mine = static_cast<long long>(s);
       }
