@@ -85,6 +85,10 @@ class admission_sketch {
 
   /// Counts one sighting of `key`: each of its counters grows by one (saturating).
   void count_sighting(std::uint64_t key) noexcept;
+  /// Counts one sighting of each of the `n` keys (a key given twice counts twice): the same
+  /// counters as count_sighting() of each, in fewer memory accesses (the counters are
+  /// prefetched). Nothing when admission is off.
+  void count_all(const std::uint64_t* keys, std::size_t n);
   /// count_sighting(key), then whether the key is admitted (its count has reached its
   /// threshold). Always true when admission is off.
   bool sight(std::uint64_t key) noexcept;
@@ -139,6 +143,8 @@ class admission_sketch {
 
  private:
   std::size_t cell(std::uint32_t row, std::uint64_t key) const noexcept;
+  // The depth counter indices of each key, key by key (what walk_cells takes).
+  std::vector<std::size_t> cells_of(const std::uint64_t* keys, std::size_t n) const;
 
   admission_options opt_;
   std::vector<std::uint32_t> cells_;  // depth rows of width counters

@@ -120,15 +120,33 @@ void admission_sketch::count_sighting(std::uint64_t key) noexcept {
   ++total_;
 }
 
+std::vector<std::size_t> admission_sketch::cells_of(const std::uint64_t* keys,
+                                                    std::size_t n) const {
+  const std::uint32_t depth = opt_.sketch_depth;
+  std::vector<std::size_t> at(n * depth);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
+  return at;
+}
+
+void admission_sketch::count_all(const std::uint64_t* keys, std::size_t n) {
+  if (cells_.empty()) return;
+  const std::uint32_t depth = opt_.sketch_depth;
+  const std::vector<std::size_t> at = cells_of(keys, n);
+  walk_cells<true>(cells_.data(), at.data(), n, depth, [&](std::size_t, std::uint32_t* c) {
+    for (std::uint32_t r = 0; r < depth; ++r)
+      if (c[r] < saturated) ++c[r];
+  });
+  total_ += n;
+}
+
 void admission_sketch::sight_all(const std::uint64_t* keys, std::size_t n, bool* admitted_out) {
   if (cells_.empty()) {
     std::fill(admitted_out, admitted_out + n, true);
     return;
   }
   const std::uint32_t depth = opt_.sketch_depth;
-  std::vector<std::size_t> at(n * depth);
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
+  const std::vector<std::size_t> at = cells_of(keys, n);
   walk_cells<true>(cells_.data(), at.data(), n, depth, [&](std::size_t i, std::uint32_t* c) {
     std::uint32_t lowest = saturated;
     for (std::uint32_t r = 0; r < depth; ++r) {
@@ -155,9 +173,7 @@ void admission_sketch::admitted_all(const std::uint64_t* keys, std::size_t n, st
     return;
   }
   const std::uint32_t depth = opt_.sketch_depth;
-  std::vector<std::size_t> at(n * depth);
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::uint32_t r = 0; r < depth; ++r) at[i * depth + r] = cell(r, keys[i]);
+  const std::vector<std::size_t> at = cells_of(keys, n);
   walk_cells<false>(cells_.data(), at.data(), n, depth,
                     [&](std::size_t i, const std::uint32_t* c) {
                       std::uint32_t lowest = saturated;

@@ -62,10 +62,10 @@ template <class Key, class Space>
 status training_cache_core<Key, Space>::count_sightings(table_type& tb, const Key* keys,
                                                         std::size_t n) {
   if (!tb.admission.enabled()) return {};
-  std::vector<Key> u(keys, keys + n);
+  std::vector<std::uint64_t> u(keys, keys + n);
   std::sort(u.begin(), u.end());
   u.erase(std::unique(u.begin(), u.end()), u.end());
-  for (const Key key : u) tb.admission.count_sighting(static_cast<std::uint64_t>(key));
+  tb.admission.count_all(u.data(), u.size());
   return {};
 }
 

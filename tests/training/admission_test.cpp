@@ -80,6 +80,30 @@ TEST(admission_sketch, sight_all_equals_counting_then_deciding) {
   }
 }
 
+// count_all (the batch path of count_sightings) leaves the counters and the total that counting
+// each key alone leaves, a repeated key included.
+TEST(admission_sketch, count_all_equals_counting_each_key) {
+  admission_options o;
+  o.min_count = 2;
+  o.sketch_width = 16;  // 200 keys: most share counters
+  o.sketch_depth = 4;
+  o.seed = 9;
+  admission_sketch batch(o), one(o);
+  std::vector<std::uint64_t> keys;
+  for (std::uint64_t k = 0; k < 200; ++k) keys.push_back(k * 2654435761u + (k % 3 == 0 ? 0 : 1));
+  keys.push_back(keys.front());  // a key given twice counts twice
+  for (int round = 0; round < 3; ++round) {
+    batch.count_all(keys.data(), keys.size());
+    for (const auto k : keys) one.count_sighting(k);
+    ASSERT_EQ(batch.to_words(), one.to_words()) << "round " << round;
+  }
+  EXPECT_EQ(batch.total(), 3 * keys.size());
+  admission_sketch off;  // admission off: nothing to count, nothing held
+  off.count_all(keys.data(), keys.size());
+  EXPECT_EQ(off.total(), 0u);
+  EXPECT_EQ(off.bytes(), 0u);
+}
+
 // admitted_all (no counting): with 0 added sightings it is admitted(); with 1 it foresees the
 // next sighting: every key it admits is admitted by sight_all of any batch that holds it, and on
 // a sketch where no keys share counters it foresees exactly.
