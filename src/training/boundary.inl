@@ -264,16 +264,14 @@ status training_cache_core<Key, Space>::begin_pass(const std::vector<std::vector
   }
   std::vector<table_counters> pass(tables.size());
   const auto tw = clock_type::now();
-  const bool had_worker = worker.joinable() || flusher.joinable();
-  wait_worker();
+  const bool had_worker = worker.started() || flusher.started();
+  const status staged = worker.take_failure();
   // The previous boundary's write-behind must be in the store before this one reads it.
   const status written_behind = finish_write_behind();
   const double waited = had_worker ? seconds_since(tw) : 0.0;
-  if (!staging_status.ok()) {
-    status s = staging_status;
-    staging_status = {};
+  if (!staged.ok()) {
     drop_staging();
-    return s.with_context("prefetch");
+    return staged.with_context("prefetch");
   }
   EMBCACHE_RETURN_IF_ERROR(written_behind);
   // Feature admission: the keys refused at this sighting stay out of the pass (no row).

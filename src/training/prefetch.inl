@@ -16,7 +16,7 @@ namespace embcache::detail {
 
 template <class Key, class Space>
 void training_cache_core<Key, Space>::wait_worker() {
-  if (worker.joinable()) worker.join();
+  worker.join();
 }
 
 template <class Key, class Space>
@@ -236,7 +236,7 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
                                     " keysets for " + std::to_string(im.tables.size()) + " tables");
   }
   im.drop_staging();
-  im.staging_status = {};
+  im.worker.clear_failure();
   std::vector<std::vector<Key>> todo(im.tables.size());
   std::vector<std::size_t> spare(im.tables.size(), 0);
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
@@ -294,9 +294,9 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     }
   }
   im.staged_valid = true;
-  im.worker = std::thread([&im, todo = std::move(todo), max_rows, spare]() mutable {
+  im.worker.start([&im, todo = std::move(todo), max_rows, spare]() mutable {
     // Rows written behind at the last boundary must be in the store before staging reads it.
-    im.wait_flush();
+    im.flusher.wait_idle();
     std::size_t t = 0;
     try {
       // The worker's cache calls run on the device the cache was built on (a new thread starts
@@ -307,17 +307,15 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
         // On a stream of its own in the cuda space, so staging overlaps training.
         const auto on_worker_stream = tb.cache->order_calls_on(im.worker_calls.of(*tb.cache));
         status s = im.stage(tb, std::move(todo[t]), max_rows[t], spare[t]);
-        if (!s.ok()) {
-          im.staging_status = s.with_context("staging table '" + im.tables[t].opt.name + "'");
-          return;
-        }
+        if (!s.ok()) return s.with_context("staging table '" + im.tables[t].opt.name + "'");
       }
     } catch (const std::exception& e) {
       // A device or allocation failure: reported by the next begin_pass, never std::terminate.
       const std::string where =
           t < im.tables.size() ? "staging table '" + im.tables[t].opt.name + "'" : "staging";
-      im.staging_status = status_of(e).with_context(where);
+      return status_of(e).with_context(where);
     }
+    return status{};
   });
   return {};
 }

@@ -3,15 +3,13 @@
 // training_cache_definitions.hpp); this header is the map.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "format/model_folder.hpp"
+#include "training/background.hpp"
 #include "training/table_state.hpp"
 
 namespace embcache::detail {
@@ -38,21 +36,19 @@ struct training_cache_core {
   // recorded in every save and delta so that readers can refuse a mix of runs.
   std::string run_id = new_run_id();
 
+  // The threads are declared last, the worker after what it uses (the flusher, worker_calls):
+  // members go in reverse order, so the worker is joined first, then the flusher, and both
+  // before the tables.
+  //
+  // The flusher (write_behind.inl) pushes every table's write-behind rows. An exception that
+  // escaped its push (its rows stay pending) is reported by the next finish_write_behind(), never
+  // std::terminate; the call after that pushes the rows again.
+  write_behind_flusher flusher;
   // The prefetch worker (prefetch.inl): stages the next pass's rows and installs what it can.
-  std::thread worker;
+  // Its failure is reported by the next begin_pass.
   worker_space<Space> worker_calls;  // where the worker's cache calls run
-  bool staged_valid = false;
-  status staging_status;
-
-  // The flusher (write_behind.inl) pushes every table's write-behind rows; `flushing` is cleared
-  // when it is done, so that the staging worker can wait for it without joining it.
-  std::thread flusher;
-  std::mutex flush_mutex;
-  std::condition_variable flush_cv;
-  bool flushing = false;
-  // An exception that escaped the flusher's push (its rows stay pending): reported by the next
-  // finish_write_behind(), never std::terminate; the call after that pushes the rows again.
-  status flusher_failure;
+  bool staged_valid = false;         // the staging of the last prefetch() is the plan
+  prefetch_worker worker;
 
   // --- store access and write-behind (write_behind.inl) ---
   status push(table_type& tb, const Key* keys, std::size_t n, const float* rows,
@@ -61,7 +57,6 @@ struct training_cache_core {
               std::uint64_t* versions);
   bool write_behind_pending() const;
   void start_flusher();
-  void wait_flush();
   // Waits for the write-behind and retires its rows (pushing what the flusher did not).
   status finish_write_behind();
   void discard_write_behind();

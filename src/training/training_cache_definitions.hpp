@@ -4,6 +4,7 @@
 //
 //   cache_bridge.hpp          the device cache's calls with host-memory arguments
 //   table_state.hpp           per-table state in named parts, shared helpers
+//   background.hpp            the prefetch worker's and the flusher's threads and shared state
 //   training_cache_core.hpp   the state behind a training_cache and the map of its operations
 //   write_behind.inl          store access, the flusher, end_training()'s write-back
 //   prefetch.inl              the prefetch worker: staging and early install

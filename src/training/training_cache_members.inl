@@ -120,8 +120,8 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
 template <class Key, class Space>
 training_cache<Key, Space>::~training_cache() {
   if (core_) {
-    core_->wait_worker();
-    if (core_->flusher.joinable()) core_->flusher.join();
+    core_->worker.join();
+    core_->flusher.join();
   }
 }
 
@@ -157,8 +157,7 @@ param_store<Key>& training_cache<Key, Space>::store(std::size_t t) {
   // A failed push keeps its rows pending; the next call returning a status reports it. So does
   // a push that throws, here or in the flusher (whose failure is left for that call to report):
   // nothing escapes a call that cannot return a status.
-  if (core_->flusher.joinable()) core_->flusher.join();
-  if (core_->flusher_failure.ok()) {
+  if (!core_->flusher.failed()) {
     (void)detail::public_call("store", [&] { return core_->finish_write_behind(); });
   }
   return *tb.sync.store;

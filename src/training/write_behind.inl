@@ -25,11 +25,7 @@ bool training_cache_core<Key, Space>::write_behind_pending() const {
 
 template <class Key, class Space>
 void training_cache_core<Key, Space>::start_flusher() {
-  {
-    std::lock_guard<std::mutex> l(flush_mutex);
-    flushing = true;
-  }
-  flusher = std::thread([this] {
+  flusher.start([this] {
     status s;
     // cuda space: any CUDA call of the pushes runs on the caches' device (a new thread starts on
     // device 0). Should it not become current, nothing is pushed here: finish_write_behind()
@@ -48,35 +44,24 @@ void training_cache_core<Key, Space>::start_flusher() {
       const auto t0 = clock_type::now();
       try {
         // Not logged for the prefetch hazard: staging starts pulling only after this push is
-        // over (wait_flush), so no staged row can predate it.
+        // over (flusher.wait_idle()), so no staged row can predate it.
         std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
         s = tb.sync.store->push(tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(),
                                 tb.wb.versions.data());
       } catch (const std::exception& e) {
         // A store that throws (an allocation, a device): kept for the caller's thread.
-        flusher_failure = status_of(e).with_context("write-behind of table '" + tb.opt.name +
-                                                    "' (background push)");
-        break;
+        return status_of(e).with_context("write-behind of table '" + tb.opt.name +
+                                         "' (background push)");
       } catch (...) {
-        flusher_failure = status::internal("write-behind of table '" + tb.opt.name +
-                                           "' (background push): an exception of unknown type");
-        break;
+        return status::internal("write-behind of table '" + tb.opt.name +
+                                "' (background push): an exception of unknown type");
       }
       tb.wb.seconds = seconds_since(t0);
       if (!s.ok()) break;  // finish_write_behind() pushes what is left and reports the error
       tb.wb.pushed = true;
     }
-    std::lock_guard<std::mutex> l(flush_mutex);
-    flushing = false;
-    flush_cv.notify_all();
+    return status{};  // a push error is finish_write_behind()'s to report
   });
-}
-
-// For the staging worker: returns once no write-behind push is running.
-template <class Key, class Space>
-void training_cache_core<Key, Space>::wait_flush() {
-  std::unique_lock<std::mutex> l(flush_mutex);
-  flush_cv.wait(l, [&] { return !flushing; });
 }
 
 // Waits for the write-behind and retires its rows. Rows the flusher did not push (its push
@@ -85,13 +70,9 @@ void training_cache_core<Key, Space>::wait_flush() {
 // the error. An exception of the flusher is returned first, once, with its rows left pending.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::finish_write_behind() {
-  if (flusher.joinable()) flusher.join();
-  if (!flusher_failure.ok()) {
-    // Reported once; the rows stay pending and the next call pushes them again.
-    status s = std::move(flusher_failure);
-    flusher_failure = {};
-    return s;
-  }
+  // An exception of the flusher is reported once; its rows stay pending and the next call pushes
+  // them again.
+  if (status s = flusher.take_failure(); !s.ok()) return s;
   for (auto& tb : tables) {
     if (tb.wb.keys.empty()) continue;
     if (!tb.wb.pushed) {
@@ -112,8 +93,7 @@ status training_cache_core<Key, Space>::finish_write_behind() {
 // Drops the write-behind rows unpushed (load() replaces the whole store).
 template <class Key, class Space>
 void training_cache_core<Key, Space>::discard_write_behind() {
-  if (flusher.joinable()) flusher.join();
-  flusher_failure = {};
+  (void)flusher.take_failure();  // the rows it failed to push go too
   for (auto& tb : tables) {
     tb.wb.keys.clear();
     tb.wb.versions.clear();
