@@ -64,14 +64,6 @@ status trainer::impl::diverge(const std::string& where, const std::string& what)
   return diverged;
 }
 
-bool* trainer::impl::found_buffer(std::size_t n) {
-  if (found_size < n) {
-    found.reset(new bool[n]);
-    found_size = n;
-  }
-  return found.get();
-}
-
 // The memory estimate first: a clear error instead of an allocation that cannot succeed. Caches
 // in the cuda space are not host memory: the cuda path checks them against the device's.
 status trainer::impl::build() {
@@ -110,11 +102,12 @@ status trainer::impl::build() {
 
 void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size_t count) {
   const std::size_t n = std::min(count, b.size - first), ws = num_wide_slots;
-  wide_keys.resize(n * ws);
-  fill_wide_keys(b, first, n, config.crossed, wide_keys.data());
+  scratch.wide_keys.resize(n * ws);
+  fill_wide_keys(b, first, n, config.crossed, scratch.wide_keys.data());
   const std::size_t need = n * std::max(ws, config.num_slots) + 1;
   // One-hot bags: the offsets are 0, 1, 2, ... for every batch.
-  while (offsets.size() < need) offsets.push_back(std::int64_t(offsets.size()));
+  while (scratch.offsets.size() < need)
+    scratch.offsets.push_back(std::int64_t(scratch.offsets.size()));
 }
 
 status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::uint64_t pass_step,
@@ -123,7 +116,8 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
   const std::size_t n = b.size, ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b);
-  const detail::batch_keys keys{n, wide_keys.data(), ws, b.keys.data(), ds, offsets.data()};
+  const detail::batch_keys keys{n,  scratch.wide_keys.data(), ws, b.keys.data(),
+                                ds, scratch.offsets.data()};
   // The pooled embeddings and their gradients: the path's device arrays when the tables and the
   // dense network are both on the device, else the loop's host arrays.
   detail::space_pooled p;
@@ -132,12 +126,13 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
     if (!pooled.ok()) return pooled.get_status();
     p = pooled.value();
   } else {
-    in_wide.resize(n * ws);
-    in_deep.resize(n * ds * dim);
-    d_wide.resize(n * ws);
-    d_deep.resize(n * ds * dim);
-    EMBCACHE_RETURN_IF_ERROR(path->forward(keys, in_wide.data(), in_deep.data()));
-    p = {in_wide.data(), in_deep.data(), d_wide.data(), d_deep.data()};
+    scratch.in_wide.resize(n * ws);
+    scratch.in_deep.resize(n * ds * dim);
+    scratch.d_wide.resize(n * ws);
+    scratch.d_deep.resize(n * ds * dim);
+    EMBCACHE_RETURN_IF_ERROR(path->forward(keys, scratch.in_wide.data(), scratch.in_deep.data()));
+    p = {scratch.in_wide.data(), scratch.in_deep.data(), scratch.d_wide.data(),
+         scratch.d_deep.data()};
   }
   const wide_deep_batch batch{n, p.wide, p.deep, b.dense.data(), b.labels.data()};
   *loss = pooled_on_device ? model->forward_backward_on_device(batch, step, p.d_wide, p.d_deep)
@@ -498,25 +493,26 @@ status trainer::impl::predict_batch(const shard_batch& b, std::size_t n) {
   const std::size_t ws = num_wide_slots, ds = config.num_slots;
   const std::size_t dim = config.tables[roles.deep].dim;
   fill_keys(b, 0, n);
-  in_wide.assign(n * ws, 0.0f);
-  in_deep.assign(n * ds * dim, 0.0f);
+  scratch.in_wide.assign(n * ws, 0.0f);
+  scratch.in_deep.assign(n * ds * dim, 0.0f);
   for (const detail::table_read& p :
-       {detail::table_read{roles.wide, wide_keys.data(), n * ws, 1, in_wide.data()},
-        detail::table_read{roles.deep, b.keys.data(), n * ds, dim, in_deep.data()}})
+       {detail::table_read{roles.wide, scratch.wide_keys.data(), n * ws, 1, scratch.in_wide.data()},
+        detail::table_read{roles.deep, b.keys.data(), n * ds, dim, scratch.in_deep.data()}})
     EMBCACHE_RETURN_IF_ERROR(read_embeddings(p));
-  model->predict({n, in_wide.data(), in_deep.data(), b.dense.data(), nullptr}, logits);
+  model->predict({n, scratch.in_wide.data(), scratch.in_deep.data(), b.dense.data(), nullptr},
+                 scratch.logits);
   return {};
 }
 
 // One-hot slots: each pooled value is the key's row, or zeros for a key never trained.
 status trainer::impl::read_embeddings(const detail::table_read& p) {
   const std::size_t width = path->row_width(p.table);
-  rows_buf.resize(p.count * width);
-  bool* found = found_buffer(p.count);
-  EMBCACHE_RETURN_IF_ERROR(path->read(p.table, p.keys, p.count, rows_buf.data(), found));
+  scratch.rows_buf.resize(p.count * width);
+  bool* found = scratch.found(p.count);
+  EMBCACHE_RETURN_IF_ERROR(path->read(p.table, p.keys, p.count, scratch.rows_buf.data(), found));
   for (std::size_t i = 0; i < p.count; ++i)
     if (found[i])
-      std::copy(rows_buf.begin() + i * width, rows_buf.begin() + i * width + p.dim,
+      std::copy(scratch.rows_buf.begin() + i * width, scratch.rows_buf.begin() + i * width + p.dim,
                 p.out + i * p.dim);
   return {};
 }
@@ -556,10 +552,10 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
       return status::invalid_argument(where + ": " + samples + " hold " + std::to_string(bad) +
                                       " non-finite dense features or labels");
     EMBCACHE_RETURN_IF_ERROR(s.predict_batch(b, n));
-    if (const std::size_t bad = count_non_finite(s.logits.data(), n))
+    if (const std::size_t bad = count_non_finite(s.scratch.logits.data(), n))
       return s.diverge(where, std::to_string(bad) + " of the " + std::to_string(n) + " logits of " +
                                   samples + " are not finite");
-    acc.add(s.logits.data(), b.labels.data(), n);
+    acc.add(s.scratch.logits.data(), b.labels.data(), n);
     if (c.eval_max_samples > 0 && acc.size() >= c.eval_max_samples) break;
   }
   eval_metrics e;

@@ -26,6 +26,27 @@ struct table_read {
   float* out = nullptr;
 };
 
+/// The buffers a training or evaluation step reuses from step to step (grown, never shrunk).
+struct step_scratch {
+  std::vector<trainer_key> wide_keys;  // slot keys, then crossed keys, of the batch's samples
+  std::vector<std::int64_t> offsets;   // one-hot offsets of the pooled reads
+  std::vector<float> in_wide, in_deep, d_wide, d_deep, rows_buf, logits;
+  std::vector<float> dense_partials, dense_sum;  // sharded: per-block dense gradients, their sum
+  std::vector<double> block_losses;              // sharded: per-block losses
+  /// A buffer of at least `n` bools (std::vector<bool> has no data()); reused.
+  bool* found(std::size_t n) {
+    if (found_size_ < n) {
+      found_.reset(new bool[n]);
+      found_size_ = n;
+    }
+    return found_.get();
+  }
+
+ private:
+  std::unique_ptr<bool[]> found_;
+  std::size_t found_size_ = 0;
+};
+
 /// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
 status check_sharded_config(const trainer_config& config, const communicator& comm);
 
@@ -75,14 +96,7 @@ struct trainer::impl {
   // Whether this process logs and writes the metrics files and the save's own files: the only
   // process, or rank 0 of a sharded run.
   bool leader() const noexcept { return comm == nullptr || comm->rank() == 0; }
-  // Per-step scratch.
-  std::vector<detail::trainer_key> wide_keys;
-  std::vector<std::int64_t> offsets;
-  std::vector<float> in_wide, in_deep, d_wide, d_deep, rows_buf, logits;
-  std::vector<float> dense_partials, dense_sum;  // sharded: per-block dense gradients, their sum
-  std::vector<double> block_losses;
-  std::unique_ptr<bool[]> found;
-  std::size_t found_size = 0;
+  detail::step_scratch scratch;
 
   impl();
   // Checks the memory estimate, then builds the embedding path and the dense model; an
@@ -104,7 +118,6 @@ struct trainer::impl {
   // The rows of p.keys through the path, their first p.dim floats into p.out (zeros for a key
   // never trained).
   status read_embeddings(const detail::table_read& p);
-  bool* found_buffer(std::size_t n);
   // Records a divergence (what went non-finite, where) and returns it.
   status diverge(const std::string& where, const std::string& what);
 };

@@ -54,35 +54,36 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
   const sample_range mine = block_samples(num_blocks, n, blocks.first, blocks.count);
   const std::size_t m = mine.size();
   fill_keys(b, mine.begin, m);
-  in_wide.resize(m * ws);
-  in_deep.resize(m * ds * dim);
-  d_wide.assign(m * ws, 0.0f);
-  d_deep.assign(m * ds * dim, 0.0f);
-  const detail::batch_keys keys{m,  wide_keys.data(), ws, b.keys.data() + mine.begin * ds,
-                                ds, offsets.data(),   n};
-  EMBCACHE_RETURN_IF_ERROR(path->forward(keys, in_wide.data(), in_deep.data()));
+  scratch.in_wide.resize(m * ws);
+  scratch.in_deep.resize(m * ds * dim);
+  scratch.d_wide.assign(m * ws, 0.0f);
+  scratch.d_deep.assign(m * ds * dim, 0.0f);
+  const detail::batch_keys keys{m,  scratch.wide_keys.data(), ws, b.keys.data() + mine.begin * ds,
+                                ds, scratch.offsets.data(),   n};
+  EMBCACHE_RETURN_IF_ERROR(path->forward(keys, scratch.in_wide.data(), scratch.in_deep.data()));
 
   // Each block's dense gradient, as its share of the global batch's mean loss. The dropout
   // masks of block g at step t are those of dropout step t * num_blocks + g (t with one block).
   const std::size_t ng = model->num_gradients();
-  dense_partials.assign(blocks.count * ng, 0.0f);
-  block_losses.assign(blocks.count, 0.0);
+  scratch.dense_partials.assign(blocks.count * ng, 0.0f);
+  scratch.block_losses.assign(blocks.count, 0.0);
   for (std::size_t j = 0; j < blocks.count; ++j) {
     const sample_range r = block_samples(num_blocks, n, blocks.first + j);
     if (r.size() == 0) continue;  // a short batch leaves some blocks empty: zero gradient
     const std::size_t at = r.begin - mine.begin;
-    wide_deep_batch wb{r.size(), in_wide.data() + at * ws, in_deep.data() + at * ds * dim,
+    wide_deep_batch wb{r.size(), scratch.in_wide.data() + at * ws,
+                       scratch.in_deep.data() + at * ds * dim,
                        b.dense.data() + r.begin * config.num_dense, b.labels.data() + r.begin};
     wb.mean_over = n;
-    block_losses[j] = model->forward_backward(wb, step * num_blocks + blocks.first + j,
-                                              d_wide.data() + at * ws,
-                                              d_deep.data() + at * ds * dim);
-    model->get_gradients(dense_partials.data() + j * ng);
+    scratch.block_losses[j] = model->forward_backward(wb, step * num_blocks + blocks.first + j,
+                                                      scratch.d_wide.data() + at * ws,
+                                                      scratch.d_deep.data() + at * ds * dim);
+    model->get_gradients(scratch.dense_partials.data() + j * ng);
   }
   // The batch's loss: the blocks' shares added in block order, on every rank.
   std::vector<double> all_losses(num_blocks);
-  EMBCACHE_RETURN_IF_ERROR(comm->all_gather(block_losses.data(), blocks.count * sizeof(double),
-                                            all_losses.data()));
+  EMBCACHE_RETURN_IF_ERROR(comm->all_gather(scratch.block_losses.data(),
+                                            blocks.count * sizeof(double), all_losses.data()));
   double sum = 0;
   for (const double l : all_losses) sum += l;
   *loss = sum;
@@ -90,19 +91,20 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
   if (!std::isfinite(*loss))
     return diverge(detail::step_label(pass, step + 1, pass_step),
                    std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
-  std::uint64_t bad_gradients = count_non_finite(d_wide.data(), m * ws) +
-                                count_non_finite(d_deep.data(), m * ds * dim);
+  std::uint64_t bad_gradients = count_non_finite(scratch.d_wide.data(), m * ws) +
+                                count_non_finite(scratch.d_deep.data(), m * ds * dim);
   EMBCACHE_RETURN_IF_ERROR(comm->all_reduce_sum(&bad_gradients, 1));
   if (bad_gradients)
     return diverge(detail::step_label(pass, step + 1, pass_step),
                    std::to_string(bad_gradients) + " gradients of the embeddings are not finite");
-  dense_sum.resize(ng);
-  EMBCACHE_RETURN_IF_ERROR(
-      all_reduce_blocks(*comm, dense_partials.data(), blocks.count, ng, dense_sum.data()));
+  scratch.dense_sum.resize(ng);
+  EMBCACHE_RETURN_IF_ERROR(all_reduce_blocks(*comm, scratch.dense_partials.data(), blocks.count, ng,
+                                             scratch.dense_sum.data()));
   ++step;
   detail::non_finite_rows bad;
-  EMBCACHE_RETURN_IF_ERROR(path->backward(d_wide.data(), d_deep.data(), step, &bad));
-  model->set_gradients(dense_sum.data());
+  EMBCACHE_RETURN_IF_ERROR(
+      path->backward(scratch.d_wide.data(), scratch.d_deep.data(), step, &bad));
+  model->set_gradients(scratch.dense_sum.data());
   model->apply_dense_update();
   return {};
 }
@@ -114,13 +116,13 @@ status trainer::impl::predict_batch_sharded(const shard_batch& b, std::size_t n)
   const sample_range mine = block_samples(num_blocks, n, blocks.first, blocks.count);
   const std::size_t m = mine.size();
   fill_keys(b, mine.begin, m);
-  in_wide.assign(m * ws, 0.0f);
-  in_deep.assign(m * ds * dim, 0.0f);
+  scratch.in_wide.assign(m * ws, 0.0f);
+  scratch.in_deep.assign(m * ds * dim, 0.0f);
   // Collective reads: every rank asks for the keys of its samples (maybe none).
   for (const detail::table_read& p :
-       {detail::table_read{roles.wide, wide_keys.data(), m * ws, 1, in_wide.data()},
+       {detail::table_read{roles.wide, scratch.wide_keys.data(), m * ws, 1, scratch.in_wide.data()},
         detail::table_read{roles.deep, b.keys.data() + mine.begin * ds, m * ds, dim,
-                           in_deep.data()}})
+                           scratch.in_deep.data()}})
     EMBCACHE_RETURN_IF_ERROR(read_embeddings(p));
   // Block by block, as training computes them, so that a logit does not depend on the ranks.
   std::vector<float> local(m), block;
@@ -128,9 +130,10 @@ status trainer::impl::predict_batch_sharded(const shard_batch& b, std::size_t n)
     const sample_range r = block_samples(num_blocks, n, blocks.first + j);
     if (r.size() == 0) continue;
     const std::size_t at = r.begin - mine.begin;
-    model->predict({r.size(), in_wide.data() + at * ws, in_deep.data() + at * ds * dim,
-                    b.dense.data() + r.begin * config.num_dense, nullptr},
-                   block);
+    model->predict(
+        {r.size(), scratch.in_wide.data() + at * ws, scratch.in_deep.data() + at * ds * dim,
+         b.dense.data() + r.begin * config.num_dense, nullptr},
+        block);
     std::copy(block.begin(), block.end(), local.begin() + at);
   }
   // Every rank gets every logit, in sample order (rank order is sample order).
@@ -139,10 +142,10 @@ status trainer::impl::predict_batch_sharded(const shard_batch& b, std::size_t n)
   send.reserve(world * m);
   for (std::size_t p = 0; p < world; ++p) send.insert(send.end(), local.begin(), local.end());
   std::vector<std::size_t> counts(world, m), recv_counts;
-  EMBCACHE_RETURN_IF_ERROR(exchange(*comm, send, counts, logits, recv_counts));
-  if (logits.size() != n)
+  EMBCACHE_RETURN_IF_ERROR(exchange(*comm, send, counts, scratch.logits, recv_counts));
+  if (scratch.logits.size() != n)
     return status::internal("evaluation on rank " + std::to_string(comm->rank()) + ": " +
-                            std::to_string(logits.size()) + " logits gathered for " +
+                            std::to_string(scratch.logits.size()) + " logits gathered for " +
                             std::to_string(n) + " samples");
   return {};
 }
