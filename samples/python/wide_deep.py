@@ -231,6 +231,9 @@ def main(argv=None):
         state["step"] += len(losses)
         state["samples"] += trained
         state["passes_done"] = p
+    if args.eval and not args.train:  # a resumed model scored as it was saved
+        a, ll = evaluate(cache, tower, args.eval, args)
+        print(f"eval AUC {a:.6f}, log loss {ll:.6f}", flush=True)
     if args.save:
         trainer_save.save(args.save, cache, tower, opt, dict(state, config=config))
         print(f"saved {args.save} ({samples} samples trained, step {state['step']})")
