@@ -159,7 +159,8 @@ def main(argv=None):
                     help="a save (this sample's or embcache-train's) to continue from")
     ap.add_argument("--export", default="", help="folder of the incremental exports")
     ap.add_argument("--save", default="",
-                    help="save folder in embcache-train's format (sparse/, dense.bin, trainer.json)")
+                    help="save folder in embcache-train's format "
+                    "(sparse/, dense.bin, trainer.json)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -224,7 +225,8 @@ def main(argv=None):
             "pass": p, "samples": trained, "steps": len(losses),
             "train_loss": float(np.mean(losses)) if losses else float("nan"),
             "eval_auc": a, "eval_logloss": ll, "swap_seconds": float("nan"),
-            "rows_in": moved["rows_pulled"] + moved["rows_staged"], "rows_out": moved["rows_pushed"],
+            "rows_in": moved["rows_pulled"] + moved["rows_staged"],
+            "rows_out": moved["rows_pushed"],
             "hit_rate": moved["hits"] / lookups if lookups else float("nan"),
             "samples_per_s": trained / seconds, "seconds": seconds,
             "rows_exported": exported, "export_path": export_path})
