@@ -26,13 +26,14 @@ SAMPLE_ARGS = ["--hidden", "8", "--dim", "4", "--batch-size", "100", "--capacity
 STATE_FILES = {"wide": ["Ftrl.n", "Ftrl.z"], "deep": ["Adam.m", "Adam.v"]}
 
 
-def trainer_run(tmp_path, name, dataset, shard, save_dir, resume="", hidden=(8,), eval_shard=""):
+def trainer_run(tmp_path, name, dataset, shard, save_dir, resume="", hidden=(8,), eval_shard="",
+                dropout=0.5):
     cfg = {
         "mode": "keyset",
         "passes": [{"shards": [os.path.join(dataset, shard)]}],
         "tables": [{"name": "wide", "capacity": 4096},
                    {"name": "deep", "dim": 4, "capacity": 4096}],
-        "model": {"hidden": list(hidden), "seed": 1},
+        "model": {"hidden": list(hidden), "seed": 1, "dropout": dropout},
         "batch_size": 100, "seed": 0, "log_interval": 0, "eval_shard": eval_shard,
         "save_dir": str(save_dir), "resume_from": str(resume),
     }
@@ -119,14 +120,33 @@ def test_an_embcache_train_save_resumes_in_the_sample(tmp_path, synth_dataset, c
             assert (again / "sparse" / table / f).read_bytes() == \
                 (c_save / "sparse" / table / f).read_bytes(), f"{table}/{f}"
 
-    # And one more pass on the next shard continues the run.
-    py_save = tmp_path / "py_save"
+    # One more pass on the next shard continues the run. Without dropout (whose masks come from
+    # torch's generator in the sample, from a hash in the trainer) the sample's pass and the
+    # trainer's own pass from the same save give the same model up to float rounding: the sparse
+    # optimizers run on from the saved step, the dense Adam from its saved moments.
+    py_save, c_next = tmp_path / "py_save", tmp_path / "c_next"
     wide_deep.main(["--resume", str(c_save), "--train", synth_dataset, "--first-shard", "1",
-                    "--shards", "1", "--save", str(py_save)] + SAMPLE_ARGS)
+                    "--shards", "1", "--dropout", "0", "--save", str(py_save)] + SAMPLE_ARGS)
     s = state(py_save)
     assert (s["step"], s["passes_done"], s["samples"]) == (8, 2, 800)
     assert [h["pass"] for h in s["history"]] == [1, 2] and adam_step(py_save) == 8
     assert s["config"]["passes"][0]["shards"] == [os.path.join(synth_dataset, "shard-00001.bin")]
+    run_tool(trainer_run(tmp_path, "next", synth_dataset, "shard-00001.bin", c_next,
+                         resume=c_save, dropout=0.0))
+    for table in ("wide", "deep"):
+        py_rows, c_rows = rows(py_save, table), rows(c_next, table)
+        assert py_rows.keys() == c_rows.keys()
+        for k in c_rows:
+            np.testing.assert_allclose(py_rows[k], c_rows[k], rtol=1e-4, atol=1e-7,
+                                       err_msg=f"{table} key {k}")
+    towers = []
+    for save in (py_save, c_next):
+        tower = wide_deep.DenseTower(4, [8], 0.0)
+        trainer_save.load_dense_blob((save / "dense.bin").read_bytes(), tower,
+                                     torch.optim.Adam(tower.parameters()))
+        towers.append(torch.nn.utils.parameters_to_vector(tower.parameters()).detach())
+    torch.testing.assert_close(towers[0], towers[1], rtol=1e-4, atol=1e-6)
+    assert abs(s["history"][1]["train_loss"] - state(c_next)["history"][1]["train_loss"]) < 1e-5
 
     # A sample of another dense shape refuses the save, naming the file and both shapes.
     with pytest.raises(ValueError, match=r"dense.bin: dense network of shape 117-8-1, this "

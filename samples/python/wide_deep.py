@@ -177,6 +177,8 @@ def main(argv=None):
     state = {"step": 0, "passes_done": 0, "samples": 0, "history": []}
     if args.resume:
         state = trainer_save.load(args.resume, cache, tower, opt, config)
+        for bag in bags.bags.values():  # sparse Adam's bias correction runs on from the step
+            bag.step = state["step"]
         print(f"resumed {args.resume}: step {state['step']}, {state['passes_done']} passes, "
               f"{state['samples']} samples, dense Adam step {state['adam_step']}", flush=True)
 
