@@ -11,6 +11,8 @@ shard 5 is held out. Model: deep dim 16, MLP 429-256-128-1, dropout 0.5, batch 1
 
   fresh    both programs train from their own initial weights (torch's generator for the
            sample's MLP and dropout, the trainer's hash for its own);
+  init     embcache-train resumes the sample's untrained save (torch's initial MLP, empty
+           tables) and trains shards 0-4: the sample's fresh run from the same initial weights;
   shared   embcache-train trains shard 0 and saves; both programs resume that save and train
            shards 1-4 (dropout 0.5, then 0.0), so the starting point is the same model and only
            the dropout masks and the arithmetic differ.
@@ -93,6 +95,12 @@ def main():
         p = last_auc(sample(f"sample-fresh-{seed}", 0, 5, seed, 0.5))
         rows.append(("fresh", seed, 0.5, t, p))
         print(rows[-1], flush=True)
+        init = os.path.join(a.work, f"sample-init-{seed}")
+        run([sys.executable, SAMPLE, "--hidden", "256,128", "--capacity", "131072", "--seed", "0",
+             "--model-seed", str(seed), "--save", init], init + ".log")
+        t = last_auc(trainer(f"trainer-init-{seed}", range(5), seed, 0.5, resume=init))
+        rows.append(("init", seed, 0.5, t, p))
+        print(rows[-1], flush=True)
         if a.skip_shared:
             continue
         start = trainer(f"start-{seed}", [0], seed, 0.5)
@@ -110,7 +118,7 @@ def main():
     for kind, seed, dropout, t, p in rows:
         print(f"| {kind} | {seed} | {dropout} | {t[0]:.4f} | {p[0]:.4f} | {p[0] - t[0]:+.4f} |"
               f" {t[1]:.4f} | {p[1]:.4f} | {t[2]:.0f} | {p[2]:.0f} |")
-    for kind in ("fresh", "shared"):
+    for kind in ("fresh", "init", "shared"):
         for dropout in (0.5, 0.0):
             d = [p[0] - t[0] for k, _, dr, t, p in rows if k == kind and dr == dropout]
             if d:
