@@ -85,7 +85,14 @@ def dense_blob(tower, opt):
 
 def load_dense_blob(data, tower, opt, path="dense.bin"):
     """Sets `tower`'s weights and `opt`'s Adam state from dense.bin bytes; checks everything first
-    (ValueError naming `path` and what differs), so that nothing changes on a refusal."""
+    (ValueError naming `path` and what differs), so that nothing changes on a refusal. Returns the
+    dense Adam step."""
+    return _apply_dense(tower, opt, *_parse_dense(data, tower, path))
+
+
+def _parse_dense(data, tower, path):
+    """Checks dense.bin bytes against `tower`'s shape -> (Adam step, (bias, m, v), (3, P) arrays of
+    the parameters, Adam m and v in the trainer's order)."""
     def bad(what):
         return ValueError(f"{path}: {what}")
 
@@ -124,10 +131,15 @@ def load_dense_blob(data, tower, opt, path="dense.bin"):
     arrays = flat.reshape(3, n)
     if not np.isfinite(arrays).all() or not all(map(math.isfinite, (bias, bm, bv))):
         raise bad("non-finite dense weights or Adam state")
+    return step, (bias, bm, bv), arrays
+
+
+def _apply_dense(tower, opt, step, bias_state, arrays):
+    bias, bm, bv = bias_state
     with torch.no_grad():
         off = 0
         pieces = []  # (parameter, values, m, v) in torch's layout
-        for lin in linears:
+        for lin in tower.linears():
             fan_out, fan_in = lin.weight.shape
             k = fan_in * fan_out
             w = [torch.from_numpy(a[off:off + k].reshape(fan_in, fan_out).T.copy()) for a in arrays]
@@ -158,6 +170,12 @@ def _null_nan(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
+def _trainer_counters(c):
+    """TrainingCache.counters in the shape of the trainer's trainer.json 'counters'."""
+    return {"passes": c["passes"],
+            "tables": {t: {"last": c["last"][t], "total": c["total"][t]} for t in c["last"]}}
+
+
 def save(dir, cache, tower, opt, state):
     """Writes the save folder `dir` (staged as dir.tmp, then put in place of a previous save).
 
@@ -178,7 +196,7 @@ def save(dir, cache, tower, opt, state):
                "step": state["step"], "passes_done": state["passes_done"],
                "samples": state["samples"], "seed": state["config"]["seed"], "crossed": False,
                "world": 1, "num_blocks": None, "history": history,
-               "counters": cache.counters, "config": state["config"],
+               "counters": _trainer_counters(cache.counters), "config": state["config"],
                "sparse": sparse_point(os.path.join(staged, "sparse")),
                "producer": "samples/python/wide_deep.py"}
     with open(os.path.join(staged, "trainer.json"), "w") as f:
@@ -229,11 +247,9 @@ def load(dir, cache, tower, opt, config):
     with open(os.path.join(dir, "dense.bin"), "rb") as f:
         blob = f.read()
     # The dense blob is checked whole before the tables load; neither changes on a refusal.
-    probe_tower = type(tower)(tower.dim, tower.hidden, tower.dropout)
-    probe_opt = torch.optim.Adam(probe_tower.parameters())
-    load_dense_blob(blob, probe_tower, probe_opt, os.path.join(dir, "dense.bin"))
+    dense = _parse_dense(blob, tower, os.path.join(dir, "dense.bin"))
     cache.load(sparse)
-    adam_step = load_dense_blob(blob, tower, opt, os.path.join(dir, "dense.bin"))
+    adam_step = _apply_dense(tower, opt, *dense)
     return {"step": int(state["step"]), "passes_done": int(state["passes_done"]),
             "samples": int(state["samples"]), "history": list(state.get("history", [])),
             "adam_step": adam_step}
