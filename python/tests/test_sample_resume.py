@@ -68,6 +68,14 @@ def test_a_sample_save_resumes_in_embcache_train(tmp_path, synth_dataset):
                    + SAMPLE_ARGS)
     assert sorted(os.listdir(py_save)) == ["dense.bin", "sparse", "trainer.json"]
     assert state(py_save)["step"] == 4 and adam_step(py_save) == 4
+    # Its trainer.json records the model as a configuration embcache-train reads (as
+    # embcache-serve does to score with the save).
+    cfg = tmp_path / "py_config.json"
+    cfg.write_text(json.dumps(state(py_save)["config"]))
+    printed = json.loads(run_tool([tool("EMBCACHE_TRAIN"), "--config", str(cfg), "--print-config"]))
+    assert printed["model"]["hidden"] == [8] and printed["model"]["seed"] == 1
+    assert [(t["name"], t["dim"], t["optimizer"]["kind"]) for t in printed["tables"]] == \
+        [("wide", 1, "ftrl"), ("deep", 4, "adam")]
 
     out = run_tool(trainer_run(tmp_path, "resume", synth_dataset, "shard-00001.bin", c_save,
                                resume=py_save))
