@@ -222,6 +222,9 @@ def load(dir, cache, tower, opt, config):
         state = json.load(f)
     if state.get("format") != "embcache-trainer" or state.get("format_version") != 1:
         raise ValueError(f"{state_path}: not an embcache-trainer save of version 1")
+    if state.get("world", 1) != 1:
+        raise ValueError(f"{state_path}: a sharded save of {state['world']} ranks (sparse/ holds "
+                         "a part per rank); this sample resumes a single-process save")
     if state.get("crossed"):
         raise ValueError(f"{state_path}: saved with crossed true (the wide table takes crossed "
                          "keys); this sample trains without crossing")

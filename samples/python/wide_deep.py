@@ -27,14 +27,13 @@ import numpy as np
 import torch
 
 import embcache
-import trainer_save
 from embcache.torch import EmbeddingBagCollection, keyset_passes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # trainer_save beside this file
+import trainer_save  # noqa: E402
 
 SLOTS = embcache.CRITEO_SLOT_COUNT
 DENSE = embcache.CRITEO_DENSE_COUNT
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # trainer_save beside this file
 
 
 def trainer_config(args, hidden, passes):
@@ -187,6 +186,9 @@ def main(argv=None):
         p = state["passes_done"] + 1
         t0, losses, trained = time.perf_counter(), [], 0
         count = len(embcache.dataset_passes(folder)) - args.first_shard
+        if count <= 0 or args.shards < 0:
+            raise ValueError(f"--first-shard {args.first_shard} --shards {args.shards}: "
+                             f"{folder} has {count + args.first_shard} shards")
         take = list(range(args.first_shard, args.first_shard + (args.shards or count)))
         config["passes"].append({"shards": [embcache.dataset_passes(folder)[i][0] for i in take]})
         before = {t: dict(cache.counters["total"].get(t, {})) for t in ("wide", "deep")}
