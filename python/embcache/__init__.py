@@ -39,6 +39,7 @@ from ._embcache import (  # noqa: F401
     read_keyset,
     read_shard_header,
     write_keyset,
+    xxh64,
 )
 
 if HAVE_ROCKSDB:

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "embcache/keyset.hpp"
@@ -155,6 +158,23 @@ void bind_data(py::module_& m) {
       R"doc(Reads a keyset file -> sorted unique int64 keys. Magic, version, key type, count,
 checksum and order are checked (CorruptionError, InvalidArgumentError naming the file); a missing
 file is NotFoundError.)doc");
+  m.def(
+      "xxh64",
+      [](py::buffer data, std::uint64_t seed) {
+        const py::buffer_info b = data.request();
+        if (!py::detail::compare_buffer_info<std::uint8_t>::compare(b) &&
+            b.format != py::format_descriptor<char>::format())
+          throw py::type_error("data: expected bytes or a uint8 buffer, got format '" + b.format +
+                               "'");
+        if (b.ndim != 1 || (b.ndim == 1 && b.strides[0] != 1))
+          throw py::value_error("data: expected a contiguous 1-d byte buffer");
+        const auto* p = static_cast<const std::uint8_t*>(b.ptr);
+        const auto n = static_cast<std::size_t>(b.size);
+        return without_gil([&] { return static_cast<std::uint64_t>(XXH64(p, n, seed)); });
+      },
+      py::arg("data"), py::arg("seed") = 0,
+      R"doc(xxHash64 of the bytes of `data` (bytes, bytearray or a 1-d uint8 array) with `seed`: the
+checksum of the trainer's dense.bin blobs (docs/model.md), so that Python writes and checks them.)doc");
   m.def(
       "read_shard_header",
       [](const std::string& path) {

@@ -1,6 +1,8 @@
 """samples/python/wide_deep.py runs end to end on a small dataset: trains, evaluates, exports and
-saves tables that load back, with rows equal to what apply_deltas builds from the exports."""
+saves in embcache-train's format, tables that load back, with rows equal to what apply_deltas
+builds from the exports."""
 
+import json
 import os
 import subprocess
 import sys
@@ -32,4 +34,5 @@ def test_wide_deep_sample_trains_exports_and_saves(tmp_path, synth_dataset):
     keys = embcache.read_keyset(shards[0][1])
     rows, found = tc.read("deep", keys)
     assert found.all() and np.isfinite(rows).all()
-    assert (tmp_path / "save" / "dense.pt").stat().st_size > 0
+    assert (tmp_path / "save" / "dense.bin").stat().st_size > 0
+    assert json.loads((tmp_path / "save" / "trainer.json").read_text())["passes_done"] == 2

@@ -12,12 +12,15 @@ cache's rows on backward; the MLP and the wide bias are torch modules trained by
 Each pass walks a dataset folder shard by shard (keyset mode: the shard's keyset is made resident,
 the next shard's is prefetched in the background while this one trains), then evaluates AUC and
 log loss on --eval (keys the tables never saw pool as zero rows, as embcache-train does), exports
-the rows changed in the pass (--export) and, at the end, saves the tables (--save: DIR/sparse, the
-format embcache-train's saves hold, plus DIR/dense.pt for the torch part).
+the rows changed in the pass (--export) and, at the end, saves the model in embcache-train's save
+format (--save DIR: DIR/sparse, DIR/dense.bin, DIR/trainer.json; trainer_save.py), which
+embcache-train resumes (config resume_from) and this sample resumes (--resume), from either.
 """
 
 import argparse
+import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -26,8 +29,29 @@ import torch
 import embcache
 from embcache.torch import EmbeddingBagCollection, keyset_passes
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # trainer_save beside this file
+import trainer_save  # noqa: E402
+
 SLOTS = embcache.CRITEO_SLOT_COUNT
 DENSE = embcache.CRITEO_DENSE_COUNT
+
+
+def trainer_config(args, hidden, passes):
+    """The embcache-train configuration of this model (docs/trainer.md), written to trainer.json."""
+    return {
+        "mode": "keyset", "batch_size": args.batch_size, "crossed": False, "seed": args.seed,
+        "num_dense": DENSE, "num_slots": SLOTS, "shuffle": False,
+        "passes": [{"shards": shards} for shards in passes],
+        "eval_shard": args.eval, "eval_max_samples": args.eval_max_samples,
+        "tables": [
+            {"name": "wide", "dim": 1, "capacity": args.capacity, "init_scale": 0.0,
+             "optimizer": {"kind": "ftrl", "ftrl_alpha": 0.05, "ftrl_initial_accumulator": 1.0}},
+            {"name": "deep", "dim": args.dim, "capacity": args.capacity, "init_scale": 0.01,
+             "optimizer": {"kind": "adam", "learning_rate": args.sparse_lr}},
+        ],
+        "model": {"hidden": hidden, "dropout": args.dropout, "seed": args.model_seed,
+                  "learning_rate": args.lr, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+    }
 
 
 def make_cache(args):
@@ -46,6 +70,7 @@ class DenseTower(torch.nn.Module):
 
     def __init__(self, dim, hidden, dropout):
         super().__init__()
+        self.dim, self.hidden, self.dropout = dim, list(hidden), dropout
         layers, fan_in = [], SLOTS * dim + DENSE
         for width in hidden:
             linear = torch.nn.Linear(fan_in, width)
@@ -58,6 +83,10 @@ class DenseTower(torch.nn.Module):
         torch.nn.init.zeros_(out.bias)
         self.mlp = torch.nn.Sequential(*layers, out)
         self.wide_bias = torch.nn.Parameter(torch.zeros(()))
+
+    def linears(self):
+        """The MLP's layers in order (the trainer's dense.bin order)."""
+        return [m for m in self.mlp if isinstance(m, torch.nn.Linear)]
 
     def forward(self, wide, deep, dense):
         x = torch.cat([deep.flatten(1), dense], dim=1)
@@ -106,11 +135,12 @@ def evaluate(cache, tower, shard, args):
     return auc(y, s), logloss
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--train", nargs="+", required=True, help="dataset folders, one pass each")
+    ap.add_argument("--train", nargs="*", default=[], help="dataset folders, one pass each")
     ap.add_argument("--shards", type=int, default=0,
-                    help="train on the first N shards of each folder (0: all)")
+                    help="train on N shards of each folder (0: all from --first-shard)")
+    ap.add_argument("--first-shard", type=int, default=0, help="index of the first shard")
     ap.add_argument("--eval", default="", help="held-out shard")
     ap.add_argument("--eval-max-samples", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -124,9 +154,13 @@ def main():
     ap.add_argument("--model-seed", type=int, default=0, help="seed of the MLP and dropout")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--load", default="", help="a save's sparse folder to start the tables from")
+    ap.add_argument("--resume", default="",
+                    help="a save (this sample's or embcache-train's) to continue from")
     ap.add_argument("--export", default="", help="folder of the incremental exports")
-    ap.add_argument("--save", default="", help="save folder (sparse/ and dense.pt)")
-    args = ap.parse_args()
+    ap.add_argument("--save", default="",
+                    help="save folder in embcache-train's format "
+                    "(sparse/, dense.bin, trainer.json)")
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.model_seed)
@@ -138,11 +172,26 @@ def main():
     hidden = [int(h) for h in args.hidden.split(",") if h]
     tower = DenseTower(args.dim, hidden, args.dropout)
     opt = torch.optim.Adam(tower.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
+    config = trainer_config(args, hidden, [])
+    state = {"step": 0, "passes_done": 0, "samples": 0, "history": []}
+    if args.resume:
+        state = trainer_save.load(args.resume, cache, tower, opt, config)
+        for bag in bags.bags.values():  # sparse Adam's bias correction runs on from the step
+            bag.step = state["step"]
+        print(f"resumed {args.resume}: step {state['step']}, {state['passes_done']} passes, "
+              f"{state['samples']} samples, dense Adam step {state['adam_step']}", flush=True)
 
     samples = 0
-    for p, folder in enumerate(args.train, 1):
-        t0, losses = time.perf_counter(), []
-        take = list(range(args.shards)) if args.shards else None
+    for folder in args.train:
+        p = state["passes_done"] + 1
+        t0, losses, trained = time.perf_counter(), [], 0
+        count = len(embcache.dataset_passes(folder)) - args.first_shard
+        if count <= 0 or args.shards < 0:
+            raise ValueError(f"--first-shard {args.first_shard} --shards {args.shards}: "
+                             f"{folder} has {count + args.first_shard} shards")
+        take = list(range(args.first_shard, args.first_shard + (args.shards or count)))
+        config["passes"].append({"shards": [embcache.dataset_passes(folder)[i][0] for i in take]})
+        before = {t: dict(cache.counters["total"].get(t, {})) for t in ("wide", "deep")}
         for _, reader in keyset_passes(cache, folder, batch_size=args.batch_size, shards=take):
             for b in reader:
                 keys = torch.from_numpy(b["keys"])
@@ -155,22 +204,45 @@ def main():
                 opt.step()
                 losses.append(loss.item())
                 samples += b["size"]
+                trained += b["size"]
         seconds = time.perf_counter() - t0
         line = (f"pass {p}: {folder}: train loss {np.mean(losses):.4f}, "
-                f"{len(losses) * args.batch_size / seconds:.0f} samples/s")
+                f"{trained / seconds:.0f} samples/s")
+        a, ll = float("nan"), float("nan")
         if args.eval:
             a, ll = evaluate(cache, tower, args.eval, args)
             line += f", eval AUC {a:.4f}, log loss {ll:.4f}"
+        export_path, exported = "", 0
         if args.export:
-            line += f", export {os.path.basename(cache.export_incremental_to(args.export))}"
+            export_path = cache.export_incremental_to(args.export)
+            with open(os.path.join(export_path, "manifest.json")) as f:
+                exported = sum(t["count"] for t in json.load(f)["tables"])
+            line += f", export {os.path.basename(export_path)}"
         c = cache.counters["last"]["deep"]
         line += f", last swap: {c['rows_staged']} staged, {c['rows_pushed']} written back"
         print(line, flush=True)
+        total = cache.counters["total"]
+        moved = {k: sum(total[t].get(k, 0) - before[t].get(k, 0) for t in before)
+                 for k in ("rows_pulled", "rows_staged", "rows_pushed", "hits", "misses")}
+        lookups = moved["hits"] + moved["misses"]
+        state["history"].append({
+            "pass": p, "samples": trained, "steps": len(losses),
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "eval_auc": a, "eval_logloss": ll, "swap_seconds": float("nan"),
+            "rows_in": moved["rows_pulled"] + moved["rows_staged"],
+            "rows_out": moved["rows_pushed"],
+            "hit_rate": moved["hits"] / lookups if lookups else float("nan"),
+            "samples_per_s": trained / seconds, "seconds": seconds,
+            "rows_exported": exported, "export_path": export_path})
+        state["step"] += len(losses)
+        state["samples"] += trained
+        state["passes_done"] = p
+    if args.eval and not args.train:  # a resumed model scored as it was saved
+        a, ll = evaluate(cache, tower, args.eval, args)
+        print(f"eval AUC {a:.6f}, log loss {ll:.6f}", flush=True)
     if args.save:
-        os.makedirs(args.save, exist_ok=True)
-        cache.save(os.path.join(args.save, "sparse"))
-        torch.save(tower.state_dict(), os.path.join(args.save, "dense.pt"))
-        print(f"saved {args.save} ({samples} samples trained)")
+        trainer_save.save(args.save, cache, tower, opt, dict(state, config=config))
+        print(f"saved {args.save} ({samples} samples trained, step {state['step']})")
 
 
 if __name__ == "__main__":
