@@ -3,7 +3,7 @@
 # that has the CUDA driver and libraries but none of embcache's Debian dependencies: the GPU test
 # binary, the cache and training-cache benchmarks, the trainer and the synthetic-data tool, for
 # one architecture, plus the shared libraries they need that are not the C/C++ runtime or CUDA's.
-# Output: .gpu-kit/ (git-ignored): kit.tar.xz (bin/ and lib/, about 10 MB against 62 MB
+# Output: .gpu-kit/ (git-ignored): kit.tar.xz (bin/ and lib/, about 14 MiB against 83 MB
 # unpacked) and run.sh, which unpacks it on first use; it must stay under the device tool's carry
 # limit (64 MiB with the working tree), which this script checks.
 #
