@@ -370,6 +370,16 @@ class training_cache {
   /// with its logs of written and erased keys emptied. Waits for a running prefetch and drops
   /// staged rows. invalid_argument, before anything changes, when a table holds resident rows.
   status adopt_stores();
+  /// For tables trained outside the cache, directly in their stores (the trainer's host-hybrid
+  /// mode, host_hybrid.hpp; the cache holds none of their rows), before an export or a save:
+  /// logs every store row pushed since the last export (or since the previous call) as written,
+  /// so that the next export_incremental() / export_incremental_to() takes it from the store, and
+  /// moves each table's version clock up to its store's max_version(). Unlike adopt_stores(), the
+  /// export keeps its position and its logs, the keys erased since the last export (expiry,
+  /// erase()) included: they are the next export's tombstones. One scan of the rows newer than the
+  /// last export per table. invalid_argument, before anything changes, when a table holds resident
+  /// rows.
+  status adopt_store_writes();
 
   /// Feature admission's state of table `t` as saves record it (admission_sketch::to_words():
   /// header and counters); empty when the table's admission is off. Throws std::out_of_range for

@@ -4,7 +4,8 @@
 // begin_pass makes it: the shard's keysets are sighted and its rows expired by the cache of one
 // bucket per table over the stores (training_cache::begin_pass_in_stores), which keeps the
 // sketches and the expiry clocks and saves them, so a host-hybrid run admits, refuses and
-// expires exactly what a keyset-mode run does.
+// expires exactly what a keyset-mode run does. Its incremental exports are the cache's, of the
+// rows pushed into the stores since the last one and the keys expired since (tombstones).
 #include <vector>
 
 #include "embcache/host_hybrid.hpp"
@@ -64,14 +65,21 @@ class host_hybrid_path final : public embedding_path {
   path_activity take_activity() override { return {}; }
   const cache_counters& counters() const override { return tables_.cache->counters(); }
 
-  result<exported_delta> export_incremental_to(const std::string&, bool) override {
-    return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
+  // The cache's export, of the rows pushed into the stores since the last one (adopt_store_writes)
+  // and of the keys expired since, its tombstones: the deltas of keyset mode.
+  result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
+    EMBCACHE_RETURN_IF_ERROR(tables_.cache->adopt_store_writes());
+    auto path = tables_.cache->export_incremental_to(dir, with_state);
+    if (!path.ok()) return path.get_status();
+    return exported_delta_of(path.value());
   }
   // The cache holds none of the stores' rows: it takes their version clocks (adopt_stores) and
   // saves them with its admission counts and expiry clocks, under its run identity, which load()
-  // below adopts from a save.
+  // below adopts from a save. With exports, a save between two of them keeps the next one's
+  // position and logs (adopt_store_writes).
   status save_sparse(const std::string& dir, const save_progress& on_progress) override {
-    EMBCACHE_RETURN_IF_ERROR(tables_.cache->adopt_stores());
+    EMBCACHE_RETURN_IF_ERROR(config_.export_dir.empty() ? tables_.cache->adopt_stores()
+                                                        : tables_.cache->adopt_store_writes());
     return tables_.cache->save(dir, on_progress);
   }
   // The rows pushed from now on are newer than the loaded table clock (which the expiry clock's

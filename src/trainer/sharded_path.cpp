@@ -216,8 +216,8 @@ class sharded_path final : public embedding_path {
   // one past the highest parts file rank 0 finds, and rank 0 names the parts in
   // `dir`/delta-N.parts.json.
   result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
-    if (!keyset_)
-      return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
+    if (!keyset_)  // refused with config.export_dir before the run (check_sharded_config)
+      return status::unsupported("a sharded run in mode host_hybrid has no incremental export");
     std::uint64_t number = 1;
     if (comm_.rank() == 0) {
       std::error_code ec;

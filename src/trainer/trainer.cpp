@@ -572,8 +572,6 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
 
 result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
   impl& s = *impl_;
-  if (!s.path->has_cache())
-    return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
   if (!s.diverged.ok()) return s.diverged;
   EMBCACHE_RETURN_IF_ERROR(create_folder(s.config.export_dir, "config.export_dir"));
   auto d = s.path->export_incremental_to(s.config.export_dir, s.config.export_with_state);

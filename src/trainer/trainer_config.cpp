@@ -255,9 +255,6 @@ status validate(const trainer_config& c) {
         "config.embedding_device: \"cuda\" with config.mode \"host_hybrid\": host-hybrid keeps "
         "the embeddings and their sparse optimizers on the host (use \"host\" or \"auto\", or "
         "mode \"keyset\" or \"on_demand\")");
-  if (c.mode == trainer_mode::host_hybrid && !c.export_dir.empty())
-    return status::invalid_argument(
-        "config.export_dir: incremental export needs a cache (mode keyset or on_demand)");
   // A name too long for the file system would fail only when the first file is written, after
   // training: checked here. A save is published beside ".tmp" and ".old" siblings.
   EMBCACHE_RETURN_IF_ERROR(detail::check_output_path_length("config.save_dir", c.save_dir, 4));

@@ -39,6 +39,11 @@ status detail::check_sharded_config(const trainer_config& config, const communic
                                       "admission or expiry (a sharded run has them in mode "
                                       "\"keyset\")");
   }
+  // Its rows are in the owners' stores, whose rows no training cache exports: keyset mode's do.
+  if (config.mode == trainer_mode::host_hybrid && !config.export_dir.empty())
+    return status::invalid_argument(
+        "config.export_dir: a sharded run in mode \"host_hybrid\" has no incremental export (a "
+        "sharded run has it in mode \"keyset\")");
   if (config.num_blocks % static_cast<std::size_t>(world) != 0)
     return status::invalid_argument("config.num_blocks: " + std::to_string(config.num_blocks) +
                                     " blocks do not split over " + std::to_string(world) +

@@ -222,4 +222,38 @@ status training_cache_core<Key, Space>::adopt_stores() {
   return {};
 }
 
+// Rows pushed into the stores from outside the cache (host-hybrid): logged as written, so that
+// the next export takes them from the store, and the version clock moved up to them.
+template <class Key, class Space>
+status training_cache_core<Key, Space>::adopt_store_writes() {
+  for (const auto& tb : tables) {
+    if (tb.cache->size() != 0) {
+      return status::invalid_argument("adopt_store_writes: table '" + tb.opt.name + "' holds " +
+                                      std::to_string(tb.cache->size()) +
+                                      " resident rows (its rows must be in its store only)");
+    }
+  }
+  EMBCACHE_RETURN_IF_ERROR(finish_write_behind());
+  const std::size_t batch = std::max<std::size_t>(options.prefetch_batch, 1);
+  for (auto& tb : tables) {
+    std::lock_guard<std::mutex> install_lock(*tb.sync.install_mutex);
+    auto& ex = tb.exports;
+    std::uint64_t stored = 0;
+    {
+      std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
+      // Rows logged by an earlier call and not pushed since are in the log already.
+      const std::uint64_t since = std::max(ex.last_version, ex.logged_version);
+      EMBCACHE_RETURN_IF_ERROR(tb.sync.store->for_each_changed_since(
+          since, batch, [&](const Key* k, const float*, const std::uint64_t*, std::size_t n) {
+            ex.written.insert(ex.written.end(), k, k + n);
+            return status{};
+          }));
+      stored = tb.sync.store->max_version();
+    }
+    tb.cache->advance_version(stored);
+    ex.logged_version = std::max(ex.logged_version, stored);
+  }
+  return {};
+}
+
 }  // namespace embcache::detail

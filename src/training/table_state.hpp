@@ -119,6 +119,7 @@ struct export_log {
   std::uint64_t last_version = 0;  // versions above this are not exported yet
   std::vector<Key> written;        // keys written back to the store since the last export
   std::vector<Key> erased;         // keys erased since the last export
+  std::uint64_t logged_version = 0;  // store rows up to this version are in `written`
 };
 
 // begin_pass scratch, kept to avoid allocating per pass.

@@ -135,6 +135,7 @@ struct training_cache_core {
   status save(const std::string& dir, const save_progress& on_progress);
   status load(const std::string& dir, const load_options& options);
   status adopt_stores();
+  status adopt_store_writes();
 };
 
 }  // namespace embcache::detail

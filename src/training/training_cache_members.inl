@@ -408,6 +408,11 @@ status training_cache<Key, Space>::adopt_stores() {
 }
 
 template <class Key, class Space>
+status training_cache<Key, Space>::adopt_store_writes() {
+  return detail::public_call("adopt_store_writes", [&] { return core_->adopt_store_writes(); });
+}
+
+template <class Key, class Space>
 std::vector<std::uint32_t> training_cache<Key, Space>::admission_state(std::size_t t) const {
   return core_->tables.at(t).admission.to_words();
 }

@@ -93,6 +93,9 @@ TEST(trainer_config, errors_name_the_field) {
             "mode \"keyset\" or \"on_demand\")");
   j["embedding_device"] = "auto";
   EXPECT_EQ(err(j), "ok");
+  // Its incremental exports are the cache's (host_hybrid_deltas_apply_to_its_final_save).
+  j["export_dir"] = "deltas";
+  EXPECT_EQ(err(j), "ok");
   j = base;
   j["blas_threads"] = -1;
   EXPECT_EQ(err(j), "config.blas_threads: expected an integer in [0, 4096], got -1");
@@ -884,9 +887,9 @@ TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
   EXPECT_EQ(err(R"({"ttl_passes": 3})", "host_hybrid"), "ok");
 }
 
-// A sharded host-hybrid run trains on its owners' stores, which have no pass boundary: admission
-// and expiry are refused there, naming the field, before anything is built.
-TEST(trainer_config, a_sharded_host_hybrid_run_refuses_admission_and_expiry) {
+// A sharded host-hybrid run trains on its owners' stores, which have no pass boundary nor export:
+// admission, expiry and export_dir are refused there, naming the field, before anything is built.
+TEST(trainer_config, a_sharded_host_hybrid_run_refuses_admission_expiry_and_export) {
   single_process_communicator one;
   trainer_config c = small_config("sharded_hybrid_lifecycle");
   c.passes = {{{shard(0)}}};
@@ -905,6 +908,15 @@ TEST(trainer_config, a_sharded_host_hybrid_run_refuses_admission_and_expiry) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().message().rfind("config.tables[0].admission: ", 0), 0u)
       << t.get_status().message();
+  c.tables[0].admission = {};
+  c.export_dir = temp_dir("sharded_hybrid_lifecycle") + "/deltas";
+  t = trainer::create(c, one);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(t.get_status().message(),
+            "config.export_dir: a sharded run in mode \"host_hybrid\" has no incremental export "
+            "(a sharded run has it in mode \"keyset\")");
+  EXPECT_FALSE(fs::exists(c.export_dir));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Criteo rows.
 #include <cstdlib>
 
+#include "embcache/serving.hpp"
 #include "trainer_test_support.hpp"
 
 namespace embcache::test {
@@ -144,6 +145,83 @@ TEST(trainer, host_hybrid_admits_and_expires_as_the_cache_does) {
   for (int t = 0; t < 2; ++t) {
     EXPECT_EQ(clock(hybrid.save_dir, t).value("boundaries", 0u), 5u) << t;
     EXPECT_EQ(clock(hybrid.save_dir, t)["boundaries"], clock(cached.save_dir, t)["boundaries"]);
+  }
+}
+
+// Host-hybrid's incremental exports are the training cache's (adopt_store_writes): delta 1 holds
+// the rows pass 1 pushed into the stores, those of the save after it, state included; passes 2
+// and 3, resumed from that save, export deltas 2 and 3, whose tombstones are the keys expiry
+// removed; the deltas applied to the first save give the final save's tables, so the expired keys
+// leave serving.
+TEST(trainer, host_hybrid_deltas_apply_to_its_final_save) {
+  const std::string root = temp_dir("hybrid_exports");
+  trainer_config c = small_config("hybrid_exports");
+  c.passes = {{{shard(0)}}, {{shard(1)}}, {{shard(2)}}};
+  c.mode = trainer_mode::host_hybrid;
+  c.save_dir.clear();
+  c.export_dir = root + "/deltas";
+  c.export_with_state = true;
+  for (auto& tc : c.tables) tc.expiry.ttl_passes = 1;
+  auto first_run = trainer::create(c);
+  EMBCACHE_ASSERT_OK(first_run);
+  EMBCACHE_ASSERT_OK(first_run.value()->run_pass(c.passes[0], nullptr));
+  EMBCACHE_ASSERT_OK(first_run.value()->save(root + "/base"));
+  trainer_config rest = c;
+  rest.passes.erase(rest.passes.begin());
+  rest.resume_from = root + "/base";
+  rest.save_dir = root + "/final";
+  auto t = trainer::create(rest);
+  EMBCACHE_ASSERT_OK(t);
+  t.value()->set_log([](const std::string&) {});
+  EMBCACHE_ASSERT_OK(t.value()->run());
+  auto base = read_model_folder(root + "/base/sparse");
+  auto last = read_model_folder(root + "/final/sparse");
+  auto first = read_delta_folder(c.export_dir + "/delta-000001");
+  EMBCACHE_ASSERT_OK(base);
+  EMBCACHE_ASSERT_OK(last);
+  EMBCACHE_ASSERT_OK(first);
+  std::vector<std::int64_t> tombstones;  // of deltas 2 and 3, every table
+  for (std::size_t i = 0; i < 2; ++i) {
+    const folder_table& b = base.value().tables[i];
+    const folder_table& d = first.value().tables[i];
+    ASSERT_EQ(d.name, b.name);
+    EXPECT_GT(d.state_width, 0u) << d.name;
+    EXPECT_EQ(d.keys, b.keys) << d.name;
+    EXPECT_TRUE(d.vectors == b.vectors) << d.name;
+    EXPECT_TRUE(d.states == b.states) << d.name;
+    EXPECT_TRUE(d.erased.empty()) << d.name;
+    for (const char* n : {"/delta-000002", "/delta-000003"}) {
+      auto later = read_delta_folder(c.export_dir + n);
+      EMBCACHE_ASSERT_OK(later);
+      const auto& e = later.value().tables[i].erased;
+      tombstones.insert(tombstones.end(), e.begin(), e.end());
+    }
+    const auto& kept = last.value().tables[i].keys;
+    for (const std::int64_t k : tombstones)
+      EXPECT_FALSE(std::binary_search(kept.begin(), kept.end(), k)) << d.name << " key " << k;
+  }
+  std::uint64_t expired = 0;
+  for (const auto& tc : t.value()->cache().counters().total) expired += tc.rows_expired;
+  EXPECT_GT(expired, 0u);
+  EXPECT_EQ(tombstones.size(), expired);
+  const std::string applied = root + "/applied";
+  fs::copy(root + "/base", applied, fs::copy_options::recursive);
+  auto r = apply_deltas(applied, c.export_dir);
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_EQ(r.value().deltas, (std::vector<std::uint64_t>{1, 2, 3}));
+  EXPECT_GT(r.value().rows_erased, 0u);  // expired keys the base held
+  // Every file of the final save's tables but `version` (the update clock).
+  for (const char* table : {"wide", "deep"}) {
+    const std::string want = root + "/final/sparse/" + table;
+    std::size_t compared = 0;
+    for (const auto& e : fs::directory_iterator(want)) {
+      const std::string f = e.path().filename().string();
+      if (f == "version") continue;
+      EXPECT_TRUE(read_bytes(applied + "/sparse/" + table + "/" + f) == read_bytes(want + "/" + f))
+          << table << "/" << f;
+      ++compared;
+    }
+    EXPECT_GE(compared, 3u) << table;  // key, emb_vector, slot_id (+ the optimizer's files)
   }
 }
 

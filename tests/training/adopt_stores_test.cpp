@@ -1,7 +1,8 @@
 // training_cache::adopt_stores: rows that reach a table's store without the cache (a sharded
 // save loaded into the stores of a keyset-mode run does this) keep their versions, so the cache's
 // clock must pass them, or a row updated afterwards looks older than its stored copy: clean, never
-// written back, never exported.
+// written back, never exported. adopt_store_writes: rows pushed into the store from outside the
+// cache are exported as the cache's.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -64,6 +65,48 @@ TEST(training_cache_adopt_stores, a_table_with_resident_rows_is_refused_and_unch
   EXPECT_NE(s.message().find("adopt_stores: table 't' holds 2 resident rows"), std::string::npos)
       << s.to_string();
   EXPECT_EQ(f.tc->cache(0).version(), before);
+}
+
+// training_cache::adopt_store_writes: rows pushed into the store from outside the cache (the
+// trainer's host-hybrid mode) are the next export's, read from the store, with the keys erased
+// since as its tombstones; a second call before that export (a save makes one) repeats and loses
+// nothing, and the export keeps its position (adopt_stores would move it).
+TEST(training_cache_adopt_stores, rows_pushed_into_the_store_are_exported_with_the_erased_keys) {
+  outside_load f;
+  EMBCACHE_ASSERT_OK(f.tc->adopt_stores());  // the export starts at the loaded rows (50)
+  const std::vector<std::int64_t> pushed{2, 3, 9}, more{9, 12}, gone{3, 5};
+  const std::vector<float> rows(3 * dim, 3.0f);
+  EMBCACHE_ASSERT_OK(f.store->push(pushed.data(), 3, rows.data()));  // stamped 51
+  EMBCACHE_ASSERT_OK(f.tc->adopt_store_writes());
+  EXPECT_EQ(f.tc->cache(0).version(), 51u);
+  EMBCACHE_ASSERT_OK(f.tc->erase(0, gone.data(), gone.size()));
+  EMBCACHE_ASSERT_OK(f.store->push(more.data(), 2, rows.data()));  // stamped 52
+  EMBCACHE_ASSERT_OK(f.tc->adopt_store_writes());
+  EXPECT_EQ(f.tc->cache(0).version(), 52u);
+  auto d = f.tc->export_incremental();
+  EMBCACHE_ASSERT_OK(d);
+  ASSERT_EQ(d.value().size(), 1u);
+  const table_delta<std::int64_t>& t = d.value()[0];
+  EXPECT_EQ(t.since_version, 50u);
+  EXPECT_EQ(t.until_version, 52u);
+  EXPECT_EQ(t.keys, (std::vector<std::int64_t>{2, 9, 12}));
+  EXPECT_EQ(t.versions, (std::vector<std::uint64_t>{51, 52, 52}));
+  EXPECT_EQ(t.vectors, std::vector<float>(3 * dim, 3.0f));
+  EXPECT_EQ(t.erased, (std::vector<std::int64_t>{3, 5}));
+  // Nothing new: an empty delta from 52.
+  EMBCACHE_ASSERT_OK(f.tc->adopt_store_writes());
+  auto next = f.tc->export_incremental();
+  EMBCACHE_ASSERT_OK(next);
+  EXPECT_EQ(next.value()[0].since_version, 52u);
+  EXPECT_TRUE(next.value()[0].keys.empty());
+  EXPECT_TRUE(next.value()[0].erased.empty());
+  // Resident rows: refused, nothing changes.
+  EMBCACHE_ASSERT_OK(f.tc->begin_pass({{100}}));
+  const status s = f.tc->adopt_store_writes();
+  EXPECT_EQ(s.code(), status_code::invalid_argument);
+  EXPECT_NE(s.message().find("adopt_store_writes: table 't' holds 1 resident rows"),
+            std::string::npos)
+      << s.to_string();
 }
 
 }  // namespace
