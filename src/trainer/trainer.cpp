@@ -57,11 +57,11 @@ std::string detail::step_label(std::uint64_t pass, std::uint64_t global_step,
 trainer::impl::impl() : log([](const std::string& s) { std::cout << s << std::endl; }) {}
 
 status trainer::impl::diverge(const std::string& where, const std::string& what) {
-  diverged = status::invalid_argument(
+  notes.diverged = status::invalid_argument(
       where + ": training diverged: " + what +
       "; the run stops here, saving and exporting nothing (lower the learning rates, check the "
       "data for non-finite features)");
-  return diverged;
+  return notes.diverged;
 }
 
 // The memory estimate first: a clear error instead of an allocation that cannot succeed. Caches
@@ -80,7 +80,7 @@ status trainer::impl::build() {
         space.max_threads = config.threads;
         roles = detail::roles_of(config);
         num_wide_slots = model_wide_slots(config.num_slots, config.crossed);
-        return detail::make_embedding_path(config, space, comm, &embedding_note);
+        return detail::make_embedding_path(config, space, comm, &notes.embedding_note);
       });
   if (!p.ok()) return p.get_status();
   path = std::move(p).value();
@@ -92,7 +92,8 @@ status trainer::impl::build() {
     if (const status ms = check_options(mlp_options(mo)); !ms.ok())
       return status(ms.code(), "config.model: " + ms.message());
     if (config.blas_threads > 0) set_host_blas_threads(config.blas_threads);
-    auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
+    auto m = make_dense_backend(config.dense_device, mo, space, &notes.dense_note,
+                                "config.dense_device");
     if (!m.ok()) return m.get_status();
     model = std::move(m).value();
     pooled_on_device = path->pools_on_device() && model->takes_device_inputs();
@@ -231,7 +232,7 @@ const std::vector<pass_metrics>& trainer::history() const noexcept {
 }
 const trainer_config& trainer::config() const noexcept { return impl_->config; }
 const char* trainer::embedding_device() const noexcept { return impl_->path->device(); }
-const std::string& trainer::embedding_note() const noexcept { return impl_->embedding_note; }
+const std::string& trainer::embedding_note() const noexcept { return impl_->notes.embedding_note; }
 const cache_counters& trainer::counters() const { return impl_->path->counters(); }
 training_cache<std::int64_t>& trainer::cache() {
   training_cache<std::int64_t>* c = impl_->path->host_cache();
@@ -250,17 +251,17 @@ training_cache<std::int64_t, cuda_space>& trainer::cuda_cache() {
   return *c;
 }
 dense_backend& trainer::model() noexcept { return *impl_->model; }
-const std::string& trainer::dense_note() const noexcept { return impl_->dense_note; }
+const std::string& trainer::dense_note() const noexcept { return impl_->notes.dense_note; }
 void trainer::set_log(std::function<void(const std::string&)> log) { impl_->log = std::move(log); }
 
 status trainer::run() {
   const auto& passes = impl_->config.passes;
-  if (!impl_->dense_note_logged) {
-    impl_->log(impl_->dense_note);
-    impl_->log(impl_->embedding_note);
-    impl_->dense_note_logged = true;
+  if (!impl_->notes.dense_note_logged) {
+    impl_->log(impl_->notes.dense_note);
+    impl_->log(impl_->notes.embedding_note);
+    impl_->notes.dense_note_logged = true;
   }
-  if (!impl_->diverged.ok()) return impl_->diverged;
+  if (!impl_->notes.diverged.ok()) return impl_->notes.diverged;
   if (const std::string shared =
           detail::eval_shard_in_training(impl_->config, impl_->progress.passes_done);
       !shared.empty())
@@ -332,7 +333,7 @@ status detail::status_of_exception(std::exception_ptr e, const std::string& wher
 result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
                                        const trainer_pass_config* next) {
   impl& s = *impl_;
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   const trainer_config& c = s.config;
   trainer_config one = c;  // a pass naming a dataset folder gets its shards
   one.passes = {given};
@@ -581,7 +582,7 @@ result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
   impl& s = *impl_;
   if (!s.path->has_cache())
     return status::unsupported("incremental export needs a cache (mode keyset or on_demand)");
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   EMBCACHE_RETURN_IF_ERROR(create_folder(s.config.export_dir, "config.export_dir"));
   auto d = s.path->export_incremental_to(s.config.export_dir, s.config.export_with_state);
   if (!d.ok()) return d.get_status();

@@ -169,7 +169,7 @@ bool detail::dense_blob_finite(const std::vector<std::uint8_t>& blob) {
 
 status trainer::save(const std::string& dir) {
   impl& s = *impl_;
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   const auto t0 = clock_type::now();
   const std::vector<std::uint8_t> dense = s.model->save();
   if (!detail::dense_blob_finite(dense))

@@ -58,6 +58,15 @@ struct run_progress {
   std::chrono::steady_clock::time_point run_t0;
 };
 
+/// What a run tells once and what stops it: where the dense network and the embeddings run
+/// (logged before the first pass) and the divergence that ends training.
+struct run_notes {
+  std::string dense_note, embedding_note;
+  bool dense_note_logged = false;  // and the embedding note after it
+  // Set when the model was found non-finite: from then on no pass, save or export runs.
+  status diverged;
+};
+
 /// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
 status check_sharded_config(const trainer_config& config, const communicator& comm);
 
@@ -90,12 +99,9 @@ struct trainer::impl {
   // The tables and the dense network both on the device: each step's pooled embeddings and
   // their gradients stay there (embedding_path::forward_in_space, backward_in_space).
   bool pooled_on_device = false;
-  std::string dense_note, embedding_note;
-  bool dense_note_logged = false;  // and the embedding note after it
   detail::run_progress progress;
+  detail::run_notes notes;
   std::function<void(const std::string&)> log;
-  // Set when the model was found non-finite: from then on no pass, save or export runs.
-  status diverged;
 
   // Whether this process logs and writes the metrics files and the save's own files: the only
   // process, or rank 0 of a sharded run.
