@@ -152,7 +152,7 @@ table_counters sum_of_tables(const std::vector<table_counters>& tables) {
 }
 
 result<embedding_stores> build_embedding_stores(const trainer_config& config, host_space space,
-                                                bool save_only_cache, std::string* building) {
+                                                bool save_only_cache) {
   embedding_stores tables;
   tables.roles = roles_of(config);
   database_map databases;
@@ -171,12 +171,16 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
     o.slot_of = [](trainer_key k) -> std::uint64_t { return criteo_key_tag(k); };  // HugeCTR
     o.admission = tc.admission;
     o.expiry = tc.expiry;  // host-hybrid: its boundaries (begin_pass_in_stores) expire rows
-    *building = table_field(t) + " (table \"" + tc.name + "\"): its store";
-    auto store = make_store(config, t, space, databases);
-    if (!store.ok()) return store.get_status();
-    o.store = store.value();
-    tables.stores.push_back(std::move(store).value());
-    tables.tables.push_back(std::move(o));
+    const status opened =
+        allocating(table_field(t) + " (table \"" + tc.name + "\"): its store", [&]() -> status {
+          auto store = make_store(config, t, space, databases);
+          if (!store.ok()) return store.get_status();
+          o.store = store.value();
+          tables.stores.push_back(std::move(store).value());
+          tables.tables.push_back(std::move(o));
+          return {};
+        });
+    if (!opened.ok()) return opened;
   }
   tables.options.mode =
       config.mode == trainer_mode::on_demand ? cache_mode::on_demand : cache_mode::keyset;
@@ -184,16 +188,27 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
   tables.options.staging_bytes = static_cast<std::size_t>(memory.staging_bytes);
   tables.options.write_back_bytes = static_cast<std::size_t>(memory.write_back_bytes);
   tables.options.prefetch_batch = memory.prefetch_batch;
-  *building = "config.tables: the training cache of";
-  for (std::size_t t = 0; t < tables.tables.size(); ++t)
-    *building += std::string(t ? " and" : "") + " table \"" + tables.tables[t].name + "\" (" +
-                 table_field(t) + ".capacity " + std::to_string(tables.tables[t].capacity) + ")";
   return tables;
 }
 
+std::string training_cache_field(const std::vector<table_options<trainer_key>>& tables) {
+  std::string what = "config.tables: the training cache of";
+  for (std::size_t t = 0; t < tables.size(); ++t)
+    what += std::string(t ? " and" : "") + " table \"" + tables[t].name + "\" (" + table_field(t) +
+            ".capacity " + std::to_string(tables[t].capacity) + ")";
+  return what;
+}
+
+status out_of_memory(const std::string& what) {
+  return status::capacity_exceeded(
+             "out of memory (std::bad_alloc) while allocating it; lower the capacity or the "
+             "model size")
+      .with_context(what);
+}
+
 result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
-                                                bool save_only_cache, std::string* building) {
-  auto stores = build_embedding_stores(config, space, save_only_cache, building);
+                                                bool save_only_cache) {
+  auto stores = build_embedding_stores(config, space, save_only_cache);
   if (!stores.ok()) return stores.get_status();
   return make_cache_tables(std::move(stores).value(), space);
 }
@@ -267,7 +282,6 @@ result<bool> embedding_device_of(const trainer_config& config, bool sharded, std
 
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
                                                             host_space space, communicator* comm,
-                                                            std::string* building,
                                                             std::string* note) {
   auto on_cuda = embedding_device_of(config, comm != nullptr, note);
   if (!on_cuda.ok()) return on_cuda.get_status();
@@ -277,19 +291,19 @@ result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config
     for (auto& tc : mine.tables)
       if (tc.store == "rocksdb") tc.store_path += "/" + rank_folder_name(comm->rank());
     const bool keyset = config.mode == trainer_mode::keyset;
-    auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/!keyset, building);
+    auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/!keyset);
     if (!tables.ok()) return tables.get_status();
-    return make_sharded_path(mine, space, *comm, std::move(tables).value(), building);
+    return make_sharded_path(mine, space, *comm, std::move(tables).value());
   }
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
   if (on_cuda.value()) {
-    auto stores = build_embedding_stores(config, space, /*save_only_cache=*/false, building);
+    auto stores = build_embedding_stores(config, space, /*save_only_cache=*/false);
     if (!stores.ok()) return stores.get_status();
     return installed_cuda_cache_path_factory()(config, std::move(stores).value());
   }
-  auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid, building);
+  auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid);
   if (!tables.ok()) return tables.get_status();
-  if (hybrid) return make_host_hybrid_path(config, std::move(tables).value(), building);
+  if (hybrid) return make_host_hybrid_path(config, std::move(tables).value());
   return make_cache_path(config, space, std::move(tables).value());
 }
 

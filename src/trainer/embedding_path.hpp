@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -227,12 +228,28 @@ class embedding_path {
 
 /// Builds the path `config.mode` names, with its stores and cache, in the space
 /// config.embedding_device resolves to (embedding_device_of); with a communicator, the sharded
-/// path over its ranks, on the host. While it allocates, `*building` names the part (for an
-/// out-of-memory message); `*note` (may be null) receives embedding_device_of's line.
+/// path over its ranks, on the host. Memory that runs out is a capacity_exceeded status naming
+/// the part being built (out_of_memory); `*note` (may be null) receives embedding_device_of's
+/// line.
 result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config& config,
                                                             host_space space, communicator* comm,
-                                                            std::string* building,
                                                             std::string* note = nullptr);
+
+/// The status of a std::bad_alloc while allocating `what` (a field and the part, e.g.
+/// "config.model: the dense network"): capacity_exceeded, "<what>: out of memory
+/// (std::bad_alloc) while allocating it; lower the capacity or the model size".
+status out_of_memory(const std::string& what);
+
+/// `build()` (returning a status or a result), a std::bad_alloc it throws becoming
+/// out_of_memory(what): the builders name what they allocate this way.
+template <class Build>
+auto allocating(const std::string& what, Build&& build) -> decltype(build()) {
+  try {
+    return build();
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(what);
+  }
+}
 
 /// Whether config.embedding_device puts the tables in the cuda space: "cuda" needs a registered
 /// cuda path (register_cuda_embeddings) and a device, and is refused in mode host_hybrid and in
@@ -260,8 +277,14 @@ struct embedding_stores {
 };
 /// Opens the stores and sets the training cache's options: sized by the configuration, or with
 /// `save_only_cache` one bucket per table, which serves only the initializer, save and load.
+/// Memory that runs out while opening table t's store names "config.tables[t] (table "<name>"):
+/// its store".
 result<embedding_stores> build_embedding_stores(const trainer_config& config, host_space space,
-                                                bool save_only_cache, std::string* building);
+                                                bool save_only_cache);
+
+/// What make_cache_tables allocates, for its out-of-memory status: "config.tables: the training
+/// cache of table "wide" (config.tables[0].capacity 1048576) and table "deep" (...)".
+std::string training_cache_field(const std::vector<table_options<trainer_key>>& tables);
 
 /// The stores and the training cache of the configuration's tables, in `Space`.
 template <class Space>
@@ -274,23 +297,27 @@ struct cache_tables {
 using embedding_tables = cache_tables<host_space>;
 
 /// Builds the training cache over `stores` in `space`; a failure (a device that cannot be used,
-/// its memory exhausted) is a status starting with "config.tables: ".
+/// its memory exhausted) is a status starting with "config.tables: ", host memory that runs out
+/// one naming the training cache (training_cache_field).
 template <class Space>
 result<cache_tables<Space>> make_cache_tables(embedding_stores stores, Space space) {
-  cache_tables<Space> tables;
-  tables.roles = stores.roles;
-  tables.stores = std::move(stores.stores);
-  try {
-    tables.cache = std::make_unique<training_cache<trainer_key, Space>>(
-        stores.options, std::move(stores.tables), space);
-  } catch (const error& e) {
-    return status(e.code(), std::string("config.tables: ") + e.what());
-  }
-  return result<cache_tables<Space>>(std::move(tables));
+  const std::string what = training_cache_field(stores.tables);
+  return allocating(what, [&]() -> result<cache_tables<Space>> {
+    cache_tables<Space> tables;
+    tables.roles = stores.roles;
+    tables.stores = std::move(stores.stores);
+    try {
+      tables.cache = std::make_unique<training_cache<trainer_key, Space>>(
+          stores.options, std::move(stores.tables), space);
+    } catch (const error& e) {
+      return status(e.code(), std::string("config.tables: ") + e.what());
+    }
+    return result<cache_tables<Space>>(std::move(tables));
+  });
 }
 /// build_embedding_stores, then the training cache over them on the host.
 result<embedding_tables> build_embedding_tables(const trainer_config& config, host_space space,
-                                                bool save_only_cache, std::string* building);
+                                                bool save_only_cache);
 /// The training-cache path on the host, keyset or on-demand by config.mode (cache_path.cpp).
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
@@ -308,13 +335,13 @@ cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept;
 /// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
 /// rank's rows in its own stores (host_hybrid: `tables` built with a save-only cache) or its
 /// training cache (keyset). Collective: the ranks' training caches take rank 0's run identity.
+/// Memory that runs out names the table: "config.tables[t] (table "<name>"): its sharded table".
 result<std::unique_ptr<embedding_path>> make_sharded_path(const trainer_config& config,
                                                           host_space space, communicator& comm,
-                                                          embedding_tables tables,
-                                                          std::string* building);
-/// The host-hybrid path (host_hybrid_path.cpp).
-std::unique_ptr<embedding_path> make_host_hybrid_path(const trainer_config& config,
-                                                      embedding_tables tables,
-                                                      std::string* building);
+                                                          embedding_tables tables);
+/// The host-hybrid path (host_hybrid_path.cpp). Memory that runs out names the table:
+/// "config.tables[t] (table "<name>"): its host-hybrid table".
+result<std::unique_ptr<embedding_path>> make_host_hybrid_path(const trainer_config& config,
+                                                              embedding_tables tables);
 
 }  // namespace embcache::detail

@@ -16,21 +16,29 @@ namespace {
 
 class host_hybrid_path final : public embedding_path {
  public:
-  host_hybrid_path(const trainer_config& config, embedding_tables tables, std::string* building)
+  host_hybrid_path(const trainer_config& config, embedding_tables tables)
       : config_(config), tables_(std::move(tables)), keysets_(config_, tables_.roles) {
-    for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
-      host_hybrid_options ho;
-      ho.dim = config.tables[t].dim;
-      ho.optimizer = config.tables[t].optimizer;
-      ho.max_threads = config.threads;
-      *building = "config.tables[" + std::to_string(t) + "] (table \"" + config.tables[t].name +
-                  "\"): its host-hybrid table";
-      hybrid_[t] = std::make_unique<host_hybrid_table<trainer_key>>(*tables_.stores[t], ho,
-                                                                    initializer_of(t));
-      boundaries_ =
-          boundaries_ || config.tables[t].admission.enabled() || config.tables[t].expiry.enabled();
-    }
     refused_.resize(config.tables.size());
+  }
+
+  // The host-hybrid tables of the wide and the deep table over their stores.
+  status build_tables() {
+    for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
+      const trainer_table_config& tc = config_.tables[t];
+      host_hybrid_options ho;
+      ho.dim = tc.dim;
+      ho.optimizer = tc.optimizer;
+      ho.max_threads = config_.threads;
+      const std::string what = "config.tables[" + std::to_string(t) + "] (table \"" + tc.name +
+                               "\"): its host-hybrid table";
+      EMBCACHE_RETURN_IF_ERROR(allocating(what, [&]() -> status {
+        hybrid_[t] = std::make_unique<host_hybrid_table<trainer_key>>(*tables_.stores[t], ho,
+                                                                      initializer_of(t));
+        return {};
+      }));
+      boundaries_ = boundaries_ || tc.admission.enabled() || tc.expiry.enabled();
+    }
+    return {};
   }
 
   status begin_shard(const std::string& shard, const std::string&) override {
@@ -111,10 +119,11 @@ class host_hybrid_path final : public embedding_path {
 
 }  // namespace
 
-std::unique_ptr<embedding_path> make_host_hybrid_path(const trainer_config& config,
-                                                      embedding_tables tables,
-                                                      std::string* building) {
-  return std::make_unique<host_hybrid_path>(config, std::move(tables), building);
+result<std::unique_ptr<embedding_path>> make_host_hybrid_path(const trainer_config& config,
+                                                              embedding_tables tables) {
+  auto path = std::make_unique<host_hybrid_path>(config, std::move(tables));
+  EMBCACHE_RETURN_IF_ERROR(path->build_tables());
+  return std::unique_ptr<embedding_path>(std::move(path));
 }
 
 }  // namespace embcache::detail

@@ -136,7 +136,7 @@ status clear_cache(training_cache<trainer_key>& cache, std::size_t t) {
 class sharded_path final : public embedding_path {
  public:
   sharded_path(const trainer_config& config, host_space space, communicator& comm,
-               embedding_tables tables, std::string* building)
+               embedding_tables tables)
       : config_(config),
         comm_(comm),
         tables_(std::move(tables)),
@@ -144,23 +144,32 @@ class sharded_path final : public embedding_path {
         swapper_(config_, tables_.roles,
                  [rank = comm.rank(), world = comm.size()](const std::vector<trainer_key>& k) {
                    return owned_part(k.data(), k.size(), rank, world);
-                 }) {
+                 }),
+        space_(space) {}
+
+  // The sharded tables of the wide and the deep table over the ranks.
+  status build_tables() {
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
+      const trainer_table_config& tc = config_.tables[t];
       sharded_table_options so;
-      so.table.dim = config.tables[t].dim;
-      so.table.optimizer = config.tables[t].optimizer;
-      so.table.max_threads = config.threads;
-      so.num_blocks = config.num_blocks;
-      *building = "config.tables[" + std::to_string(t) + "] (table \"" + config.tables[t].name +
-                  "\"): its sharded table";
-      if (keyset_)
-        sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
-            comm, *tables_.stores[t], so,
-            std::make_unique<cache_owner_rows>(*tables_.cache, t, config, space, comm.rank()));
-      else
-        sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
-            comm, *tables_.stores[t], so, cache_initializer(*tables_.cache, t));
+      so.table.dim = tc.dim;
+      so.table.optimizer = tc.optimizer;
+      so.table.max_threads = config_.threads;
+      so.num_blocks = config_.num_blocks;
+      const std::string what =
+          "config.tables[" + std::to_string(t) + "] (table \"" + tc.name + "\"): its sharded table";
+      EMBCACHE_RETURN_IF_ERROR(allocating(what, [&]() -> status {
+        if (keyset_)
+          sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
+              comm_, *tables_.stores[t], so,
+              std::make_unique<cache_owner_rows>(*tables_.cache, t, config_, space_, comm_.rank()));
+        else
+          sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
+              comm_, *tables_.stores[t], so, cache_initializer(*tables_.cache, t));
+        return {};
+      }));
     }
+    return {};
   }
 
   // One identity per run: every rank's training cache takes rank 0's, so that the ranks' deltas
@@ -352,6 +361,7 @@ class sharded_path final : public embedding_path {
   embedding_tables tables_;
   const bool keyset_;
   keyset_swapper swapper_;
+  host_space space_;  // the cache_owner_rows of build_tables
   path_activity activity_;
   std::uint64_t last_delta_ = 0;  // the last delta exported (or the loaded save's applied_delta)
   std::unique_ptr<sharded_table<trainer_key>> sharded_[2];
@@ -361,9 +371,9 @@ class sharded_path final : public embedding_path {
 
 result<std::unique_ptr<embedding_path>> make_sharded_path(const trainer_config& config,
                                                           host_space space, communicator& comm,
-                                                          embedding_tables tables,
-                                                          std::string* building) {
-  auto path = std::make_unique<sharded_path>(config, space, comm, std::move(tables), building);
+                                                          embedding_tables tables) {
+  auto path = std::make_unique<sharded_path>(config, space, comm, std::move(tables));
+  EMBCACHE_RETURN_IF_ERROR(path->build_tables());
   EMBCACHE_RETURN_IF_ERROR(path->share_run_id());
   return std::unique_ptr<embedding_path>(std::move(path));
 }

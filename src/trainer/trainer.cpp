@@ -57,11 +57,11 @@ std::string detail::step_label(std::uint64_t pass, std::uint64_t global_step,
 trainer::impl::impl() : log([](const std::string& s) { std::cout << s << std::endl; }) {}
 
 status trainer::impl::diverge(const std::string& where, const std::string& what) {
-  diverged = status::invalid_argument(
+  notes.diverged = status::invalid_argument(
       where + ": training diverged: " + what +
       "; the run stops here, saving and exporting nothing (lower the learning rates, check the "
       "data for non-finite features)");
-  return diverged;
+  return notes.diverged;
 }
 
 // The memory estimate first: a clear error instead of an allocation that cannot succeed. Caches
@@ -73,13 +73,18 @@ status trainer::impl::build() {
   budget.host_bytes = physical_memory_bytes();
   budget.caches_on_device = on_cuda.value();
   EMBCACHE_RETURN_IF_ERROR(check_memory(config, budget));
-  try {
-    space.max_threads = config.threads;
-    roles = detail::roles_of(config);
-    num_wide_slots = model_wide_slots(config.num_slots, config.crossed);
-    auto p = detail::make_embedding_path(config, space, comm, &building, &embedding_note);
-    if (!p.ok()) return p.get_status();
-    path = std::move(p).value();
+  // Each part names what it allocates when memory runs out (detail::allocating); "config.tables"
+  // is the embedding path's, outside its named parts.
+  auto p =
+      detail::allocating("config.tables", [&]() -> result<std::unique_ptr<detail::embedding_path>> {
+        space.max_threads = config.threads;
+        roles = detail::roles_of(config);
+        num_wide_slots = model_wide_slots(config.num_slots, config.crossed);
+        return detail::make_embedding_path(config, space, comm, &notes.embedding_note);
+      });
+  if (!p.ok()) return p.get_status();
+  path = std::move(p).value();
+  return detail::allocating("config.model: the dense network", [&]() -> status {
     const wide_deep_options mo =
         criteo_model_shape(config.model, config.crossed, config.tables[roles.deep].dim,
                            config.num_dense, config.num_slots);
@@ -87,17 +92,13 @@ status trainer::impl::build() {
     if (const status ms = check_options(mlp_options(mo)); !ms.ok())
       return status(ms.code(), "config.model: " + ms.message());
     if (config.blas_threads > 0) set_host_blas_threads(config.blas_threads);
-    building = "config.model: the dense network";
-    auto m = make_dense_backend(config.dense_device, mo, space, &dense_note, "config.dense_device");
+    auto m = make_dense_backend(config.dense_device, mo, space, &notes.dense_note,
+                                "config.dense_device");
     if (!m.ok()) return m.get_status();
     model = std::move(m).value();
     pooled_on_device = path->pools_on_device() && model->takes_device_inputs();
     return {};
-  } catch (const std::bad_alloc&) {
-    return status::capacity_exceeded(building +
-                                     ": out of memory (std::bad_alloc) while allocating " +
-                                     "it; lower the capacity or the model size");
-  }
+  });
 }
 
 void trainer::impl::fill_keys(const shard_batch& b, std::size_t first, std::size_t count) {
@@ -135,11 +136,12 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
          scratch.d_deep.data()};
   }
   const wide_deep_batch batch{n, p.wide, p.deep, b.dense.data(), b.labels.data()};
-  *loss = pooled_on_device ? model->forward_backward_on_device(batch, step, p.d_wide, p.d_deep)
-                           : model->forward_backward(batch, step, p.d_wide, p.d_deep);
+  *loss = pooled_on_device
+              ? model->forward_backward_on_device(batch, progress.step, p.d_wide, p.d_deep)
+              : model->forward_backward(batch, progress.step, p.d_wide, p.d_deep);
   // Stop before this step changes a row or a weight: the first non-finite value ends the run.
   if (!std::isfinite(*loss))
-    return diverge(step_label(pass, step + 1, pass_step),
+    return diverge(step_label(pass, progress.step + 1, pass_step),
                    std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
   std::size_t bad_gradients = 0;
   if (pooled_on_device) {
@@ -150,15 +152,16 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
     bad_gradients = count_non_finite(p.d_wide, n * ws) + count_non_finite(p.d_deep, n * ds * dim);
   }
   if (bad_gradients)
-    return diverge(step_label(pass, step + 1, pass_step),
+    return diverge(step_label(pass, progress.step + 1, pass_step),
                    std::to_string(bad_gradients) + " gradients of the embeddings are not finite");
-  ++step;
+  ++progress.step;
   // No non-finite row may reach a store, an export or a save.
   detail::non_finite_rows bad;
-  EMBCACHE_RETURN_IF_ERROR(pooled_on_device ? path->backward_in_space(step, &bad)
-                                            : path->backward(p.d_wide, p.d_deep, step, &bad));
+  EMBCACHE_RETURN_IF_ERROR(pooled_on_device
+                               ? path->backward_in_space(progress.step, &bad)
+                               : path->backward(p.d_wide, p.d_deep, progress.step, &bad));
   if (bad.rows)
-    return diverge(step_label(pass, step, pass_step),
+    return diverge(step_label(pass, progress.step, pass_step),
                    std::to_string(bad.rows) + " rows of table " + bad.table +
                        " are not finite after its optimizer step");
   model->apply_dense_update();
@@ -222,12 +225,14 @@ result<std::unique_ptr<trainer>> trainer::create(const trainer_config& given, co
   return create_with(given, &comm);
 }
 
-std::uint64_t trainer::step() const noexcept { return impl_->step; }
-std::uint64_t trainer::passes_done() const noexcept { return impl_->passes_done; }
-const std::vector<pass_metrics>& trainer::history() const noexcept { return impl_->history; }
+std::uint64_t trainer::step() const noexcept { return impl_->progress.step; }
+std::uint64_t trainer::passes_done() const noexcept { return impl_->progress.passes_done; }
+const std::vector<pass_metrics>& trainer::history() const noexcept {
+  return impl_->progress.history;
+}
 const trainer_config& trainer::config() const noexcept { return impl_->config; }
 const char* trainer::embedding_device() const noexcept { return impl_->path->device(); }
-const std::string& trainer::embedding_note() const noexcept { return impl_->embedding_note; }
+const std::string& trainer::embedding_note() const noexcept { return impl_->notes.embedding_note; }
 const cache_counters& trainer::counters() const { return impl_->path->counters(); }
 training_cache<std::int64_t>& trainer::cache() {
   training_cache<std::int64_t>* c = impl_->path->host_cache();
@@ -246,18 +251,19 @@ training_cache<std::int64_t, cuda_space>& trainer::cuda_cache() {
   return *c;
 }
 dense_backend& trainer::model() noexcept { return *impl_->model; }
-const std::string& trainer::dense_note() const noexcept { return impl_->dense_note; }
+const std::string& trainer::dense_note() const noexcept { return impl_->notes.dense_note; }
 void trainer::set_log(std::function<void(const std::string&)> log) { impl_->log = std::move(log); }
 
 status trainer::run() {
   const auto& passes = impl_->config.passes;
-  if (!impl_->dense_note_logged) {
-    impl_->log(impl_->dense_note);
-    impl_->log(impl_->embedding_note);
-    impl_->dense_note_logged = true;
+  if (!impl_->notes.dense_note_logged) {
+    impl_->log(impl_->notes.dense_note);
+    impl_->log(impl_->notes.embedding_note);
+    impl_->notes.dense_note_logged = true;
   }
-  if (!impl_->diverged.ok()) return impl_->diverged;
-  if (const std::string shared = detail::eval_shard_in_training(impl_->config, impl_->passes_done);
+  if (!impl_->notes.diverged.ok()) return impl_->notes.diverged;
+  if (const std::string shared =
+          detail::eval_shard_in_training(impl_->config, impl_->progress.passes_done);
       !shared.empty())
     impl_->log(shared);
   std::vector<std::unique_ptr<detail::file_lock>> folder_locks;  // one writer per save/export dir
@@ -272,13 +278,13 @@ status trainer::run() {
       EMBCACHE_RETURN_IF_ERROR(create_folder(impl_->config.output_dir, "config.output_dir"));
       EMBCACHE_RETURN_IF_ERROR(detail::start_metrics_files(impl_->config.output_dir));
     }
-    impl_->run_last_pass = impl_->passes_done + passes.size();
-    impl_->run_total = samples_of_passes(impl_->config.data_dir, passes);
-    impl_->run_done = 0;
-    impl_->run_t0 = clock_type::now();
+    impl_->progress.run_last_pass = impl_->progress.passes_done + passes.size();
+    impl_->progress.run_total = samples_of_passes(impl_->config.data_dir, passes);
+    impl_->progress.run_done = 0;
+    impl_->progress.run_t0 = clock_type::now();
     stepping = true;
     for (std::size_t p = 0; p < passes.size() && s.ok(); ++p) {
-      doing = "pass " + std::to_string(impl_->passes_done + 1);
+      doing = "pass " + std::to_string(impl_->progress.passes_done + 1);
       saving = false;
       auto m = run_pass(passes[p], p + 1 < passes.size() ? &passes[p + 1] : nullptr);
       if (!m.ok()) {
@@ -296,12 +302,14 @@ status trainer::run() {
       s = save(impl_->config.save_dir);
     }
   } catch (...) {
-    s = detail::status_of_exception(std::current_exception(),
-                                    !stepping ? doing
-                                              : doing + (saving ? " after step " : " step ") +
-                                                    std::to_string(impl_->step + (saving ? 0 : 1)));
+    s = detail::status_of_exception(
+        std::current_exception(),
+        !stepping ? doing
+                  : doing + (saving ? " after step " : " step ") +
+                        std::to_string(impl_->progress.step + (saving ? 0 : 1)));
   }
-  impl_->run_last_pass = impl_->run_total = 0;  // a run_pass() of its own has no run part
+  impl_->progress.run_last_pass = impl_->progress.run_total =
+      0;  // a run_pass() of its own has no run part
   return s;
 }
 
@@ -325,7 +333,7 @@ status detail::status_of_exception(std::exception_ptr e, const std::string& wher
 result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
                                        const trainer_pass_config* next) {
   impl& s = *impl_;
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   const trainer_config& c = s.config;
   trainer_config one = c;  // a pass naming a dataset folder gets its shards
   one.passes = {given};
@@ -335,7 +343,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
   std::vector<std::string> paths;
   for (const auto& p : pass.shards) paths.push_back(resolve_data_path(c.data_dir, p));
   pass_metrics m;
-  m.pass = s.passes_done + 1;
+  m.pass = s.progress.passes_done + 1;
   shard_reader_options ro;
   ro.batch_size = c.batch_size;
   ro.shuffle = c.shuffle;
@@ -387,7 +395,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
     if (const std::size_t bad = count_non_finite(batch.dense.data(), batch.size * c.num_dense) +
                                 count_non_finite(batch.labels.data(), batch.size))
       return status::invalid_argument(
-          step_label(m.pass, s.step + 1, m.steps + 1) + ": shard " + paths[current_shard] +
+          step_label(m.pass, s.progress.step + 1, m.steps + 1) + ": shard " + paths[current_shard] +
           ": the batch holds " + std::to_string(bad) +
           " non-finite dense features or labels; the run stops before training on it");
     double loss = 0;
@@ -413,24 +421,24 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
       }
       detail::training_progress p;
       p.pass = m.pass;
-      p.passes = s.run_last_pass;
-      p.step = s.step;
+      p.passes = s.progress.run_last_pass;
+      p.step = s.progress.step;
       p.pass_done = m.samples;
       p.pass_total = pass_total;
       p.pass_seconds = seconds_since(t0);
-      p.run_done = s.run_done + m.samples;
-      p.run_total = s.run_total;
-      p.run_seconds = seconds_since(s.run_t0);
+      p.run_done = s.progress.run_done + m.samples;
+      p.run_total = s.progress.run_total;
+      p.run_seconds = seconds_since(s.progress.run_t0);
       p.loss = interval_loss / double(interval_steps);
       p.hit_rate = rate;
       s.log(detail::training_progress_line(p));
       if (s.leader() && !c.output_dir.empty()) {
         detail::step_metrics sm;
-        sm.step = s.step;
+        sm.step = s.progress.step;
         sm.pass = m.pass;
         sm.pass_position =
             double(m.pass - 1) + (pass_total ? double(m.samples) / double(pass_total) : 1.0);
-        sm.samples = s.samples + m.samples;
+        sm.samples = s.progress.samples + m.samples;
         sm.train_loss = p.loss;
         sm.samples_per_s = secs > 0 ? double(interval_samples) / secs : 0.0;
         sm.hit_rate = rate_value;  // the log line's value (the last swap's between swaps)
@@ -446,10 +454,10 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
     }
   }
   m.seconds = seconds_since(t0);
-  s.run_done += m.samples;
+  s.progress.run_done += m.samples;
   whole.hits += interval.hits;
   whole.misses += interval.misses;
-  s.samples += m.samples;
+  s.progress.samples += m.samples;
   m.train_loss = m.steps ? loss_sum / double(m.steps) : std::nan("");
   m.samples_per_s = m.seconds > 0 ? double(m.samples) / m.seconds : 0.0;
   const table_counters after = detail::sum_of_tables(s.path->counters().total);
@@ -461,10 +469,10 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
   // The last step's update is seen by no loss: check the dense state before anything reads,
   // exports or saves it.
   if (!detail::dense_blob_finite(s.model->save()))
-    return s.diverge("pass " + std::to_string(m.pass) + " step " + std::to_string(s.step) +
+    return s.diverge("pass " + std::to_string(m.pass) + " step " + std::to_string(s.progress.step) +
                          " (the pass's last step)",
                      "the dense weights or their Adam state are not finite");
-  ++s.passes_done;
+  ++s.progress.passes_done;
   if (!c.eval_shard.empty()) {
     auto e = evaluate();
     if (!e.ok()) return e.get_status();
@@ -479,7 +487,7 @@ result<pass_metrics> trainer::run_pass(const trainer_pass_config& given,
     m.export_path = ex.value().first;
     m.rows_exported = ex.value().second;
   }
-  s.history.push_back(m);
+  s.progress.history.push_back(m);
   s.log(detail::pass_summary_line(m));
   if (s.leader() && !c.output_dir.empty()) {
     EMBCACHE_RETURN_IF_ERROR(create_folder(c.output_dir, "config.output_dir"));
@@ -543,8 +551,8 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
     if (b.size == 0) break;
     std::size_t n = b.size;
     if (c.eval_max_samples > 0) n = std::min<std::size_t>(n, c.eval_max_samples - acc.size());
-    const std::string where = "pass " + std::to_string(s.passes_done) + " step " +
-                              std::to_string(s.step) + ", evaluation on " + path;
+    const std::string where = "pass " + std::to_string(s.progress.passes_done) + " step " +
+                              std::to_string(s.progress.step) + ", evaluation on " + path;
     const std::string samples =
         "samples " + std::to_string(acc.size()) + ".." + std::to_string(acc.size() + n - 1);
     if (const std::size_t bad = count_non_finite(b.dense.data(), n * c.num_dense) +
@@ -564,15 +572,15 @@ result<eval_metrics> trainer::evaluate(const std::string& shard) {
   e.logloss = acc.log_loss();
   // Finite logits give a finite log loss; AUC may be NaN only for a single class.
   if (e.samples > 0 && !std::isfinite(e.logloss))
-    return s.diverge("pass " + std::to_string(s.passes_done) + " step " + std::to_string(s.step) +
-                         ", evaluation on " + path,
+    return s.diverge("pass " + std::to_string(s.progress.passes_done) + " step " +
+                         std::to_string(s.progress.step) + ", evaluation on " + path,
                      "the log loss is not finite");
   return e;
 }
 
 result<std::pair<std::string, std::uint64_t>> trainer::export_incremental() {
   impl& s = *impl_;
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   EMBCACHE_RETURN_IF_ERROR(create_folder(s.config.export_dir, "config.export_dir"));
   auto d = s.path->export_incremental_to(s.config.export_dir, s.config.export_with_state);
   if (!d.ok()) return d.get_status();

@@ -37,13 +37,13 @@ status write_staged_file(const std::string& path, const void* data, std::size_t 
 // The trainer's state beside the tables and the dense blob.
 json state_json(const trainer::impl& s) {
   json history = json::array();
-  for (const auto& m : s.history) history.push_back(m);
+  for (const auto& m : s.progress.history) history.push_back(m);
   return {{"format", "embcache-trainer"},
           {"format_version", 1},
           {"mode", to_string(s.config.mode)},
-          {"step", s.step},
-          {"passes_done", s.passes_done},
-          {"samples", s.samples},
+          {"step", s.progress.step},
+          {"passes_done", s.progress.passes_done},
+          {"samples", s.progress.samples},
           {"seed", s.config.seed},
           {"crossed", s.config.crossed},
           {"world", s.comm ? s.comm->size() : 1},
@@ -169,11 +169,11 @@ bool detail::dense_blob_finite(const std::vector<std::uint8_t>& blob) {
 
 status trainer::save(const std::string& dir) {
   impl& s = *impl_;
-  if (!s.diverged.ok()) return s.diverged;
+  if (!s.notes.diverged.ok()) return s.notes.diverged;
   const auto t0 = clock_type::now();
   const std::vector<std::uint8_t> dense = s.model->save();
   if (!detail::dense_blob_finite(dense))
-    return s.diverge("save to " + dir + " after step " + std::to_string(s.step),
+    return s.diverge("save to " + dir + " after step " + std::to_string(s.progress.step),
                      "the dense weights or their Adam state are not finite");
   // The previous save stays whole until the new one is complete and durable.
   // Sharded: rank 0 prepares and publishes the staged folder, every rank writes its parts.
@@ -220,10 +220,10 @@ status trainer::load(const std::string& dir_in) {
       s.model->load(reinterpret_cast<const std::uint8_t*>(dense.data()), dense.size())
           .with_context(dir + "/dense.bin");
   EMBCACHE_RETURN_IF_ERROR(agreed(s, loaded, "trainer::load"));
-  s.step = step;
-  s.passes_done = passes;
-  s.samples = samples;
-  s.history = std::move(history);
+  s.progress.step = step;
+  s.progress.passes_done = passes;
+  s.progress.samples = samples;
+  s.progress.history = std::move(history);
   s.path->set_step(step);
   return {};
 }

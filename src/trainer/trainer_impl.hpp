@@ -47,6 +47,26 @@ struct step_scratch {
   std::size_t found_size_ = 0;
 };
 
+/// How far training has come: the totals a save records (step, passes_done, samples, history)
+/// and the run() in progress, for the run part of the progress lines.
+struct run_progress {
+  std::uint64_t step = 0, passes_done = 0, samples = 0;
+  std::vector<pass_metrics> history;
+  // The run() in progress: its last pass number, the samples of all its passes (shard headers;
+  // 0 when unknown or outside run()), those done, and when it began.
+  std::uint64_t run_last_pass = 0, run_total = 0, run_done = 0;
+  std::chrono::steady_clock::time_point run_t0;
+};
+
+/// What a run tells once and what stops it: where the dense network and the embeddings run
+/// (logged before the first pass) and the divergence that ends training.
+struct run_notes {
+  std::string dense_note, embedding_note;
+  bool dense_note_logged = false;  // and the embedding note after it
+  // Set when the model was found non-finite: from then on no pass, save or export runs.
+  status diverged;
+};
+
 /// The checks of a sharded run's configuration against its ranks (trainer_sharded.cpp).
 status check_sharded_config(const trainer_config& config, const communicator& comm);
 
@@ -79,19 +99,9 @@ struct trainer::impl {
   // The tables and the dense network both on the device: each step's pooled embeddings and
   // their gradients stay there (embedding_path::forward_in_space, backward_in_space).
   bool pooled_on_device = false;
-  std::string dense_note, embedding_note;
-  bool dense_note_logged = false;  // and the embedding note after it
-  std::uint64_t step = 0, passes_done = 0, samples = 0;
-  std::vector<pass_metrics> history;
+  detail::run_progress progress;
+  detail::run_notes notes;
   std::function<void(const std::string&)> log;
-  // The run() in progress, for the run part of the progress lines: its last pass number, the
-  // samples of all its passes (shard headers; 0 when unknown or outside run()), those done, and
-  // when it began.
-  std::uint64_t run_last_pass = 0, run_total = 0, run_done = 0;
-  clock_type::time_point run_t0;
-  // Set when the model was found non-finite: from then on no pass, save or export runs.
-  status diverged;
-  std::string building;  // what build() is allocating, for an out-of-memory message
 
   // Whether this process logs and writes the metrics files and the save's own files: the only
   // process, or rank 0 of a sharded run.

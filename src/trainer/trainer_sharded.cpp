@@ -80,9 +80,9 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
                        scratch.in_deep.data() + at * ds * dim,
                        b.dense.data() + r.begin * config.num_dense, b.labels.data() + r.begin};
     wb.mean_over = n;
-    scratch.block_losses[j] = model->forward_backward(wb, step * num_blocks + blocks.first + j,
-                                                      scratch.d_wide.data() + at * ws,
-                                                      scratch.d_deep.data() + at * ds * dim);
+    scratch.block_losses[j] = model->forward_backward(
+        wb, progress.step * num_blocks + blocks.first + j, scratch.d_wide.data() + at * ws,
+        scratch.d_deep.data() + at * ds * dim);
     model->get_gradients(scratch.dense_partials.data() + j * ng);
   }
   // The batch's loss: the blocks' shares added in block order, on every rank.
@@ -94,21 +94,21 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
   *loss = sum;
   // Stop before this step changes a row or a weight, on every rank together.
   if (!std::isfinite(*loss))
-    return diverge(detail::step_label(pass, step + 1, pass_step),
+    return diverge(detail::step_label(pass, progress.step + 1, pass_step),
                    std::string("the batch loss is ") + (std::isnan(*loss) ? "NaN" : "infinite"));
   std::uint64_t bad_gradients = count_non_finite(scratch.d_wide.data(), m * ws) +
                                 count_non_finite(scratch.d_deep.data(), m * ds * dim);
   EMBCACHE_RETURN_IF_ERROR(comm->all_reduce_sum(&bad_gradients, 1));
   if (bad_gradients)
-    return diverge(detail::step_label(pass, step + 1, pass_step),
+    return diverge(detail::step_label(pass, progress.step + 1, pass_step),
                    std::to_string(bad_gradients) + " gradients of the embeddings are not finite");
   scratch.dense_sum.resize(ng);
   EMBCACHE_RETURN_IF_ERROR(all_reduce_blocks(*comm, scratch.dense_partials.data(), blocks.count, ng,
                                              scratch.dense_sum.data()));
-  ++step;
+  ++progress.step;
   detail::non_finite_rows bad;
   EMBCACHE_RETURN_IF_ERROR(
-      path->backward(scratch.d_wide.data(), scratch.d_deep.data(), step, &bad));
+      path->backward(scratch.d_wide.data(), scratch.d_deep.data(), progress.step, &bad));
   model->set_gradients(scratch.dense_sum.data());
   model->apply_dense_update();
   return {};

@@ -25,8 +25,7 @@ trainer_config path_config() {
 }
 
 std::unique_ptr<detail::embedding_path> make_path(const trainer_config& c) {
-  std::string building;
-  auto tables = detail::build_embedding_tables(c, host_space{}, false, &building);
+  auto tables = detail::build_embedding_tables(c, host_space{}, false);
   EXPECT_TRUE(tables.ok()) << tables.get_status().to_string();
   return detail::make_cache_path(c, host_space{}, std::move(tables).value());
 }

@@ -188,25 +188,48 @@ TEST(trainer_memory_budget, the_staging_counted_is_what_the_cache_reserves) {
   EXPECT_EQ(plan.value().staging_bytes, 1000u * (2 * 12 + 16) + 300u * (2 * 192 + 16));
   c.prefetch = true;
   // The training cache gets the same options.
-  std::string building;
-  auto stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  auto stores = detail::build_embedding_stores(c, host_space{}, false);
   EMBCACHE_ASSERT_OK(stores);
   EXPECT_EQ(stores.value().options.staging_bytes, c.staging_bytes);
   EXPECT_EQ(stores.value().options.write_back_bytes, c.write_back_bytes);
   EXPECT_EQ(stores.value().options.prefetch_batch, 16384u);
   // Unset, they come from the budget; without a budget they are the cache's defaults.
   c.staging_bytes = c.write_back_bytes = 0;
-  stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  stores = detail::build_embedding_stores(c, host_space{}, false);
   EMBCACHE_ASSERT_OK(stores);
   EXPECT_EQ(stores.value().options.staging_bytes, 512 * mib);
   EXPECT_EQ(stores.value().options.write_back_bytes, 64 * mib);
   c.memory_budget_bytes = 0;
-  stores = detail::build_embedding_stores(c, host_space{}, false, &building);
+  stores = detail::build_embedding_stores(c, host_space{}, false);
   EMBCACHE_ASSERT_OK(stores);
   const training_cache_options defaults;
   EXPECT_EQ(stores.value().options.staging_bytes, defaults.staging_bytes);
   EXPECT_EQ(stores.value().options.write_back_bytes, defaults.write_back_bytes);
   EXPECT_EQ(stores.value().options.prefetch_batch, defaults.prefetch_batch);
+}
+
+// The builders name what they allocate: a std::bad_alloc while building a part is a
+// capacity_exceeded status naming it (the training cache: every table with its capacity), and
+// anything else passes through unchanged.
+TEST(trainer_memory, a_part_out_of_memory_is_a_status_naming_it) {
+  const status s = detail::allocating("config.model: the dense network",
+                                      []() -> status { throw std::bad_alloc(); });
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_EQ(s.message(),
+            "config.model: the dense network: out of memory (std::bad_alloc) while allocating it; "
+            "lower the capacity or the model size");
+  EXPECT_EQ(detail::allocating("x", []() -> status { return status::not_found("y"); }).to_string(),
+            status::not_found("y").to_string());
+  const result<int> r = detail::allocating("x", []() -> result<int> { return 7; });
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_EQ(r.value(), 7);
+  trainer_config c;
+  c.tables[1].capacity = 4096;
+  auto stores = detail::build_embedding_stores(c, host_space{}, false);
+  EMBCACHE_ASSERT_OK(stores);
+  EXPECT_EQ(detail::training_cache_field(stores.value().tables),
+            "config.tables: the training cache of table \"wide\" (config.tables[0].capacity "
+            "1048576) and table \"deep\" (config.tables[1].capacity 4096)");
 }
 
 #ifdef EMBCACHE_TEST_ROCKSDB
