@@ -99,7 +99,7 @@ template <class Space>
 void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
   const workload w = make_workload(load, zipf);
   embcache::cache_options opt;
-  opt.capacity = capacity;
+  opt.slots = capacity;
   opt.dim = dim;
   const Space space{};
   embcache::embedding_cache<key_t_, Space> cache(opt, space);

@@ -44,7 +44,7 @@ def main():
     print(f"batch {n} keys, {args.rows} resident rows, fastest of {r}")
     print(f"{'call':<44} {'python ms':>9} {'C++ ms':>9} {'overhead':>9}")
 
-    cache = embcache.EmbeddingCache(capacity=args.rows * 5 // 4, dim=16, state_width=32,
+    cache = embcache.EmbeddingCache(slots=args.rows * 5 // 4, dim=16, state_width=32,
                                     max_threads=args.threads)
     all_keys = np.arange(args.rows, dtype=np.int64) * 7919
     cache.find_or_insert(all_keys)

@@ -188,11 +188,11 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
 
   // The budget: the cache (its slots and buckets), the staging and write-behind rows, the rest.
   embcache::cache_options co;
-  co.capacity = capacity;
   co.dim = width;
   using table_type = embcache::embedding_cache<key, embcache::host_space>;
-  const std::uint64_t slots = (capacity + capacity / 4 + table_type::bucket_size - 1) /
-                              table_type::bucket_size * table_type::bucket_size;
+  std::uint64_t slots = 0;
+  embcache::table_slots(capacity, 0, &slots);  // cannot overflow: capacity < rows
+  slots = (slots + table_type::bucket_size - 1) / table_type::bucket_size * table_type::bucket_size;
   // The staging and write-back bounds: given, or a quarter and a 32nd of the budget.
   embcache::training_cache_options copt;
   copt.staging_bytes =

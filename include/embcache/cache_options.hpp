@@ -1,5 +1,5 @@
 /// @file cache_options.hpp
-/// @brief Construction options of the embedding cache: capacity, row layout, initializer and
+/// @brief Construction options of the embedding cache: slots, row layout, initializer and
 /// eviction score.
 #pragma once
 
@@ -32,7 +32,7 @@ enum class score_policy : std::uint8_t {
 
 /// Construction options of an embedding cache.
 struct cache_options {
-  std::size_t capacity = 0;     ///< rows; required; rounded up to a multiple of bucket_size
+  std::size_t slots = 0;  ///< slots of the table; required; rounded up to a multiple of bucket_size
   std::size_t dim = 0;          ///< embedding floats per row; required (>= 1)
   std::size_t state_width = 0;  ///< optimizer-state floats per row; default 0 (SGD)
   initializer_options init{};   ///< default: uniform(-0.05, 0.05), seed 0, state 0

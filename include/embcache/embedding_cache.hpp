@@ -160,7 +160,7 @@ class embedding_cache {
     detail::call_space_entry<Space> entry_;
   };
 
-  /// Allocates the table. Throws embcache::error (invalid_argument) for a zero capacity or dim.
+  /// Allocates the table. Throws embcache::error (invalid_argument) for zero slots or a zero dim.
   explicit embedding_cache(const cache_options& options, Space space = {});
   ~embedding_cache();
   embedding_cache(const embedding_cache&) = delete;
@@ -278,11 +278,11 @@ class embedding_cache {
 
   /// Resident rows.
   std::size_t size() const noexcept { return size_; }
-  /// Slots (the constructor's capacity rounded up to a multiple of bucket_size).
-  std::size_t capacity() const noexcept { return capacity_; }
-  /// size() / capacity().
+  /// Slots (the options' slots rounded up to a multiple of bucket_size).
+  std::size_t slots() const noexcept { return slots_; }
+  /// size() / slots().
   double load_factor() const noexcept {
-    return capacity_ ? double(size_.load()) / double(capacity_) : 0.0;
+    return slots_ ? double(size_.load()) / double(slots_) : 0.0;
   }
   std::size_t dim() const noexcept { return options_.dim; }
   std::size_t row_width() const noexcept { return row_width_; }
@@ -344,7 +344,7 @@ class embedding_cache {
     }
   }
 
-  /// The row pool (capacity * row_width floats in the space's memory); row i belongs to slot i.
+  /// The row pool (slots() * row_width floats in the space's memory); row i belongs to slot i.
   float* rows() noexcept { return rows_.data(); }
   const float* rows() const noexcept { return rows_.data(); }
 
@@ -392,7 +392,7 @@ class embedding_cache {
   cache_options options_;
   Space space_;
   int device_ = 0;  // cuda space: the device current at construction, where the arrays live
-  std::size_t capacity_ = 0;
+  std::size_t slots_ = 0;
   std::size_t num_buckets_ = 0;
   std::size_t row_width_ = 0;
   std::atomic<std::size_t> size_{0};

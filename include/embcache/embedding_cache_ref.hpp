@@ -40,19 +40,19 @@ struct cache_ref_base {
   template <class T>
   using pointer = std::conditional_t<Const, const T*, T*>;
 
-  pointer<std::uint8_t> states;     ///< capacity state bytes: empty (0), busy (1) or a digest
-  pointer<Key> keys;                ///< capacity keys (meaningful where the state is a digest)
+  pointer<std::uint8_t> states;     ///< per slot: state bytes: empty (0), busy (1) or a digest
+  pointer<Key> keys;                ///< per slot: keys (meaningful where the state is a digest)
   pointer<std::uint32_t> overflow;  ///< per bucket: keys stored past it whose probe passed it
-  pointer<std::uint64_t> versions;  ///< capacity versions (of the last write of each row)
-  pointer<std::uint64_t> scores;    ///< capacity eviction scores
-  pointer<std::uint64_t> touched;   ///< capacity: bulk call of the last touch (LFU), else nullptr
-  pointer<std::uint64_t> claims;    ///< capacity last-writer-wins tags of the assigning calls
-  /// capacity: the version each row had when the backing store last held it (0: never); a row
+  pointer<std::uint64_t> versions;  ///< per slot: versions (of the last write of each row)
+  pointer<std::uint64_t> scores;    ///< per slot: eviction scores
+  pointer<std::uint64_t> touched;   ///< per slot: bulk call of the last touch (LFU), else nullptr
+  pointer<std::uint64_t> claims;    ///< per slot: last-writer-wins tags of the assigning calls
+  /// per slot: the version each row had when the backing store last held it (0: never); a row
   /// is dirty while its version is greater
   pointer<std::uint64_t> synced;
-  pointer<std::uint32_t> marks;  ///< capacity keyset marks (set_marks; 0 for a new row)
-  pointer<float> rows;              ///< capacity * row_width floats; row i belongs to slot i
-  std::size_t num_buckets;          ///< capacity / bucket size
+  pointer<std::uint32_t> marks;     ///< per slot: keyset marks (set_marks; 0 for a new row)
+  pointer<float> rows;              ///< slots * row_width floats; row i belongs to slot i
+  std::size_t num_buckets;          ///< slots / bucket size
   std::size_t row_width;            ///< floats per row: dim + optimizer-state width
   std::size_t dim;                  ///< embedding floats at the start of each row
   initializer_options init;         ///< initializer of new rows

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "embcache/keyset.hpp"
 #include "embcache/serving.hpp"
 #include "embcache/status.hpp"
 
@@ -86,7 +87,7 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
 
 /// The model a store holds: its tables and position.
 struct redis_model {
-  std::string key_type;                                   ///< "int64" or "uint32"
+  embcache::key_type key_type = embcache::key_type::int64;  ///< default int64 (schema: "int64")
   std::vector<std::pair<std::string, std::size_t>> dims;  ///< (table, dim) in schema order
   model_position position;                                ///< `P:applied` and `P:versions`
   std::string run_id;  ///< the schema's run identity ("" when the model has none)

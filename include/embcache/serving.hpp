@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "embcache/distributed/sharded_save.hpp"
+#include "embcache/keyset.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
@@ -45,7 +46,7 @@ struct folder_table {
 struct model_folder {
   bool is_delta = false;  ///< true for a `delta-NNNNNN` folder
   std::string path;       ///< the folder read
-  std::string key_type;   ///< "int64" or "uint32"
+  embcache::key_type key_type = embcache::key_type::int64;  ///< default int64 (file: "int64")
   /// Delta: its sequence number. Model: the last delta applied to it (`applied_delta` in its
   /// manifest, written by apply_deltas), 0 when none is recorded.
   std::uint64_t sequence = 0;

@@ -60,7 +60,7 @@ class embedding_bag {
       if (s.ok()) {
         auto& c = ref_->cache->cache(table_);
         batch_ = {bags, 1, offsets_.data(), slots_.data(), n};
-        s = check_batch(batch_, c.capacity());
+        s = check_batch(batch_, c.slots());
         if (s.ok())
           lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
                          pooled.as<float>());

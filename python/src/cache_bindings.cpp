@@ -23,12 +23,12 @@ namespace {
 using key = std::int64_t;
 using host_cache = embedding_cache<key, host_space>;
 
-std::unique_ptr<host_cache> make_cache(std::size_t capacity, std::size_t dim,
-                                       std::size_t state_width, const std::string& init,
-                                       float init_scale, std::uint64_t seed, float state_value,
+std::unique_ptr<host_cache> make_cache(std::size_t slots, std::size_t dim, std::size_t state_width,
+                                       const std::string& init, float init_scale,
+                                       std::uint64_t seed, float state_value,
                                        const std::string& scores, int max_threads) {
   const cache_options o =
-      cache_options_of(capacity, dim, state_width, init, init_scale, seed, state_value, scores);
+      cache_options_of(slots, dim, state_width, init, init_scale, seed, state_value, scores);
   host_space space;
   space.max_threads = max_threads;
   return std::make_unique<host_cache>(o, space);
@@ -102,15 +102,15 @@ py::object lookup_slots(host_cache& c, py::handle keys, bool insert_missing, py:
   return slots.object;
 }
 
-// Slots must be -1 or below the cache's capacity: the C++ call trusts them.
+// Slots must be -1 or below the cache's slots: the C++ call trusts them.
 array_arg slots_arg(const host_cache& c, py::handle slots) {
   auto a = array_arg::borrow(slots, "slots", dtype::int64, 1, false);
   const auto* p = a.as<std::int64_t>();
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (p[i] < -1 || p[i] >= std::int64_t(c.capacity()))
+    if (p[i] < -1 || p[i] >= std::int64_t(c.slots()))
       throw py::value_error("slots[" + std::to_string(i) + "]: " + std::to_string(p[i]) +
                             " is not a slot of the cache (-1 or in [0, " +
-                            std::to_string(c.capacity()) + "))");
+                            std::to_string(c.slots()) + "))");
   }
   return a;
 }
@@ -201,14 +201,14 @@ floats. Keys are int64 arrays; rows come back as float32 arrays of shape (n, row
 call accepts NumPy arrays (buffer protocol) and tensors (DLPack) without copying, and releases the
 GIL while it runs; calls from several threads may overlap, as in C++.
 )doc")
-      .def(py::init(&make_cache), py::arg("capacity"), py::arg("dim"), py::arg("state_width") = 0,
+      .def(py::init(&make_cache), py::arg("slots"), py::arg("dim"), py::arg("state_width") = 0,
            py::arg("init") = "uniform", py::arg("init_scale") = 0.05f, py::arg("seed") = 0,
            py::arg("state_value") = 0.0f, py::arg("scores") = "lru", py::arg("max_threads") = 0,
-           R"doc(Allocates the table (cache_options). `capacity` rows (rounded up to a multiple of
+           R"doc(Allocates the table (cache_options). `slots` rows (rounded up to a multiple of
 128) of `dim` + `state_width` floats; `init` 'uniform' | 'normal' | 'constant' with `init_scale`
 and `seed` (a new row is a function of (seed, key) only); `state_value` fills the state;
 `scores` 'lru' | 'lfu' ranks rows for eviction; `max_threads` caps the worker threads (0: all).
-InvalidArgumentError for a zero capacity or dim.)doc")
+InvalidArgumentError for zero slots or a zero dim.)doc")
       .def("find", &find, py::arg("keys"), py::arg("out") = py::none(),
            R"doc(Rows of `keys` -> (rows (n, row_width) float32, found (n,) bool). Rows of missing
 keys are left untouched (uninitialized in a new array). Updates scores. `out`: an array to write
@@ -243,16 +243,16 @@ the rows whose version is greater (export_filter::changed_since).)doc")
           "rows",
           [](py::object self) {
             auto& c = self.cast<host_cache&>();
-            return rows_view(c.rows(), c.capacity(), c.row_width(), self);
+            return rows_view(c.rows(), c.slots(), c.row_width(), self);
           },
-          R"doc(The row pool as a (capacity, row_width) float32 array without a copy; row i
+          R"doc(The row pool as a (slots, row_width) float32 array without a copy; row i
 belongs to slot i. Write through it, then call mark_updated(slots).)doc")
       .def_property_readonly("size", &host_cache::size, "Resident rows.")
-      .def_property_readonly("capacity", &host_cache::capacity,
-                             "Slots (capacity rounded up to a multiple of 128).")
+      .def_property_readonly("slots", &host_cache::slots,
+                             "Slots (the slots asked for, rounded up to a multiple of 128).")
       .def_property_readonly("dim", &host_cache::dim, "Embedding floats per row.")
       .def_property_readonly("row_width", &host_cache::row_width, "Floats per row (dim + state).")
-      .def_property_readonly("load_factor", &host_cache::load_factor, "size / capacity.")
+      .def_property_readonly("load_factor", &host_cache::load_factor, "size / slots.")
       .def_property_readonly("version", &host_cache::version,
                              "The version clock (the version of the last mutating call).")
       .def("__len__", &host_cache::size);

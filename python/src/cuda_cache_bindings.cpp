@@ -23,13 +23,13 @@ namespace {
 using key = std::int64_t;
 using cuda_cache = embedding_cache<key, cuda_space>;
 
-std::unique_ptr<cuda_cache> make_cache(std::size_t capacity, std::size_t dim,
-                                       std::size_t state_width, const std::string& init,
-                                       float init_scale, std::uint64_t seed, float state_value,
+std::unique_ptr<cuda_cache> make_cache(std::size_t slots, std::size_t dim, std::size_t state_width,
+                                       const std::string& init, float init_scale,
+                                       std::uint64_t seed, float state_value,
                                        const std::string& scores) {
   if (!cuda_device_available()) throw error(status_code::unsupported, cuda_device_problem());
   const cache_options o =
-      cache_options_of(capacity, dim, state_width, init, init_scale, seed, state_value, scores);
+      cache_options_of(slots, dim, state_width, init, init_scale, seed, state_value, scores);
   py::gil_scoped_release nogil;
   return std::make_unique<cuda_cache>(o);
 }
@@ -141,7 +141,7 @@ The device embedding cache in the cuda space (C++ embedding_cache<int64_t, cuda_
 CUDA device current at construction. Arrays are CUDA tensors (DLPack) on that device; results are
 written into the caller's `out` tensors. Calls are ordered on the legacy default stream.
 )doc")
-      .def(py::init(&make_cache), py::arg("capacity"), py::arg("dim"), py::arg("state_width") = 0,
+      .def(py::init(&make_cache), py::arg("slots"), py::arg("dim"), py::arg("state_width") = 0,
            py::arg("init") = "uniform", py::arg("init_scale") = 0.05f, py::arg("seed") = 0,
            py::arg("state_value") = 0.0f, py::arg("scores") = "lru",
            "As EmbeddingCache; UnsupportedError when no CUDA device can be used.")
@@ -158,7 +158,7 @@ written into the caller's `out` tensors. Calls are ordered on the legacy default
       .def("export", &export_rows, py::arg("changed_since") = py::none(),
            "Resident rows sorted by key, in host memory -> (keys, rows, versions).")
       .def_property_readonly("size", &cuda_cache::size)
-      .def_property_readonly("capacity", &cuda_cache::capacity)
+      .def_property_readonly("slots", &cuda_cache::slots)
       .def_property_readonly("dim", &cuda_cache::dim)
       .def_property_readonly("row_width", &cuda_cache::row_width)
       .def_property_readonly("version", &cuda_cache::version)

@@ -114,11 +114,11 @@ py::dict to_dict(const optimizer_options& o) {
   return d;
 }
 
-cache_options cache_options_of(std::size_t capacity, std::size_t dim, std::size_t state_width,
+cache_options cache_options_of(std::size_t slots, std::size_t dim, std::size_t state_width,
                                const std::string& init, float init_scale, std::uint64_t seed,
                                float state_value, const std::string& scores) {
   cache_options o;
-  o.capacity = capacity;
+  o.slots = slots;
   o.dim = dim;
   o.state_width = state_width;
   o.init.kind = init_kind_of(init);

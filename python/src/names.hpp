@@ -52,7 +52,7 @@ py::dict to_dict(const expiry_options& o);
 
 /// cache_options from the keyword arguments shared by EmbeddingCache and CudaEmbeddingCache;
 /// an unknown `init` or `scores` name is ValueError naming the argument.
-cache_options cache_options_of(std::size_t capacity, std::size_t dim, std::size_t state_width,
+cache_options cache_options_of(std::size_t slots, std::size_t dim, std::size_t state_width,
                                const std::string& init, float init_scale, std::uint64_t seed,
                                float state_value, const std::string& scores);
 

@@ -135,7 +135,7 @@ py::object lookup_slots(training_ref& r, py::handle t, py::handle keys, py::hand
 void mark_updated(training_ref& r, py::handle t, py::handle slots) {
   const std::size_t ti = r.index_of(t);
   auto s = array_arg::borrow(slots, "slots", dtype::int64, 1, false);
-  const std::int64_t cap = std::int64_t(r.cache->cache(ti).capacity());
+  const std::int64_t cap = std::int64_t(r.cache->cache(ti).slots());
   for (std::size_t i = 0; i < s.size(); ++i) {
     const auto v = s.as<std::int64_t>()[i];
     if (v < -1 || v >= cap)
@@ -371,7 +371,7 @@ mode: a key outside the pass's keyset). Nothing is fetched.)doc")
           [](py::object self, py::handle t) {
             auto& r = self.cast<training_ref&>();
             auto& c = r.cache->cache(r.index_of(t));
-            return rows_view(c.rows(), c.capacity(), c.row_width(), self);
+            return rows_view(c.rows(), c.slots(), c.row_width(), self);
           },
           py::arg("t"),
           R"doc(Table t's device rows as a (slots, row_width) float32 array without a copy. After

@@ -8,7 +8,7 @@ from conftest import runs_without_the_gil
 
 
 def make_cache(**kw):
-    args = dict(capacity=1024, dim=4, state_width=2, seed=7)
+    args = dict(slots=1024, dim=4, state_width=2, seed=7)
     args.update(kw)
     return embcache.EmbeddingCache(**args)
 
@@ -29,7 +29,7 @@ def test_find_or_insert_then_find_returns_the_same_rows():
 
 def test_initial_rows_depend_on_seed_and_key_only():
     a = make_cache()
-    b = make_cache(capacity=4096)
+    b = make_cache(slots=4096)
     keys = np.arange(100, dtype=np.int64)
     ra, _ = a.find_or_insert(keys)
     rb, _ = b.find_or_insert(keys[::-1].copy())
@@ -44,7 +44,7 @@ def test_rows_view_shares_memory_with_the_cache():
     slots = c.lookup_slots(keys, insert_missing=True)
     assert slots.dtype == np.int64 and np.all(slots >= 0)
     view = c.rows
-    assert view.shape == (c.capacity, 6)
+    assert view.shape == (c.slots, 6)
     before = c.version
     view[slots[1], :4] = 42.0
     c.mark_updated(slots[1:2])
@@ -113,7 +113,7 @@ def test_bad_output_and_row_arrays_are_clear_errors():
 
 
 def test_a_full_table_raises_capacity_exceeded_naming_the_keys():
-    c = embcache.EmbeddingCache(capacity=128, dim=2)
+    c = embcache.EmbeddingCache(slots=128, dim=2)
     with pytest.raises(embcache.CapacityExceededError) as e:
         c.find_or_insert(np.arange(1000, dtype=np.int64))
     assert isinstance(e.value, embcache.Error)
@@ -123,15 +123,15 @@ def test_a_full_table_raises_capacity_exceeded_naming_the_keys():
 
 def test_bad_options_raise_invalid_argument():
     with pytest.raises(embcache.InvalidArgumentError) as e:
-        embcache.EmbeddingCache(capacity=0, dim=4)
+        embcache.EmbeddingCache(slots=0, dim=4)
     assert isinstance(e.value, ValueError)
-    assert "capacity" in str(e.value)
+    assert "slots" in str(e.value)
     with pytest.raises(ValueError, match="init: expected one of"):
-        embcache.EmbeddingCache(capacity=128, dim=4, init="zeros")
+        embcache.EmbeddingCache(slots=128, dim=4, init="zeros")
 
 
 def test_bulk_calls_release_the_gil():
-    c = embcache.EmbeddingCache(capacity=1 << 19, dim=8)
+    c = embcache.EmbeddingCache(slots=1 << 19, dim=8)
     keys = np.arange(1 << 18, dtype=np.int64)
     assert runs_without_the_gil(lambda: c.find_or_insert(keys))
 
@@ -143,7 +143,7 @@ def test_the_gil_check_sees_a_call_that_keeps_the_gil():
 
 def test_concurrent_inserts_from_threads_agree():
     import threading
-    c = embcache.EmbeddingCache(capacity=1 << 16, dim=4)
+    c = embcache.EmbeddingCache(slots=1 << 16, dim=4)
     keys = np.arange(20000, dtype=np.int64)
     results = [None] * 4
 

@@ -21,9 +21,9 @@ def cuda_torch():
 def test_rows_equal_the_host_space_and_bad_tensors_are_refused():
     torch = cuda_torch()
     keys = torch.arange(1000, dtype=torch.int64) * 7
-    host = embcache.EmbeddingCache(capacity=4096, dim=8, state_width=8, seed=3)
+    host = embcache.EmbeddingCache(slots=4096, dim=8, state_width=8, seed=3)
     want, _ = host.find_or_insert(keys.numpy())
-    dev = embcache.CudaEmbeddingCache(capacity=4096, dim=8, state_width=8, seed=3)
+    dev = embcache.CudaEmbeddingCache(slots=4096, dim=8, state_width=8, seed=3)
     out = torch.empty((1000, 16), dtype=torch.float32, device="cuda")
     inserted = torch.zeros(1000, dtype=torch.bool, device="cuda")
     dev.find_or_insert(keys.cuda(), out, inserted)

@@ -136,7 +136,7 @@ def test_a_training_loop_over_keyset_passes(synth_dataset):
 
 
 def test_torch_tensors_cross_through_dlpack():
-    c = embcache.EmbeddingCache(capacity=1024, dim=4, state_width=2, seed=7)
+    c = embcache.EmbeddingCache(slots=1024, dim=4, state_width=2, seed=7)
     keys = torch.tensor([4, 5, 6], dtype=torch.int64)
     rows, _ = c.find_or_insert(keys)
     out = torch.zeros((3, 6), dtype=torch.float32)
@@ -149,7 +149,7 @@ def test_torch_tensors_cross_through_dlpack():
 
 
 def test_bad_tensors_are_clear_errors():
-    c = embcache.EmbeddingCache(capacity=1024, dim=4, state_width=2, seed=7)
+    c = embcache.EmbeddingCache(slots=1024, dim=4, state_width=2, seed=7)
     with pytest.raises(TypeError, match="keys: expected int64 elements, got float32"):
         c.find(torch.zeros(3))
     with pytest.raises(ValueError, match="expected a C-contiguous tensor"):

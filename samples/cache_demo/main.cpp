@@ -11,13 +11,13 @@
 int main() {
   using embcache::host_space;
   embcache::cache_options options;
-  options.capacity = 100000;  // rows (rounded up to whole buckets)
+  options.slots = 100000;  // rounded up to whole buckets
   options.dim = 16;
   options.state_width = 32;  // Adam: two moments per element
   options.init.seed = 2026;
   embcache::embedding_cache<std::int64_t, host_space> cache(options);
-  std::printf("cache: capacity %zu rows of %zu floats (dim %zu + optimizer state %zu)\n",
-              cache.capacity(), cache.row_width(), cache.dim(), options.state_width);
+  std::printf("cache: %zu slots of %zu floats (dim %zu + optimizer state %zu)\n", cache.slots(),
+              cache.row_width(), cache.dim(), options.state_width);
 
   // 1. Fill: find_or_insert initializes missing rows from (seed, key) only.
   std::vector<std::int64_t> keys(80000);

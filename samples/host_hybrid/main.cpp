@@ -94,7 +94,13 @@ int main(int argc, char** argv) {
   mo.hidden = {256, 128};
   mo.dropout = 0.1f;
   std::string note;
-  auto made = make_dense_backend(device, mo, host_space{}, &note, "dense device");
+  device_choice choice = device_choice::automatic;
+  if (!device_choice_from_name(device, &choice)) {
+    std::fprintf(stderr, "dense device: \"%s\" is not a device (host, cuda, auto)\n",
+                 device.c_str());
+    return 1;
+  }
+  auto made = make_dense_backend(choice, mo, host_space{}, &note, "dense device");
   if (!made.ok()) {
     std::fprintf(stderr, "%s\n", made.get_status().to_string().c_str());
     return 1;

@@ -279,10 +279,9 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
                                ", this build reads " + std::to_string(manifest_format_version));
   EMBCACHE_RETURN_IF_ERROR(string_field("table_name", &out.info.table_name));
   EMBCACHE_RETURN_IF_ERROR(string_field("key_type", &key_type));
-  if (embcache::key_type parsed; !key_type_from_name(key_type, &parsed))
+  if (!key_type_from_name(key_type, &out.key_type))
     return status::invalid_argument(who + ": field 'key_type' is '" + key_type +
                                     "', expected 'int64' or 'uint32'");
-  out.key_type = key_type;
   EMBCACHE_RETURN_IF_ERROR(string_field("optimizer", &out.info.optimizer));
   EMBCACHE_RETURN_IF_ERROR(string_field("owner_function", &owner));
   if (owner != owner_function_name)
@@ -437,9 +436,10 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
   auto parsed = read_sharded_manifest(dir);
   if (!parsed.ok()) return parsed.get_status();
   sharded_manifest m = std::move(parsed).value();
-  if (m.key_type != key_type_name<Key>())
-    return status::invalid_argument(who + ": the save holds " + m.key_type + " keys (field " +
-                                    "'key_type'), the store " + key_type_name<Key>() + " keys");
+  if (m.key_type != key_type_of<Key>())
+    return status::invalid_argument(who + ": the save holds " + to_string(m.key_type) +
+                                    " keys (field 'key_type'), the store " + key_type_name<Key>() +
+                                    " keys");
   if (m.info.table_name != target.table_name())
     return status::not_found(who + ": the save holds table '" + m.info.table_name + "', not '" +
                              target.table_name() + "'");

@@ -178,7 +178,7 @@ struct folder_manifest {
   folder_kind kind = folder_kind::model;
   std::string dir;   ///< the folder
   std::string path;  ///< dir + "/manifest.json"
-  std::string key_type;
+  embcache::key_type key_type = embcache::key_type::int64;  ///< default int64
   std::uint64_t sequence = 0;  ///< delta: its number; model: applied_delta (0 when absent)
   /// `run_id` (optional, 32 hex digits): the run that wrote the folder; "" for folders of
   /// earlier versions, which did not record one.
@@ -197,7 +197,7 @@ struct table_schema {
 /// Checks the manifest against the tables of a cache: key type, table count, every table present
 /// with its dim, state width and optimizer (invalid_argument; not_found for a missing table).
 /// `order[t]` gets the manifest index of want[t].
-[[nodiscard]] status match_schema(const folder_manifest& m, const std::string& key_type,
+[[nodiscard]] status match_schema(const folder_manifest& m, embcache::key_type key_type,
                                   const std::vector<table_schema>& want,
                                   std::vector<std::size_t>* order);
 /// Bounds of a table read without a schema (serving): dim in [1, 2^20], state_width <= 2 dim.
@@ -248,7 +248,7 @@ struct table_rows {
 struct row_rules {
   bool allow_duplicate_keys = false;
   bool allow_non_finite = false;
-  std::string key_type = "int64";  ///< "uint32" refuses keys outside [0, 2^32)
+  embcache::key_type key_type = embcache::key_type::int64;  ///< uint32 refuses keys past 2^32
   /// Appended to the refusals of repeats and non-finite floats (the option that accepts them).
   std::string duplicate_hint, non_finite_hint;
 };

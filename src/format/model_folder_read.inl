@@ -237,7 +237,7 @@ status check_keys(const std::vector<std::int64_t>& keys, const std::string& path
                                       "; expected each key once" + rules.duplicate_hint);
     }
   }
-  if (rules.key_type == "uint32" && !sorted->empty() &&
+  if (rules.key_type == key_type::uint32 && !sorted->empty() &&
       (sorted->front() < 0 || sorted->back() > std::int64_t{0xffffffff})) {
     const std::int64_t k = sorted->front() < 0 ? sorted->front() : sorted->back();
     return status::invalid_argument("'" + path + "' holds key " + std::to_string(k) +
@@ -298,9 +298,10 @@ result<folder_manifest> read_folder_manifest(const std::string& dir_in, folder_k
     return status::unsupported("'" + f.path + "' has format_version " + fv->dump() + ", expected " +
                                std::to_string(model_format_version));
   }
-  EMBCACHE_RETURN_IF_ERROR(f.str(j, "key_type", "", &m.key_type));
-  if (key_type parsed; !key_type_from_name(m.key_type, &parsed)) {
-    return status::invalid_argument("'" + f.path + "' has key_type '" + m.key_type +
+  std::string key_name;
+  EMBCACHE_RETURN_IF_ERROR(f.str(j, "key_type", "", &key_name));
+  if (!key_type_from_name(key_name, &m.key_type)) {
+    return status::invalid_argument("'" + f.path + "' has key_type '" + key_name +
                                     "', expected 'int64' or 'uint32'");
   }
   if (kind == folder_kind::delta) {
@@ -332,11 +333,11 @@ result<folder_manifest> read_folder_manifest(const std::string& dir_in, folder_k
   return m;
 }
 
-status match_schema(const folder_manifest& m, const std::string& key_type,
+status match_schema(const folder_manifest& m, embcache::key_type key_type,
                     const std::vector<table_schema>& want, std::vector<std::size_t>* order) {
   if (m.key_type != key_type) {
-    return status::invalid_argument("'" + m.path + "' holds " + m.key_type + " keys, expected " +
-                                    key_type);
+    return status::invalid_argument("'" + m.path + "' holds " + to_string(m.key_type) +
+                                    " keys, expected " + to_string(key_type));
   }
   if (m.tables.size() != want.size()) {
     return status::invalid_argument("'" + m.path + "' has " + std::to_string(m.tables.size()) +

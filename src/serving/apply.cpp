@@ -158,7 +158,7 @@ status write_model(const std::string& dir, const model_folder& m) {
   }
   nlohmann::json manifest = {{"format", "embcache-model"},
                              {"format_version", model_format_version},
-                             {"key_type", m.key_type},
+                             {"key_type", to_string(m.key_type)},
                              {"applied_delta", m.sequence},
                              {"tables", tables}};
   if (!m.run_id.empty()) manifest["run_id"] = m.run_id;
@@ -286,8 +286,9 @@ result<apply_report> apply_deltas(const std::string& base_in, const std::string&
           std::to_string(d.value().sequence) + ", its name " + std::to_string(e.sequence));
     }
     if (d.value().key_type != m.key_type) {
-      return status::invalid_argument("apply: '" + e.path + "' holds " + d.value().key_type +
-                                      " keys, the base " + m.key_type);
+      return status::invalid_argument("apply: '" + e.path + "' holds " +
+                                      to_string(d.value().key_type) + " keys, the base " +
+                                      to_string(m.key_type));
     }
     // Another run's delta would mix two models; a side without an identity (written by an
     // earlier version) is not checked, and the result takes the first identity it meets.

@@ -293,7 +293,9 @@ result<redis_model> read_model(connection& c, const redis_options& o) {
       !j.contains("tables") || !j["tables"].is_array() || !j.contains("key_type") ||
       !j["key_type"].is_string())
     return status::corruption(at + " is not an embcache-redis schema");
-  m.key_type = j["key_type"].get<std::string>();
+  if (!key_type_from_name(j["key_type"].get<std::string>(), &m.key_type))
+    return status::corruption(at + ": 'key_type' is '" + j["key_type"].get<std::string>() +
+                              "', expected 'int64' or 'uint32'");
   if (j.contains("run_id")) {
     if (!j["run_id"].is_string() || !detail::is_run_id(j["run_id"].get<std::string>()))
       return status::corruption(at + ": 'run_id' must be 32 lowercase hex digits");
@@ -402,7 +404,7 @@ status push_base(connection& c, const redis_options& o, writer_lock& lock, const
   }
   nlohmann::json schema = {{"format", "embcache-redis"},
                            {"format_version", 1},
-                           {"key_type", base.key_type},
+                           {"key_type", to_string(base.key_type)},
                            {"tables", tables}};
   if (!base.run_id.empty()) schema["run_id"] = base.run_id;
   swap.push_back({"SET", p + ":schema", schema.dump()});
@@ -505,8 +507,8 @@ result<redis_push_report> redis_push(const redis_options& options, const std::st
     if (d.value().sequence != e.sequence || d.value().key_type != m.key_type)
       return status::invalid_argument("redis push: '" + e.path + "' has sequence " +
                                       std::to_string(d.value().sequence) + " and " +
-                                      d.value().key_type + " keys; expected " +
-                                      std::to_string(e.sequence) + " and " + m.key_type);
+                                      to_string(d.value().key_type) + " keys; expected " +
+                                      std::to_string(e.sequence) + " and " + to_string(m.key_type));
     EMBCACHE_RETURN_IF_ERROR(check_run(m, d.value(), conn.where).with_context("redis push"));
     report.run_unchecked = report.run_unchecked || m.run_id.empty() || d.value().run_id.empty();
     model_position next = m.position;

@@ -78,8 +78,8 @@ status redis_check_model(const redis_model& m, const redis_options& options,
   if (!f.ok()) return f.get_status().with_context("checking the store against the save");
   const detail::folder_manifest& s = f.value();
   if (s.key_type != m.key_type)
-    return status::invalid_argument(where + " holds " + m.key_type + " keys, the save '" + s.dir +
-                                    "' " + s.key_type);
+    return status::invalid_argument(where + " holds " + to_string(m.key_type) +
+                                    " keys, the save '" + s.dir + "' " + to_string(s.key_type));
   for (const auto& t : s.tables) {
     const auto it = std::find_if(m.dims.begin(), m.dims.end(),
                                  [&](const auto& x) { return x.first == t.name; });

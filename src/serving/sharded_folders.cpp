@@ -146,8 +146,8 @@ result<std::vector<sharded_manifest>> read_sharded_manifests(const std::string& 
                                 "', its folder '" + name + "'");
     if (!out.empty()) {
       const sharded_manifest& first = out.front();
-      EMBCACHE_RETURN_IF_ERROR(
-          check_same("field 'key_type' is", first.key_type, m.key_type, where));
+      EMBCACHE_RETURN_IF_ERROR(check_same("field 'key_type' is", to_string(first.key_type),
+                                          to_string(m.key_type), where));
       EMBCACHE_RETURN_IF_ERROR(check_same("field 'run_id' is", first.info.run_id, m.info.run_id,
                                           where + " (tables of two runs)"));
       EMBCACHE_RETURN_IF_ERROR(check_same(
@@ -183,8 +183,8 @@ result<model_folder> read_sharded_save(const std::string& dir_in) {
     t.version = m.info.applied_delta;
     for (int r = 0; r < m.world_size; ++r) {
       const std::string part = tdir + "/" + m.parts[static_cast<std::size_t>(r)].path;
-      const status s = m.key_type == "uint32" ? read_part<std::uint32_t>(part, m, r, t)
-                                              : read_part<std::int64_t>(part, m, r, t);
+      const status s = m.key_type == key_type::uint32 ? read_part<std::uint32_t>(part, m, r, t)
+                                                      : read_part<std::int64_t>(part, m, r, t);
       EMBCACHE_RETURN_IF_ERROR(
           s.with_context("sharded save '" + dir + "', table '" + t.name + "'"));
     }
@@ -268,8 +268,8 @@ result<model_folder> read_sharded_delta(const std::string& parts_path) {
       }
     }
     if (part.key_type != out.key_type)
-      return status::invalid_argument(where + " holds " + part.key_type + " keys, rank 0's " +
-                                      out.key_type);
+      return status::invalid_argument(where + " holds " + to_string(part.key_type) +
+                                      " keys, rank 0's " + to_string(out.key_type));
     if (part.tables.size() != out.tables.size())
       return status::invalid_argument(where + " has " + std::to_string(part.tables.size()) +
                                       " tables, rank 0's " + std::to_string(out.tables.size()));
@@ -284,7 +284,7 @@ result<model_folder> read_sharded_delta(const std::string& parts_path) {
                                         "' (dim " + std::to_string(t.dim) + ", state width " +
                                         std::to_string(t.state_width) + ")");
       for (const std::int64_t k : pt.keys) {
-        const int owner = out.key_type == "uint32"
+        const int owner = out.key_type == key_type::uint32
                               ? owner_of(static_cast<std::uint32_t>(k), static_cast<int>(world))
                               : owner_of(k, static_cast<int>(world));
         if (owner != r)

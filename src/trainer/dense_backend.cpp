@@ -56,19 +56,50 @@ void set_cuda_dense_backend_factory(dense_backend_factory factory) noexcept {
 
 dense_backend_factory cuda_dense_backend_factory() noexcept { return cuda_factory.load(); }
 
-result<std::unique_ptr<dense_backend>> make_dense_backend(const std::string& requested,
+namespace {
+
+// The device choices by name: to_string and device_choice_from_name share this list.
+constexpr std::pair<device_choice, const char*> device_names[] = {
+    {device_choice::automatic, "auto"},
+    {device_choice::host, "host"},
+    {device_choice::cuda, "cuda"}};
+
+}  // namespace
+
+const char* to_string(device_choice d) noexcept {
+  for (const auto& [c, name] : device_names)
+    if (c == d) return name;
+  return "?";
+}
+
+bool device_choice_from_name(const std::string& name, device_choice* out) noexcept {
+  for (const auto& [c, n] : device_names) {
+    if (name == n) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+status check_device_choice(device_choice d, const std::string& field) {
+  for (const auto& [c, name] : device_names)
+    if (c == d) return {};
+  return status::invalid_argument(field + ": " + std::to_string(int(d)) +
+                                  " is not a device (host, cuda, auto)");
+}
+
+result<std::unique_ptr<dense_backend>> make_dense_backend(device_choice requested,
                                                           const wide_deep_options& options,
                                                           host_space space, std::string* note,
                                                           const std::string& field) {
-  if (requested != "host" && requested != "cuda" && requested != "auto")
-    return status::invalid_argument(field + ": \"" + requested +
-                                    "\" is not a device (host, cuda, auto)");
+  EMBCACHE_RETURN_IF_ERROR(check_device_choice(requested, field));
   const dense_backend_factory factory = cuda_dense_backend_factory();
   // The device is probed only when the program can use it: a host-only program says so instead.
   const bool device = factory != nullptr && cuda_device_available();
   std::string why;
   bool use_cuda = false;
-  if (requested == "cuda") {
+  if (requested == device_choice::cuda) {
     if (!factory)
       return status::unsupported(field +
                                  ": \"cuda\" needs the cuda space, and this program was built "
@@ -76,7 +107,7 @@ result<std::unique_ptr<dense_backend>> make_dense_backend(const std::string& req
                                  "register_cuda_dense_backend())");
     if (!device) return status::unsupported(field + ": \"cuda\" but no CUDA device is present");
     use_cuda = true;
-  } else if (requested == "auto") {
+  } else if (requested == device_choice::automatic) {
     use_cuda = device;
     why = !factory ? " (auto: this program has no cuda space)"
           : device ? " (auto: CUDA device present)"

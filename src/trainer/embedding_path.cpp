@@ -239,18 +239,16 @@ cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept {
 }
 
 result<bool> embedding_device_of(const trainer_config& config, bool sharded, std::string* note) {
-  const std::string& requested = config.embedding_device;
+  const device_choice requested = config.embedding_device;
   const std::string field = "config.embedding_device";
-  if (requested != "host" && requested != "cuda" && requested != "auto")
-    return status::invalid_argument(field + ": \"" + requested +
-                                    "\" is not a device (host, cuda, auto)");
+  EMBCACHE_RETURN_IF_ERROR(check_device_choice(requested, field));
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
   const cuda_cache_path_factory factory = installed_cuda_cache_path_factory();
   // The device is probed only when the tables could go there.
   const bool device = !hybrid && !sharded && factory != nullptr && cuda_device_available();
   std::string why;
   bool use_cuda = false;
-  if (requested == "cuda") {
+  if (requested == device_choice::cuda) {
     if (hybrid)
       return status::invalid_argument(
           field +
@@ -268,7 +266,7 @@ result<bool> embedding_device_of(const trainer_config& config, bool sharded, std
                                  "register_cuda_embeddings())");
     if (!device) return status::unsupported(field + ": \"cuda\" but no CUDA device is present");
     use_cuda = true;
-  } else if (requested == "auto") {
+  } else if (requested == device_choice::automatic) {
     use_cuda = device;
     why = hybrid     ? " (auto: mode host_hybrid keeps them on the host)"
           : sharded  ? " (auto: a sharded run keeps them on the host)"

@@ -181,10 +181,10 @@ result<std::unique_ptr<trainer>> trainer::create_with(const trainer_config& give
   // for the spread of a hash partition.
   if (comm != nullptr && comm->size() > 1)
     for (std::size_t t = 0; t < config.tables.size(); ++t)
-      if (given.tables[t].capacity_auto)
-        config.tables[t].capacity =
-            std::min(config.tables[t].capacity,
-                     config.tables[t].capacity * 5 / 4 / std::size_t(comm->size()) + 64);
+      if (std::uint64_t slots = 0;
+          given.tables[t].capacity_auto && table_slots(config.tables[t].capacity, 0, &slots))
+        config.tables[t].capacity = std::min<std::size_t>(config.tables[t].capacity,
+                                                          slots / std::size_t(comm->size()) + 64);
   auto p = std::make_unique<impl>();
   p->config = config;
   p->comm = comm;

@@ -110,7 +110,8 @@ const config_field<std::string> text_fields[] = {
     {"export_dir", &trainer_config::export_dir},
     {"save_dir", &trainer_config::save_dir},
     {"resume_from", &trainer_config::resume_from},
-    {"start_from_hugectr", &trainer_config::start_from_hugectr},
+    {"start_from_hugectr", &trainer_config::start_from_hugectr}};
+const config_field<device_choice> device_fields[] = {
     {"dense_device", &trainer_config::dense_device},
     {"embedding_device", &trainer_config::embedding_device}};
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
@@ -244,13 +245,9 @@ status validate(const trainer_config& c) {
     return status::invalid_argument(std::string("config.mode: \"") + to_string(c.mode) +
                                     "\" with config.world " + std::to_string(c.world) +
                                     ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
-  if (c.dense_device != "host" && c.dense_device != "cuda" && c.dense_device != "auto")
-    return status::invalid_argument("config.dense_device: \"" + c.dense_device +
-                                    "\" is not a device (host, cuda, auto)");
-  if (c.embedding_device != "host" && c.embedding_device != "cuda" && c.embedding_device != "auto")
-    return status::invalid_argument("config.embedding_device: \"" + c.embedding_device +
-                                    "\" is not a device (host, cuda, auto)");
-  if (c.mode == trainer_mode::host_hybrid && c.embedding_device == "cuda")
+  for (const auto& f : device_fields)
+    EMBCACHE_RETURN_IF_ERROR(check_device_choice(c.*f.member, std::string("config.") + f.name));
+  if (c.mode == trainer_mode::host_hybrid && c.embedding_device == device_choice::cuda)
     return status::invalid_argument(
         "config.embedding_device: \"cuda\" with config.mode \"host_hybrid\": host-hybrid keeps "
         "the embeddings and their sparse optimizers on the host (use \"host\" or \"auto\", or "
@@ -397,6 +394,13 @@ result<trainer_config> trainer_config_from_json(const json& j) {
     r.get_int("world", c.world, {1, max_world});
   }
   for (const auto& f : text_fields) r.get(f.name, c.*f.member);
+  for (const auto& f : device_fields) {
+    if (!r.has(f.name)) continue;
+    std::string name;
+    r.get(f.name, name);
+    if (err.ok() && !device_choice_from_name(name, &(c.*f.member)))
+      r.fail(r.path(f.name), "\"" + name + "\" is not a device (host, cuda, auto)");
+  }
   for (const auto& f : flag_fields) r.get(f.name, c.*f.member);
   for (const auto& f : count_fields) r.get_int(f.name, c.*f.member, f.range);
   for (const auto& f : thread_fields) r.get_int(f.name, c.*f.member, f.range);
@@ -460,6 +464,7 @@ void to_json(json& j, const trainer_config& c) {
            {"seed", c.seed},
            {"world", c.world == 0 ? json("auto") : json(c.world)}};
   for (const auto& f : text_fields) j[f.name] = c.*f.member;
+  for (const auto& f : device_fields) j[f.name] = to_string(c.*f.member);
   for (const auto& f : flag_fields) j[f.name] = c.*f.member;
   for (const auto& f : count_fields) j[f.name] = c.*f.member;
   for (const auto& f : thread_fields) j[f.name] = c.*f.member;

@@ -299,7 +299,7 @@ class device_cache_bridge {
   // Every slot's keyset mark set to 0 (when the caller's mark counter starts over).
   status clear_marks() {
     return guarded([&]() -> status {
-      std::vector<std::int64_t> all(cache_->capacity());
+      std::vector<std::int64_t> all(cache_->slots());
       for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(i);
       auto s = in(all.data(), all.size());
       cache_->set_marks(arg(all.data(), s), all.size(), 0);

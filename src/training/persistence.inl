@@ -56,7 +56,7 @@ status read_model_for(const std::vector<table_state<Key, Space>>& tables, const 
       schemas.push_back({tb.opt.name, tb.opt.dim, tb.state_width, tb.opt.optimizer.kind});
     }
     std::vector<std::size_t> order;
-    EMBCACHE_RETURN_IF_ERROR(match_schema(m.value(), to_string(key_type_of<Key>()), schemas, &order)
+    EMBCACHE_RETURN_IF_ERROR(match_schema(m.value(), key_type_of<Key>(), schemas, &order)
                                  .with_context("load"));
     for (std::size_t t = 0; t < tables.size(); ++t) {
       const manifest_table& mt = m.value().tables[order[t]];
@@ -96,7 +96,7 @@ status read_model_for(const std::vector<table_state<Key, Space>>& tables, const 
   row_rules rules;
   rules.allow_duplicate_keys = options.allow_duplicate_keys;
   rules.allow_non_finite = options.allow_non_finite;
-  rules.key_type = to_string(key_type_of<Key>());
+  rules.key_type = key_type_of<Key>();
   rules.duplicate_hint = " (load_options::allow_duplicate_keys keeps the last occurrence)";
   rules.non_finite_hint = " (load_options::allow_non_finite accepts them)";
   for (std::size_t t = 0; t < tables.size(); ++t) {

@@ -69,7 +69,7 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     if (!table_slots(o.capacity, o.slots, &asked))
       throw error(status_code::invalid_argument,
                   who + ": capacity " + std::to_string(o.capacity) + " is too large");
-    co.capacity = static_cast<std::size_t>(asked);
+    co.slots = static_cast<std::size_t>(asked);
     co.dim = o.dim;
     co.state_width = tb.state_width;
     co.init = o.init;
@@ -78,7 +78,7 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     co.scores = o.scores;
     tb.cache = std::make_unique<cache_type>(co, space);
     tb.bridge = detail::device_cache_bridge<Key, Space>(tb.cache.get());
-    const std::size_t slots = tb.cache->capacity();
+    const std::size_t slots = tb.cache->slots();
     // Default: the slack of the default slots (capacity / 8 above capacity, 90% of capacity * 5 /
     // 4), never more than 90% of the slots (a user who asked for more slots for short probing
     // keeps them short).

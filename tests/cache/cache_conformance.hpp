@@ -250,10 +250,10 @@ std::vector<float> expected_initial_row(const cache_options& o, Key key) {
   return r;
 }
 
-inline cache_options small_options(std::size_t capacity = 1024, std::size_t dim = 4,
+inline cache_options small_options(std::size_t slots = 1024, std::size_t dim = 4,
                                    std::size_t state = 2) {
   cache_options o;
-  o.capacity = capacity;
+  o.slots = slots;
   o.dim = dim;
   o.state_width = state;
   o.init.seed = 42;
@@ -310,7 +310,7 @@ TYPED_TEST_P(cache_conformance, empty_finds_nothing) {
   auto r = h.find({1, 2, 3});
   EXPECT_EQ(r.found, std::vector<bool>({false, false, false}));
   EXPECT_EQ(h.cache.size(), 0u);
-  EXPECT_EQ(h.cache.capacity(), 1024u);
+  EXPECT_EQ(h.cache.slots(), 1024u);
 }
 
 TYPED_TEST_P(cache_conformance, find_or_insert_initializes_deterministically) {
@@ -481,7 +481,7 @@ TYPED_TEST_P(cache_conformance, the_table_holds_what_bytes_per_slot_says) {
     auto o = small_options(1000, 4, 2);
     o.scores = policy;
     harness<Key, typename TypeParam::space_type> h(o);
-    ASSERT_EQ(h.cache.capacity(), 1024u);  // 8 buckets
+    ASSERT_EQ(h.cache.slots(), 1024u);  // 8 buckets
     EXPECT_EQ(h.cache.allocated_bytes(),
               1024 * cache_type::bytes_per_slot(o) + 8 * cache_type::bytes_per_bucket);
     // 6 floats; state byte; key; version, score, claim and synced words; mark; LFU's touch op.
@@ -531,7 +531,7 @@ TYPED_TEST_P(cache_conformance, every_key_value_is_a_key) {
 TYPED_TEST_P(cache_conformance, full_table_is_a_clear_status) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(256, 2, 0));
-  ASSERT_EQ(h.cache.capacity(), 256u);
+  ASSERT_EQ(h.cache.slots(), 256u);
   auto keys = this->range_keys(300, 5);
   status s = h.find_or_insert(keys);
   EXPECT_EQ(s.code(), status_code::capacity_exceeded);

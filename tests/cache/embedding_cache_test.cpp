@@ -135,7 +135,7 @@ TEST(cache_host, bad_options_throw) {
   cache_options o;
   o.dim = 4;
   EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);
-  o.capacity = 10;
+  o.slots = 10;
   o.dim = 0;
   EXPECT_THROW((embedding_cache<std::int64_t, host_space>(o)), error);
 }

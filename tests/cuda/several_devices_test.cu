@@ -57,7 +57,7 @@ TEST(several_devices_cuda, device_guard_restores_the_previous_device) {
 TEST(several_devices_cuda, a_cache_works_on_its_own_device_from_another_current_device) {
   EMBCACHE_NEED_CUDA_DEVICES(2);
   cache_options o;
-  o.capacity = 4096;
+  o.slots = 4096;
   o.dim = 8;
   o.state_width = 0;
   o.init.seed = 42;

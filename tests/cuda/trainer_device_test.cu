@@ -59,8 +59,8 @@ trainer_config config(const std::string& device, trainer_mode mode,
   c.batch_size = 128;
   c.seed = 2;
   c.log_interval = 0;
-  c.dense_device = device;
-  c.embedding_device = embeddings;
+  EXPECT_TRUE(device_choice_from_name(device, &c.dense_device)) << device;
+  EXPECT_TRUE(device_choice_from_name(embeddings, &c.embedding_device)) << embeddings;
   return c;
 }
 

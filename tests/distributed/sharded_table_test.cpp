@@ -152,7 +152,7 @@ TEST(sharded_table_uint32, same_bits_on_every_world_size_and_saves_carry_the_key
     EXPECT_TRUE(back.same_rows_and_versions(all));
     auto manifest = read_sharded_manifest(dir);
     EMBCACHE_ASSERT_OK(manifest);
-    EXPECT_EQ(manifest.value().key_type, "uint32");
+    EXPECT_EQ(manifest.value().key_type, key_type::uint32);
     host_store<std::int64_t> wide_keys(store_options(o));
     auto refused = load_sharded_part(dir, 0, 1, wide_keys);
     ASSERT_FALSE(refused.ok());

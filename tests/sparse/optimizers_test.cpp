@@ -534,7 +534,7 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
   const std::size_t dim = ho.dim, sw = state_width(kind, dim), width = dim + sw;
   const std::int64_t num_keys = 400;
   cache_options co;
-  co.capacity = 4096;
+  co.slots = 4096;
   co.dim = dim;
   co.state_width = sw;
   co.init.seed = 99;

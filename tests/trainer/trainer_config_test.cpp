@@ -65,9 +65,10 @@ TEST(trainer_config, errors_name_the_field) {
     j["dense_device"] = d;
     auto parsed = trainer_config_from_json(j);
     EMBCACHE_ASSERT_OK(parsed) << d;
-    EXPECT_EQ(parsed.value().dense_device, d);
+    EXPECT_STREQ(to_string(parsed.value().dense_device), d);
+    EXPECT_EQ(json(parsed.value()).at("dense_device"), d);
   }
-  EXPECT_EQ(trainer_config{}.dense_device, "auto");
+  EXPECT_EQ(trainer_config{}.dense_device, device_choice::automatic);
   j = base;
   j["embedding_device"] = "gpu";
   EXPECT_EQ(err(j), "config.embedding_device: \"gpu\" is not a device (host, cuda, auto)");
@@ -79,10 +80,10 @@ TEST(trainer_config, errors_name_the_field) {
     j["embedding_device"] = d;
     auto parsed = trainer_config_from_json(j);
     EMBCACHE_ASSERT_OK(parsed) << d;
-    EXPECT_EQ(parsed.value().embedding_device, d);
+    EXPECT_STREQ(to_string(parsed.value().embedding_device), d);
     EXPECT_EQ(json(parsed.value()).at("embedding_device"), d);
   }
-  EXPECT_EQ(trainer_config{}.embedding_device, "auto");
+  EXPECT_EQ(trainer_config{}.embedding_device, device_choice::automatic);
   // Host-hybrid is the mode whose embeddings stay on the host: "cuda" there is a contradiction.
   j = base;
   j["mode"] = "host_hybrid";
@@ -113,7 +114,7 @@ TEST(trainer_config, errors_name_the_field) {
   EXPECT_EQ(c.value().tables[0].dim, 1u);
   EXPECT_EQ(c.value().tables[0].optimizer.kind, optimizer_kind::ftrl);
   EXPECT_EQ(c.value().tables[1].dim, 8u);
-  EXPECT_EQ(c.value().embedding_device, "host");
+  EXPECT_EQ(c.value().embedding_device, device_choice::host);
   const json full = c.value();
   auto again = trainer_config_from_json(full);
   EMBCACHE_ASSERT_OK(again);
@@ -154,18 +155,17 @@ struct factory_guard {
 TEST(trainer_dense_device, cuda_is_a_clear_error_without_the_cuda_space) {
   ASSERT_EQ(cuda_dense_backend_factory(), nullptr);
   trainer_config c = small_config("dense_device");
-  c.dense_device = "cuda";
+  c.dense_device = device_choice::cuda;
   auto t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
   EXPECT_EQ(t.get_status().message(),
             "config.dense_device: \"cuda\" needs the cuda space, and this program was built "
             "without it (link embcache::cuda, call register_cuda_dense_backend())");
-  c.dense_device = "tpu";
+  c.dense_device = static_cast<device_choice>(7);  // no enumerator: refused naming the field
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.get_status().message(),
-            "config.dense_device: \"tpu\" is not a device (host, cuda, auto)");
+  EXPECT_EQ(t.get_status().message(), "config.dense_device: 7 is not a device (host, cuda, auto)");
 }
 
 TEST(trainer_dense_device, auto_and_host_say_where_the_network_runs) {
@@ -183,7 +183,7 @@ TEST(trainer_dense_device, auto_and_host_say_where_the_network_runs) {
   EMBCACHE_ASSERT_OK(t.value()->run());
   ASSERT_GE(lines.size(), 2u);
   EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
-  c.dense_device = "host";
+  c.dense_device = device_choice::host;
   t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->dense_note(), "dense network on host");
@@ -209,12 +209,13 @@ TEST(trainer_dense_device, auto_uses_the_registered_factory_only_with_a_device) 
   fake_cuda_builds = 0;
   std::string note;
   const bool device = cuda_device_available();
-  auto b = make_dense_backend("auto", wide_deep_options{}, host_space{}, &note, "f");
+  auto b =
+      make_dense_backend(device_choice::automatic, wide_deep_options{}, host_space{}, &note, "f");
   EMBCACHE_ASSERT_OK(b);
   EXPECT_EQ(fake_cuda_builds, device ? 1 : 0);
   EXPECT_EQ(note, device ? "dense network on host (auto: CUDA device present)"
                          : "dense network on host (auto: no CUDA device)");
-  auto c = make_dense_backend("cuda", wide_deep_options{}, host_space{}, &note, "f");
+  auto c = make_dense_backend(device_choice::cuda, wide_deep_options{}, host_space{}, &note, "f");
   if (device) {
     EMBCACHE_ASSERT_OK(c);
     EXPECT_EQ(fake_cuda_builds, 2);
@@ -269,7 +270,7 @@ struct cuda_path_guard {
 TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space) {
   ASSERT_EQ(detail::installed_cuda_cache_path_factory(), nullptr);
   trainer_config c = small_config("embedding_device");
-  c.embedding_device = "cuda";
+  c.embedding_device = device_choice::cuda;
   auto t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
@@ -280,12 +281,12 @@ TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space) {
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
-  c.embedding_device = "tpu";
+  c.embedding_device = static_cast<device_choice>(7);  // no enumerator: refused naming the field
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
   EXPECT_EQ(t.get_status().message(),
-            "config.embedding_device: \"tpu\" is not a device (host, cuda, auto)");
+            "config.embedding_device: 7 is not a device (host, cuda, auto)");
 }
 
 TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and_say_so) {
@@ -310,19 +311,19 @@ TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and
   expect_error([&] { (void)t.value()->cuda_cache(); }, status_code::unsupported,
                "trainer::cuda_cache(): the embeddings are on the host (config.embedding_device); "
                "use trainer::cache()");
-  c.embedding_device = "host";
+  c.embedding_device = device_choice::host;
   t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
   EXPECT_EQ(t.value()->embedding_note(), "embeddings on host");
   // Host-hybrid: "auto" means host, and says why.
   c.mode = trainer_mode::host_hybrid;
-  c.embedding_device = "auto";
+  c.embedding_device = device_choice::automatic;
   t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
   EXPECT_STREQ(t.value()->embedding_device(), "host");
   EXPECT_EQ(t.value()->embedding_note(),
             "embeddings on host (auto: mode host_hybrid keeps them on the host)");
-  c.embedding_device = "cuda";
+  c.embedding_device = device_choice::cuda;
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
@@ -337,14 +338,14 @@ TEST(trainer_embedding_device, a_sharded_run_keeps_them_on_the_host) {
   trainer_config c = small_config("embedding_sharded");
   c.passes = {{{shard(0)}}};
   c.save_dir.clear();
-  c.embedding_device = "cuda";
+  c.embedding_device = device_choice::cuda;
   auto t = trainer::create(c, one);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
   EXPECT_EQ(t.get_status().message(),
             "config.embedding_device: \"cuda\" in a sharded run: it keeps its tables on the host "
             "(use \"host\" or \"auto\")");
-  c.embedding_device = "auto";
+  c.embedding_device = device_choice::automatic;
   t = trainer::create(c, one);
   EMBCACHE_ASSERT_OK(t);
   EXPECT_STREQ(t.value()->embedding_device(), "host");
@@ -377,7 +378,7 @@ TEST(trainer_embedding_device, auto_uses_the_registered_path_only_with_a_device)
                          : "embeddings on host (auto: no CUDA device)");
   EMBCACHE_ASSERT_OK(trainer::create(c));
   EXPECT_EQ(fake_cuda_paths, device ? 1 : 0);
-  c.embedding_device = "cuda";
+  c.embedding_device = device_choice::cuda;
   auto t = trainer::create(c);
   if (device) {
     EMBCACHE_ASSERT_OK(t);
@@ -390,7 +391,7 @@ TEST(trainer_embedding_device, auto_uses_the_registered_path_only_with_a_device)
               "config.embedding_device: \"cuda\" but no CUDA device is present");
   }
   // Host-hybrid and sharded runs never ask for the device path.
-  c.embedding_device = "auto";
+  c.embedding_device = device_choice::automatic;
   c.mode = trainer_mode::host_hybrid;
   a = detail::embedding_device_of(c, /*sharded=*/false, &note);
   EMBCACHE_ASSERT_OK(a);

@@ -346,7 +346,7 @@ TEST(trainer_datasets, a_non_criteo_schema_sizes_the_model_and_learns) {
   c.batch_size = 64;
   c.log_interval = 0;
   c.threads = 2;
-  c.dense_device = "host";  // score_shard runs the dense network on the host
+  c.dense_device = device_choice::host;  // score_shard runs the dense network on the host
   c.save_dir = dir + "/save";
   auto resolved = resolve_trainer_config(c);
   EMBCACHE_ASSERT_OK(resolved);

@@ -239,7 +239,7 @@ TEST(trainer, embeddings_on_the_host_keep_the_bits_of_the_host_hybrid_path) {
     SCOPED_TRACE(std::string(to_string(mode)) + " " + device);
     trainer_config c = hybrid;
     c.mode = mode;
-    c.embedding_device = device;
+    ASSERT_TRUE(device_choice_from_name(device, &c.embedding_device)) << device;
     c.save_dir = temp_dir(std::string("emb_") + to_string(mode) + "_" + device) + "/save";
     auto t = trainer::create(c);
     EMBCACHE_ASSERT_OK(t);

@@ -271,7 +271,7 @@ void train_step(training_cache<key>& tc, const std::vector<key>& keys) {
   EMBCACHE_EXPECT_OK(c.lookup_slots(keys.data(), keys.size(), slots.data()));
   for (std::size_t i = 0; i <= keys.size(); ++i) offsets[i] = std::int64_t(i);
   const slot_batch b{keys.size(), 1, offsets.data(), slots.data(), keys.size()};
-  EMBCACHE_EXPECT_OK(check_batch(b, c.capacity()));
+  EMBCACHE_EXPECT_OK(check_batch(b, c.slots()));
   std::vector<float> pooled(keys.size() * 2, 5.0f), grads(keys.size() * 2, 1.0f);
   lookup_combine(host_space{}, c.rows(), c.row_width(), 2, b, combiner::sum, pooled.data());
   for (std::size_t i = 0; i < keys.size(); ++i) {

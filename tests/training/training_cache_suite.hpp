@@ -1694,7 +1694,7 @@ struct full_bucket_fixture {
     auto o = table_of("t", dim, 200);
     o.store = store;
     tc = std::make_unique<training_cache<std::int64_t, Space>>(opts, std::vector{o});
-    EXPECT_EQ(tc->cache(0).capacity(), 256u);
+    EXPECT_EQ(tc->cache(0).slots(), 256u);
     const auto hashing = tc->cache(0).ref();  // hash() only reads the view's sizes: host code
     for (std::int64_t k = 0; first.size() + second.size() < 257; ++k) {
       if (hashing.hash(k).home != 0) continue;

@@ -34,25 +34,25 @@ std::string key_to_string(Key k) {
 template <class Key, class Space>
 embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space space)
     : options_(options), space_(space), mutex_(std::make_unique<std::shared_mutex>()) {
-  if (options.capacity == 0)
-    throw error(status_code::invalid_argument, "embedding_cache: capacity must be at least 1");
+  if (options.slots == 0)
+    throw error(status_code::invalid_argument, "embedding_cache: slots must be at least 1");
   if (options.dim == 0)
     throw error(status_code::invalid_argument, "embedding_cache: dim must be at least 1");
-  num_buckets_ = (options.capacity + bucket_size - 1) / bucket_size;
-  capacity_ = num_buckets_ * bucket_size;
+  num_buckets_ = (options.slots + bucket_size - 1) / bucket_size;
+  slots_ = num_buckets_ * bucket_size;
   row_width_ = options.dim + options.state_width;
   if constexpr (is_cuda_space_v<Space>) device_ = detail::cuda_current_device();
-  states_ = buffer<std::uint8_t, Space>(capacity_, space_);
-  keys_ = buffer<Key, Space>(capacity_, space_);
+  states_ = buffer<std::uint8_t, Space>(slots_, space_);
+  keys_ = buffer<Key, Space>(slots_, space_);
   overflow_ = buffer<std::uint32_t, Space>(num_buckets_, space_);
-  versions_ = buffer<std::uint64_t, Space>(capacity_, space_);
-  scores_ = buffer<std::uint64_t, Space>(capacity_, space_);
+  versions_ = buffer<std::uint64_t, Space>(slots_, space_);
+  scores_ = buffer<std::uint64_t, Space>(slots_, space_);
   if (options.scores == score_policy::lfu)
-    touched_ = buffer<std::uint64_t, Space>(capacity_, space_);
-  claims_ = buffer<std::uint64_t, Space>(capacity_, space_);
-  synced_ = buffer<std::uint64_t, Space>(capacity_, space_);
-  marks_ = buffer<std::uint32_t, Space>(capacity_, space_);
-  rows_ = buffer<float, Space>(capacity_ * row_width_, space_);
+    touched_ = buffer<std::uint64_t, Space>(slots_, space_);
+  claims_ = buffer<std::uint64_t, Space>(slots_, space_);
+  synced_ = buffer<std::uint64_t, Space>(slots_, space_);
+  marks_ = buffer<std::uint32_t, Space>(slots_, space_);
+  rows_ = buffer<float, Space>(slots_ * row_width_, space_);
   states_.fill_bytes(0);
   overflow_.fill_bytes(0);
   versions_.fill_bytes(0);
@@ -143,7 +143,7 @@ status embedding_cache<Key, Space>::check_no_failures(const std::int64_t* slots,
       std::string("embedding_cache::") + what + ": no room for " + std::to_string(failed) + " of " +
       std::to_string(n) + " keys (first: key " + detail::key_to_string(k[first]) +
       " at batch index " + std::to_string(first) + "); size " + std::to_string(size_.load()) +
-      " of capacity " + std::to_string(capacity_));
+      " of capacity " + std::to_string(slots_));
 }
 
 template <class Key, class Space>
@@ -402,15 +402,15 @@ void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::s
   *count_out = 0;
   if (need == 0) return;
   const auto t = ref();
-  buffer<std::uint32_t, Space> flags(capacity_, sp);
-  detail::for_each_index(sp, capacity_,
+  buffer<std::uint32_t, Space> flags(slots_, sp);
+  detail::for_each_index(sp, slots_,
                          detail::victim_candidate_fn<Key>{t, keep_mark, flags.data()});
-  const std::size_t count = detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
-  buffer<std::uint64_t, Space> positions(capacity_, sp);
-  detail::exclusive_scan(sp, flags.data(), positions.data(), capacity_);
+  const std::size_t count = detail::count_equal(sp, flags.data(), slots_, std::uint32_t{1});
+  buffer<std::uint64_t, Space> positions(slots_, sp);
+  detail::exclusive_scan(sp, flags.data(), positions.data(), slots_);
   if (count <= need) {
     // Every candidate goes: already in slot order.
-    detail::for_each_index(sp, capacity_,
+    detail::for_each_index(sp, slots_,
                            detail::collect_flagged_fn{flags.data(), positions.data(), victims_out});
     detail::synchronize(sp);
     *count_out = count;
@@ -418,7 +418,7 @@ void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::s
   }
   // Candidates ordered by key, then (stably) by version or score: the first `need` go.
   buffer<std::int64_t, Space> candidates(count, sp);
-  detail::for_each_index(sp, capacity_,
+  detail::for_each_index(sp, slots_,
                          detail::collect_flagged_fn{flags.data(), positions.data(),
                                                     candidates.data()});
   {
@@ -486,11 +486,11 @@ std::size_t embedding_cache<Key, Space>::count_if(const export_filter& filter) c
   const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
-  buffer<std::uint32_t, Space> flags(capacity_, sp);
+  buffer<std::uint32_t, Space> flags(slots_, sp);
   detail::for_each_index(
-      sp, capacity_,
+      sp, slots_,
       detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
-  return detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
+  return detail::count_equal(sp, flags.data(), slots_, std::uint32_t{1});
 }
 
 template <class Key, class Space>
@@ -501,18 +501,18 @@ status embedding_cache<Key, Space>::export_if(const export_filter& filter, Key* 
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
   if (count_out) *count_out = 0;
-  buffer<std::uint32_t, Space> flags(capacity_, sp);
-  buffer<std::uint64_t, Space> positions(capacity_, sp);
+  buffer<std::uint32_t, Space> flags(slots_, sp);
+  buffer<std::uint64_t, Space> positions(slots_, sp);
   detail::for_each_index(
-      sp, capacity_,
+      sp, slots_,
       detail::export_flag_fn{states_.data(), versions_.data(), filter, flags.data()});
-  const std::size_t count = detail::count_equal(sp, flags.data(), capacity_, std::uint32_t{1});
+  const std::size_t count = detail::count_equal(sp, flags.data(), slots_, std::uint32_t{1});
   if (count > max_out)
     return status::capacity_exceeded("embedding_cache::export_if: " + std::to_string(count) +
                                      " rows match but the output holds " + std::to_string(max_out));
-  detail::exclusive_scan(sp, flags.data(), positions.data(), capacity_);
+  detail::exclusive_scan(sp, flags.data(), positions.data(), slots_);
   buffer<std::int64_t, Space> slots(count, sp);
-  detail::for_each_index(sp, capacity_,
+  detail::for_each_index(sp, slots_,
                          detail::export_collect_fn<Key>{keys_.data(), flags.data(),
                                                         positions.data(), keys_out, slots.data()});
   detail::stable_sort_by_key(sp, keys_out, slots.data(), count);

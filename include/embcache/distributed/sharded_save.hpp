@@ -49,6 +49,7 @@
 
 #include "embcache/distributed/communicator.hpp"
 #include "embcache/expiry.hpp"
+#include "embcache/keyset.hpp"
 #include "embcache/param_store.hpp"
 #include "embcache/status.hpp"
 
@@ -98,7 +99,7 @@ struct sharded_admission_file {
 /// A parsed and checked manifest.json.
 struct sharded_manifest {
   sharded_save_info info;           ///< what the save records
-  std::string key_type;             ///< "int64" or "uint32" (loads refuse another store's)
+  embcache::key_type key_type = embcache::key_type::int64;  ///< default int64; loads refuse another
   int world_size = 0;               ///< ranks that wrote it (default 0)
   std::uint64_t generation = 0;     ///< generation folder number (default 0)
   std::vector<sharded_part> parts;  ///< world_size parts, in rank order

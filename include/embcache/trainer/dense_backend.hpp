@@ -112,12 +112,30 @@ std::unique_ptr<dense_backend> make_cuda_dense_backend(const wide_deep_options& 
 /// See make_cuda_dense_backend.
 void register_cuda_dense_backend();
 
-/// Builds the dense part on the device `requested` names: "host", "cuda" (needs a registered
-/// factory and a CUDA device) or "auto" (cuda when both are there, else host). `note` (may be
+/// Where a part of the trainer runs (trainer_config::dense_device and embedding_device). The
+/// configuration's JSON spells it "auto", "host" or "cuda" (to_string, device_choice_from_name).
+enum class device_choice : std::uint8_t {
+  automatic,  ///< "auto": cuda when the program can use it and a device is present, else host
+  host,       ///< "host"
+  cuda,       ///< "cuda"
+};
+
+/// The configuration's name of a device choice ("auto", "host" or "cuda"; "?" for a value no
+/// enumerator names).
+const char* to_string(device_choice d) noexcept;
+/// The device choice named `name` ("auto", "host" or "cuda"); false (and `*out` untouched) when
+/// `name` names none.
+bool device_choice_from_name(const std::string& name, device_choice* out) noexcept;
+/// OK for an enumerator; for another value (an integer cast to device_choice) invalid_argument
+/// starting with `field`, e.g. `config.dense_device: 7 is not a device (host, cuda, auto)`.
+status check_device_choice(device_choice d, const std::string& field);
+
+/// Builds the dense part on the device `requested` names: host, cuda (needs a registered
+/// factory and a CUDA device) or automatic (cuda when both are there, else host). `note` (may be
 /// null) receives one line saying where it runs and, for "auto", why, e.g. "dense network on
 /// host (auto: no CUDA device)". Errors are invalid_argument or unsupported and start with
 /// `field`, e.g. `config.dense_device: "cuda" but no CUDA device is present`.
-result<std::unique_ptr<dense_backend>> make_dense_backend(const std::string& requested,
+result<std::unique_ptr<dense_backend>> make_dense_backend(device_choice requested,
                                                           const wide_deep_options& options,
                                                           host_space space, std::string* note,
                                                           const std::string& field);

@@ -138,20 +138,22 @@ struct trainer_config {
   /// run at pass 1. Not with resume_from, nor in a sharded run.
   std::string start_from_hugectr;
   int threads = 0;  ///< worker threads of the sparse ops (default 0: all)
-  /// Where the dense network runs: "host", "cuda" or "auto" (default: cuda when the program
-  /// registered the cuda backend and a device is present, else host). make_dense_backend.
-  std::string dense_device = "auto";
+  /// Where the dense network runs: host, cuda or automatic (JSON "host", "cuda", "auto"; default
+  /// automatic: cuda when the program registered the cuda backend and a device is present, else
+  /// host). make_dense_backend.
+  device_choice dense_device = device_choice::automatic;
   /// Where the embedding tables and their sparse ops (lookup and combine, gradient aggregation,
-  /// the in-row optimizers) run in modes keyset and on_demand: "host", "cuda" or "auto" (default:
-  /// cuda when the program registered the cuda embeddings, register_cuda_embeddings(), and a
-  /// device is present, else host). With "cuda" the tables are a training_cache<std::int64_t,
-  /// cuda_space> and only each batch's keys (or, on demand, its slots) go to the device; with the
-  /// dense network there too the pooled embeddings and their gradients stay on the device
-  /// (dense_backend::forward_backward_on_device), with it on the host they cross to the host and
-  /// back (docs/trainer.md: what crosses PCIe per step). Mode host_hybrid keeps them on the host
+  /// the in-row optimizers) run in modes keyset and on_demand: host, cuda or automatic (JSON
+  /// "host", "cuda", "auto"; default automatic: cuda when the program registered the cuda
+  /// embeddings, register_cuda_embeddings(), and a device is present, else host). With "cuda" the
+  /// tables are a training_cache<std::int64_t, cuda_space> and only each batch's keys (or, on
+  /// demand, its slots) go to the device; with the dense network there too the pooled embeddings
+  /// and their gradients stay on the device (dense_backend::forward_backward_on_device), with it on
+  /// the host they cross to the host and back (docs/trainer.md: what crosses PCIe per step). Mode
+  /// host_hybrid keeps them on the host
   /// ("auto" means host there, "cuda" is refused naming the mode), and so does a sharded run
   /// (trainer::create with a communicator; "cuda" is refused as unsupported).
-  std::string embedding_device = "auto";
+  device_choice embedding_device = device_choice::automatic;
   /// Threads of OpenBLAS for the host dense network, process-wide (default 0: OpenBLAS's own
   /// setting, OPENBLAS_NUM_THREADS or one per core). set_host_blas_threads.
   int blas_threads = 0;

@@ -5,7 +5,7 @@
 
 int main() {
   embcache::cache_options o;
-  o.capacity = 1000;
+  o.slots = 1000;
   o.dim = 8;
   embcache::embedding_cache<std::int64_t, embcache::host_space> cache(o);
   std::vector<std::int64_t> keys = {1, 2, 3, 2};
