@@ -92,11 +92,10 @@ template <class T>
 class [[nodiscard]] result {
  public:
   result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
-  result(status s) : status_(std::move(s)) {     // NOLINT(google-explicit-constructor)
-    if (status_.ok())
-      status_ =
-          status(status_code::internal, "result constructed from an ok status without a value");
-  }
+  result(status s)                               // NOLINT(google-explicit-constructor)
+      : status_(s.ok() ? status(status_code::internal,
+                                "result constructed from an ok status without a value")
+                       : std::move(s)) {}
   bool ok() const noexcept { return status_.ok(); }
   const status& get_status() const noexcept { return status_; }
   /// The value; throws embcache::error when the result holds a failure.

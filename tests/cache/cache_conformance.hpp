@@ -154,10 +154,9 @@ class harness {
     buffer<std::int64_t, Space> slots(n, space_);
     buffer<bool, Space> dirty(n, space_);
     std::size_t count = 0;
-    evict_result r;
-    r.st = cache.insert_and_evict(k.data(), n, rows_in ? rin.data() : nullptr, nullptr, ek.data(),
-                                  er.data(), ev.data(), &count, found.data(), slots.data(),
-                                  dirty.data());
+    evict_result r{cache.insert_and_evict(k.data(), n, rows_in ? rin.data() : nullptr, nullptr,
+                                          ek.data(), er.data(), ev.data(), &count, found.data(),
+                                          slots.data(), dirty.data())};
     evicted_dirty = bools_to_host(dirty, count);
     r.keys = to_host(ek, count);
     r.rows = to_host(er, count * cache.row_width());
