@@ -12,23 +12,28 @@ namespace embcache::test {
 namespace {
 
 // Trains `whole` (three passes) once straight and once as a save after pass 1 resumed for
-// passes 2 and 3; both must end with the same model and history. Returns the resumed config (and
-// the uninterrupted run's result in `whole_run` when given).
+// passes 2 and 3; both must end with the same model and history, and write the same incremental
+// exports (the interrupted run's three deltas in one folder, as a resumed job writes them).
+// Returns the resumed config (and the uninterrupted run's result in `whole_run` when given).
 trainer_config expect_resume_equals_whole(trainer_config whole, const std::string& name,
                                           run_result* whole_run = nullptr) {
   size_to_largest_shard(whole);
+  whole.export_dir = temp_dir(name + "_whole_deltas") + "/deltas";
+  whole.export_with_state = true;
   const run_result rw = run(whole);
   if (whole_run) *whole_run = rw;
 
   trainer_config first = whole;
   first.passes = {whole.passes[0]};
   first.save_dir = temp_dir(name + "_first") + "/save";
+  first.export_dir = temp_dir(name + "_deltas") + "/deltas";
   run(first);
 
   trainer_config rest = whole;
   rest.passes = {whole.passes[1], whole.passes[2]};
   rest.resume_from = first.save_dir;
   rest.save_dir = temp_dir(name + "_rest") + "/save";
+  rest.export_dir = first.export_dir;
   auto t = trainer::create(rest);
   EXPECT_TRUE(t.ok()) << t.get_status().to_string();
   if (!t.ok()) return rest;
@@ -43,6 +48,7 @@ trainer_config expect_resume_equals_whole(trainer_config whole, const std::strin
     EXPECT_EQ(t.value()->history()[2].train_loss, rw.history[2].train_loss);
   }
   expect_same_model(whole.save_dir, rest.save_dir);
+  expect_same_deltas(rest.export_dir, whole.export_dir, 3);
   return rest;
 }
 

@@ -212,21 +212,7 @@ TEST(trainer, host_hybrid_deltas_apply_to_its_final_save) {
   EMBCACHE_ASSERT_OK(w);
   w.value()->set_log([](const std::string&) {});
   EMBCACHE_ASSERT_OK(w.value()->run());
-  for (const char* n : {"/delta-000001", "/delta-000002", "/delta-000003"}) {
-    auto got = read_delta_folder(c.export_dir + n);
-    auto want = read_delta_folder(whole.export_dir + n);
-    EMBCACHE_ASSERT_OK(got);
-    EMBCACHE_ASSERT_OK(want);
-    ASSERT_EQ(got.value().tables.size(), want.value().tables.size()) << n;
-    for (std::size_t i = 0; i < want.value().tables.size(); ++i) {
-      const folder_table& a = got.value().tables[i];
-      const folder_table& b = want.value().tables[i];
-      EXPECT_EQ(a.keys, b.keys) << n << " " << b.name;
-      EXPECT_TRUE(a.vectors == b.vectors) << n << " " << b.name;
-      EXPECT_TRUE(a.states == b.states) << n << " " << b.name;
-      EXPECT_EQ(a.erased, b.erased) << n << " " << b.name;
-    }
-  }
+  expect_same_deltas(c.export_dir, whole.export_dir, 3);
   const std::string applied = root + "/applied";
   fs::copy(root + "/base", applied, fs::copy_options::recursive);
   auto r = apply_deltas(applied, c.export_dir);

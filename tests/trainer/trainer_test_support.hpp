@@ -23,6 +23,7 @@
 #include "common/trainer_dataset.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/keyset.hpp"
+#include "embcache/serving.hpp"
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/trainer.hpp"
@@ -97,6 +98,27 @@ inline void expect_same_model(const std::string& a, const std::string& b) {
     }
   }
   EXPECT_TRUE(read_bytes(a + "/dense.bin") == read_bytes(b + "/dense.bin")) << "dense.bin";
+}
+
+// Expects the incremental exports `delta-000001` .. `delta-00000N` of two export folders to hold
+// the same tables, row for row: keys, vectors, optimizer state and tombstones.
+inline void expect_same_deltas(const std::string& a, const std::string& b, int count) {
+  for (int d = 1; d <= count; ++d) {
+    const std::string n = "/delta-00000" + std::to_string(d);
+    auto got = read_delta_folder(a + n);
+    auto want = read_delta_folder(b + n);
+    EMBCACHE_ASSERT_OK(got);
+    EMBCACHE_ASSERT_OK(want);
+    ASSERT_EQ(got.value().tables.size(), want.value().tables.size()) << n;
+    for (std::size_t i = 0; i < want.value().tables.size(); ++i) {
+      const folder_table& x = got.value().tables[i];
+      const folder_table& y = want.value().tables[i];
+      EXPECT_EQ(x.keys, y.keys) << n << " " << y.name;
+      EXPECT_TRUE(x.vectors == y.vectors) << n << " " << y.name;
+      EXPECT_TRUE(x.states == y.states) << n << " " << y.name;
+      EXPECT_EQ(x.erased, y.erased) << n << " " << y.name;
+    }
+  }
 }
 
 struct run_result {
