@@ -19,6 +19,7 @@ from ._embcache import (  # noqa: F401
     CapacityExceededError,
     CorruptionError,
     EmbeddingBag,
+    EmbeddingBagU32,
     EmbeddingCache,
     EmbeddingCacheU32,
     Error,

@@ -95,3 +95,30 @@ def test_keysets_of_uint32_keys_round_trip_and_carry_their_key_type(tmp_path):
         embcache.write_keyset(path, np.array([1], np.int64), key_dtype="uint32")
     with pytest.raises(ValueError, match="key_dtype: expected one of 'int64', 'uint32', got 'u8'"):
         embcache.read_keyset(path, key_dtype="u8")
+
+
+def test_u32_embedding_bag_pools_and_steps_and_the_torch_collection_takes_uint32_arrays():
+    tc = embcache.TrainingCacheU32([embcache.TableOptionsU32(
+        "t", dim=2, capacity=16, init="constant", init_scale=1.0,
+        optimizer={"kind": "sgd", "learning_rate": 0.5})])
+    tc.begin_pass([BIG])
+    with pytest.raises(TypeError, match=r"cache: expected a TrainingCache \(int64 keys\), got "
+                                        r"embcache._embcache.TrainingCacheU32"):
+        embcache.EmbeddingBag(tc, "t")
+    bag = embcache.EmbeddingBagU32(tc, "t")
+    pooled = bag.forward(BIG[:2], np.array([0, 2], np.int64))
+    assert pooled.tolist() == [[2.0, 2.0]]
+    assert bag.backward(np.ones((1, 2), np.float32)) == 2
+    rows, _ = tc.read("t", BIG[:2])
+    assert rows.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+
+    torch = pytest.importorskip("torch")
+    from embcache.torch import EmbeddingBagCollection
+    ebc = EmbeddingBagCollection(tc)
+    out = ebc({"t": BIG[2:].reshape(1, 2)})["t"]
+    assert out.shape == (1, 2, 2)
+    out.sum().backward()
+    rows, _ = tc.read("t", BIG[2:])
+    assert np.allclose(rows, 0.5)
+    with pytest.raises(TypeError, match="keys: expected uint32 elements, got int64"):
+        ebc({"t": torch.zeros((1, 2), dtype=torch.int64)})
