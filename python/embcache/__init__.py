@@ -45,6 +45,7 @@ from ._embcache import (  # noqa: F401
     UnsupportedError,
     __version__,
     apply_deltas,
+    owner_of,
     read_dataset_manifest,
     read_keyset,
     read_shard_header,

@@ -15,6 +15,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "embcache/distributed/ownership.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/serving.hpp"
 #include "embcache/shard.hpp"
@@ -182,6 +183,25 @@ element type is TypeError), sorted, to the keyset file `path`, atomically. `form
 version, key type (an 'embcache' file of the other key type is InvalidArgumentError), count,
 checksum and order are checked (CorruptionError, InvalidArgumentError naming the file); a missing
 file is NotFoundError.)doc");
+  m.def(
+      "owner_of",
+      [](py::handle keys, int world, const std::string& key_dtype) {
+        if (world < 1) throw py::value_error("world: expected >= 1 ranks, got " +
+                                             std::to_string(world));
+        const bool u32 = is_uint32_keys(key_dtype);
+        array_arg k = array_arg::borrow(keys, "keys", u32 ? dtype::uint32 : dtype::int64, 1, false);
+        py::array_t<std::int32_t> owners(py::ssize_t(k.size()));
+        std::int32_t* o = owners.mutable_data();
+        py::gil_scoped_release nogil;
+        for (std::size_t i = 0; i < k.size(); ++i)
+          o[i] = u32 ? owner_of(k.as<std::uint32_t>()[i], world) : owner_of(k.as<key>()[i], world);
+        return owners;
+      },
+      py::arg("keys"), py::arg("world"), py::arg("key_dtype") = "int64",
+      R"doc(The rank that owns each key among `world` ranks (C++ owner_of, distributed/ownership.hpp:
+murmur3_fmix64(key ^ 0x6f776e6572) % world) -> int32 array: the key partition of a sharded run
+(mpirun -n world embcache-train), whose rank r holds, stores, saves and exports the keys it
+owns.)doc");
   m.def(
       "xxh64",
       [](py::buffer data, std::uint64_t seed) {

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import embcache
-from conftest import run_tool, tool
+from conftest import run_tool, runs_without_the_gil, tool
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,8 @@ def test_score_shard_of_a_save_gives_the_trainers_evaluation(trained, tmp_path):
     assert m["logloss"] == pytest.approx(trained["logloss"], rel=1e-12)
     with pytest.raises(embcache.NotFoundError, match="trainer.json"):
         embcache.score_shard(str(tmp_path), trained["shard"], embcache.ModelRows(trained["save"]))
+    rows = embcache.ModelRows(trained["save"])
+    assert runs_without_the_gil(lambda: embcache.score_shard(trained["save"], trained["shard"], rows))
 
 
 def free_port():
