@@ -186,8 +186,8 @@ file is NotFoundError.)doc");
   m.def(
       "owner_of",
       [](py::handle keys, int world, const std::string& key_dtype) {
-        if (world < 1) throw py::value_error("world: expected >= 1 ranks, got " +
-                                             std::to_string(world));
+        if (world < 1)
+          throw py::value_error("world: expected >= 1 ranks, got " + std::to_string(world));
         const bool u32 = is_uint32_keys(key_dtype);
         array_arg k = array_arg::borrow(keys, "keys", u32 ? dtype::uint32 : dtype::int64, 1, false);
         py::array_t<std::int32_t> owners(py::ssize_t(k.size()));
