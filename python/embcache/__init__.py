@@ -3,9 +3,10 @@ readers, apply_deltas and lookup-only serving (Redis, score_shard), bound from t
 (docs/python.md).
 
 Arrays cross without copies: NumPy arrays through the buffer protocol, torch tensors through
-DLPack. Keys are int64 (the classes ending in U32: uint32), rows float32 (dim embedding floats, then the optimizer's state). Failures
-raise subclasses of :class:`Error` whose message is the C++ status message; a wrong dtype is a
-TypeError, a wrong shape, layout or memory a ValueError. Long calls release the GIL.
+DLPack. Keys are int64 (uint32 for the classes whose name ends in U32), rows float32 (dim
+embedding floats, then the optimizer's state). Failures raise subclasses of :class:`Error` whose
+message is the C++ status message; a wrong dtype is a TypeError, a wrong shape, layout or memory a
+ValueError. Long calls release the GIL.
 
 :mod:`embcache.torch` holds the PyTorch embedding-bag collection (imports torch).
 """
@@ -29,11 +30,11 @@ from ._embcache import (  # noqa: F401
     InternalError,
     InvalidArgumentError,
     IoError,
+    ModelRows,
     NotFoundError,
     OutOfDeviceMemoryError,
     OutOfHostMemoryError,
     OutOfSpaceError,
-    ModelRows,
     ParamStore,
     ParamStoreU32,
     RowLookup,

@@ -76,7 +76,8 @@ def test_score_shard_of_a_save_gives_the_trainers_evaluation(trained, tmp_path):
     with pytest.raises(embcache.NotFoundError, match="trainer.json"):
         embcache.score_shard(str(tmp_path), trained["shard"], embcache.ModelRows(trained["save"]))
     rows = embcache.ModelRows(trained["save"])
-    assert runs_without_the_gil(lambda: embcache.score_shard(trained["save"], trained["shard"], rows))
+    assert runs_without_the_gil(
+        lambda: embcache.score_shard(trained["save"], trained["shard"], rows))
 
 
 def free_port():
