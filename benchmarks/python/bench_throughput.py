@@ -11,12 +11,15 @@ one pass over shards 0-4 (100,000 samples), shard 5 evaluated after the pass; de
 other, alternated `--rounds` times (trainer, sample, trainer, sample, ...), so that both see the
 same machine load; each reports the samples/s of its training pass (the pass alone: no start-up,
 no evaluation, no save) in its save's trainer.json. Prints every run, the load average before and
-after, the medians and their ratio (sample / embcache-train).
+after, the medians and their ratio (sample / embcache-train), and the CPU seconds of each whole
+run (all threads; less sensitive to the machine's load than samples/s, though a busy-waiting
+thread counts too).
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,12 +28,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLE = os.path.join(HERE, "..", "..", "samples", "python", "wide_deep.py")
 
 
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run(args, log):
+    """Runs a program; returns the CPU seconds (user + system, all its threads) it used."""
+    before = cpu_seconds()
     done = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with open(log, "w") as f:
         f.write(" ".join(args) + "\n" + done.stdout)
     if done.returncode != 0:
         sys.exit(f"{' '.join(args)} failed:\n{done.stdout}")
+    return cpu_seconds() - before
 
 
 def samples_per_s(save):
@@ -69,29 +80,35 @@ def main():
                "save_dir": save}
         with open(save + ".json", "w") as f:
             json.dump(cfg, f)
-        run([a.trainer, "--config", save + ".json", "--no-plot"], save + ".log")
-        return samples_per_s(save)
+        cpu = run([a.trainer, "--config", save + ".json", "--no-plot"], save + ".log")
+        return samples_per_s(save), cpu
 
     def sample(name, profile=""):
         save = os.path.join(a.work, name)
         pre = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
-        run(pre + [SAMPLE, "--train", data, "--shards", "5", "--eval", shard(5),
+        cpu = run(pre + [SAMPLE, "--train", data, "--shards", "5", "--eval", shard(5),
                    "--hidden", "256,128", "--dropout", "0.5", "--batch-size", "1024",
                    "--capacity", "131072", "--seed", "0", "--model-seed", "0", "--save", save],
             save + ".log")
-        return samples_per_s(save)
+        return samples_per_s(save), cpu
 
     print(f"load average before: {load_average()}", flush=True)
-    t, p = [], []
+    t, p, tc, pc = [], [], [], []
     for r in range(a.rounds):
-        t.append(trainer(f"trainer-{r}"))
-        print(f"round {r}: embcache-train {t[-1]:.0f} samples/s", flush=True)
-        p.append(sample(f"sample-{r}"))
-        print(f"round {r}: sample         {p[-1]:.0f} samples/s", flush=True)
+        speed, cpu = trainer(f"trainer-{r}")
+        t.append(speed)
+        tc.append(cpu)
+        print(f"round {r}: embcache-train {speed:.0f} samples/s, {cpu:.1f} CPU s", flush=True)
+        speed, cpu = sample(f"sample-{r}")
+        p.append(speed)
+        pc.append(cpu)
+        print(f"round {r}: sample         {speed:.0f} samples/s, {cpu:.1f} CPU s", flush=True)
     print(f"load average after: {load_average()}")
     mt, mp = statistics.median(t), statistics.median(p)
     print(f"median embcache-train {mt:.0f} samples/s, sample {mp:.0f} samples/s, "
           f"ratio {mp / mt:.2f}")
+    print(f"median CPU seconds of a whole run (start-up, pass, evaluation, save): "
+          f"embcache-train {statistics.median(tc):.1f}, sample {statistics.median(pc):.1f}")
     if a.profile:
         sample("sample-profile", a.profile)
         print(f"profile of one sample run: {a.profile}")

@@ -212,13 +212,12 @@ void bind_cache_class(py::module_& m) {
   const std::string k = to_string(key_dtype<Key>());
   const std::string doc =
       "\nThe device embedding cache in the host space (C++ embedding_cache<" + k +
-      "_t, host_space>): a\nfixed-capacity hash table of rows, each `dim` embedding floats "
-      "followed "
+      "_t, host_space>): a\nfixed-capacity hash table of rows, each `dim` embedding floats followed "
       "by `state_width` optimizer\nfloats. Keys are " +
       k +
-      " arrays (another key type is TypeError); rows come back as float32 arrays of shape\n"
-      "(n, row_width). Every call accepts NumPy arrays (buffer protocol) and tensors (DLPack)\n"
-      "without copying, and releases the GIL while it runs; calls from several threads may\n"
+      " arrays (another key type is TypeError); rows come back as float32\narrays of shape "
+      "(n, row_width). Every call accepts NumPy arrays (buffer protocol) and tensors\n(DLPack) "
+      "without copying, and releases the GIL while it runs; calls from several threads\nmay "
       "overlap, as in C++.\n";
   py::class_<cache>(m, name.c_str(), doc.c_str())
       .def(py::init(&make_cache<Key>), py::arg("slots"), py::arg("dim"), py::arg("state_width") = 0,

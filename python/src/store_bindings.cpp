@@ -208,9 +208,9 @@ void bind_store_classes(py::module_& m) {
       "\nA parameter store of one table (C++ param_store<" + k +
       "_t>): every row outside the device cache,\n`row_width` floats plus a version; keys are " +
       k +
-      " arrays. Calls from several Python threads are serialized. Once\nthe store is given to a "
-      "TrainingCache, reach its rows through the cache (a direct write while\nthe cache holds "
-      "rows of the table would be overwritten or lost).\n";
+      " arrays. Calls from several Python threads are\nserialized. Once the store is given to a "
+      "TrainingCache, reach its rows through the cache (a\ndirect write while the cache holds rows "
+      "of the table would be overwritten or lost).\n";
   py::class_<store_ref>(m, ("ParamStore" + sfx).c_str(), param_doc.c_str())
       .def("pull", &pull<Key>, py::arg("keys"), py::arg("out") = py::none(),
            R"doc(Rows of `keys` -> (rows (n, row_width), found (n,) bool, versions (n,) uint64); the

@@ -294,9 +294,9 @@ export.)doc")
       "from keysets (with background\nprefetch) or filled on demand, with incremental export, save "
       "and load. Keys are " +
       k +
-      " arrays (another key type is TypeError). Rows are dim + state width floats (the embedding, "
-      "then\nthe sparse optimizer's state). Tables are named by index or by name. Calls release "
-      "the GIL;\ncalls from several Python threads are serialized (one caller drives the cache).\n";
+      " arrays\n(another key type is TypeError). Rows are dim + state width floats (the embedding, "
+      "then the\nsparse optimizer's state). Tables are named by index or by name. Calls release "
+      "the GIL; calls\nfrom several Python threads are serialized (one caller drives the cache).\n";
   py::class_<training_ref>(m, ("TrainingCache" + sfx).c_str(), cache_doc.c_str())
       .def(py::init(&make_training<Key>), py::arg("tables"), py::arg("mode") = "keyset",
            py::arg("keyset_format") = "embcache", py::arg("prefetch_batch") = 65536,
