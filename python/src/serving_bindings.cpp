@@ -337,7 +337,8 @@ trainer save `save_dir` (trainer.json, dense.bin) and the embeddings `rows` (Mod
 RedisRows) holds, lookup only -> dict(samples, auc, logloss). A key `rows` lacks pools as a zero
 row, as the trainer's evaluation treats a key never trained, so the rows of the save's own model
 give its evaluation to the bit. `batch_size`, `max_samples` 0: the save's; `blas_threads` -1: the
-save's, 0: leave the process's (score_options).)doc");
+save's, 0: leave the process's (score_options; the setting is OpenBLAS's, for the whole process,
+torch's CPU GEMMs included where torch uses the same OpenBLAS).)doc");
 #endif
 }
 
