@@ -1,10 +1,12 @@
 """embcache from Python: the embedding cache, parameter stores, the training cache, the data
-readers and apply_deltas, bound from the C++ library (docs/python.md).
+readers, apply_deltas and lookup-only serving (Redis, score_shard), bound from the C++ library
+(docs/python.md).
 
 Arrays cross without copies: NumPy arrays through the buffer protocol, torch tensors through
-DLPack. Keys are int64, rows float32 (dim embedding floats, then the optimizer's state). Failures
-raise subclasses of :class:`Error` whose message is the C++ status message; a wrong dtype is a
-TypeError, a wrong shape, layout or memory a ValueError. Long calls release the GIL.
+DLPack. Keys are int64 (uint32 for the classes whose name ends in U32), rows float32 (dim
+embedding floats, then the optimizer's state). Failures raise subclasses of :class:`Error` whose
+message is the C++ status message; a wrong dtype is a TypeError, a wrong shape, layout or memory a
+ValueError. Long calls release the GIL.
 
 :mod:`embcache.torch` holds the PyTorch embedding-bag collection (imports torch).
 """
@@ -14,27 +16,37 @@ from ._embcache import (  # noqa: F401
     BUILT_WITH_CUDA,
     CRITEO_DENSE_COUNT,
     CRITEO_SLOT_COUNT,
+    HAVE_REDIS,
     HAVE_ROCKSDB,
     CapacityExceededError,
     CorruptionError,
     EmbeddingBag,
+    EmbeddingBagU32,
     EmbeddingCache,
+    EmbeddingCacheU32,
     Error,
     HostStore,
+    HostStoreU32,
     InternalError,
     InvalidArgumentError,
     IoError,
+    ModelRows,
     NotFoundError,
     OutOfDeviceMemoryError,
     OutOfHostMemoryError,
     OutOfSpaceError,
     ParamStore,
+    ParamStoreU32,
+    RowLookup,
     ShardReader,
     TableOptions,
+    TableOptionsU32,
     TrainingCache,
+    TrainingCacheU32,
     UnsupportedError,
     __version__,
     apply_deltas,
+    owner_of,
     read_dataset_manifest,
     read_keyset,
     read_shard_header,
@@ -43,7 +55,11 @@ from ._embcache import (  # noqa: F401
 )
 
 if HAVE_ROCKSDB:
-    from ._embcache import RocksDBStore  # noqa: F401
+    from ._embcache import RocksDBStore, RocksDBStoreU32  # noqa: F401
+if HAVE_REDIS:  # a build with hiredis
+    from ._embcache import RedisRows, redis_push, redis_read_model  # noqa: F401
+if hasattr(_embcache, "score_shard"):  # a build with the trainer (OpenBLAS)
+    from ._embcache import score_shard  # noqa: F401
 if hasattr(_embcache, "CudaEmbeddingCache"):  # a build with the cuda space
     from ._embcache import CudaEmbeddingCache  # noqa: F401
 

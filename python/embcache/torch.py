@@ -16,7 +16,7 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import EmbeddingBag, ShardReader, TrainingCache, dataset_passes
+from . import EmbeddingBag, EmbeddingBagU32, ShardReader, TrainingCache, dataset_passes
 
 __all__ = ["EmbeddingBagCollection", "keyset_passes"]
 
@@ -56,6 +56,9 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     In keyset mode every key of a batch must be in the current pass's keyset (NotFoundError
     naming the key otherwise); in on-demand mode misses are fetched per batch.
+
+    Over a :class:`TrainingCacheU32` the keys are uint32 NumPy arrays (torch 1.13 has no uint32
+    tensors); the pooled results are tensors all the same.
     """
 
     def __init__(self, cache: TrainingCache, tables: Optional[Sequence[str]] = None,
@@ -63,7 +66,8 @@ class EmbeddingBagCollection(torch.nn.Module):
         super().__init__()
         self.cache = cache
         names = list(tables) if tables is not None else list(cache.table_names)
-        self.bags: Dict[str, EmbeddingBag] = {n: EmbeddingBag(cache, n, mode) for n in names}
+        bag = EmbeddingBagU32 if cache.key_dtype == "uint32" else EmbeddingBag
+        self.bags: Dict[str, EmbeddingBag] = {n: bag(cache, n, mode) for n in names}
         self.mode = mode
         # Gives autograd a leaf to reach the pooling's backward through; never updated.
         self._anchor = torch.zeros(0, requires_grad=True)

@@ -13,6 +13,8 @@ const char* to_string(dtype t) noexcept {
       return "int64";
     case dtype::uint64:
       return "uint64";
+    case dtype::uint32:
+      return "uint32";
     case dtype::float32:
       return "float32";
     case dtype::boolean:
@@ -28,6 +30,7 @@ std::size_t item_bytes(dtype t) noexcept {
     case dtype::int64:
     case dtype::uint64:
       return 8;
+    case dtype::uint32:
     case dtype::float32:
       return 4;
     case dtype::boolean:
@@ -96,6 +99,8 @@ bool dl_type_is(const DLDataType& t, dtype want) {
       return t.code == kDLInt && t.bits == 64;
     case dtype::uint64:
       return t.code == kDLUInt && t.bits == 64;
+    case dtype::uint32:
+      return t.code == kDLUInt && t.bits == 32;
     case dtype::float32:
       return t.code == kDLFloat && t.bits == 32;
     case dtype::boolean:  // DLPack 0.8's kDLBool is 6; earlier producers export bool as uint8
@@ -267,6 +272,9 @@ output output::make(py::handle out, const char* name, dtype type,
         break;
       case dtype::uint64:
         o.object = py::array_t<std::uint64_t>(s);
+        break;
+      case dtype::uint32:
+        o.object = py::array_t<std::uint32_t>(s);
         break;
       case dtype::float32:
         o.object = py::array_t<float>(s);

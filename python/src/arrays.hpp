@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace embcache::python {
@@ -19,7 +20,22 @@ namespace embcache::python {
 namespace py = pybind11;
 
 /// Element types the bindings accept.
-enum class dtype : std::uint8_t { int64, uint64, float32, boolean };
+enum class dtype : std::uint8_t { int64, uint64, uint32, float32, boolean };
+
+/// The element type of keys of type `Key` (int64 or uint32, the key types the library builds).
+template <class Key>
+constexpr dtype key_dtype() noexcept {
+  static_assert(std::is_same_v<Key, std::int64_t> || std::is_same_v<Key, std::uint32_t>,
+                "keys are int64 or uint32");
+  return std::is_same_v<Key, std::int64_t> ? dtype::int64 : dtype::uint32;
+}
+
+/// The suffix of the Python class names of `Key`: "" for int64 (EmbeddingCache), "U32" for
+/// uint32 (EmbeddingCacheU32).
+template <class Key>
+constexpr const char* key_suffix() noexcept {
+  return std::is_same_v<Key, std::int64_t> ? "" : "U32";
+}
 
 /// Name of an element type as NumPy spells it ("int64", "float32", ...).
 const char* to_string(dtype t) noexcept;

@@ -1,7 +1,8 @@
 // EmbeddingBag: pooling of one table's rows of a TrainingCache (lookup_combine, sparse_ops.hpp)
 // and its backward, the table's sparse optimizer applied in the cache's rows (aggregate_gradients,
 // apply_optimizer, mark_updated), as the C++ trainer's cache path does. The torch module
-// (embcache/torch.py) drives it from an autograd function.
+// (embcache/torch.py) drives it from an autograd function. EmbeddingBagU32: the same over a
+// TrainingCacheU32 (uint32 keys).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -23,13 +24,16 @@ namespace embcache::python {
 
 namespace {
 
-using key = std::int64_t;
-
+template <class Key>
 class embedding_bag {
  public:
   embedding_bag(py::object cache, py::handle table, const std::string& mode)
       : owner_(std::move(cache)), comb_(combiner_of(mode)) {
-    auto& r = owner_.cast<training_ref&>();
+    if (!py::isinstance<training_ref_of<Key>>(owner_))
+      throw py::type_error(std::string("cache: expected a TrainingCache") + key_suffix<Key>() +
+                           " (" + to_string(key_dtype<Key>()) + " keys), got " +
+                           std::string(Py_TYPE(owner_.ptr())->tp_name));
+    auto& r = owner_.cast<training_ref_of<Key>&>();
     ref_ = &r;
     table_ = r.index_of(table);
     dim_ = r.cache->table(table_).dim;
@@ -39,7 +43,7 @@ class embedding_bag {
   // Pools the bags of `keys` (offsets: num_bags + 1 int64, CSR; None: one key per bag) into
   // `out` (num_bags, dim) and keeps the batch for backward().
   py::object forward(py::handle keys, py::handle offsets, py::handle out) {
-    auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+    array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
     const std::size_t n = k.size();
     if (offsets.is_none()) {
       offsets_.resize(n + 1);
@@ -56,7 +60,7 @@ class embedding_bag {
     status s;
     {
       training_call call(*ref_);
-      s = find_slots(k.as<key>(), n);
+      s = find_slots(k.as<Key>(), n);
       if (s.ok()) {
         auto& c = ref_->cache->cache(table_);
         batch_ = {bags, 1, offsets_.data(), slots_.data(), n};
@@ -112,7 +116,7 @@ class embedding_bag {
   // forward and backward (gradient `grad_value` everywhere) of one-key bags of `keys`, in seconds,
   // all in C++.
   double time_cpp(py::handle keys, float grad_value, int repeats) {
-    auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+    array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
     const std::size_t n = k.size();
     std::vector<float> pooled(n * dim_), grad(n * dim_, grad_value);
     offsets_.resize(n + 1);
@@ -123,7 +127,7 @@ class embedding_bag {
     double best = 0;
     for (int r = 0; r < repeats; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      check(find_slots(k.as<key>(), n));
+      check(find_slots(k.as<Key>(), n));
       batch_ = {n, 1, offsets_.data(), slots_.data(), n};
       lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_, pooled.data());
       aggregate_gradients(host_space{}, batch_, comb_, grad.data(), dim_, grads_);
@@ -143,7 +147,7 @@ class embedding_bag {
 
  private:
   // Keyset mode: the pass's keyset must hold every key; on-demand: misses are fetched.
-  status find_slots(const key* keys, std::size_t n) {
+  status find_slots(const Key* keys, std::size_t n) {
     auto& tc = *ref_->cache;
     if (tc.options().mode == cache_mode::on_demand)
       return tc.lookup(table_, keys, n, slots_.data());
@@ -157,7 +161,7 @@ class embedding_bag {
   }
 
   py::object owner_;  // keeps the TrainingCache alive
-  training_ref* ref_ = nullptr;
+  training_ref_of<Key>* ref_ = nullptr;
   std::size_t table_ = 0;
   std::size_t dim_ = 0;
   combiner comb_;
@@ -168,23 +172,25 @@ class embedding_bag {
   std::uint64_t step_ = 0;
 };
 
-}  // namespace
-
-void bind_bags(py::module_& m) {
-  py::class_<embedding_bag>(m, "EmbeddingBag", R"doc(
-Pooling of one table of a TrainingCache and its in-row optimizer step (C++ lookup_combine,
-aggregate_gradients, apply_optimizer on the cache's rows). forward() pools the bags of a batch;
-backward() applies the table's sparse optimizer to the rows of the last forward's batch and marks
-them updated. embcache.torch.EmbeddingBagCollection wraps it as a torch module.
-)doc")
+template <class Key>
+void bind_bag_class(py::module_& m) {
+  using embedding_bag = python::embedding_bag<Key>;
+  const std::string sfx = key_suffix<Key>();
+  const std::string doc =
+      "\nPooling of one table of a TrainingCache" + sfx +
+      " and its in-row optimizer step (C++ lookup_combine,\naggregate_gradients, apply_optimizer "
+      "on the cache's rows). forward() pools the bags of a batch;\nbackward() applies the table's "
+      "sparse optimizer to the rows of the last forward's batch and marks\nthem updated. "
+      "embcache.torch.EmbeddingBagCollection wraps EmbeddingBag as a torch module.\n";
+  py::class_<embedding_bag>(m, ("EmbeddingBag" + sfx).c_str(), doc.c_str())
       .def(py::init<py::object, py::handle, const std::string&>(), py::arg("cache"),
            py::arg("table"), py::arg("mode") = "sum",
            "Pools table `table` (index or name) of `cache`; `mode` 'sum' | 'mean'.")
       .def("forward", &embedding_bag::forward, py::arg("keys"), py::arg("offsets") = py::none(),
            py::arg("out") = py::none(),
-           R"doc(Pools the rows of `keys` (int64) per bag into a (num_bags, dim) float32 array.
-`offsets` (int64, num_bags + 1, CSR: bag b holds keys[offsets[b]:offsets[b+1]]) or None (one key
-per bag). Keyset mode: a key outside the pass's keyset is NotFoundError naming it; on-demand mode:
+           R"doc(Pools the rows of `keys` (the cache's key type) per bag into a (num_bags, dim)
+float32 array. `offsets` (int64, num_bags + 1, CSR: bag b holds keys[offsets[b]:offsets[b+1]]) or
+None (one key per bag). Keyset mode: a key outside the pass's keyset is NotFoundError naming it; on-demand mode:
 misses are fetched.)doc")
       .def("backward", &embedding_bag::backward, py::arg("grad"),
            R"doc(Applies the table's sparse optimizer with `grad` (num_bags, dim), the gradient of
@@ -199,6 +205,13 @@ non-finite gradient is ValueError (nothing changes).)doc")
                     "Optimizer steps applied (Adam's bias correction uses it).")
       .def_property_readonly("dim", &embedding_bag::dim)
       .def_property_readonly("table", &embedding_bag::table);
+}
+
+}  // namespace
+
+void bind_bags(py::module_& m) {
+  bind_bag_class<std::int64_t>(m);
+  bind_bag_class<std::uint32_t>(m);
 }
 
 }  // namespace embcache::python

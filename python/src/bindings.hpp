@@ -14,5 +14,7 @@ void bind_training(py::module_& m);    // TrainingCache, TableOptions (training_
 void bind_bags(py::module_& m);  // EmbeddingBag: pooling and the in-row update (bag_bindings.cpp)
 void bind_data(py::module_& m);  // keysets, shards, dataset manifests (data_bindings.cpp)
 void bind_serving(py::module_& m);  // apply_deltas (data_bindings.cpp)
+// ModelRows, RedisRows, redis_push, score_shard (serving_bindings.cpp)
+void bind_scoring(py::module_& m);
 
 }  // namespace embcache::python

@@ -15,6 +15,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "embcache/distributed/ownership.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/serving.hpp"
 #include "embcache/shard.hpp"
@@ -133,31 +134,74 @@ py::dict report_dict(const apply_report& r) {
   return d;
 }
 
+// Whether `name` (a key_dtype argument) is "uint32"; ValueError unless "int64" or "uint32".
+bool is_uint32_keys(const std::string& name) {
+  if (name == "int64") return false;
+  if (name == "uint32") return true;
+  bad_choice("key_dtype", "'int64', 'uint32'", name);
+}
+
 }  // namespace
 
 void bind_data(py::module_& m) {
   m.def(
       "write_keyset",
-      [](const std::string& path, py::handle keys, const std::string& format) {
-        auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+      [](const std::string& path, py::handle keys, const std::string& format,
+         const std::string& key_dtype) {
         const keyset_format f = keyset_format_of(format);
-        check(without_gil([&] { return write_keyset<key>(path, k.as<key>(), k.size(), f); }));
+        if (is_uint32_keys(key_dtype)) {
+          auto k = array_arg::borrow(keys, "keys", dtype::uint32, 1, false);
+          check(without_gil([&] {
+            return write_keyset<std::uint32_t>(path, k.as<std::uint32_t>(), k.size(), f);
+          }));
+        } else {
+          auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+          check(without_gil([&] { return write_keyset<key>(path, k.as<key>(), k.size(), f); }));
+        }
       },
       py::arg("path"), py::arg("keys"), py::arg("format") = "embcache",
-      R"doc(Writes the unique keys of `keys` (int64), sorted, to the keyset file `path`, atomically.
-`format` 'embcache' (header with checksum) or 'hugectr_raw' (bare keys).)doc");
+      py::arg("key_dtype") = "int64",
+      R"doc(Writes the unique keys of `keys` (of `key_dtype`: 'int64' or 'uint32', another
+element type is TypeError), sorted, to the keyset file `path`, atomically. `format` 'embcache'
+(header with checksum and key type) or 'hugectr_raw' (bare keys).)doc");
   m.def(
       "read_keyset",
-      [](const std::string& path, const std::string& format) {
+      [](const std::string& path, const std::string& format,
+         const std::string& key_dtype) -> py::object {
         const keyset_format f = keyset_format_of(format);
+        if (is_uint32_keys(key_dtype)) {
+          auto keys = take(without_gil([&] { return read_keyset<std::uint32_t>(path, f); }));
+          const auto n = py::ssize_t(keys.size());
+          return to_numpy(std::move(keys), {n});
+        }
         auto keys = take(without_gil([&] { return read_keyset<key>(path, f); }));
         const auto n = py::ssize_t(keys.size());
         return to_numpy(std::move(keys), {n});
       },
-      py::arg("path"), py::arg("format") = "embcache",
-      R"doc(Reads a keyset file -> sorted unique int64 keys. Magic, version, key type, count,
+      py::arg("path"), py::arg("format") = "embcache", py::arg("key_dtype") = "int64",
+      R"doc(Reads a keyset file -> sorted unique keys of `key_dtype` ('int64' or 'uint32'). Magic,
+version, key type (an 'embcache' file of the other key type is InvalidArgumentError), count,
 checksum and order are checked (CorruptionError, InvalidArgumentError naming the file); a missing
 file is NotFoundError.)doc");
+  m.def(
+      "owner_of",
+      [](py::handle keys, int world, const std::string& key_dtype) {
+        if (world < 1)
+          throw py::value_error("world: expected >= 1 ranks, got " + std::to_string(world));
+        const bool u32 = is_uint32_keys(key_dtype);
+        array_arg k = array_arg::borrow(keys, "keys", u32 ? dtype::uint32 : dtype::int64, 1, false);
+        py::array_t<std::int32_t> owners(py::ssize_t(k.size()));
+        std::int32_t* o = owners.mutable_data();
+        py::gil_scoped_release nogil;
+        for (std::size_t i = 0; i < k.size(); ++i)
+          o[i] = u32 ? owner_of(k.as<std::uint32_t>()[i], world) : owner_of(k.as<key>()[i], world);
+        return owners;
+      },
+      py::arg("keys"), py::arg("world"), py::arg("key_dtype") = "int64",
+      R"doc(The rank that owns each key among `world` ranks (C++ owner_of, distributed/ownership.hpp:
+murmur3_fmix64(key ^ 0x6f776e6572) % world) -> int32 array: the key partition of a sharded run
+(mpirun -n world embcache-train), whose rank r holds, stores, saves and exports the keys it
+owns.)doc");
   m.def(
       "xxh64",
       [](py::buffer data, std::uint64_t seed) {

@@ -22,4 +22,5 @@ PYBIND11_MODULE(_embcache, m) {
   ep::bind_bags(m);
   ep::bind_data(m);
   ep::bind_serving(m);
+  ep::bind_scoring(m);
 }

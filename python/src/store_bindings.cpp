@@ -1,5 +1,6 @@
 // HostStore and RocksDBStore: param_store<int64> (param_store.hpp, host_store.hpp,
-// rocksdb_store.hpp). Calls release the GIL and are serialized per store.
+// rocksdb_store.hpp), and the same classes over uint32 keys (HostStoreU32, ...). Calls release the
+// GIL and are serialized per store.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -23,10 +24,9 @@ namespace embcache::python {
 
 namespace {
 
-using key = std::int64_t;
-
-py::tuple pull(store_ref& s, py::handle keys, py::handle out) {
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+template <class Key>
+py::tuple pull(store_ref_of<Key>& s, py::handle keys, py::handle out) {
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   const std::size_t n = k.size();
   const auto w = std::int64_t(s.store->row_width());
   auto rows = output::make(out, "out", dtype::float32, {std::int64_t(n), w});
@@ -36,15 +36,16 @@ py::tuple pull(store_ref& s, py::handle keys, py::handle out) {
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(*s.calls);
-    st = s.store->pull(k.as<key>(), n, rows.as<float>(), found.as<bool>(),
+    st = s.store->pull(k.as<Key>(), n, rows.as<float>(), found.as<bool>(),
                        versions.as<std::uint64_t>());
   }
   check(st);
   return py::make_tuple(rows.object, found.object, versions.object);
 }
 
-void push(store_ref& s, py::handle keys, py::handle rows, py::handle versions) {
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+template <class Key>
+void push(store_ref_of<Key>& s, py::handle keys, py::handle rows, py::handle versions) {
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   const std::size_t n = k.size();
   auto r = array_arg::borrow(rows, "rows", dtype::float32, -1, false);
   r.require_rows(n, s.store->row_width());
@@ -54,32 +55,34 @@ void push(store_ref& s, py::handle keys, py::handle rows, py::handle versions) {
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(*s.calls);
-    st = s.store->push(k.as<key>(), n, r.as<float>(), v ? v->as<std::uint64_t>() : nullptr);
+    st = s.store->push(k.as<Key>(), n, r.as<float>(), v ? v->as<std::uint64_t>() : nullptr);
   }
   check(st);
 }
 
-std::size_t erase(store_ref& s, py::handle keys) {
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+template <class Key>
+std::size_t erase(store_ref_of<Key>& s, py::handle keys) {
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   std::size_t erased = 0;
   status st;
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(*s.calls);
-    st = s.store->erase(k.as<key>(), k.size(), &erased);
+    st = s.store->erase(k.as<Key>(), k.size(), &erased);
   }
   check(st);
   return erased;
 }
 
-py::object contains(store_ref& s, py::handle keys) {
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+template <class Key>
+py::object contains(store_ref_of<Key>& s, py::handle keys) {
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   auto found = output::make(py::none(), "found", dtype::boolean, {std::int64_t(k.size())});
   status st;
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(*s.calls);
-    st = s.store->contains(k.as<key>(), k.size(), found.as<bool>());
+    st = s.store->contains(k.as<Key>(), k.size(), found.as<bool>());
   }
   check(st);
   return found.object;
@@ -87,18 +90,19 @@ py::object contains(store_ref& s, py::handle keys) {
 
 // Calls `fn(keys, rows, versions)` per batch with copies of the batch (the store's pointers live
 // only during its callback). An exception raised by `fn` stops the scan and is raised again.
-void for_each(store_ref& s, const py::function& fn, std::size_t batch_size,
+template <class Key>
+void for_each(store_ref_of<Key>& s, const py::function& fn, std::size_t batch_size,
               py::object changed_since) {
   std::unique_ptr<py::error_already_set> raised;
   const std::size_t w = s.store->row_width();
-  store_batch_fn<key> batch = [&](const key* keys, const float* rows, const std::uint64_t* versions,
+  store_batch_fn<Key> batch = [&](const Key* keys, const float* rows, const std::uint64_t* versions,
                                   std::size_t n) -> status {
     py::gil_scoped_acquire gil;
     try {
-      py::array_t<key> k(static_cast<py::ssize_t>(n));
+      py::array_t<Key> k(static_cast<py::ssize_t>(n));
       py::array_t<float> r({py::ssize_t(n), py::ssize_t(w)});
       py::array_t<std::uint64_t> v(static_cast<py::ssize_t>(n));
-      std::memcpy(k.mutable_data(), keys, n * sizeof(key));
+      std::memcpy(k.mutable_data(), keys, n * sizeof(Key));
       std::memcpy(r.mutable_data(), rows, n * w * sizeof(float));
       std::memcpy(v.mutable_data(), versions, n * sizeof(std::uint64_t));
       fn(k, r, v);
@@ -121,7 +125,8 @@ void for_each(store_ref& s, const py::function& fn, std::size_t batch_size,
   check(st);
 }
 
-void flush(store_ref& s) {
+template <class Key>
+void flush(store_ref_of<Key>& s) {
   status st;
   {
     py::gil_scoped_release nogil;
@@ -131,7 +136,8 @@ void flush(store_ref& s) {
   check(st);
 }
 
-void checkpoint(store_ref& s, const std::string& dir) {
+template <class Key>
+void checkpoint(store_ref_of<Key>& s, const std::string& dir) {
   status st;
   {
     py::gil_scoped_release nogil;
@@ -153,13 +159,18 @@ host_store_options host_options(const std::string& table_name, std::size_t row_w
   return o;
 }
 
-host_store<key>& as_host(store_ref& s) { return static_cast<host_store<key>&>(*s.store); }
+template <class Key>
+host_store<Key>& as_host(store_ref_of<Key>& s) {
+  return static_cast<host_store<Key>&>(*s.store);
+}
 
 #ifdef EMBCACHE_PYTHON_ROCKSDB
-rocksdb_store_ref open_rocksdb(const std::string& path, const std::string& table_name,
-                               std::size_t row_width, std::size_t dim, const std::string& optimizer,
-                               const std::string& existing_rows, bool create_if_missing,
-                               std::size_t block_cache_bytes, int max_threads) {
+template <class Key>
+rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::string& table_name,
+                                       std::size_t row_width, std::size_t dim,
+                                       const std::string& optimizer,
+                                       const std::string& existing_rows, bool create_if_missing,
+                                       std::size_t block_cache_bytes, int max_threads) {
   rocksdb_store_options o;
   o.path = path;
   o.table_name = table_name;
@@ -176,40 +187,46 @@ rocksdb_store_ref open_rocksdb(const std::string& path, const std::string& table
   o.create_if_missing = create_if_missing;
   o.block_cache_bytes = block_cache_bytes;
   o.space.max_threads = max_threads;
-  result<std::unique_ptr<rocksdb_store<key>>> r = [&] {
+  result<std::unique_ptr<rocksdb_store<Key>>> r = [&] {
     py::gil_scoped_release nogil;
-    return rocksdb_store<key>::open(o);
+    return rocksdb_store<Key>::open(o);
   }();
-  rocksdb_store_ref ref;
+  rocksdb_store_ref_of<Key> ref;
   ref.store = take(std::move(r));
   return ref;
 }
 #endif
 
-}  // namespace
-
-void bind_stores(py::module_& m) {
-  py::class_<store_ref>(m, "ParamStore", R"doc(
-A parameter store of one table (C++ param_store<int64_t>): every row outside the device cache,
-`row_width` floats plus a version. Calls from several Python threads are serialized. Once the store
-is given to a TrainingCache, reach its rows through the cache (a direct write while the cache holds
-rows of the table would be overwritten or lost).
-)doc")
-      .def("pull", &pull, py::arg("keys"), py::arg("out") = py::none(),
+// The classes of one key type: ParamStore, HostStore, RocksDBStore, with key_suffix<Key>().
+template <class Key>
+void bind_store_classes(py::module_& m) {
+  using store_ref = store_ref_of<Key>;
+  using host_store_ref = host_store_ref_of<Key>;
+  const std::string sfx = key_suffix<Key>();
+  const std::string k = to_string(key_dtype<Key>());
+  const std::string param_doc =
+      "\nA parameter store of one table (C++ param_store<" + k +
+      "_t>): every row outside the device cache,\n`row_width` floats plus a version; keys are " +
+      k +
+      " arrays. Calls from several Python threads are\nserialized. Once the store is given to a "
+      "TrainingCache, reach its rows through the cache (a\ndirect write while the cache holds rows "
+      "of the table would be overwritten or lost).\n";
+  py::class_<store_ref>(m, ("ParamStore" + sfx).c_str(), param_doc.c_str())
+      .def("pull", &pull<Key>, py::arg("keys"), py::arg("out") = py::none(),
            R"doc(Rows of `keys` -> (rows (n, row_width), found (n,) bool, versions (n,) uint64); the
 row of a missing key is left untouched.)doc")
-      .def("push", &push, py::arg("keys"), py::arg("rows"), py::arg("versions") = py::none(),
+      .def("push", &push<Key>, py::arg("keys"), py::arg("rows"), py::arg("versions") = py::none(),
            R"doc(Inserts or overwrites rows. `versions` None stamps every row with
 max_version + 1. The last occurrence of a repeated key wins.)doc")
-      .def("erase", &erase, py::arg("keys"),
+      .def("erase", &erase<Key>, py::arg("keys"),
            "Removes keys (absent ones ignored); returns how many.")
-      .def("contains", &contains, py::arg("keys"), "Whether each key exists (bool array).")
-      .def("for_each", &for_each, py::arg("fn"), py::arg("batch_size") = 65536,
+      .def("contains", &contains<Key>, py::arg("keys"), "Whether each key exists (bool array).")
+      .def("for_each", &for_each<Key>, py::arg("fn"), py::arg("batch_size") = 65536,
            py::arg("changed_since") = py::none(),
            R"doc(Calls fn(keys, rows, versions) on batches of at most `batch_size` rows until every
 row (or, with `changed_since`, every row whose version is greater) was visited.)doc")
-      .def("flush", &flush, "Makes every completed push durable.")
-      .def("checkpoint", &checkpoint, py::arg("dir"),
+      .def("flush", &flush<Key>, "Makes every completed push durable.")
+      .def("checkpoint", &checkpoint<Key>, py::arg("dir"),
            "Writes a consistent, self-describing copy of the store into the new folder `dir`.")
       .def_property_readonly(
           "row_width", [](const store_ref& s) { return s.store->row_width(); },
@@ -220,20 +237,23 @@ row (or, with `changed_since`, every row whose version is greater) was visited.)
       .def_property_readonly(
           "max_version", [](const store_ref& s) { return s.store->max_version(); },
           "Highest version of any row pushed so far (0 when empty).")
+      .def_property_readonly_static(
+          "key_dtype", [](py::object) { return to_string(key_dtype<Key>()); },
+          "NumPy name of the key type ('int64' or 'uint32').")
       .def("__len__", [](store_ref& s) {
         py::gil_scoped_release nogil;  // before the lock: its holder may need the GIL back
         std::lock_guard<std::mutex> lock(*s.calls);
         return s.store->size();
       });
 
-  py::class_<host_store_ref, store_ref>(m, "HostStore", R"doc(
-Parameter store in host memory (C++ host_store<int64_t>): a sharded flat index over a slab of rows
-that never moves.
-)doc")
+  const std::string host_doc =
+      "\nParameter store in host memory (C++ host_store<" + k +
+      "_t>): a sharded flat index over a slab of\nrows that never moves.\n";
+  py::class_<host_store_ref, store_ref>(m, ("HostStore" + sfx).c_str(), host_doc.c_str())
       .def(py::init([](const std::string& table_name, std::size_t row_width, std::size_t num_shards,
                        std::size_t expected_rows, int max_threads) {
              host_store_ref r;
-             r.store = std::make_shared<host_store<key>>(
+             r.store = std::make_shared<host_store<Key>>(
                  host_options(table_name, row_width, num_shards, expected_rows, max_threads));
              return r;
            }),
@@ -247,9 +267,9 @@ when row_width is 0.)doc")
           [](const std::string& dir, const std::string& table_name, std::size_t row_width,
              std::size_t num_shards, int max_threads) {
             auto o = host_options(table_name, row_width, num_shards, 0, max_threads);
-            result<std::unique_ptr<host_store<key>>> r = [&] {
+            result<std::unique_ptr<host_store<Key>>> r = [&] {
               py::gil_scoped_release nogil;
-              return host_store<key>::open(dir, o);
+              return host_store<Key>::open(dir, o);
             }();
             host_store_ref ref;
             ref.store = take(std::move(r));
@@ -264,18 +284,28 @@ when row_width is 0.)doc")
           "Bytes of host memory the store holds (rows, versions, indexes, free lists).");
 
 #ifdef EMBCACHE_PYTHON_ROCKSDB
-  py::class_<rocksdb_store_ref, store_ref>(m, "RocksDBStore", R"doc(
-Parameter store of one table on SSD through RocksDB (C++ rocksdb_store<int64_t>): one column family
-per table, big-endian keys, rows with their version.
-)doc")
-      .def(py::init(&open_rocksdb), py::arg("path"), py::arg("table_name"), py::arg("row_width"),
-           py::arg("dim") = 0, py::arg("optimizer") = "", py::arg("existing_rows") = "refuse",
-           py::arg("create_if_missing") = true, py::arg("block_cache_bytes") = std::size_t{1} << 30,
-           py::arg("max_threads") = 0,
+  const std::string rocksdb_doc =
+      "\nParameter store of one table on SSD through RocksDB (C++ rocksdb_store<" + k +
+      "_t>): one column\nfamily per table, big-endian keys, rows with their version.\n";
+  py::class_<rocksdb_store_ref_of<Key>, store_ref>(m, ("RocksDBStore" + sfx).c_str(),
+                                                   rocksdb_doc.c_str())
+      .def(py::init(&open_rocksdb<Key>), py::arg("path"), py::arg("table_name"),
+           py::arg("row_width"), py::arg("dim") = 0, py::arg("optimizer") = "",
+           py::arg("existing_rows") = "refuse", py::arg("create_if_missing") = true,
+           py::arg("block_cache_bytes") = std::size_t{1} << 30, py::arg("max_threads") = 0,
            R"doc(Opens (or creates) the table `table_name` in the database at `path`
 (rocksdb_store_options). `dim` and `optimizer` are part of the table's schema (a table recorded with
 another schema is InvalidArgumentError naming both); `existing_rows` 'refuse' (default: a table
 that already holds rows is InvalidArgumentError) or 'reuse' (resume).)doc");
+#endif
+}
+
+}  // namespace
+
+void bind_stores(py::module_& m) {
+  bind_store_classes<std::int64_t>(m);
+  bind_store_classes<std::uint32_t>(m);
+#ifdef EMBCACHE_PYTHON_ROCKSDB
   m.attr("HAVE_ROCKSDB") = true;
 #else
   m.attr("HAVE_ROCKSDB") = false;

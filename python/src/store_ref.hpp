@@ -11,13 +11,18 @@
 
 namespace embcache::python {
 
-struct store_ref {
-  std::shared_ptr<param_store<std::int64_t>> store;
+template <class Key>
+struct store_ref_of {
+  std::shared_ptr<param_store<Key>> store;
   std::shared_ptr<std::mutex> calls = std::make_shared<std::mutex>();
 };
+using store_ref = store_ref_of<std::int64_t>;
 
-/// The Python classes HostStore and RocksDBStore (subclasses of ParamStore).
-struct host_store_ref : store_ref {};
-struct rocksdb_store_ref : store_ref {};
+/// The Python classes HostStore and RocksDBStore (subclasses of ParamStore), and their uint32
+/// twins HostStoreU32 and RocksDBStoreU32 (of ParamStoreU32).
+template <class Key>
+struct host_store_ref_of : store_ref_of<Key> {};
+template <class Key>
+struct rocksdb_store_ref_of : store_ref_of<Key> {};
 
 }  // namespace embcache::python

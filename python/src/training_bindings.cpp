@@ -1,5 +1,6 @@
 // TrainingCache: training_cache<int64, host_space> (training_cache.hpp) and TableOptions
-// (table_options<int64>). Calls release the GIL and are serialized per cache.
+// (table_options<int64>), and their uint32 twins TrainingCacheU32 and TableOptionsU32. Calls
+// release the GIL and are serialized per cache.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -21,35 +22,17 @@
 
 namespace embcache::python {
 
-using key = std::int64_t;
-using tables_options = table_options<key>;
-
-std::size_t training_ref::index_of(py::handle t) const {
-  if (py::isinstance<py::str>(t)) {
-    auto r = cache->table_index(t.cast<std::string>());
-    if (!r.ok()) throw py::key_error(r.get_status().message());
-    return r.value();
-  }
-  if (!py::isinstance<py::int_>(t))
-    throw py::type_error("t: expected a table index (int) or name (str), got " +
-                         std::string(Py_TYPE(t.ptr())->tp_name));
-  const auto i = t.cast<std::int64_t>();
-  if (i < 0 || std::size_t(i) >= cache->num_tables())
-    throw py::index_error("table index " + std::to_string(i) + " out of range (" +
-                          std::to_string(cache->num_tables()) + " tables)");
-  return std::size_t(i);
-}
-
 namespace {
 
-// The keys of each array of `keysets` (int64, 1-d): the C++ call takes vectors, so they are copied.
-std::vector<std::vector<key>> keysets_of(const py::sequence& keysets) {
-  std::vector<std::vector<key>> out;
+// The keys of each array of `keysets` (Key, 1-d): the C++ call takes vectors, so they are copied.
+template <class Key>
+std::vector<std::vector<Key>> keysets_of(const py::sequence& keysets) {
+  std::vector<std::vector<Key>> out;
   out.reserve(keysets.size());
   for (std::size_t i = 0; i < keysets.size(); ++i) {
     const std::string name = "keysets[" + std::to_string(i) + "]";
-    auto a = array_arg::borrow(keysets[i], name.c_str(), dtype::int64, 1, false);
-    out.emplace_back(a.as<key>(), a.as<key>() + a.size());
+    array_arg a = array_arg::borrow(keysets[i], name.c_str(), key_dtype<Key>(), 1, false);
+    out.emplace_back(a.as<Key>(), a.as<Key>() + a.size());
   }
   return out;
 }
@@ -72,7 +55,8 @@ py::dict to_dict(const table_counters& c) {
   return d;
 }
 
-py::dict counters_dict(training_ref& r) {
+template <class Key>
+py::dict counters_dict(training_ref_of<Key>& r) {
   cache_counters c;
   {
     training_call call(r);
@@ -91,22 +75,24 @@ py::dict counters_dict(training_ref& r) {
   return d;
 }
 
-std::unique_ptr<training_ref> make_training(std::vector<tables_options> tables,
-                                            const std::string& mode, const std::string& keyset_fmt,
-                                            std::size_t prefetch_batch, bool write_behind) {
+template <class Key>
+std::unique_ptr<training_ref_of<Key>> make_training(std::vector<table_options<Key>> tables,
+                                                    const std::string& mode,
+                                                    const std::string& keyset_fmt,
+                                                    std::size_t prefetch_batch, bool write_behind) {
   training_cache_options o;
   o.mode = cache_mode_of(mode);
   o.keyset_fmt = keyset_format_of(keyset_fmt);
   o.prefetch_batch = prefetch_batch;
   o.write_behind = write_behind;
-  auto r = std::make_unique<training_ref>();
+  auto r = std::make_unique<training_ref_of<Key>>();
   py::gil_scoped_release nogil;
-  r->cache = std::make_unique<training_ref::cache_type>(o, std::move(tables));
+  r->cache = std::make_unique<typename training_ref_of<Key>::cache_type>(o, std::move(tables));
   return r;
 }
 
-template <class Fn>
-void with_status(training_ref& r, Fn fn) {
+template <class Key, class Fn>
+void with_status(training_ref_of<Key>& r, Fn fn) {
   status s;
   {
     training_call call(r);
@@ -115,24 +101,29 @@ void with_status(training_ref& r, Fn fn) {
   check(s);
 }
 
-py::object lookup(training_ref& r, py::handle t, py::handle keys, py::handle out) {
+template <class Key>
+py::object lookup(training_ref_of<Key>& r, py::handle t, py::handle keys, py::handle out) {
   const std::size_t ti = r.index_of(t);
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
-  auto slots = output::make(out, "out", dtype::int64, {std::int64_t(k.size())});
-  with_status(r, [&](auto& c) { return c.lookup(ti, k.as<key>(), k.size(), slots.as<key>()); });
-  return slots.object;
-}
-
-py::object lookup_slots(training_ref& r, py::handle t, py::handle keys, py::handle out) {
-  const std::size_t ti = r.index_of(t);
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   auto slots = output::make(out, "out", dtype::int64, {std::int64_t(k.size())});
   with_status(
-      r, [&](auto& c) { return c.cache(ti).lookup_slots(k.as<key>(), k.size(), slots.as<key>()); });
+      r, [&](auto& c) { return c.lookup(ti, k.as<Key>(), k.size(), slots.as<std::int64_t>()); });
   return slots.object;
 }
 
-void mark_updated(training_ref& r, py::handle t, py::handle slots) {
+template <class Key>
+py::object lookup_slots(training_ref_of<Key>& r, py::handle t, py::handle keys, py::handle out) {
+  const std::size_t ti = r.index_of(t);
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
+  auto slots = output::make(out, "out", dtype::int64, {std::int64_t(k.size())});
+  with_status(r, [&](auto& c) {
+    return c.cache(ti).lookup_slots(k.as<Key>(), k.size(), slots.as<std::int64_t>());
+  });
+  return slots.object;
+}
+
+template <class Key>
+void mark_updated(training_ref_of<Key>& r, py::handle t, py::handle slots) {
   const std::size_t ti = r.index_of(t);
   auto s = array_arg::borrow(slots, "slots", dtype::int64, 1, false);
   const std::int64_t cap = std::int64_t(r.cache->cache(ti).slots());
@@ -146,34 +137,38 @@ void mark_updated(training_ref& r, py::handle t, py::handle slots) {
   r.cache->cache(ti).mark_updated(s.as<std::int64_t>(), s.size());
 }
 
-void assign(training_ref& r, py::handle t, py::handle keys, py::handle rows) {
+template <class Key>
+void assign(training_ref_of<Key>& r, py::handle t, py::handle keys, py::handle rows) {
   const std::size_t ti = r.index_of(t);
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   auto w = array_arg::borrow(rows, "rows", dtype::float32, -1, false);
   w.require_rows(k.size(), r.cache->row_width(ti));
-  with_status(r, [&](auto& c) { return c.assign(ti, k.as<key>(), k.size(), w.as<float>()); });
+  with_status(r, [&](auto& c) { return c.assign(ti, k.as<Key>(), k.size(), w.as<float>()); });
 }
 
-py::tuple read(training_ref& r, py::handle t, py::handle keys, py::handle out) {
+template <class Key>
+py::tuple read(training_ref_of<Key>& r, py::handle t, py::handle keys, py::handle out) {
   const std::size_t ti = r.index_of(t);
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
   const auto n = std::int64_t(k.size());
   auto rows = output::make(out, "out", dtype::float32, {n, std::int64_t(r.cache->row_width(ti))});
   auto found = output::make(py::none(), "found", dtype::boolean, {n});
   with_status(r, [&](auto& c) {
-    return c.read(ti, k.as<key>(), k.size(), rows.as<float>(), found.as<bool>());
+    return c.read(ti, k.as<Key>(), k.size(), rows.as<float>(), found.as<bool>());
   });
   return py::make_tuple(rows.object, found.object);
 }
 
-void erase(training_ref& r, py::handle t, py::handle keys) {
+template <class Key>
+void erase(training_ref_of<Key>& r, py::handle t, py::handle keys) {
   const std::size_t ti = r.index_of(t);
-  auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
-  with_status(r, [&](auto& c) { return c.erase(ti, k.as<key>(), k.size()); });
+  array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
+  with_status(r, [&](auto& c) { return c.erase(ti, k.as<Key>(), k.size()); });
 }
 
-py::list export_incremental(training_ref& r, bool with_state) {
-  result<std::vector<table_delta<key>>> res = [&] {
+template <class Key>
+py::list export_incremental(training_ref_of<Key>& r, bool with_state) {
+  result<std::vector<table_delta<Key>>> res = [&] {
     training_call call(r);
     return r.cache->export_incremental(with_state);
   }();
@@ -198,7 +193,8 @@ py::list export_incremental(training_ref& r, bool with_state) {
   return out;
 }
 
-void save(training_ref& r, const std::string& dir, py::object on_progress) {
+template <class Key>
+void save(training_ref_of<Key>& r, const std::string& dir, py::object on_progress) {
   std::unique_ptr<py::error_already_set> raised;
   save_progress progress;
   if (!on_progress.is_none()) {
@@ -221,12 +217,13 @@ void save(training_ref& r, const std::string& dir, py::object on_progress) {
   if (raised) throw std::move(*raised);
 }
 
-tables_options make_table(const std::string& name, std::size_t dim, std::size_t capacity,
-                          const py::dict& optimizer, std::size_t slots, std::size_t max_resident,
-                          const std::string& init, float init_scale, std::uint64_t seed,
-                          const std::string& scores, py::object store, py::object admission,
-                          py::object expiry) {
-  tables_options o;
+template <class Key>
+table_options<Key> make_table(const std::string& name, std::size_t dim, std::size_t capacity,
+                              const py::dict& optimizer, std::size_t slots,
+                              std::size_t max_resident, const std::string& init, float init_scale,
+                              std::uint64_t seed, const std::string& scores, py::object store,
+                              py::object admission, py::object expiry) {
+  table_options<Key> o;
   o.name = name;
   o.dim = dim;
   o.capacity = capacity;
@@ -237,19 +234,29 @@ tables_options make_table(const std::string& name, std::size_t dim, std::size_t 
   o.init.scale = init_scale;
   o.init.seed = seed;
   o.scores = score_policy_of(scores);
-  if (!store.is_none()) o.store = store.cast<store_ref&>().store;
+  if (!store.is_none()) {
+    // A store of the other key type would be a cast error: say which class is expected.
+    if (!py::isinstance<store_ref_of<Key>>(store))
+      throw py::type_error(std::string("store: expected a ParamStore") + key_suffix<Key>() + " (" +
+                           to_string(key_dtype<Key>()) + " keys), got " +
+                           std::string(Py_TYPE(store.ptr())->tp_name));
+    o.store = store.cast<store_ref_of<Key>&>().store;
+  }
   o.admission = admission_options_of(admission);
   o.expiry = expiry_options_of(expiry);
   return o;
 }
 
-}  // namespace
-
-void bind_training(py::module_& m) {
-  py::class_<tables_options>(m, "TableOptions", R"doc(
-Options of one table of a TrainingCache (C++ table_options<int64_t>).
-)doc")
-      .def(py::init(&make_table), py::arg("name"), py::arg("dim"), py::arg("capacity"),
+template <class Key>
+void bind_training_classes(py::module_& m) {
+  using tables_options = table_options<Key>;
+  using training_ref = training_ref_of<Key>;
+  const std::string sfx = key_suffix<Key>();
+  const std::string k = to_string(key_dtype<Key>());
+  const std::string options_doc =
+      "\nOptions of one table of a TrainingCache" + sfx + " (C++ table_options<" + k + "_t>).\n";
+  py::class_<tables_options>(m, ("TableOptions" + sfx).c_str(), options_doc.c_str())
+      .def(py::init(&make_table<Key>), py::arg("name"), py::arg("dim"), py::arg("capacity"),
            py::arg("optimizer") = py::dict(), py::arg("slots") = 0, py::arg("max_resident") = 0,
            py::arg("init") = "uniform", py::arg("init_scale") = 0.05f, py::arg("seed") = 0,
            py::arg("scores") = "lru", py::arg("store") = py::none(),
@@ -272,23 +279,26 @@ export.)doc")
       .def_readonly("slots", &tables_options::slots)
       .def_readonly("max_resident", &tables_options::max_resident)
       .def_property_readonly("optimizer",
-                             [](const tables_options& o) { return to_dict(o.optimizer); })
-      .def_property_readonly("state_width",
-                             [](const tables_options& o) {
-                               return state_width(o.optimizer.kind, o.dim);
-                             })
+                             [](const tables_options& o) { return python::to_dict(o.optimizer); })
+      .def_property_readonly(
+          "state_width",
+          [](const tables_options& o) { return state_width(o.optimizer.kind, o.dim); })
       .def_property_readonly("admission",
-                             [](const tables_options& o) { return to_dict(o.admission); })
-      .def_property_readonly("expiry", [](const tables_options& o) { return to_dict(o.expiry); });
+                             [](const tables_options& o) { return python::to_dict(o.admission); })
+      .def_property_readonly("expiry",
+                             [](const tables_options& o) { return python::to_dict(o.expiry); });
 
-  py::class_<training_ref>(m, "TrainingCache", R"doc(
-The training cache of several tables (C++ training_cache<int64_t, host_space>): per table a device
-cache in front of a parameter store, swapped per pass from keysets (with background prefetch) or
-filled on demand, with incremental export, save and load. Rows are dim + state width floats (the
-embedding, then the sparse optimizer's state). Tables are named by index or by name. Calls release
-the GIL; calls from several Python threads are serialized (one caller drives the cache).
-)doc")
-      .def(py::init(&make_training), py::arg("tables"), py::arg("mode") = "keyset",
+  const std::string cache_doc =
+      "\nThe training cache of several tables (C++ training_cache<" + k +
+      "_t, host_space>): per table a\ndevice cache in front of a parameter store, swapped per pass "
+      "from keysets (with background\nprefetch) or filled on demand, with incremental export, save "
+      "and load. Keys are " +
+      k +
+      " arrays\n(another key type is TypeError). Rows are dim + state width floats (the embedding, "
+      "then the\nsparse optimizer's state). Tables are named by index or by name. Calls release "
+      "the GIL; calls\nfrom several Python threads are serialized (one caller drives the cache).\n";
+  py::class_<training_ref>(m, ("TrainingCache" + sfx).c_str(), cache_doc.c_str())
+      .def(py::init(&make_training<Key>), py::arg("tables"), py::arg("mode") = "keyset",
            py::arg("keyset_format") = "embcache", py::arg("prefetch_batch") = 65536,
            py::arg("write_behind") = true,
            R"doc(Builds the caches and, where none is given, the host stores
@@ -325,11 +335,11 @@ or a store of another row width.)doc")
       .def(
           "begin_pass",
           [](training_ref& r, const py::sequence& keysets) {
-            auto k = keysets_of(keysets);
+            auto k = keysets_of<Key>(keysets);
             with_status(r, [&](auto& c) { return c.begin_pass(k); });
           },
           py::arg("keysets"),
-          R"doc(Keyset mode: makes every key of keysets[t] (int64 arrays, one per table, any
+          R"doc(Keyset mode: makes every key of keysets[t] (key_dtype arrays, one per table, any
 order, repeats allowed) resident in table t. CapacityExceededError for a keyset larger than its
 table's capacity, InvalidArgumentError for a count other than num_tables, before anything
 changes.)doc")
@@ -342,7 +352,7 @@ changes.)doc")
       .def(
           "prefetch",
           [](training_ref& r, const py::sequence& keysets) {
-            auto k = keysets_of(keysets);
+            auto k = keysets_of<Key>(keysets);
             with_status(r, [&](auto& c) { return c.prefetch(k); });
           },
           py::arg("keysets"),
@@ -358,11 +368,11 @@ place only rows of the current pass's keyset.)doc")
       .def_property_readonly(
           "prefetch_pending", [](const training_ref& r) { return r.cache->prefetch_pending(); },
           "Whether a prefetch is staged or running.")
-      .def("lookup", &lookup, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
+      .def("lookup", &lookup<Key>, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
            R"doc(On-demand mode: makes the keys resident and returns each key's slot (int64; its
 row is rows(t)[slot]). Misses are pulled or initialized, victims written back.
 CapacityExceededError for more distinct keys than the capacity.)doc")
-      .def("lookup_slots", &lookup_slots, py::arg("t"), py::arg("keys"),
+      .def("lookup_slots", &lookup_slots<Key>, py::arg("t"), py::arg("keys"),
            py::arg("out") = py::none(),
            R"doc(Slot of each key in table t's device cache, -1 for a key not resident (keyset
 mode: a key outside the pass's keyset). Nothing is fetched.)doc")
@@ -376,16 +386,16 @@ mode: a key outside the pass's keyset). Nothing is fetched.)doc")
           py::arg("t"),
           R"doc(Table t's device rows as a (slots, row_width) float32 array without a copy. After
 an in-place update call mark_updated(t, slots).)doc")
-      .def("mark_updated", &mark_updated, py::arg("t"), py::arg("slots"),
+      .def("mark_updated", &mark_updated<Key>, py::arg("t"), py::arg("slots"),
            "Marks rows updated in place through rows(t) (they become dirty, exported, written "
            "back).")
-      .def("assign", &assign, py::arg("t"), py::arg("keys"), py::arg("rows"),
+      .def("assign", &assign<Key>, py::arg("t"), py::arg("keys"), py::arg("rows"),
            R"doc(Overwrites the rows of resident keys and marks them updated; NotFoundError for a
 key that is not resident (nothing written).)doc")
-      .def("read", &read, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
+      .def("read", &read<Key>, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
            R"doc(Current row of each key -> (rows, found): from the device when resident, else from
 the store.)doc")
-      .def("erase", &erase, py::arg("t"), py::arg("keys"),
+      .def("erase", &erase<Key>, py::arg("t"), py::arg("keys"),
            "Removes keys from the cache and the store; the next export reports them erased.")
       .def(
           "expire", [](training_ref& r) { with_status(r, [](auto& c) { return c.expire(); }); },
@@ -396,7 +406,7 @@ store and are tombstones (`erased`) of the next export.)doc")
           "end_training",
           [](training_ref& r) { with_status(r, [](auto& c) { return c.end_training(); }); },
           "Writes every dirty resident row back and flushes the stores; rows stay resident.")
-      .def("export_incremental", &export_incremental, py::arg("with_state") = false,
+      .def("export_incremental", &export_incremental<Key>, py::arg("with_state") = false,
            R"doc(Rows changed since the previous export, per table: a list of dicts (table, dim,
 state_width, since_version, until_version, keys, vectors (n, dim), states, versions, erased).)doc")
       .def(
@@ -411,7 +421,7 @@ state_width, since_version, until_version, keys, vectors (n, dim), states, versi
           py::arg("dir"), py::arg("with_state") = false, py::arg("number") = 0,
           R"doc(export_incremental written as the folder dir/delta-NNNNNN (NNNNNN = `number`, or
 one past the highest there); returns its path.)doc")
-      .def("save", &save, py::arg("dir"), py::arg("on_progress") = py::none(),
+      .def("save", &save<Key>, py::arg("dir"), py::arg("on_progress") = py::none(),
            R"doc(end_training, then writes `dir`: per table a HugeCTR sparse model folder (key,
 emb_vector, the optimizer's state files, version, slot_id when known) and manifest.json with
 checksums, built beside `dir` and renamed into place. on_progress(rows_done, rows_total).)doc")
@@ -434,23 +444,23 @@ validated before anything changes.)doc")
           "set_slot_ids",
           [](training_ref& r, py::handle t, py::handle keys, py::handle slot_ids) {
             const std::size_t ti = r.index_of(t);
-            auto k = array_arg::borrow(keys, "keys", dtype::int64, 1, false);
+            array_arg ks = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
             auto s = array_arg::borrow(slot_ids, "slot_ids", dtype::uint64, 1, false);
-            s.require_size(k.size(), "one slot id per key");
+            s.require_size(ks.size(), "one slot id per key");
             with_status(r, [&](auto& c) {
-              return c.set_slot_ids(ti, k.as<key>(), s.as<std::uint64_t>(), k.size());
+              return c.set_slot_ids(ti, ks.as<Key>(), s.as<std::uint64_t>(), ks.size());
             });
           },
           py::arg("t"), py::arg("keys"), py::arg("slot_ids"),
           "Records the slot id of each key of table t, for the slot_id file of save().")
       .def(
           "slot_id",
-          [](training_ref& r, py::handle t, key k) {
-            return take(r.cache->slot_id(r.index_of(t), k));
+          [](training_ref& r, py::handle t, Key key) {
+            return take(r.cache->slot_id(r.index_of(t), key));
           },
           py::arg("t"), py::arg("key"),
           "The slot id save() writes for `key`; NotFoundError if none.")
-      .def_property_readonly("counters", &counters_dict,
+      .def_property_readonly("counters", &counters_dict<Key>,
                              R"doc(Counters as a dict: passes, tables, and per table name the last
 pass's ('last') and the totals ('total'): hits, misses, rows_pulled, rows_staged, rows_pushed,
 rows_evicted, bytes and seconds per tier.)doc")
@@ -462,7 +472,17 @@ rows_evicted, bytes and seconds per tier.)doc")
           [](training_ref& r, const std::string& id) {
             with_status(r, [&](auto& c) { return c.set_run_id(id); });
           },
-          py::arg("id"), "Makes `id` (32 lowercase hex digits) the run identity.");
+          py::arg("id"), "Makes `id` (32 lowercase hex digits) the run identity.")
+      .def_property_readonly_static(
+          "key_dtype", [](py::object) { return to_string(key_dtype<Key>()); },
+          "NumPy name of the key type ('int64' or 'uint32').");
+}
+
+}  // namespace
+
+void bind_training(py::module_& m) {
+  bind_training_classes<std::int64_t>(m);
+  bind_training_classes<std::uint32_t>(m);
 }
 
 }  // namespace embcache::python

@@ -121,3 +121,26 @@ def test_apply_deltas_agrees_with_the_embcache_apply_tool(tmp_path):
     for t in ("wide", "deep"):
         for f in ("key", "emb_vector"):
             assert (tmp_path / "a" / t / f).read_bytes() == (tmp_path / "b" / t / f).read_bytes()
+
+
+def test_owner_of_is_the_sharded_runs_key_partition():
+    def fmix64(k):  # murmur3's finalizer, in Python
+        m = (1 << 64) - 1
+        k ^= k >> 33
+        k = (k * 0xFF51AFD7ED558CCD) & m
+        k ^= k >> 33
+        k = (k * 0xC4CEB9FE1A85EC53) & m
+        return k ^ (k >> 33)
+
+    keys = np.array([0, 1, 7, -1, 2**40 + 3, -(2**62)], np.int64)
+    want = [fmix64((int(k) & ((1 << 64) - 1)) ^ 0x6F776E6572) % 3 for k in keys]
+    got = embcache.owner_of(keys, 3)
+    assert got.dtype == np.int32 and got.tolist() == want
+    small = np.array([0, 1, 7, 4_000_000_000], np.uint32)
+    assert embcache.owner_of(small, 3, key_dtype="uint32").tolist() == embcache.owner_of(
+        small.astype(np.int64), 3).tolist()
+    assert embcache.owner_of(keys, 1).tolist() == [0] * len(keys)
+    with pytest.raises(ValueError, match="world: expected >= 1 ranks, got 0"):
+        embcache.owner_of(keys, 0)
+    with pytest.raises(TypeError, match="keys: expected int64 elements, got uint32"):
+        embcache.owner_of(small, 3)

@@ -154,3 +154,19 @@ def test_bad_tensors_are_clear_errors():
         c.find(torch.zeros(3))
     with pytest.raises(ValueError, match="expected a C-contiguous tensor"):
         c.find(torch.arange(12).reshape(3, 4).t().reshape(-1)[::2])
+
+
+def test_the_collection_over_a_u32_cache_takes_uint32_arrays():
+    keys = np.array([7, 4_000_000_000], dtype=np.uint32)
+    tc = embcache.TrainingCacheU32([embcache.TableOptionsU32(
+        "t", dim=2, capacity=16, init="constant", init_scale=1.0,
+        optimizer={"kind": "sgd", "learning_rate": 0.5})])
+    tc.begin_pass([keys])
+    ebc = EmbeddingBagCollection(tc)
+    out = ebc({"t": keys.reshape(1, 2)})["t"]
+    assert out.shape == (1, 2, 2) and (out == 1.0).all()
+    out.sum().backward()
+    rows, _ = tc.read("t", keys)
+    assert rows.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    with pytest.raises(TypeError, match="keys: expected uint32 elements, got int64"):
+        ebc({"t": torch.zeros((1, 2), dtype=torch.int64)})

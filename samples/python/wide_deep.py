@@ -65,18 +65,44 @@ def make_cache(args):
     return embcache.TrainingCache([wide, deep])
 
 
+class Dropout(torch.nn.Module):
+    """Inverted dropout with torch.nn.Dropout's law (each unit kept with probability 1 - p and
+    scaled by 1 / (1 - p), identity in eval mode), its masks drawn from NumPy's PCG64 (32 random
+    bits per unit against a threshold). Debian's torch (no MKL) draws torch.nn.Dropout's masks one
+    element at a time through a Bernoulli distribution: 12 ms per 1024 x 256 batch on the
+    development VM, a third of a training step, against 1 ms here."""
+
+    def __init__(self, p, seed):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout: expected a probability in [0, 1], got {p}")
+        self.p = p
+        self.rng = np.random.default_rng(seed)
+        self.threshold = min(round(p * 2.0**32), 2**32 - 1)
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        if self.p == 1.0:
+            return x * 0.0
+        bits = np.frombuffer(self.rng.bytes(4 * x.numel()), dtype=np.uint32).reshape(x.shape)
+        mask = (bits >= self.threshold).astype(np.float32)
+        mask *= np.float32(1.0 / (1.0 - self.p))
+        return x * torch.from_numpy(mask)
+
+
 class DenseTower(torch.nn.Module):
     """The MLP over [26 x dim deep embeddings | 13 dense features] and the wide bias."""
 
-    def __init__(self, dim, hidden, dropout):
+    def __init__(self, dim, hidden, dropout, seed=0):
         super().__init__()
         self.dim, self.hidden, self.dropout = dim, list(hidden), dropout
         layers, fan_in = [], SLOTS * dim + DENSE
-        for width in hidden:
+        for i, width in enumerate(hidden):
             linear = torch.nn.Linear(fan_in, width)
             torch.nn.init.xavier_uniform_(linear.weight)
             torch.nn.init.zeros_(linear.bias)
-            layers += [linear, torch.nn.ReLU(), torch.nn.Dropout(dropout)]
+            layers += [linear, torch.nn.ReLU(), Dropout(dropout, [seed, i])]
             fan_in = width
         out = torch.nn.Linear(fan_in, 1)
         torch.nn.init.xavier_uniform_(out.weight)
@@ -170,7 +196,7 @@ def main(argv=None):
         cache.load(args.load)
     bags = EmbeddingBagCollection(cache)
     hidden = [int(h) for h in args.hidden.split(",") if h]
-    tower = DenseTower(args.dim, hidden, args.dropout)
+    tower = DenseTower(args.dim, hidden, args.dropout, args.model_seed)
     opt = torch.optim.Adam(tower.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8)
     config = trainer_config(args, hidden, [])
     state = {"step": 0, "passes_done": 0, "samples": 0, "history": []}
