@@ -23,9 +23,6 @@
 // (detail/space_algorithms.hpp), so nothing has to come before it.
 #pragma once
 
-// First: the qualified calls below bind to the overloads declared before them.
-#include "embcache/detail/space_algorithms.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,6 +32,7 @@
 
 #include "embcache/buffer.hpp"
 #include "embcache/detail/config.hpp"
+#include "embcache/detail/space_algorithms.hpp"  // before the definitions: see that header
 #include "embcache/optimizers.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"

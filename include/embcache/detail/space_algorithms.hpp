@@ -6,8 +6,8 @@
 ///
 /// The definitions shared by the spaces (detail/*.inl, the trainer's cache path) call the
 /// primitives by qualified name (`detail::for_each_index`), which binds to the overloads declared
-/// before the definition. Each of them includes this header first, so a translation unit that
-/// instantiates them includes just the definitions it instantiates, in any order, and always gets
+/// before the definition. Each of them includes this header before its definitions, so a unit
+/// that instantiates them includes just the definitions it instantiates, in any order, and gets
 /// its space's overloads. A CUDA translation unit instantiates the cuda space only, a host one the
 /// host space only (a host translation unit never sees a kernel, nor nvcc Thrust's TBB system).
 #pragma once
