@@ -7,13 +7,39 @@ function(embcache_warnings target)
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU,Clang>>:-Wall -Wextra>)
 endfunction()
 
-# embcache_host_target(<target>): a target of host translation units: the warnings, and Thrust's
-# systems pinned to TBB and the CPU, so that a host translation unit can never pick Thrust's CUDA
-# system by accident.
+# embcache_pin_host_thrust(<target>): Thrust's systems pinned to TBB and the CPU in the target's
+# C++ translation units, so that a host translation unit can never pick Thrust's CUDA system by
+# accident. Its CUDA translation units (embcache_cuda_sources) keep Thrust's CUDA system.
+function(embcache_pin_host_thrust target)
+  target_compile_definitions(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_TBB>
+    $<$<COMPILE_LANGUAGE:CXX>:THRUST_HOST_SYSTEM=THRUST_HOST_SYSTEM_CPP>)
+endfunction()
+
+# embcache_host_target(<target>): a target of host translation units: the warnings and Thrust
+# pinned to the host (embcache_pin_host_thrust).
 function(embcache_host_target target)
   embcache_warnings(${target})
-  target_compile_definitions(${target} PRIVATE
-    THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_TBB THRUST_HOST_SYSTEM=THRUST_HOST_SYSTEM_CPP)
+  embcache_pin_host_thrust(${target})
+endfunction()
+
+# embcache_cuda_target(<target>): what every CUDA translation unit of the project compiles with:
+# nvcc's --expt-relaxed-constexpr and --extended-lambda (the EMBCACHE_HD functors and device
+# lambdas of the portable definitions), and whole-program compilation (no relocatable device
+# code: CUDA_SEPARABLE_COMPILATION OFF).
+function(embcache_cuda_target target)
+  set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda>)
+endfunction()
+
+# embcache_cuda_sources(<target> <source>...): a part's translation units of the cuda space, added
+# by the part's own CMakeLists.txt to the library they belong to (embcache_cuda, or
+# embcache_trainer for the trainer's device parts), which then compiles as embcache_cuda_target.
+# Called only when EMBCACHE_HAVE_CUDA.
+function(embcache_cuda_sources target)
+  target_sources(${target} PRIVATE ${ARGN})
+  embcache_cuda_target(${target})
 endfunction()
 
 # embcache_test_binary(<name> SOURCES <file>... [LIBRARIES <target>...] [LABELS <label>...]

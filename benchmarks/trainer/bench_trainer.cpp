@@ -65,6 +65,7 @@ trainer_config make_config(const data& d, std::vector<std::size_t> hidden, setup
   c.batch_size = 1024;
   c.log_interval = 0;
   c.prefetch = s != setup::small_no_prefetch;
+  c.embedding_device = device_choice::host;  // the host cache, in a cuda build on a GPU too
   for (auto& t : c.tables) t.capacity = s == setup::all_resident ? d.table : d.largest_keyset;
   return c;
 }

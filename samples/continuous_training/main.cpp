@@ -92,6 +92,9 @@ int prepare(const args& a) {
   c.model.dropout = 0.1f;
   c.batch_size = 1024;
   c.log_interval = 50;
+  // The tables in the host cache on any machine (the demo's figures); embcache-train's
+  // embedding_device "auto" or "cuda" puts them on a device.
+  c.embedding_device = embcache::device_choice::host;
   for (auto& t : c.tables) t.capacity = capacity;
   const std::string work = fs::absolute(a.work).string();
   c.output_dir = work + "/metrics";

@@ -1,6 +1,4 @@
 // Host-space instantiations of the embedding cache.
-#include "embcache/detail/host_algorithms.hpp"
-// The algorithms header must come first: the definitions below call its for_each_index.
 #include "embcache/detail/embedding_cache.inl"
 
 namespace embcache {

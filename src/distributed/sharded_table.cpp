@@ -1,13 +1,12 @@
 // A table sharded by key owner: the requester's dedup/pool and the owner's host-hybrid rows.
 #include "embcache/distributed/sharded_table.hpp"
 
-#include "embcache/detail/host_algorithms.hpp"
-// The portable definitions need the host primitives above.
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
 
+#include "embcache/detail/host_algorithms.hpp"
 #include "embcache/detail/sparse_ops.inl"
 
 namespace embcache {

@@ -1,11 +1,10 @@
 // The host-hybrid path: the host-space sparse ops run on rows pulled from a parameter store.
 #include "embcache/host_hybrid.hpp"
 
-#include "embcache/detail/host_algorithms.hpp"
-// The portable definitions need the host primitives above.
 #include <string>
 #include <utility>
 
+#include "embcache/detail/host_algorithms.hpp"
 #include "embcache/detail/optimizers.inl"
 #include "embcache/detail/sparse_ops.inl"
 

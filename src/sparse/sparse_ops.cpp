@@ -1,6 +1,4 @@
 // Host-space instantiations of the sparse ops and optimizers, and their non-template helpers.
-#include "embcache/detail/host_algorithms.hpp"
-// The portable definitions need the host primitives above.
 #include <cmath>
 #include <string>
 

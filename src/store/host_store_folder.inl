@@ -134,9 +134,10 @@ result<std::unique_ptr<host_store<Key>>> host_store<Key>::open(const std::string
   if (table != options.table_name)
     return status::not_found(who + ": the folder holds table '" + table + "', not '" +
                              options.table_name + "'");
-  const std::string key_type = m["key_type"].get<std::string>();
-  if (key_type != key_type_name<Key>())
-    return status::invalid_argument(who + ": the folder holds " + key_type + " keys, expected " +
+  const std::string key_name = m["key_type"].get<std::string>();
+  key_type keys{};
+  if (!key_type_from_name(key_name, &keys) || keys != key_type_of<Key>())
+    return status::invalid_argument(who + ": the folder holds " + key_name + " keys, expected " +
                                     key_type_name<Key>());
   const std::size_t width = m["row_width"].get<std::size_t>();
   if (width != options.row_width)

@@ -2,6 +2,9 @@
 // and a table's schema. Part of rocksdb_store.cpp, which includes it.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "embcache/keyset.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/status.hpp"
@@ -65,17 +68,24 @@ std::string key_text(Key k) {
 
 // What a table's rows mean, as recorded in its metadata entry and as a caller expects it.
 struct table_schema {
-  std::string key_type;
+  std::optional<key_type> keys;  // none: the entry names no key type this build has
+  std::string key_name;          // the key type as the entry spells it (messages)
   std::size_t dim = 0, state_width = 0, row_width = 0;
   std::string optimizer;
   std::uint64_t format_version = 0;
 
+  // The key type named `name` (key_type_from_name), keeping the spelling.
+  void set_key_type(const std::string& name) {
+    key_name = name;
+    key_type t{};
+    if (key_type_from_name(name, &t)) keys = t;
+  }
   bool same_layout(const table_schema& o) const {
-    return key_type == o.key_type && dim == o.dim && state_width == o.state_width &&
+    return keys == o.keys && dim == o.dim && state_width == o.state_width &&
            row_width == o.row_width && optimizer == o.optimizer;
   }
   std::string text() const {
-    return "{" + key_type + " keys, dim " + std::to_string(dim) + ", optimizer " + optimizer +
+    return "{" + key_name + " keys, dim " + std::to_string(dim) + ", optimizer " + optimizer +
            " (state width " + std::to_string(state_width) + "), rows of " +
            std::to_string(row_width) + " floats, format version " + std::to_string(format_version) +
            "}";

@@ -213,7 +213,7 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
   st->options = options;
   st->db = &d;
   st->who = "rocksdb_store of table '" + options.table_name + "' in '" + d.path + "'";
-  st->schema.key_type = key_type_name<Key>();
+  st->schema.set_key_type(key_type_name<Key>());
   st->schema.dim = options.dim ? options.dim : options.row_width;
   st->schema.state_width = options.row_width - st->schema.dim;
   st->schema.row_width = options.row_width;
@@ -258,7 +258,7 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
         return bad((std::string("lacks ") + f).c_str());
     if (m["format"] != meta_format) return bad("has an unknown format");
     table_schema have;
-    have.key_type = m["key_type"].get<std::string>();
+    have.set_key_type(m["key_type"].get<std::string>());
     have.row_width = m["row_width"].get<std::size_t>();
     have.format_version = m["format_version"].get<std::uint64_t>();
     if (have.format_version > std::uint64_t{meta_format_version})
@@ -277,16 +277,16 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
       if (!have.same_layout(st->schema)) {
         const table_schema& want = st->schema;
         std::string diff = "same row width, another layout";
-        if (have.key_type != want.key_type)
-          diff = "it holds " + have.key_type + " keys, expected " + want.key_type;
+        if (have.keys != want.keys)
+          diff = "it holds " + have.key_name + " keys, expected " + want.key_name;
         else if (have.row_width != want.row_width)
           diff = "it holds rows of " + std::to_string(have.row_width) + " floats, expected " +
                  std::to_string(want.row_width);
         return status::invalid_argument(who + ": " + diff + "; the table was created with schema " +
                                         have.text() + ", the caller expects " + want.text());
       }
-    } else if (have.key_type != st->schema.key_type || have.row_width != options.row_width) {
-      return status::invalid_argument(who + ": the table holds " + have.key_type +
+    } else if (have.keys != st->schema.keys || have.row_width != options.row_width) {
+      return status::invalid_argument(who + ": the table holds " + have.key_name +
                                       " keys and rows of " + std::to_string(have.row_width) +
                                       " floats, the caller expects " + st->schema.text());
     }
@@ -305,7 +305,7 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
           who +
           ": the table holds rows written by a build that recorded no schema (metadata "
           "format_version 1: " +
-          have.key_type + " keys, rows of " + std::to_string(have.row_width) +
+          have.key_name + " keys, rows of " + std::to_string(have.row_width) +
           " floats); they cannot be checked against the caller's schema " + st->schema.text() +
           "; copy them into a new table");
     if (!empty && options.existing_rows == existing_rows_policy::refuse)

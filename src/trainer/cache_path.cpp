@@ -1,6 +1,4 @@
 // The training-cache path on the host: cache_path.hpp instantiated in the host space.
-#include "embcache/detail/host_algorithms.hpp"
-// The portable path needs the host primitives above.
 #include "cache_path.hpp"
 
 namespace embcache::detail {

@@ -18,8 +18,9 @@
 // Everything else (rows, gradients per row, optimizer state) stays on the device. Both ways run
 // the same sparse ops on the same values, so they give the same bits.
 //
-// Included by the translation units that instantiate it, after the bulk primitives of their space
-// (detail/host_algorithms.hpp: cache_path.cpp; cuda/algorithms.cuh: cuda/trainer_cache_path.cu).
+// Included by the translation units that instantiate it (cache_path.cpp for the host,
+// cache_path.cu for the cuda space); it brings their space's primitives itself
+// (detail/space_algorithms.hpp), so nothing has to come before it.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 
 #include "embcache/buffer.hpp"
 #include "embcache/detail/config.hpp"
+#include "embcache/detail/space_algorithms.hpp"  // before the definitions: see that header
 #include "embcache/optimizers.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"

@@ -103,7 +103,7 @@ result<std::unique_ptr<dense_backend>> make_dense_backend(device_choice requeste
     if (!factory)
       return status::unsupported(field +
                                  ": \"cuda\" needs the cuda space, and this program was built "
-                                 "without it (link embcache::cuda, call "
+                                 "without it (build embcache with CUDA, call "
                                  "register_cuda_dense_backend())");
     if (!device) return status::unsupported(field + ": \"cuda\" but no CUDA device is present");
     use_cuda = true;

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -26,7 +25,12 @@ namespace {
 
 std::string table_field(std::size_t t) { return "config.tables[" + std::to_string(t) + "]"; }
 
-std::atomic<cuda_cache_path_factory> cuda_path_factory{nullptr};
+// Whether this trainer was built with the cuda path (make_cuda_cache_path).
+#ifdef EMBCACHE_TRAINER_WITH_CUDA
+constexpr bool has_cuda_path = true;
+#else
+constexpr bool has_cuda_path = false;
+#endif
 
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
 // Whether files in `path` (or its nearest existing parent) can be opened with O_DIRECT: tmpfs,
@@ -230,22 +234,13 @@ embedding_initializer<trainer_key> cache_initializer(training_cache<trainer_key>
   };
 }
 
-void set_cuda_cache_path_factory(cuda_cache_path_factory factory) noexcept {
-  cuda_path_factory.store(factory);
-}
-
-cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept {
-  return cuda_path_factory.load();
-}
-
 result<bool> embedding_device_of(const trainer_config& config, bool sharded, std::string* note) {
   const device_choice requested = config.embedding_device;
   const std::string field = "config.embedding_device";
   EMBCACHE_RETURN_IF_ERROR(check_device_choice(requested, field));
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
-  const cuda_cache_path_factory factory = installed_cuda_cache_path_factory();
   // The device is probed only when the tables could go there.
-  const bool device = !hybrid && !sharded && factory != nullptr && cuda_device_available();
+  const bool device = !hybrid && !sharded && has_cuda_path && cuda_device_available();
   std::string why;
   bool use_cuda = false;
   if (requested == device_choice::cuda) {
@@ -259,20 +254,19 @@ result<bool> embedding_device_of(const trainer_config& config, bool sharded, std
       return status::unsupported(field +
                                  ": \"cuda\" in a sharded run: it keeps its tables on the host "
                                  "(use \"host\" or \"auto\")");
-    if (!factory)
+    if (!has_cuda_path)
       return status::unsupported(field +
                                  ": \"cuda\" needs the cuda space, and this program was built "
-                                 "without it (link embcache::cuda, call "
-                                 "register_cuda_embeddings())");
+                                 "without it (build embcache with CUDA)");
     if (!device) return status::unsupported(field + ": \"cuda\" but no CUDA device is present");
     use_cuda = true;
   } else if (requested == device_choice::automatic) {
     use_cuda = device;
-    why = hybrid     ? " (auto: mode host_hybrid keeps them on the host)"
-          : sharded  ? " (auto: a sharded run keeps them on the host)"
-          : !factory ? " (auto: this program has no cuda space)"
-          : device   ? " (auto: CUDA device present)"
-                     : " (auto: no CUDA device)";
+    why = hybrid           ? " (auto: mode host_hybrid keeps them on the host)"
+          : sharded        ? " (auto: a sharded run keeps them on the host)"
+          : !has_cuda_path ? " (auto: this program has no cuda space)"
+          : device         ? " (auto: CUDA device present)"
+                           : " (auto: no CUDA device)";
   }
   if (note) *note = std::string("embeddings on ") + (use_cuda ? "cuda" : "host") + why;
   return use_cuda;
@@ -294,11 +288,13 @@ result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config
     return make_sharded_path(mine, space, *comm, std::move(tables).value());
   }
   const bool hybrid = config.mode == trainer_mode::host_hybrid;
+#ifdef EMBCACHE_TRAINER_WITH_CUDA
   if (on_cuda.value()) {
     auto stores = build_embedding_stores(config, space, /*save_only_cache=*/false);
     if (!stores.ok()) return stores.get_status();
-    return installed_cuda_cache_path_factory()(config, std::move(stores).value());
+    return make_cuda_cache_path(config, std::move(stores).value());
   }
+#endif
   auto tables = build_embedding_tables(config, space, /*save_only_cache=*/hybrid);
   if (!tables.ok()) return tables.get_status();
   if (hybrid) return make_host_hybrid_path(config, std::move(tables).value());

@@ -251,9 +251,9 @@ auto allocating(const std::string& what, Build&& build) -> decltype(build()) {
   }
 }
 
-/// Whether config.embedding_device puts the tables in the cuda space: "cuda" needs a registered
-/// cuda path (register_cuda_embeddings) and a device, and is refused in mode host_hybrid and in
-/// a sharded run (`sharded`); "auto" is cuda when all of that holds. `*note` (may be null)
+/// Whether config.embedding_device puts the tables in the cuda space: "cuda" needs a trainer built
+/// with the cuda space (make_cuda_cache_path) and a device, and is refused in mode host_hybrid and
+/// in a sharded run (`sharded`); "auto" is cuda when all of that holds. `*note` (may be null)
 /// receives where and, for "auto", why, e.g. "embeddings on host (auto: no CUDA device)".
 /// Errors (unsupported, invalid_argument) start with "config.embedding_device: ".
 result<bool> embedding_device_of(const trainer_config& config, bool sharded, std::string* note);
@@ -322,16 +322,14 @@ result<embedding_tables> build_embedding_tables(const trainer_config& config, ho
 std::unique_ptr<embedding_path> make_cache_path(const trainer_config& config, host_space space,
                                                 embedding_tables tables);
 
+#ifdef EMBCACHE_TRAINER_WITH_CUDA
 /// Builds the training-cache path with its tables in the cuda space over `stores`, once the
-/// caches fit in the device's free memory (check_memory, out_of_device_memory); installed by
-/// register_cuda_embeddings() (cuda/trainer_cache_path.cu), which the trainer library cannot
-/// call itself: it does not link embcache::cuda.
-using cuda_cache_path_factory = result<std::unique_ptr<embedding_path>> (*)(
-    const trainer_config& config, embedding_stores stores);
-/// Installs the factory embedding_device "cuda" uses (nullptr removes it).
-void set_cuda_cache_path_factory(cuda_cache_path_factory factory) noexcept;
-/// The installed factory (nullptr when the program registered none).
-cuda_cache_path_factory installed_cuda_cache_path_factory() noexcept;
+/// caches fit in the device's free memory (check_memory, out_of_device_memory). Defined in
+/// cache_path.cu, which the trainer compiles only in a cuda build (EMBCACHE_TRAINER_WITH_CUDA);
+/// a host-only trainer has no such function and refuses embedding_device "cuda".
+result<std::unique_ptr<embedding_path>> make_cuda_cache_path(const trainer_config& config,
+                                                             embedding_stores stores);
+#endif
 /// The sharded path (sharded_path.cpp): each table a sharded_table over `comm`'s ranks, each
 /// rank's rows in its own stores (host_hybrid: `tables` built with a save-only cache) or its
 /// training cache (keyset). Collective: the ranks' training caches take rank 0's run identity.

@@ -1,6 +1,7 @@
 // Every definition of training_cache<Key, Space>, for the translation units that instantiate it:
-// src/training/training_cache.cpp (host space, library embcache) and cuda/training_cache.cpp
-// (cuda space, library embcache::cuda). Nothing else includes the files below.
+// src/training/training_cache.cpp (host space, library embcache) and
+// src/training/training_cache_cuda.cpp (cuda space, library embcache::cuda). Nothing else includes
+// the files below.
 //
 //   cache_bridge.hpp          the device cache's calls with host-memory arguments
 //   table_state.hpp           per-table state in named parts, shared helpers

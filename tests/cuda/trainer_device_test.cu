@@ -190,7 +190,6 @@ table_counters totals(const cache_counters& c) {
 // and each row's optimizer step depends on that row alone.
 TEST(trainer_embedding_device, device_tables_give_the_same_bits_run_to_run_and_in_both_modes) {
   EMBCACHE_NEED_CUDA_DEVICE();
-  register_cuda_embeddings();
   const std::pair<trainer_mode, const char*> runs[] = {{trainer_mode::keyset, "emb_keyset_a"},
                                                        {trainer_mode::keyset, "emb_keyset_b"},
                                                        {trainer_mode::on_demand, "emb_on_demand"}};
@@ -224,7 +223,6 @@ TEST(trainer_embedding_device, device_tables_give_the_same_bits_run_to_run_and_i
 // device) against everything on the host, in both cache modes: within the tolerances above.
 TEST(trainer_embedding_device, device_tables_agree_with_host_tables_in_both_modes) {
   EMBCACHE_NEED_CUDA_DEVICE();
-  register_cuda_embeddings();
   register_cuda_dense_backend();
   for (trainer_mode mode : {trainer_mode::keyset, trainer_mode::on_demand}) {
     auto host = trainer::create(config("host", mode, "host"));
@@ -258,7 +256,6 @@ TEST(trainer_embedding_device, device_tables_agree_with_host_tables_in_both_mode
 // model bytes, and the other way round; training goes on from it.
 TEST(trainer_embedding_device, saves_move_between_host_and_device_tables_unchanged) {
   EMBCACHE_NEED_CUDA_DEVICE();
-  register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::keyset, "cuda");
   c.passes = {c.passes[0]};
   c.save_dir = temp_dir("emb_from_cuda") + "/save";
@@ -338,7 +335,6 @@ std::unique_ptr<dense_backend> make_counting_backend(const wide_deep_options& o)
 // round trip with the same backend, run to run, and in on-demand mode with small caches.
 TEST(trainer_embedding_device, pooled_embeddings_stay_on_the_device_with_the_same_bits) {
   EMBCACHE_NEED_CUDA_DEVICE();
-  register_cuda_embeddings();
   struct run_case {
     const char* name;
     trainer_mode mode;
@@ -388,7 +384,6 @@ TEST(trainer_embedding_device, pooled_embeddings_stay_on_the_device_with_the_sam
 // refused before anything is allocated, naming the field.
 TEST(trainer_embedding_device, caches_larger_than_the_device_are_out_of_device_memory) {
   EMBCACHE_NEED_CUDA_DEVICE();
-  register_cuda_embeddings();
   trainer_config c = config("host", trainer_mode::on_demand, "cuda");
   c.tables[1].capacity = std::size_t{1} << 40;  // 1.25 Ti slots of 232 bytes
   auto t = trainer::create(c);

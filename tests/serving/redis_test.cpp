@@ -465,6 +465,7 @@ const trained& trained_model() {
     c.passes = {{{shard_file_name(0)}}};
     c.eval_shard = shard_file_name(3);
     c.dense_device = device_choice::host;  // score_shard runs the dense network on the host
+    c.embedding_device = device_choice::host;
     c.crossed = true;         // the wide table takes the crossed keys too
     c.model.hidden = {24, 8};
     c.batch_size = 200;

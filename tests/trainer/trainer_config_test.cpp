@@ -5,7 +5,7 @@
 
 #include "../common/address_space.hpp"
 #include "embcache/distributed/communicator.hpp"
-#include "embedding_path.hpp"  // src/trainer: the cuda path's factory, for a stand-in
+#include "embedding_path.hpp"  // src/trainer: embedding_device_of
 #include "trainer_impl.hpp"    // src/trainer: detail::eval_shard_in_training
 #include "trainer_test_support.hpp"
 
@@ -147,7 +147,7 @@ std::unique_ptr<dense_backend> fake_cuda(const wide_deep_options& o) {
   return make_host_dense_backend(o);
 }
 
-// Restores the factory this binary started with (none: it does not link embcache::cuda).
+// Restores the factory this binary started with (none: it never calls register_cuda_dense_backend).
 struct factory_guard {
   ~factory_guard() { set_cuda_dense_backend_factory(nullptr); }
 };
@@ -161,7 +161,7 @@ TEST(trainer_dense_device, cuda_is_a_clear_error_without_the_cuda_space) {
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
   EXPECT_EQ(t.get_status().message(),
             "config.dense_device: \"cuda\" needs the cuda space, and this program was built "
-            "without it (link embcache::cuda, call register_cuda_dense_backend())");
+            "without it (build embcache with CUDA, call register_cuda_dense_backend())");
   c.dense_device = static_cast<device_choice>(7);  // no enumerator: refused naming the field
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
@@ -262,21 +262,20 @@ TEST(trainer_dense_device, the_host_backend_refuses_device_inputs) {
 
 // --- where the embeddings live --------------------------------------------------------------
 
-// Restores the cuda path factory this binary started with (none: it does not link embcache::cuda).
-struct cuda_path_guard {
-  ~cuda_path_guard() { detail::set_cuda_cache_path_factory(nullptr); }
-};
-
-TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space) {
-  ASSERT_EQ(detail::installed_cuda_cache_path_factory(), nullptr);
+// "cuda" without the cuda path (a host-only build) or without a device is refused naming the
+// field; a value no enumerator names too.
+TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space_or_a_device) {
+  if (auto_embeddings_on_cuda()) GTEST_SKIP() << "a CUDA device is present (tests/cuda runs it)";
   trainer_config c = small_config("embedding_device");
   c.embedding_device = device_choice::cuda;
   auto t = trainer::create(c);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::unsupported);
   EXPECT_EQ(t.get_status().message(),
-            "config.embedding_device: \"cuda\" needs the cuda space, and this program was built "
-            "without it (link embcache::cuda, call register_cuda_embeddings())");
+            EMBCACHE_BUILT_WITH_CUDA
+                ? "config.embedding_device: \"cuda\" but no CUDA device is present"
+                : "config.embedding_device: \"cuda\" needs the cuda space, and this program was "
+                  "built without it (build embcache with CUDA)");
   c.mode = trainer_mode::on_demand;
   t = trainer::create(c);
   ASSERT_FALSE(t.ok());
@@ -290,21 +289,23 @@ TEST(trainer_embedding_device, cuda_is_a_clear_error_without_the_cuda_space) {
 }
 
 TEST(trainer_embedding_device, auto_and_host_keep_the_embeddings_on_the_host_and_say_so) {
-  ASSERT_EQ(detail::installed_cuda_cache_path_factory(), nullptr);
   trainer_config c = small_config("embedding_auto");
   c.passes = {{{shard(0)}}};
   c.save_dir.clear();
+  // "auto" (the host here unless a cuda build runs on a machine with a device: then "host").
+  const bool on_cuda = auto_embeddings_on_cuda();
+  c.embedding_device = on_cuda ? device_choice::host : device_choice::automatic;
+  const std::string note = on_cuda ? "embeddings on host" : auto_host_embeddings_note();
   auto t = trainer::create(c);
   EMBCACHE_ASSERT_OK(t);
   EXPECT_STREQ(t.value()->embedding_device(), "host");
-  EXPECT_EQ(t.value()->embedding_note(),
-            "embeddings on host (auto: this program has no cuda space)");
+  EXPECT_EQ(t.value()->embedding_note(), note);
   std::vector<std::string> lines;
   t.value()->set_log([&](const std::string& l) { lines.push_back(l); });
   EMBCACHE_ASSERT_OK(t.value()->run());
   ASSERT_GE(lines.size(), 3u);
   EXPECT_EQ(lines[0], "dense network on host (auto: this program has no cuda space)");
-  EXPECT_EQ(lines[1], "embeddings on host (auto: this program has no cuda space)");
+  EXPECT_EQ(lines[1], note);
   // The host cache is there; the cuda one is not, and asking for it is a clear error.
   EXPECT_GT(t.value()->counters().total[0].hits + t.value()->counters().total[0].misses, 0u);
   EXPECT_EQ(&t.value()->counters(), &t.value()->cache().counters());
@@ -353,44 +354,29 @@ TEST(trainer_embedding_device, a_sharded_run_keeps_them_on_the_host) {
             "embeddings on host (auto: a sharded run keeps them on the host)");
 }
 
-// A stand-in for the cuda path: the host path under the factory's name, counting its builds.
-int fake_cuda_paths = 0;
-result<std::unique_ptr<detail::embedding_path>> fake_cuda_path(const trainer_config& config,
-                                                               detail::embedding_stores stores) {
-  ++fake_cuda_paths;
-  auto tables = detail::make_cache_tables(std::move(stores), host_space{});
-  if (!tables.ok()) return tables.get_status();
-  return detail::make_cache_path(config, host_space{}, std::move(tables).value());
-}
-
-TEST(trainer_embedding_device, auto_uses_the_registered_path_only_with_a_device) {
-  cuda_path_guard guard;
-  detail::set_cuda_cache_path_factory(&fake_cuda_path);
-  fake_cuda_paths = 0;
-  const bool device = cuda_device_available();
-  trainer_config c = small_config("embedding_factory");
+// "auto" is the cuda path exactly in a build with the cuda space (the trainer then has it) on a
+// machine with a device; host-hybrid and sharded runs never ask for it.
+TEST(trainer_embedding_device, auto_is_the_cuda_path_only_in_a_cuda_build_with_a_device) {
+  const bool on_cuda = auto_embeddings_on_cuda();
+  trainer_config c = small_config("embedding_auto_choice");
   c.save_dir.clear();
+  c.embedding_device = device_choice::automatic;
   std::string note;
   auto a = detail::embedding_device_of(c, /*sharded=*/false, &note);
   EMBCACHE_ASSERT_OK(a);
-  EXPECT_EQ(a.value(), device);
-  EXPECT_EQ(note, device ? "embeddings on cuda (auto: CUDA device present)"
-                         : "embeddings on host (auto: no CUDA device)");
-  EMBCACHE_ASSERT_OK(trainer::create(c));
-  EXPECT_EQ(fake_cuda_paths, device ? 1 : 0);
+  EXPECT_EQ(a.value(), on_cuda);
+  EXPECT_EQ(note, on_cuda ? "embeddings on cuda (auto: CUDA device present)"
+                          : auto_host_embeddings_note());
   c.embedding_device = device_choice::cuda;
-  auto t = trainer::create(c);
-  if (device) {
-    EMBCACHE_ASSERT_OK(t);
-    EXPECT_EQ(fake_cuda_paths, 2);
-    EXPECT_EQ(t.value()->embedding_note(), "embeddings on cuda");
+  a = detail::embedding_device_of(c, /*sharded=*/false, &note);
+  if (on_cuda) {
+    EMBCACHE_ASSERT_OK(a);
+    EXPECT_TRUE(a.value());
+    EXPECT_EQ(note, "embeddings on cuda");
   } else {
-    ASSERT_FALSE(t.ok());
-    EXPECT_EQ(t.get_status().code(), status_code::unsupported);
-    EXPECT_EQ(t.get_status().message(),
-              "config.embedding_device: \"cuda\" but no CUDA device is present");
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.get_status().code(), status_code::unsupported);
   }
-  // Host-hybrid and sharded runs never ask for the device path.
   c.embedding_device = device_choice::automatic;
   c.mode = trainer_mode::host_hybrid;
   a = detail::embedding_device_of(c, /*sharded=*/false, &note);

@@ -27,6 +27,7 @@
 #include "embcache/shard.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/trainer.hpp"
+#include "embcache/version.hpp"
 
 namespace embcache::test {
 
@@ -73,8 +74,24 @@ inline trainer_config small_config(const std::string& name) {
   c.seed = 3;
   c.log_interval = 0;
   c.threads = 2;
+  // On the host whatever the build and machine ("auto" is the device in a cuda build on a GPU
+  // machine; tests/cuda runs the device path, trainer_config_test what "auto" picks).
+  c.embedding_device = device_choice::host;
   c.save_dir = temp_dir(name) + "/save";
   return c;
+}
+
+// Whether embedding_device "auto" puts the tables in the cuda space here: a build with the cuda
+// space (the trainer then has the cuda path) on a machine with a CUDA device.
+inline bool auto_embeddings_on_cuda() {
+  return EMBCACHE_BUILT_WITH_CUDA && cuda_device_available();
+}
+
+// The trainer's note when embedding_device "auto" keeps the tables on the host, by build: a
+// host-only trainer has no cuda path, a cuda build has no device here.
+inline std::string auto_host_embeddings_note() {
+  return EMBCACHE_BUILT_WITH_CUDA ? "embeddings on host (auto: no CUDA device)"
+                                  : "embeddings on host (auto: this program has no cuda space)";
 }
 
 // The model files of a save: rows, slot ids and optimizer state (HugeCTR's per-optimizer files)

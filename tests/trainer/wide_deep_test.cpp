@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "common/random_vector.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/synth.hpp"
 #include "embcache/trainer/in_memory.hpp"
@@ -20,13 +21,7 @@
 namespace embcache {
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1, float hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using test::random_vector;
 
 // --- metrics ---------------------------------------------------------------------------------
 

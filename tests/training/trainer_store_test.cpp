@@ -28,6 +28,7 @@ trainer_config rocksdb_config(const std::string& db) {
   c.model.hidden = {8};
   c.threads = 1;
   c.log_interval = 0;
+  c.embedding_device = device_choice::host;  // the host cache (trainer::cache()) on any machine
   for (auto& t : c.tables) {
     t.capacity = 256;
     t.store = "rocksdb";

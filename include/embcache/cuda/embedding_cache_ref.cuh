@@ -4,8 +4,9 @@
 ///
 /// Each path is the twin of a portable one (embedding_cache_ref::find_slot and the loop bodies of
 /// detail/cache_lookup_loops.inl) and gives the same answers; tests/cuda/embedding_cache_test.cu
-/// compares them with the host space on a GPU. Include after cuda/algorithms.cuh and before
-/// detail/embedding_cache.inl, so that the cache's bulk calls pick these overloads.
+/// compares them with the host space on a GPU. detail/space_algorithms.hpp includes it under
+/// nvcc, and detail/embedding_cache.inl includes that before its definitions, so that the cache's
+/// bulk calls pick these overloads.
 #pragma once
 
 #include <cstddef>

@@ -2,9 +2,13 @@
 /// @brief Definitions of embedding_cache: every bulk operation is a parallel loop over the
 /// single-key operations of embedding_cache_ref, run by the space's `for_each_index`.
 ///
-/// Include after the space's algorithms header (detail/host_algorithms.hpp, or
-/// cuda/algorithms.cuh and cuda/embedding_cache_ref.cuh), then instantiate.
+/// Included by the translation unit that instantiates a space (src/cache/embedding_cache.cpp for
+/// the host, src/cache/embedding_cache.cu for the cuda space); it brings that space's primitives
+/// itself (detail/space_algorithms.hpp), so nothing has to come before it.
 #pragma once
+
+// First: the qualified calls below bind to the overloads declared before them.
+#include "embcache/detail/space_algorithms.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,10 @@
 /// @file detail/optimizers.inl
-/// @brief Portable definitions of the in-row optimizers. Include the space's algorithms first
-/// (detail/host_algorithms.hpp or cuda/algorithms.cuh), then this file.
+/// @brief Portable definitions of the in-row optimizers; they bring the primitives of the space
+/// they are compiled for (detail/space_algorithms.hpp), so nothing has to come before them.
 #pragma once
+
+// First: the qualified calls below bind to the overloads declared before them.
+#include "embcache/detail/space_algorithms.hpp"
 
 #include <cmath>
 #include <cstddef>

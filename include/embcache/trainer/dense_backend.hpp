@@ -10,9 +10,9 @@
 /// neither the pooled embeddings nor their gradients cross PCIe. Tables on the host, and
 /// host-hybrid, use forward_backward with host arrays.
 ///
-/// This header compiles with g++ alone. The cuda implementation lives in the embcache::cuda
-/// library; a program that links it calls register_cuda_dense_backend() once, after which
-/// make_dense_backend() can pick "cuda". Programs that do not link it never need CUDA.
+/// This header compiles with g++ alone. The cuda implementation is part of embcache::trainer in a
+/// build with the cuda space; a program calls register_cuda_dense_backend() once, after which
+/// make_dense_backend() can pick "cuda". A host-only build has neither and never needs CUDA.
 ///
 /// Both implementations save the same blob (wide_deep_model::save, docs/model.md), so a model
 /// trained on one device resumes on the other.
@@ -103,8 +103,9 @@ void set_cuda_dense_backend_factory(dense_backend_factory factory) noexcept;
 /// The installed factory (nullptr when the program registered none).
 dense_backend_factory cuda_dense_backend_factory() noexcept;
 
-/// Defined in the embcache::cuda library (cuda/trainer_dense_backend.cu), so only programs that
-/// link it may call these. make_cuda_dense_backend builds a wide_deep_model<cuda_space> behind the
+/// Defined by embcache::trainer in a build with the cuda space (src/trainer/dense_backend.cu;
+/// EMBCACHE_BUILT_WITH_CUDA is 1), so only programs of such a build may call these.
+/// make_cuda_dense_backend builds a wide_deep_model<cuda_space> behind the
 /// interface (forward_backward copies the batch to the device and the gradients back;
 /// forward_backward_on_device copies only the dense features); register_cuda_dense_backend
 /// installs it as the "cuda" factory.

@@ -62,8 +62,8 @@ struct input_block {
 bool dropout_keep(std::uint64_t seed, std::uint64_t step, std::size_t layer, std::uint64_t index,
                   float rate) noexcept;
 
-/// An MLP in the memory of `Space` (host_space: OpenBLAS; cuda_space: cuBLAS, needs the
-/// embcache::cuda library). Not thread-safe; one batch at a time.
+/// An MLP in the memory of `Space` (host_space: OpenBLAS; cuda_space: cuBLAS, in
+/// embcache::trainer's cuda build). Not thread-safe; one batch at a time.
 template <class Space>
 class dense_network {
  public:

@@ -9,8 +9,8 @@
 /// dense_backend: wide_deep_model<host_space> (OpenBLAS) or, with `dense_device` "cuda" (or "auto"
 /// on a machine with a device, in a program that registered the cuda backend), the cuda space
 /// (cuBLAS). The tables and their sparse optimizers are on the host, or with `embedding_device`
-/// "cuda" (or "auto" with a device, in a program that called register_cuda_embeddings()) in a
-/// training cache in the cuda space. For a given pair of devices every result is a function of
+/// "cuda" (or "auto" with a device, in a build with the cuda space) in a training cache in the
+/// cuda space. For a given pair of devices every result is a function of
 /// the configuration and the data only: the cache capacity, the mode (with the tables in the cuda
 /// space: keyset or on_demand), prefetch, thread count and an interruption by save / resume change
 /// timings, never a bit of the model.
@@ -144,8 +144,8 @@ struct trainer_config {
   device_choice dense_device = device_choice::automatic;
   /// Where the embedding tables and their sparse ops (lookup and combine, gradient aggregation,
   /// the in-row optimizers) run in modes keyset and on_demand: host, cuda or automatic (JSON
-  /// "host", "cuda", "auto"; default automatic: cuda when the program registered the cuda
-  /// embeddings, register_cuda_embeddings(), and a device is present, else host). With "cuda" the
+  /// "host", "cuda", "auto"; default automatic: cuda when embcache was built with the cuda space,
+  /// EMBCACHE_BUILT_WITH_CUDA, and a device is present, else host). With "cuda" the
   /// tables are a training_cache<std::int64_t, cuda_space> and only each batch's keys (or, on
   /// demand, its slots) go to the device; with the dense network there too the pooled embeddings
   /// and their gradients stay on the device (dense_backend::forward_backward_on_device), with it on
@@ -218,7 +218,7 @@ struct memory_budget {
 /// the same way ("... needs N bytes, more than the M bytes of free device memory").
 /// trainer::create checks host parts against physical_memory_bytes() before it allocates
 /// anything; the caches in the cuda space are checked against the device's free memory when the
-/// cuda path is built (register_cuda_embeddings).
+/// cuda path is built (embedding_device "cuda").
 [[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
 /// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
 /// the caches (on the host unless `caches_on_device`), their pass boundary's scratch, in keyset
@@ -387,12 +387,6 @@ class trainer {
                                                       communicator* comm);
   std::unique_ptr<impl> impl_;
 };
-
-/// Defined in the embcache::cuda library (cuda/trainer_cache_path.cu), so only programs that link
-/// it may call it: lets config.embedding_device pick "cuda" (the training-cache path over a
-/// training_cache<std::int64_t, cuda_space>). Without it "cuda" is refused naming the field and
-/// "auto" means host.
-void register_cuda_embeddings();
 
 /// Writes `dir`/metrics.tsv and `dir`/plot.gp from `history` and, when gnuplot is on the PATH,
 /// runs it to draw `dir`/loss.png and `dir`/auc.png. `note` receives what was done or why the

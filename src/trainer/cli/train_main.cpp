@@ -43,7 +43,6 @@ int train_main(int argc, char** argv) {
   embcache::tools::init_tool_log("embcache-train");
 #ifdef EMBCACHE_TRAINER_WITH_CUDA
   embcache::register_cuda_dense_backend();  // lets dense_device pick "cuda"
-  embcache::register_cuda_embeddings();     // lets embedding_device pick "cuda"
 #endif
 
   // A configuration that is refused is a usage error; one that cannot be read a run-time failure.

@@ -106,7 +106,7 @@ struct fill_value {
 };
 
 // Each space implements these (host: src/trainer/dense_network.cpp, OpenBLAS; cuda:
-// cuda/dense_network.cu, cuBLAS). Matrices are row-major; `blas` is the space's handle.
+// src/trainer/dense_network.cu, cuBLAS). Matrices are row-major; `blas` is the space's handle.
 std::shared_ptr<void> blas_create(const host_space& space);
 void gemm_row_major(const host_space& space, void* blas, bool trans_a, bool trans_b, std::size_t m,
                     std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,

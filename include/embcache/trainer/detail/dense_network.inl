@@ -1,6 +1,7 @@
 /// @file trainer/detail/dense_network.inl
 /// @brief Definitions of dense_network, shared by the spaces; included by the translation unit
-/// that instantiates each space (src/trainer for host_space, cuda/ for cuda_space).
+/// that instantiates each space (src/trainer/dense_network.cpp for host_space,
+/// src/trainer/dense_network.cu for cuda_space).
 #pragma once
 
 #include <cmath>

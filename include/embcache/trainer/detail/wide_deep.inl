@@ -1,6 +1,10 @@
 /// @file trainer/detail/wide_deep.inl
-/// @brief Definitions of wide_deep_model, shared by the spaces.
+/// @brief Definitions of wide_deep_model, shared by the spaces; they bring the primitives of the
+/// space they are compiled for (detail/space_algorithms.hpp), so nothing has to come before them.
 #pragma once
+
+// First: the qualified calls below bind to the overloads declared before them.
+#include "embcache/detail/space_algorithms.hpp"
 
 #include <cmath>
 #include <cstring>

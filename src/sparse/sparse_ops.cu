@@ -1,6 +1,5 @@
 // cuda-space instantiations of the sparse ops and optimizers.
-#include "embcache/cuda/algorithms.cuh"
-// The portable definitions need the cuda primitives above.
+// The portable definitions bring the cuda primitives themselves (detail/space_algorithms.hpp).
 #include "embcache/detail/optimizers.inl"
 #include "embcache/detail/sparse_ops.inl"
 

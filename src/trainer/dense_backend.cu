@@ -1,5 +1,5 @@
 // The trainer's dense part in the cuda space: each batch's pooled embeddings and dense features
-// are copied to the device, forward, backward and Adam run there (cuBLAS, cuda/dense_network.cu),
+// are copied to the device, forward, backward and Adam run there (cuBLAS, dense_network.cu),
 // and the gradients with respect to the embeddings come back for the sparse optimizers on the
 // host. When the pooled embeddings are already on the device (forward_backward_on_device: the
 // trainer's tables in the cuda space) only the dense features are copied and the gradients stay
