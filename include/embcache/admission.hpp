@@ -19,8 +19,15 @@
 /// run and on every rank; with both set, the smaller threshold (whichever admits first). Then the
 /// training cache makes the key's row as it makes any new row (the initializer). A refused key
 /// gets no row: in keyset mode it is left out of the pass's resident keys, in on-demand mode its
-/// slot is -1, and the sparse ops read a zero row for slot -1 and apply no gradient to it
-/// (sparse_ops.hpp). It never reaches the store, a save or an export.
+/// slot is -1, and the sparse ops apply no gradient to slot -1 (sparse_ops.hpp). It never reaches
+/// the store, a save or an export.
+///
+/// **What a refused key reads.** `default_row` says: a zero row (refused_row::zeros, the
+/// default), or the fixed row of the key's feature slot (refused_row::slot): slot_default_row(),
+/// drawn once from the table's initializer with a seed of its own, the same in every run, space
+/// and rank, never trained and never stored (a function of the options, so saves carry nothing
+/// for it). The sparse ops take these rows per slot of a batch (lookup_combine's
+/// `default_rows`); training_cache::default_row() gives a table's.
 ///
 /// **Error bound.** The sketch keeps `sketch_depth` rows of `sketch_width` 32-bit counters; a
 /// sighting adds one to one counter per row, chosen by that row's hash of the key, and a key's
@@ -46,9 +53,16 @@
 #include <string>
 #include <vector>
 
+#include "embcache/cache_options.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
+
+/// What a key without a row (refused by admission) reads in the forward pass.
+enum class refused_row : std::uint8_t {
+  zeros,  ///< a row of zeros (the default)
+  slot,   ///< the fixed default row of the key's feature slot (slot_default_row)
+};
 
 /// Admission of one table (table_options::admission); off by default (both criteria 0), and then
 /// it costs nothing: no sketch, no counting, no file in a save.
@@ -58,6 +72,7 @@ struct admission_options {
   std::uint64_t sketch_width = std::uint64_t{1} << 20;  ///< counters per row; default 2^20
   std::uint32_t sketch_depth = 4;  ///< rows of counters (hash functions); default 4
   std::uint64_t seed = 0;          ///< seeds the sketch's hashes and the draws; default 0
+  refused_row default_row = refused_row::zeros;  ///< what a refused key reads; default zeros
 
   /// Whether admission is on (min_count or probability set).
   bool enabled() const noexcept { return min_count > 0 || probability > 0; }
@@ -68,6 +83,18 @@ struct admission_options {
 /// invalid_argument naming the field (prefixed by `at`).
 [[nodiscard]] status check_admission_options(const admission_options& o,
                                              const std::string& at = "admission");
+
+/// Salt of slot_default_row(): XOR-ed into the initializer's seed, so that slot s's row is not
+/// the initial row of a key s.
+inline constexpr std::uint64_t refused_row_salt = 0x5a17d3fa0c4e9b21ULL;
+
+/// Fills `out` (`dim` floats) with the default row of feature slot `slot`: element d is the value
+/// an embedding cache with initializer `init`, its seed XOR-ed with refused_row_salt, gives
+/// column d of the key whose 64 bits are `slot` (cache_options.hpp: a function of seed, key and
+/// column only). Pass the table's initializer with its seed as the table uses it (the training
+/// cache folds the table index in: training_cache::default_row()).
+void slot_default_row(const initializer_options& init, std::uint64_t slot, std::size_t dim,
+                      float* out) noexcept;
 
 /// The count-min sketch and the admission rule of one table (the training cache keeps one per
 /// table with admission on). Keys are taken as 64-bit values (a uint32 key widened).

@@ -40,14 +40,23 @@
 /// too. The boundary's write-behind is kept; a pending one is finished first.
 ///
 /// **Persistence.** save() records the table's boundary count and its kept clock values in
-/// manifest.json (an `expiry` object of the table) only when expiry is on; load() restores them,
+/// manifest.json (an `expiry` object of the table) only when expiry is on, with the step count
+/// and step values only once a step was begun with ttl_steps on; load() restores them,
 /// so a resumed run expires exactly the rows the uninterrupted run would. Saves without it (or a
 /// cache with expiry off) start counting at the next boundary. A sharded save records each rank's
 /// clock in its part (distributed/sharded_save.hpp says how a load on another number of ranks
 /// keeps the rows' ages).
 ///
-/// **No step age.** There is no `ttl_steps`: the version clock counts the table's write calls,
-/// not training steps, so passes are the unit of age.
+/// **Steps.** With ttl_steps = T > 0 the caller marks the start of every training step with
+/// training_cache::begin_step() (the trainer does, before each batch's forward). Step number S
+/// (1, 2, ...) records the table's version clock W_S before any row of step S is written, so a
+/// row touched in step S has W_S < version. At a pass boundary after S steps, with S >= T, a row
+/// whose version is at most W_(S-T+1) has not been touched in the T steps S-T+1 .. S and expires
+/// (the same exceptions as above: a key of the keyset being begun stays). Before T steps nothing
+/// expires by steps. The table keeps the last T values of W (8 bytes a step of ttl_steps) and a
+/// save records them; begin_step() costs nothing for a table with ttl_steps 0. ttl_steps and
+/// ttl_passes may be combined: a row expires when either rule (or min_l2_norm) takes it. Rows
+/// still leave only at pass boundaries: T is an age in steps checked once per pass.
 #pragma once
 
 #include <cstdint>
@@ -55,15 +64,24 @@
 
 namespace embcache {
 
+/// Most ttl_steps: the table keeps (and a save's manifest.json records, about 20 bytes each) one
+/// version per step of it; ages beyond are for ttl_passes.
+inline constexpr std::uint64_t max_ttl_steps = std::uint64_t{1} << 18;
+
 /// Expiry policy of one table (table_options::expiry). Every field 0 = off (the default).
 struct expiry_options {
   /// Passes a row may stay untouched before it expires; default 0 = never by age.
   std::uint32_t ttl_passes = 0;
   /// A row whose embedding's L2 norm is below this expires at a boundary; default 0 = never.
   float min_l2_norm = 0;
+  /// Steps (training_cache::begin_step) a row may stay untouched before it expires at the next
+  /// boundary, at most max_ttl_steps; default 0 = never by steps.
+  std::uint64_t ttl_steps = 0;
 
   /// Whether any rule is on.
-  constexpr bool enabled() const noexcept { return ttl_passes != 0 || min_l2_norm > 0; }
+  constexpr bool enabled() const noexcept {
+    return ttl_passes != 0 || min_l2_norm > 0 || ttl_steps != 0;
+  }
 };
 
 /// A table's expiry clock: the pass boundaries counted and the version clock recorded at the
@@ -73,6 +91,9 @@ struct expiry_options {
 struct expiry_clock {
   std::uint64_t boundaries = 0;         ///< boundaries counted; default 0
   std::vector<std::uint64_t> versions;  ///< V_(P-k+1) .. V_P, oldest first; default empty
+  std::uint64_t steps = 0;              ///< steps begun (ttl_steps on); default 0
+  /// W_(S-k+1) .. W_S of the steps rule, oldest first (at most ttl_steps values); default empty
+  std::vector<std::uint64_t> step_versions;
 };
 
 }  // namespace embcache

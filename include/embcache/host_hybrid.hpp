@@ -87,10 +87,13 @@ class host_hybrid_table {
   /// `refused` (`num_refused` keys, ascending; may be null when 0) are keys without a row, those
   /// feature admission refused at the pass's boundary (admission.hpp,
   /// training_cache::begin_pass_in_stores): they are neither pulled nor initialized, read a zero
-  /// row (row index -1 of sparse_ops.hpp, as in the training cache), get no gradient and are not
-  /// pushed by backward(), so the store never gets a row for them.
+  /// row, or with `default_rows` (S*dim host floats) slot s's row at `default_rows + s * dim`
+  /// (row index -1 of sparse_ops.hpp, as in the training cache; admission.hpp's
+  /// refused_row::slot), get no gradient and are not pushed by backward(), so the store never
+  /// gets a row for them.
   [[nodiscard]] status forward(const key_batch<Key>& batch, float* out,
-                               const Key* refused = nullptr, std::size_t num_refused = 0);
+                               const Key* refused = nullptr, std::size_t num_refused = 0,
+                               const float* default_rows = nullptr);
 
   /// Applies the optimizer to the rows of the last forward() with `d_out` (B*S*dim floats, the
   /// gradient with respect to its `out`), advances the step counter and pushes the rows back.

@@ -37,7 +37,8 @@ enum class combiner : std::uint8_t {
 /// `row_indices[offsets[b*S + s] .. offsets[b*S + s + 1])`. One-hot slots have exactly one
 /// occurrence per bag; an empty bag pools to zeros. Row index -1 stands for a key without a row (a
 /// key that feature admission refused, admission.hpp, or an on-demand lookup's slot -1): it reads
-/// a zero row (with combiner::mean it still counts in the bag's size) and gets no gradient. Offsets
+/// a zero row, or its slot's default row when lookup_combine is given them (with combiner::mean
+/// it still counts in the bag's size), and gets no gradient. Offsets
 /// are int64: the same type as the row indices, so a batch can be sliced out of a larger index
 /// array without conversion.
 struct slot_batch {
@@ -62,10 +63,14 @@ struct slot_batch {
 /// @param row_width floats per row (>= dim)
 /// @param dim       embedding floats at the start of each row
 /// @param out       B*S*dim floats
+/// @param default_rows what row index -1 reads: nullptr (the default) a zero row; else S*dim
+///                  floats in the space's memory, and a -1 in a bag of slot s reads the row at
+///                  `default_rows + s * dim` (admission.hpp, refused_row::slot)
 /// @throws embcache::error (invalid_argument) when dim is 0 or greater than row_width.
 template <class Space>
 void lookup_combine(const Space& space, const float* rows, std::size_t row_width, std::size_t dim,
-                    const slot_batch& batch, combiner comb, float* out);
+                    const slot_batch& batch, combiner comb, float* out,
+                    const float* default_rows = nullptr);
 
 /// Scratch arrays of aggregate_gradients, kept between calls so that steady-state batches
 /// allocate nothing.

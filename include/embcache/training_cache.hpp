@@ -325,6 +325,12 @@ class training_cache {
   /// write-behind first. Does nothing for tables with expiry off (nothing at all when every
   /// table's is off). Throws in keyset mode, where every begin_pass is the boundary.
   status expire();
+  /// Marks the start of a training step for expiry's ttl_steps (expiry.hpp, "Steps"): each table
+  /// with ttl_steps on records its version clock (tables kept in their stores, as the trainer's
+  /// host-hybrid mode keeps them, take their store's max_version() first); rows touched from now
+  /// on belong to this step. Nothing at all for tables with ttl_steps 0. Either mode; call it
+  /// between the pass calls, never during one.
+  void begin_step();
 
   /// Writes every dirty resident row back and flushes the stores; rows stay resident.
   status end_training();
@@ -385,6 +391,12 @@ class training_cache {
   /// header and counters); empty when the table's admission is off. Throws std::out_of_range for
   /// a `t` out of range.
   std::vector<std::uint32_t> admission_state(std::size_t t) const;
+  /// Writes into `out` (table(t).dim floats, host memory) what a key of feature slot `slot` reads
+  /// while table `t`'s admission refuses it: zeros under refused_row::zeros (the default, and
+  /// while admission is off), else slot_default_row() of the table's initializer with the seed the
+  /// table's rows are drawn with (init.seed with the table index folded in). Throws
+  /// std::out_of_range for a `t` out of range.
+  void default_row(std::size_t t, std::uint64_t slot, float* out) const;
   /// The expiry clock of table `t` (expiry.hpp); empty (no boundary) while its expiry is off.
   /// Throws std::out_of_range for a `t` out of range.
   expiry_clock expiry_state(std::size_t t) const;

@@ -195,6 +195,10 @@ status write_stored_table(const std::string& folder, const stored_table<Key>& t,
   if (t.expiry) {
     (*entry)["expiry"] = {{"boundaries", t.expiry->boundaries},
                           {"pass_versions", t.expiry->versions}};
+    if (t.expiry->steps != 0) {  // ttl_steps on: written once a step was begun
+      (*entry)["expiry"]["steps"] = t.expiry->steps;
+      (*entry)["expiry"]["step_versions"] = t.expiry->step_versions;
+    }
   }
   return {};
 }

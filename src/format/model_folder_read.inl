@@ -113,6 +113,26 @@ status read_expiry_clock(const fields& f, const nlohmann::json& e, manifest_tabl
     t->expiry.versions.push_back(x);
     prev = x;
   }
+  // The steps rule's clock: optional (saves without ttl_steps, or before its first step).
+  if (it->contains("steps")) {
+    EMBCACHE_RETURN_IF_ERROR(f.u64(*it, "steps", at, &t->expiry.steps));
+    const auto sv = it->find("step_versions");
+    if (sv == it->end() || !sv->is_array()) return f.bad(at + "step_versions", "an array");
+    if (sv->size() > t->expiry.steps) {
+      return f.bad(at + "step_versions", "an array of at most 'steps' values");
+    }
+    prev = 0;
+    t->expiry.step_versions.reserve(sv->size());
+    for (const auto& v : *sv) {
+      if (!v.is_number_unsigned()) return f.bad(at + "step_versions", "unsigned integers");
+      const std::uint64_t x = v.get<std::uint64_t>();
+      if (x < prev || x > t->version) {
+        return f.bad(at + "step_versions", "non-decreasing and at most the table's version");
+      }
+      t->expiry.step_versions.push_back(x);
+      prev = x;
+    }
+  }
   t->has_expiry = true;
   return {};
 }

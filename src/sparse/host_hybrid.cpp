@@ -105,7 +105,7 @@ host_hybrid_table<Key>::host_hybrid_table(param_store<Key>& store,
 
 template <class Key>
 status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out, const Key* refused,
-                                       std::size_t num_refused) {
+                                       std::size_t num_refused, const float* default_rows) {
   pending_ = false;
   EMBCACHE_RETURN_IF_ERROR(check_key_batch(batch).with_context("host_hybrid_table::forward"));
   if (num_refused > 0 && refused == nullptr)
@@ -154,7 +154,8 @@ status host_hybrid_table<Key>::forward(const key_batch<Key>& batch, float* out, 
 
   const slot_batch local{batch_size_, num_slots_, offsets_.data(), occurrence_rows_.data(), n};
   if (bags > 0)
-    lookup_combine(space, rows_.data(), row_width_, options_.dim, local, options_.comb, out);
+    lookup_combine(space, rows_.data(), row_width_, options_.dim, local, options_.comb, out,
+                   num_refused > 0 ? default_rows : nullptr);
   pending_ = true;
   return {};
 }

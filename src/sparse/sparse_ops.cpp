@@ -153,7 +153,7 @@ status check_options(const optimizer_options& o) {
 }
 
 template void lookup_combine<host_space>(const host_space&, const float*, std::size_t, std::size_t,
-                                         const slot_batch&, combiner, float*);
+                                         const slot_batch&, combiner, float*, const float*);
 template void aggregate_gradients<host_space>(const host_space&, const slot_batch&, combiner,
                                               const float*, std::size_t,
                                               sparse_gradients<host_space>&);

@@ -6,7 +6,7 @@
 namespace embcache {
 
 template void lookup_combine<cuda_space>(const cuda_space&, const float*, std::size_t, std::size_t,
-                                         const slot_batch&, combiner, float*);
+                                         const slot_batch&, combiner, float*, const float*);
 template void aggregate_gradients<cuda_space>(const cuda_space&, const slot_batch&, combiner,
                                               const float*, std::size_t,
                                               sparse_gradients<cuda_space>&);

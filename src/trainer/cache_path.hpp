@@ -129,6 +129,17 @@ class cache_path : public embedding_path {
 
   status begin_shard(const std::string&, const std::string&) override { return {}; }
 
+  // Expiry's ttl_steps: each step's clock (nothing when no table has it).
+  status begin_step() override {
+    for (const auto& tc : config_.tables) {
+      if (tc.expiry.ttl_steps != 0) {
+        cache().begin_step();
+        break;
+      }
+    }
+    return {};
+  }
+
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
     const std::size_t n = k.batch_size, ws = k.wide_slots, ds = k.deep_slots;
     const std::size_t dim = config_.tables[tables_.roles.deep].dim;
@@ -250,9 +261,28 @@ class cache_path : public embedding_path {
     deep_batch_ = {n, ds, offsets_, slots_[1], n * ds};
     auto& wc = cache().cache(tables_.roles.wide);
     auto& dc = cache().cache(tables_.roles.deep);
-    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_batch_, combiner::sum, wide);
-    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_batch_, combiner::sum, deep);
+    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_batch_, combiner::sum, wide,
+                   default_rows(0, ws));
+    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_batch_, combiner::sum, deep,
+                   default_rows(1, ds));
     return {};
+  }
+
+  // What the refused keys (slot -1) of table `which` (0 wide, 1 deep) read: nullptr for zeros,
+  // else the default rows of its `num_slots` slots in the space, drawn when the count changes.
+  const float* default_rows(int which, std::size_t num_slots) {
+    const std::size_t t = which == 0 ? tables_.roles.wide : tables_.roles.deep;
+    const admission_options& a = config_.tables[t].admission;
+    if (!a.enabled() || a.default_row != refused_row::slot) return nullptr;
+    if (default_slots_[which] != num_slots || default_at_[which] == nullptr) {
+      const std::size_t dim = config_.tables[t].dim;
+      std::vector<float>& host = default_host_[which];
+      host.resize(num_slots * dim);
+      for (std::size_t s = 0; s < num_slots; ++s) cache().default_row(t, s, host.data() + s * dim);
+      default_at_[which] = default_space_[which].from_host(host.data(), host.size(), space_);
+      default_slots_[which] = num_slots;
+    }
+    return default_at_[which];
   }
 
   // Both tables' sparse updates with the gradients of the last pooling (in the space's memory):
@@ -310,6 +340,11 @@ class cache_path : public embedding_path {
   slot_batch wide_batch_, deep_batch_;
   sparse_gradients<Space> wide_grads_, deep_grads_;
   buffer<std::int8_t, Space> flags_;
+  // Wide, deep: the default rows of refused keys (admission's default_row "slot").
+  std::vector<float> default_host_[2];
+  space_array<float, Space> default_space_[2];
+  const float* default_at_[2] = {nullptr, nullptr};
+  std::size_t default_slots_[2] = {0, 0};
 };
 
 // Keyset mode: one begin_pass per shard with the shard's keysets; a batch key outside them is
@@ -339,7 +374,8 @@ class keyset_path final : public cache_path<Space> {
     EMBCACHE_RETURN_IF_ERROR(this->cache().cache(t).lookup_slots(
         keys_[which].from_host(keys, n, this->space_), n, slots));
     this->slots_[which] = slots;
-    // Keys that admission refused have no row: slot -1, which the sparse ops read as zeros.
+    // Keys that admission refused have no row: slot -1, which the sparse ops read as zeros or
+    // as their slot's default row.
     if (this->config_.tables[t].admission.enabled()) return {};
     if (count_equal(this->space_, static_cast<const std::int64_t*>(slots), n, std::int64_t{-1}) ==
         0)

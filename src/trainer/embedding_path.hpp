@@ -163,6 +163,9 @@ class embedding_path {
   /// shard, "" for none) in the background. The other modes have nothing to do.
   [[nodiscard]] virtual status begin_shard(const std::string& shard,
                                            const std::string& upcoming) = 0;
+  /// Before a training step's forward: tables with expiry's ttl_steps record the step
+  /// (training_cache::begin_step). The paths without such tables do nothing.
+  [[nodiscard]] virtual status begin_step() { return {}; }
   /// Pools the batch's rows into `wide_out` (B * wide_slots floats) and `deep_out` (B *
   /// deep_slots * dim floats).
   [[nodiscard]] virtual status forward(const batch_keys& keys, float* wide_out,

@@ -37,6 +37,7 @@ class host_hybrid_path final : public embedding_path {
         return {};
       }));
       boundaries_ = boundaries_ || tc.admission.enabled() || tc.expiry.enabled();
+      steps_ = steps_ || tc.expiry.ttl_steps != 0;
     }
     return {};
   }
@@ -48,13 +49,20 @@ class host_hybrid_path final : public embedding_path {
     return tables_.cache->begin_pass_in_stores(keysets.value(), &refused_).with_context(shard);
   }
 
+  // Expiry's ttl_steps: the cache takes each step's clock from the stores the step writes.
+  status begin_step() override {
+    if (steps_) tables_.cache->begin_step();
+    return {};
+  }
+
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
     const std::size_t n = k.batch_size, w = tables_.roles.wide, d = tables_.roles.deep;
     EMBCACHE_RETURN_IF_ERROR(
         hybrid_[w]->forward({n, k.wide_slots, k.offsets, k.wide, n * k.wide_slots}, wide_out,
-                            refused_[w].data(), refused_[w].size()));
+                            refused_[w].data(), refused_[w].size(), default_rows(w, k.wide_slots)));
     return hybrid_[d]->forward({n, k.deep_slots, k.offsets, k.deep, n * k.deep_slots}, deep_out,
-                               refused_[d].data(), refused_[d].size());
+                               refused_[d].data(), refused_[d].size(),
+                               default_rows(d, k.deep_slots));
   }
 
   // The tables count their own optimizer steps, kept equal to the trainer's by set_step.
@@ -105,6 +113,21 @@ class host_hybrid_path final : public embedding_path {
   training_cache<trainer_key>* host_cache() override { return tables_.cache.get(); }
 
  private:
+  // What table t's refused keys read: nullptr for zeros, else its `num_slots` slots' default
+  // rows (admission's default_row "slot"), drawn when the count changes.
+  const float* default_rows(std::size_t t, std::size_t num_slots) {
+    const admission_options& a = config_.tables[t].admission;
+    if (!a.enabled() || a.default_row != refused_row::slot) return nullptr;
+    std::vector<float>& rows = default_rows_[t];
+    const std::size_t dim = config_.tables[t].dim;
+    if (rows.size() != num_slots * dim) {
+      rows.resize(num_slots * dim);
+      for (std::size_t s = 0; s < num_slots; ++s)
+        tables_.cache->default_row(t, s, rows.data() + s * dim);
+    }
+    return rows.data();
+  }
+
   embedding_initializer<trainer_key> initializer_of(std::size_t t) {
     return cache_initializer(*tables_.cache, t);
   }
@@ -113,8 +136,10 @@ class host_hybrid_path final : public embedding_path {
   embedding_tables tables_;
   std::unique_ptr<host_hybrid_table<trainer_key>> hybrid_[2];
   bool boundaries_ = false;  // a table with admission or expiry: shards begin passes
+  bool steps_ = false;       // a table with expiry's ttl_steps: steps are recorded
   keyset_swapper keysets_;
   std::vector<std::vector<trainer_key>> refused_;  // per table: the shard's refused keys
+  std::vector<float> default_rows_[2];             // per table: its refused keys' rows, or empty
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/durable_file.hpp"
+#include "embcache/criteo.hpp"
 #include "embcache/distributed/sharded_table.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"
@@ -86,7 +87,9 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
     const std::size_t dim = config_.dim, width = c.row_width();
     for (std::size_t i = 0; i < n; ++i) {
       if (slots_[i] < 0 && config_.admission.enabled()) {
-        std::fill(out + i * dim, out + (i + 1) * dim, 0.0f);  // refused by admission: no row
+        // Refused by admission: no row; zeros or the default row of the key's slot (its tag is
+        // its slot's position in the batch, as the unsharded paths take it).
+        cache_.default_row(t_, criteo_key_tag(keys[i]), out + i * dim);
         continue;
       }
       if (slots_[i] < 0)

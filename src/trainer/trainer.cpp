@@ -119,6 +119,7 @@ status trainer::impl::train_step(const shard_batch& b, std::uint64_t pass, std::
   fill_keys(b);
   const detail::batch_keys keys{n,  scratch.wide_keys.data(), ws, b.keys.data(),
                                 ds, scratch.offsets.data()};
+  EMBCACHE_RETURN_IF_ERROR(path->begin_step());
   // The pooled embeddings and their gradients: the path's device arrays when the tables and the
   // dense network are both on the device, else the loop's host arrays.
   detail::space_pooled p;

@@ -217,6 +217,8 @@ status validate(const trainer_config& c) {
     EMBCACHE_RETURN_IF_ERROR(validate_admission_fields(tc, at));
     EMBCACHE_RETURN_IF_ERROR(
         check_real(at + ".expiry.min_l2_norm", tc.expiry.min_l2_norm, non_negative));
+    EMBCACHE_RETURN_IF_ERROR(
+        check_int(at + ".expiry.ttl_steps", tc.expiry.ttl_steps, {0, max_ttl_steps}));
   }
   for (const auto& f : count_fields)
     EMBCACHE_RETURN_IF_ERROR(check_int(std::string("config.") + f.name, c.*f.member, f.range));
@@ -354,6 +356,7 @@ result<trainer_config> trainer_config_from_json(const json& j) {
         object_reader er(tr.at("expiry"), at + ".expiry", &err);
         er.get_int("ttl_passes", tc.expiry.ttl_passes, {0, max_ttl_passes});
         er.get_real("min_l2_norm", tc.expiry.min_l2_norm, non_negative);
+        er.get_int("ttl_steps", tc.expiry.ttl_steps, {0, max_ttl_steps});
         er.finish();
       }
       tr.finish();
@@ -446,8 +449,10 @@ void to_json(json& j, const trainer_config& c) {
                {"init_scale", float_json(t.init_scale)}};
     store_fields_json(t, tj);
     admission_fields_json(t, tj);
-    if (t.expiry.enabled())
+    if (t.expiry.enabled()) {
       tj["expiry"] = {{"ttl_passes", t.expiry.ttl_passes}, {"min_l2_norm", t.expiry.min_l2_norm}};
+      if (t.expiry.ttl_steps != 0) tj["expiry"]["ttl_steps"] = t.expiry.ttl_steps;
+    }
     tables.push_back(std::move(tj));
   }
   j = json{{"mode", to_string(c.mode)},

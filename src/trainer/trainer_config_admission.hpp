@@ -15,7 +15,8 @@ struct trainer_table_config;
 namespace embcache::detail {
 
 /// Reads a table's "admission" object ({"min_count", "probability", "sketch_width",
-/// "sketch_depth", "seed"}, each optional); `at` is the table's path ("config.tables[1]").
+/// "sketch_depth", "seed", "default_row": "zeros" | "slot"}, each optional); `at` is the table's
+/// path ("config.tables[1]").
 void read_admission_fields(object_reader& r, const std::string& at, trainer_table_config& tc,
                            status* err);
 /// Checks their ranges (every mode has admission; a sharded host-hybrid run refuses it in

@@ -39,6 +39,13 @@ status detail::check_sharded_config(const trainer_config& config, const communic
                                       "admission or expiry (a sharded run has them in mode "
                                       "\"keyset\")");
   }
+  // A sharded save records each rank's pass clock, not the steps one (sharded_save.hpp).
+  for (std::size_t t = 0; t < config.tables.size(); ++t) {
+    if (config.tables[t].expiry.ttl_steps != 0)
+      return status::invalid_argument("config.tables[" + std::to_string(t) +
+                                      "].expiry.ttl_steps: a sharded run has no expiry by steps "
+                                      "(ttl_passes counts its shards)");
+  }
   // Its rows are in the owners' stores, whose rows no training cache exports: keyset mode's do.
   if (config.mode == trainer_mode::host_hybrid && !config.export_dir.empty())
     return status::invalid_argument(

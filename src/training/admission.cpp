@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "embcache/detail/cache_primitives.hpp"
+
 namespace embcache {
 
 namespace {
@@ -254,6 +256,15 @@ status admission_sketch::check_words(const std::uint32_t* words, std::size_t n,
 void admission_sketch::clear() noexcept {
   std::fill(cells_.begin(), cells_.end(), 0u);
   total_ = 0;
+}
+
+void slot_default_row(const initializer_options& init, std::uint64_t slot, std::size_t dim,
+                      float* out) noexcept {
+  initializer_options salted = init;
+  salted.seed ^= refused_row_salt;
+  const float normal_factor = init.scale * 1.7320508075688772f;  // as embedding_cache's
+  for (std::size_t d = 0; d < dim; ++d)
+    out[d] = detail::initial_value(salted, normal_factor, slot, d);
 }
 
 }  // namespace embcache

@@ -31,15 +31,23 @@ status training_cache_core<Key, Space>::expire_table(table_type& tb, const std::
   // V_(P - ttl), the oldest value kept once ttl values are there.
   auto& clock = tb.expiry;
   const std::size_t ttl = e.ttl_passes;
-  const bool by_age = ttl != 0 && clock.versions.size() >= ttl;
-  const std::uint64_t limit = by_age ? clock.versions[clock.versions.size() - ttl] : 0;
+  bool by_age = ttl != 0 && clock.versions.size() >= ttl;
+  std::uint64_t limit = by_age ? clock.versions[clock.versions.size() - ttl] : 0;
   ++clock.boundaries;
   clock.versions.push_back(tb.cache->version());
   if (clock.versions.size() > ttl) {
     clock.versions.erase(clock.versions.begin(),
                          clock.versions.end() - static_cast<std::ptrdiff_t>(ttl));
   }
+  // The steps rule (expiry.hpp, "Steps"): W_(S - ttl_steps + 1), the oldest step value the rule
+  // keeps once ttl_steps values are there; a row expires by age when either rule takes it.
+  const std::uint64_t ttl_steps = e.ttl_steps;
+  const bool by_steps = ttl_steps != 0 && clock.step_versions.size() >= ttl_steps;
+  const std::uint64_t step_limit =
+      by_steps ? clock.step_versions[clock.step_versions.size() - ttl_steps] : 0;
   const bool by_norm = e.min_l2_norm > 0;
+  if (by_steps && (!by_age || step_limit > limit)) limit = step_limit;
+  by_age = by_age || by_steps;
   if (!by_age && !by_norm) return {};
   const std::size_t dim = tb.opt.dim, w = tb.row_width;
   const auto kept = [&](Key k) {

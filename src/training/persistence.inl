@@ -25,6 +25,7 @@ status training_cache_core<Key, Space>::save(const std::string& dir,
   std::vector<std::vector<std::uint32_t>> admission(tables.size());
   for (auto& tb : tables) {
     locks.emplace_back(*tb.sync.store_mutex);
+    trim_step_versions(tb.expiry, tb.opt.expiry.ttl_steps);  // the values the rule still reads
     admission[tb.index] = tb.admission.to_words();  // empty (no file) when admission is off
     stored.push_back({tb.opt.name, tb.opt.dim, tb.opt.optimizer.kind, tb.sync.store.get(),
                       tb.cache->version(), &tb.slot_ids, tb.opt.slot_of, &admission[tb.index],

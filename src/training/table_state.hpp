@@ -33,6 +33,15 @@ inline std::uint64_t fold_seed(std::uint64_t seed, std::size_t table) {
   return x ^ (x >> 29);
 }
 
+// Keeps the last `ttl` step versions of `c` (all when fewer; none when ttl is 0): what expiry's
+// steps rule reads, and what saves record.
+inline void trim_step_versions(expiry_clock& c, std::uint64_t ttl) {
+  if (c.step_versions.size() > ttl) {
+    c.step_versions.erase(c.step_versions.begin(),
+                          c.step_versions.end() - static_cast<std::ptrdiff_t>(ttl));
+  }
+}
+
 // Sorted unique copy, or the input itself when it already is (keyset files are).
 template <class Key>
 const std::vector<Key>& sorted_unique(const std::vector<Key>& in, std::vector<Key>& scratch) {

@@ -60,6 +60,11 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
       throw error(status_code::invalid_argument,
                   who + ": expiry.min_l2_norm must be a finite number >= 0");
     }
+    if (o.expiry.ttl_steps > max_ttl_steps) {
+      throw error(status_code::invalid_argument,
+                  who + ": expiry.ttl_steps " + std::to_string(o.expiry.ttl_steps) +
+                      " is above max_ttl_steps (" + std::to_string(max_ttl_steps) + ")");
+    }
     detail::table_state<Key, Space> tb;
     tb.index = t;
     tb.state_width = state_width(o.optimizer.kind, o.dim);
@@ -341,6 +346,26 @@ status training_cache<Key, Space>::erase(std::size_t t, const Key* keys, std::si
 }
 
 template <class Key, class Space>
+void training_cache<Key, Space>::begin_step() {
+  for (auto& tb : core_->tables) {
+    const std::uint64_t ttl = tb.opt.expiry.ttl_steps;
+    if (ttl == 0) continue;
+    // The prefetch worker installs rows (and moves the clock) under this lock.
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    if (tb.cache->size() == 0) {
+      // A table kept in its store (host-hybrid): its rows carry the store's versions.
+      std::lock_guard<std::mutex> store_lock(*tb.sync.store_mutex);
+      tb.cache->advance_version(tb.sync.store->max_version());
+    }
+    expiry_clock& c = tb.expiry;
+    ++c.steps;
+    c.step_versions.push_back(tb.cache->version());
+    // Trimmed to the last ttl values when twice that many: amortized O(1) a step.
+    if (c.step_versions.size() >= 2 * ttl) detail::trim_step_versions(c, ttl);
+  }
+}
+
+template <class Key, class Space>
 status training_cache<Key, Space>::expire() {
   if (core_->options.mode != cache_mode::on_demand) {
     throw error(status_code::invalid_argument,
@@ -418,8 +443,23 @@ std::vector<std::uint32_t> training_cache<Key, Space>::admission_state(std::size
 }
 
 template <class Key, class Space>
+void training_cache<Key, Space>::default_row(std::size_t t, std::uint64_t slot, float* out) const {
+  const table_options<Key>& o = core_->tables.at(t).opt;
+  if (!o.admission.enabled() || o.admission.default_row == embcache::refused_row::zeros) {
+    std::fill(out, out + o.dim, 0.0f);
+    return;
+  }
+  initializer_options init = o.init;
+  init.seed = detail::fold_seed(o.init.seed, t);
+  slot_default_row(init, slot, o.dim, out);
+}
+
+template <class Key, class Space>
 expiry_clock training_cache<Key, Space>::expiry_state(std::size_t t) const {
-  return core_->tables.at(t).expiry;
+  const auto& tb = core_->tables.at(t);
+  expiry_clock c = tb.expiry;
+  detail::trim_step_versions(c, tb.opt.expiry.ttl_steps);
+  return c;
 }
 
 template <class Key, class Space>
@@ -448,6 +488,14 @@ status training_cache<Key, Space>::restore_lifetime(std::size_t t,
                                       " boundaries (expected at most one per boundary, "
                                       "non-decreasing)");
     }
+    if (expires && (clock.step_versions.size() > clock.steps ||
+                    !std::is_sorted(clock.step_versions.begin(), clock.step_versions.end()))) {
+      return status::invalid_argument("restore_lifetime: the expiry clock of table '" +
+                                      tb.opt.name + "' from '" + origin + "' has " +
+                                      std::to_string(clock.step_versions.size()) +
+                                      " step versions for " + std::to_string(clock.steps) +
+                                      " steps (expected at most one per step, non-decreasing)");
+    }
     core_->wait_worker();  // a running prefetch reads the sketch
     core_->drop_staging();
     tb.admission.clear();
@@ -457,6 +505,8 @@ status training_cache<Key, Space>::restore_lifetime(std::size_t t,
     }
     tb.expiry = expires ? clock : expiry_clock{};
     if (expires && !clock.versions.empty()) tb.cache->advance_version(clock.versions.back());
+    if (expires && !clock.step_versions.empty())
+      tb.cache->advance_version(clock.step_versions.back());
     return {};
   });
 }

@@ -75,6 +75,31 @@ TEST(sparse_cuda, lookup_and_gradients_are_bit_identical_to_the_host_space) {
   }
 }
 
+// Rows -1 read their slot's default row (admission's refused_row::slot) as on the host, bit for
+// bit, in both combiners.
+TEST(sparse_cuda, default_rows_of_rows_minus_one_match_the_host_space) {
+  EMBCACHE_NEED_CUDA_DEVICE();
+  std::mt19937_64 rng(29);
+  const std::size_t dim = 8, width = 8, num_rows = 300, B = 256, S = 5;
+  const auto rows = test::random_floats(rng, num_rows * width, -1, 1);
+  const auto defaults = test::random_floats(rng, S * dim, -1, 1);
+  auto b = test::random_batch(rng, B, S, num_rows, 0, 3);
+  for (std::size_t i = 0; i < b.indices.size(); i += 3) b.indices[i] = -1;
+  auto d_rows = to_device(rows);
+  auto d_defaults = to_device(defaults);
+  auto d_b = upload(b);
+  buffer<float, cuda_space> d_o(B * S * dim);
+  for (combiner comb : {combiner::sum, combiner::mean}) {
+    std::vector<float> h_o(B * S * dim);
+    lookup_combine(host_space{}, rows.data(), width, dim, b.view(), comb, h_o.data(),
+                   defaults.data());
+    lookup_combine(cuda_space{}, d_rows.data(), width, dim, d_b.view, comb, d_o.data(),
+                   d_defaults.data());
+    const auto o = to_host(d_o, h_o.size());
+    ASSERT_EQ(0, std::memcmp(o.data(), h_o.data(), o.size() * sizeof(float)));
+  }
+}
+
 // Updates are computed in double and stored as float; nvcc may contract double multiply-adds into
 // FMAs, which can move a result by one double ulp and, rarely, the stored float by one ulp.
 TEST(sparse_cuda, optimizers_match_the_host_space) {

@@ -665,6 +665,31 @@ TEST(host_hybrid, refused_keys_read_zeros_and_never_reach_the_store) {
             status_code::invalid_argument);
 }
 
+// With default rows (admission's refused_row::slot) a refused key of slot s reads slot s's row,
+// and still gets no gradient and no row in the store.
+TEST(host_hybrid, refused_keys_read_their_slots_default_row_when_given) {
+  host_hybrid_options ho;
+  ho.dim = 2;
+  ho.optimizer.kind = optimizer_kind::sgd;
+  ho.optimizer.learning_rate = 0.5f;
+  map_store store(2);
+  host_hybrid_table<std::int64_t> table(store, ho, [](std::int64_t key, float* e, std::size_t dim) {
+    for (std::size_t d = 0; d < dim; ++d) e[d] = float(key) + float(d) / 4;
+  });
+  // One sample, three slots: {7, 5}, {5}, {9}; 5 refused.
+  const std::int64_t offsets[] = {0, 2, 3, 4};
+  const std::int64_t keys[] = {7, 5, 5, 9};
+  const std::int64_t refused[] = {5};
+  const float defaults[] = {0.5f, -1, 2, 0.25f, 100, 100};  // slots 0, 1, 2
+  std::vector<float> out(6);
+  EMBCACHE_ASSERT_OK(table.forward({1, 3, offsets, keys, 4}, out.data(), refused, 1, defaults));
+  EXPECT_EQ(out, (std::vector<float>{7.5f, 6.25f, 2, 0.25f, 9, 9.25f}));
+  const std::vector<float> ones(6, 1.0f);
+  EMBCACHE_ASSERT_OK(table.backward(ones.data()));
+  EXPECT_EQ(store.row(5), nullptr);
+  EXPECT_EQ(*store.row(7), (std::vector<float>{6.5f, 6.75f}));
+}
+
 TEST(host_hybrid, misuse_throws_and_bad_batches_are_refused) {
   host_hybrid_options ho;
   ho.dim = 4;

@@ -323,6 +323,33 @@ TEST(sparse_backward, row_minus_one_reads_zeros_and_gets_no_gradient) {
   EXPECT_EQ(check_batch(b.view(), 4).code(), status_code::invalid_argument);
 }
 
+// With default rows (admission's refused_row::slot) a -1 in a bag of slot s reads slot s's row,
+// in the bag's sum and in its mean; rows >= 0 read as before, and the backward is unchanged.
+TEST(sparse_lookup, row_minus_one_reads_its_slots_default_row_when_given) {
+  owned_batch b;
+  b.batch_size = 2;
+  b.num_slots = 2;
+  b.offsets = {0, 2, 3, 4, 6};
+  b.indices = {-1, 3, -1, 3, -1, -1};
+  const std::vector<float> rows = {0, 0, 0, 0, 0, 0, 5, 7};  // row 3 = (5, 7)
+  const std::vector<float> defaults = {0.5f, 0.25f, -2, 4};  // slot 0, slot 1
+  std::vector<float> out(8, 99.0f);
+  lookup_combine(host_space{}, rows.data(), 2, 2, b.view(), combiner::sum, out.data(),
+                 defaults.data());
+  EXPECT_EQ(out, (std::vector<float>{5.5f, 7.25f, -2, 4, 5, 7, -4, 8}));
+  lookup_combine(host_space{}, rows.data(), 2, 2, b.view(), combiner::mean, out.data(),
+                 defaults.data());
+  EXPECT_EQ(out, (std::vector<float>{2.75f, 3.625f, -2, 4, 5, 7, -2, 4}));
+  // Without them: zeros, as before.
+  lookup_combine(host_space{}, rows.data(), 2, 2, b.view(), combiner::sum, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 7, 0, 0, 5, 7, 0, 0}));
+  const std::vector<float> d_out = {1, 2, 4, 8, 16, 32, 64, 128};
+  sparse_gradients<host_space> g;
+  aggregate_gradients(host_space{}, b.view(), combiner::sum, d_out.data(), 2, g);
+  ASSERT_EQ(g.size, 1u);
+  EXPECT_EQ(g.rows.data()[0], 3);
+}
+
 TEST(sparse_backward, buffers_are_reused_across_batches) {
   std::mt19937_64 rng(5);
   const auto big = random_batch(rng, 64, 4, 1000, 1, 3);

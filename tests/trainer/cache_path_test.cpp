@@ -136,5 +136,57 @@ TEST(trainer_cache_path, in_space_gradients_are_counted_and_need_a_forward_in_sp
   EXPECT_EQ(path->backward_in_space(1, &bad).message(), none.message());
 }
 
+// Admission's default_row "slot": a refused key (slot -1) of slot s reads slot s's default row
+// (training_cache::default_row, drawn from the table's initializer) and gets no gradient nor row;
+// "zeros" reads zeros. min_count 2 refuses every key of the first batch (its first sighting).
+TEST(trainer_cache_path, refused_keys_read_their_slots_default_row_or_zeros) {
+  for (const refused_row mode : {refused_row::zeros, refused_row::slot}) {
+    SCOPED_TRACE(mode == refused_row::slot ? "slot" : "zeros");
+    trainer_config c = path_config();
+    for (auto& t : c.tables) {
+      t.admission.min_count = 2;
+      t.admission.sketch_width = 1024;
+      t.admission.default_row = mode;
+    }
+    auto path = make_path(c);
+    ASSERT_TRUE(path);
+    const std::size_t dim = c.tables[1].dim;
+    std::vector<float> wide(batch * wide_slots), deep(batch * deep_slots * dim);
+    const step_keys k = keys_of(1);
+    EMBCACHE_ASSERT_OK(path->forward(k.keys(), wide.data(), deep.data()));
+    training_cache<detail::trainer_key>& cache = *path->host_cache();
+    std::vector<float> row(dim);
+    for (std::size_t b = 0; b < batch; ++b) {
+      for (std::size_t s = 0; s < wide_slots; ++s) {
+        cache.default_row(0, s, row.data());
+        EXPECT_EQ(wide[b * wide_slots + s], mode == refused_row::slot ? row[0] : 0.0f) << b;
+      }
+      for (std::size_t s = 0; s < deep_slots; ++s) {
+        cache.default_row(1, s, row.data());
+        if (mode == refused_row::zeros) EXPECT_EQ(row, std::vector<float>(dim, 0.0f));
+        EXPECT_TRUE(same_bits(deep.data() + (b * deep_slots + s) * dim, row.data(), dim)) << b;
+      }
+    }
+    if (mode == refused_row::slot) {  // drawn per slot: no two slots alike, nor zeros
+      std::vector<float> other(dim);
+      cache.default_row(1, 1, other.data());
+      EXPECT_NE(row, other);
+      EXPECT_NE(other, std::vector<float>(dim, 0.0f));
+    }
+    std::vector<float> d_wide(wide.size(), 0.5f), d_deep(deep.size(), 0.25f);
+    detail::non_finite_rows bad;
+    EMBCACHE_ASSERT_OK(path->backward(d_wide.data(), d_deep.data(), 1, &bad));
+    EMBCACHE_ASSERT_OK(cache.end_training());
+    for (std::size_t t : {std::size_t{0}, std::size_t{1}}) {  // no row made, stored or trained
+      const auto& keys = t == 0 ? k.wide : k.deep;
+      std::vector<float> rows(keys.size() * path->row_width(t));
+      std::unique_ptr<bool[]> found(new bool[keys.size()]);
+      EMBCACHE_ASSERT_OK(path->read(t, keys.data(), keys.size(), rows.data(), found.get()));
+      for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_FALSE(found[i]) << keys[i];
+      EXPECT_EQ(cache.store(t).size(), 0u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace embcache::test

@@ -110,6 +110,35 @@ TEST(trainer_checkpoint, a_resume_with_admission_and_expiry_equals_an_uninterrup
   }
 }
 
+// Expiry by steps: the step clock travels with the save (the table's `expiry` object), so a
+// resume expires at each shard start exactly the rows an uninterrupted run does. Host-hybrid,
+// which takes the steps' clock from its stores; keyset mode's resume is
+// expiry.save_and_load_keep_the_step_clock (training_tests), its trainer run checked once here.
+TEST(trainer_checkpoint, a_resume_with_ttl_steps_equals_an_uninterrupted_run) {
+  const auto clock_of = [](const std::string& save) {
+    return nlohmann::json::parse(read_bytes(save + "/sparse/manifest.json"))
+        .at("tables")
+        .at(1)
+        .at("expiry");
+  };
+  trainer_config whole = small_config("ttl_steps_hybrid");
+  whole.mode = trainer_mode::host_hybrid;
+  for (auto& t : whole.tables) t.expiry.ttl_steps = 6;
+  run_result whole_run;
+  const trainer_config rest = expect_resume_equals_whole(whole, "ttl_steps_hybrid", &whole_run);
+  EXPECT_GT(whole_run.totals.rows_expired, 0u);
+  const auto clock = clock_of(rest.resume_from);
+  EXPECT_GT(clock.at("steps").get<std::uint64_t>(), 6u);
+  EXPECT_EQ(clock.at("step_versions").size(), 6u);
+
+  trainer_config keyset = small_config("ttl_steps_keyset");
+  keyset.passes = {keyset.passes[0]};
+  for (auto& t : keyset.tables) t.expiry.ttl_steps = 6;
+  const run_result one = run(keyset);
+  EXPECT_GT(one.totals.rows_expired, 0u);
+  EXPECT_EQ(clock_of(keyset.save_dir).at("steps").get<std::uint64_t>(), one.step);
+}
+
 // Copies the files of a save (to compare it with what a later save or load left).
 std::map<std::string, std::string> files_of(const std::string& dir) {
   std::map<std::string, std::string> files;

@@ -666,6 +666,41 @@ TEST(trainer_config, admission_is_checked_naming_the_field_and_round_trips) {
   EXPECT_EQ(validate(t).message(), "config.tables[0].admission.sketch_depth: 0 is outside [1, 16]");
 }
 
+// tables[i].admission.default_row: "zeros" (the default, not written) or "slot", else an error
+// naming the field; "slot" needs admission on.
+TEST(trainer_config, admission_default_row_is_checked_and_round_trips) {
+  auto parse = [](const std::string& admission) {
+    return trainer_config_from_text(
+        R"({"passes": [["a.bin"]], "tables": [{"name": "wide"}, {"name": "deep", "admission": )" +
+        admission + "}]}");
+  };
+  auto c = parse(R"({"min_count": 2, "default_row": "slot"})");
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().tables[1].admission.default_row, refused_row::slot);
+  EXPECT_EQ(c.value().tables[0].admission.default_row, refused_row::zeros);
+  const nlohmann::json j = c.value();
+  EXPECT_EQ(j["tables"][1]["admission"]["default_row"], "slot");
+  auto back = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(back);
+  EXPECT_EQ(back.value().tables[1].admission.default_row, refused_row::slot);
+  auto zeros = parse(R"({"min_count": 2, "default_row": "zeros"})");
+  EMBCACHE_ASSERT_OK(zeros);
+  EXPECT_EQ(zeros.value().tables[1].admission.default_row, refused_row::zeros);
+  EXPECT_FALSE(nlohmann::json(zeros.value())["tables"][1]["admission"].contains("default_row"));
+  EXPECT_EQ(parse(R"({"min_count": 2, "default_row": "mean"})").get_status().message(),
+            "config text: config.tables[1].admission.default_row: expected \"zeros\" or "
+            "\"slot\", got \"mean\"");
+  EXPECT_EQ(parse(R"({"min_count": 2, "default_row": 1})").get_status().message(),
+            "config text: config.tables[1].admission.default_row: expected \"zeros\" or "
+            "\"slot\", got 1");
+  trainer_config t;
+  t.passes = {{{"a.bin"}}};
+  t.tables[0].admission.default_row = refused_row::slot;
+  EXPECT_EQ(validate(t).message(),
+            "config.tables[0].admission.default_row: \"slot\" needs admission on (min_count or "
+            "probability), as only refused keys read it");
+}
+
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
@@ -872,6 +907,50 @@ TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
             "config text: config.tables[1].expiry.ttl_pases: unknown field");
   EXPECT_EQ(err(R"(3)"), "config text: config.tables[1].expiry: expected an object");
   EXPECT_EQ(err(R"({"ttl_passes": 3})", "host_hybrid"), "ok");
+}
+
+// tables[i].expiry.ttl_steps: alone or with ttl_passes, printed only when set, at most
+// max_ttl_steps, in every single-process mode; a sharded run refuses it naming the field.
+TEST(trainer_config, expiry_ttl_steps_is_checked_and_round_trips) {
+  auto parse = [](const std::string& expiry, const std::string& mode = "keyset") {
+    return trainer_config_from_text(
+        R"({"passes": [["a.bin"]], "mode": ")" + mode +
+        R"(", "tables": [{"name": "wide"}, {"name": "deep", "expiry": )" + expiry + "}]}");
+  };
+  auto c = parse(R"({"ttl_steps": 500, "ttl_passes": 3})");
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_EQ(c.value().tables[1].expiry.ttl_steps, 500u);
+  const nlohmann::json printed(c.value());
+  EXPECT_EQ(printed.at("tables").at(1).at("expiry"),
+            nlohmann::json::parse(R"({"ttl_passes": 3, "min_l2_norm": 0.0, "ttl_steps": 500})"));
+  auto back = trainer_config_from_json(printed);
+  EMBCACHE_ASSERT_OK(back);
+  EXPECT_EQ(back.value().tables[1].expiry.ttl_steps, 500u);
+  EXPECT_TRUE(back.value().tables[1].expiry.enabled());
+  EMBCACHE_EXPECT_OK(parse(R"({"ttl_steps": 1})", "on_demand").get_status());
+  EMBCACHE_EXPECT_OK(parse(R"({"ttl_steps": 1})", "host_hybrid").get_status());
+  EXPECT_FALSE(
+      nlohmann::json(parse(R"({"ttl_passes": 2})").value())["tables"][1]["expiry"].contains(
+          "ttl_steps"));
+  EXPECT_EQ(parse(R"({"ttl_steps": 262145})").get_status().message(),
+            "config text: config.tables[1].expiry.ttl_steps: expected an integer in [0, "
+            "262144], got 262145");
+  trainer_config t;
+  t.passes = {{{"a.bin"}}};
+  t.tables[0].expiry.ttl_steps = max_ttl_steps + 1;
+  EXPECT_EQ(validate(t).message(),
+            "config.tables[0].expiry.ttl_steps: expected an integer in [0, 262144], got 262145");
+
+  single_process_communicator one;
+  trainer_config s = small_config("sharded_ttl_steps");
+  s.passes = {{{shard(0)}}};
+  s.save_dir.clear();
+  s.tables[1].expiry.ttl_steps = 10;
+  auto tr = trainer::create(s, one);
+  ASSERT_FALSE(tr.ok());
+  EXPECT_EQ(tr.get_status().message(),
+            "config.tables[1].expiry.ttl_steps: a sharded run has no expiry by steps (ttl_passes "
+            "counts its shards)");
 }
 
 // A sharded host-hybrid run trains on its owners' stores, which have no pass boundary nor export:

@@ -1,9 +1,10 @@
 // The expiry cases every space runs (embcache/expiry.hpp), typed over the space: a row untouched
 // for ttl_passes passes leaves the cache and the store at the right boundary and not one earlier
 // (resident or already in the store, with and without a prefetch), a touched row stays, expired
-// keys are tombstones of the next export, small embeddings expire with min_l2_norm, and on-demand
-// mode expires through expire(). Instantiated by tests/training/expiry_test.cpp (host space) and
-// tests/cuda/expiry_test.cpp (cuda space, skipped without a device).
+// keys are tombstones of the next export, small embeddings expire with min_l2_norm, rows untouched
+// for ttl_steps steps expire, and on-demand mode expires through expire(). Instantiated by
+// tests/training/expiry_test.cpp (host space) and tests/cuda/expiry_test.cpp (cuda space, skipped
+// without a device).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -161,9 +162,61 @@ TYPED_TEST_P(expiry_cases, on_demand_mode_expires_at_each_expire_call) {
   EXPECT_THROW((void)keyset_cache->expire(), error);
 }
 
+// The steps of the ttl_steps rule: a pass per keyset, each step touching some of its keys
+// (begin_step then touch). Key 6 is never touched after its row is made.
+struct step_plan {
+  key_list keyset;
+  std::vector<key_list> steps;
+};
+inline const std::vector<step_plan>& step_plans() {
+  static const std::vector<step_plan> p = {
+      {{1, 2, 3, 4, 6}, {{1, 2}, {3}, {4}}}, {{5}, {{5}, {5}}}, {{5}, {{5}}}};
+  return p;
+}
+
+// ttl_steps 2: at boundary 2 (after 3 steps) keys 1, 2 (touched in step 1) and 6 (never) have not
+// been touched in steps 2-3 and go; at boundary 3 (5 steps) keys 3 (step 2) and 4 (step 3) go; a
+// key of the keyset being begun stays. Each boundary's removals are the next export's tombstones.
+TYPED_TEST_P(expiry_cases, rows_untouched_for_ttl_steps_leave_at_the_next_boundary) {
+  for (const cache_mode mode : {cache_mode::keyset, cache_mode::on_demand}) {
+    SCOPED_TRACE(mode == cache_mode::keyset ? "keyset" : "on_demand");
+    expiry_options e;
+    e.ttl_steps = 2;
+    auto tc = make_cache<TypeParam>(8, e, mode);
+    const std::vector<key_list> erased = {{}, {1, 2, 6}, {3, 4}};
+    const std::vector<std::uint64_t> steps = {0, 3, 5};
+    for (std::size_t p = 0; p < step_plans().size(); ++p) {
+      const step_plan& plan = step_plans()[p];
+      if (mode == cache_mode::keyset) {
+        EMBCACHE_ASSERT_OK(tc->begin_pass({plan.keyset}));
+      } else {
+        EMBCACHE_ASSERT_OK(tc->expire());
+      }
+      EXPECT_EQ(tc->counters().last[0].rows_expired, erased[p].size()) << "boundary " << p + 1;
+      if (mode == cache_mode::on_demand) {
+        std::vector<std::int64_t> slots(plan.keyset.size());
+        EMBCACHE_ASSERT_OK(tc->lookup(0, plan.keyset.data(), plan.keyset.size(), slots.data()));
+      }
+      EXPECT_EQ(tc->expiry_state(0).steps, steps[p]);
+      auto d = tc->export_incremental();
+      EMBCACHE_ASSERT_OK(d);
+      EXPECT_EQ(d.value()[0].erased, erased[p]) << "boundary " << p + 1;
+      for (const auto k : erased[p]) EXPECT_FALSE(exists(*tc, k)) << k;
+      for (const auto& keys : plan.steps) {
+        tc->begin_step();
+        touch(*tc, keys, int(p + 1));
+      }
+    }
+    EXPECT_TRUE(exists(*tc, 5));
+    // The clock keeps the last ttl_steps step values.
+    EXPECT_EQ(tc->expiry_state(0).step_versions.size(), 2u);
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(expiry_cases, untouched_rows_leave_at_the_right_boundary_as_tombstones,
                             off_by_default_removes_nothing_and_counts_nothing_in_json,
                             rows_below_the_norm_expire_unless_in_the_keyset,
-                            on_demand_mode_expires_at_each_expire_call);
+                            on_demand_mode_expires_at_each_expire_call,
+                            rows_untouched_for_ttl_steps_leave_at_the_next_boundary);
 
 }  // namespace embcache::testing::expiry_suite

@@ -31,6 +31,8 @@ struct combine_bag_fn {
   const std::int64_t* row_indices;
   float* out;
   bool mean;
+  const float* default_rows;  // slot s's row at s * dim; nullptr: zeros
+  std::size_t num_slots;
 
   void prefetch(std::size_t bag) const {
     for (std::int64_t k = offsets[bag]; k < offsets[bag + 1]; ++k)
@@ -42,8 +44,14 @@ struct combine_bag_fn {
     for (std::size_t d = 0; d < dim; ++d) o[d] = 0.0f;
     const std::int64_t begin = offsets[bag], end = offsets[bag + 1];
     for (std::int64_t k = begin; k < end; ++k) {
-      if (row_indices[k] < 0) continue;  // no row: reads zeros
-      const float* r = rows + static_cast<std::size_t>(row_indices[k]) * row_width;
+      const float* r;
+      if (row_indices[k] >= 0) {
+        r = rows + static_cast<std::size_t>(row_indices[k]) * row_width;
+      } else if (default_rows) {
+        r = default_rows + (bag % num_slots) * dim;  // no row: its slot's default row
+      } else {
+        continue;  // no row: reads zeros
+      }
       for (std::size_t d = 0; d < dim; ++d) o[d] += r[d];
     }
     if (mean && end > begin) {
@@ -61,14 +69,19 @@ struct combine_element_fn {
   const std::int64_t* row_indices;
   float* out;
   bool mean;
+  const float* default_rows;  // slot s's row at s * dim; nullptr: zeros
+  std::size_t num_slots;
 
   EMBCACHE_HD void operator()(std::size_t i) const {
     const std::size_t bag = i / dim, d = i % dim;
     const std::int64_t begin = offsets[bag], end = offsets[bag + 1];
     float acc = 0.0f;
-    for (std::int64_t k = begin; k < end; ++k)
+    for (std::int64_t k = begin; k < end; ++k) {
       if (row_indices[k] >= 0)
         acc += rows[static_cast<std::size_t>(row_indices[k]) * row_width + d];
+      else if (default_rows)
+        acc += default_rows[(bag % num_slots) * dim + d];
+    }
     if (mean && end > begin) acc = acc / static_cast<float>(end - begin);
     out[i] = acc;
   }
@@ -239,18 +252,21 @@ std::size_t sort_and_group(const Space& space, const K* values, std::size_t n, K
 
 template <class Space>
 void lookup_combine(const Space& space, const float* rows, std::size_t row_width, std::size_t dim,
-                    const slot_batch& batch, combiner comb, float* out) {
+                    const slot_batch& batch, combiner comb, float* out,
+                    const float* default_rows) {
   detail::check_dims("lookup_combine", row_width, dim);
   const std::size_t bags = batch.num_bags();
   const bool mean = comb == combiner::mean;
   if constexpr (is_host_space_v<Space>) {
-    detail::for_each_index(
-        space, bags,
-        detail::combine_bag_fn{rows, row_width, dim, batch.offsets, batch.row_indices, out, mean});
+    detail::for_each_index(space, bags,
+                           detail::combine_bag_fn{rows, row_width, dim, batch.offsets,
+                                                  batch.row_indices, out, mean, default_rows,
+                                                  batch.num_slots});
   } else {
     detail::for_each_index(space, bags * dim,
                            detail::combine_element_fn{rows, row_width, dim, batch.offsets,
-                                                      batch.row_indices, out, mean});
+                                                      batch.row_indices, out, mean, default_rows,
+                                                      batch.num_slots});
   }
 }
 

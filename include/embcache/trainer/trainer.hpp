@@ -78,7 +78,9 @@ struct trainer_table_config {
   bool dram_tier_auto = false;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
   /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
-  /// Modes keyset and on_demand only (a refused key reads zeros and gets no gradient).
+  /// A refused key gets no gradient and reads zeros, or with `"default_row": "slot"` the fixed
+  /// default row of its slot (the slot's position among the table's keys of a sample, which is
+  /// criteo_key_tag of the key: training_cache::default_row), in every mode.
   admission_options admission{};
   /// `"expiry": {"ttl_passes": N, "min_l2_norm": x}` (table_options::expiry; every field
   /// optional, default off): rows untouched for N shards, or whose embedding's norm is below x,
