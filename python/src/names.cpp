@@ -168,9 +168,19 @@ admission_options admission_options_of(const py::object& obj) {
       o.sketch_depth = field_value<std::uint32_t>(item.second, "admission", key, "an int >= 1");
     } else if (key == "seed") {
       o.seed = field_value<std::uint64_t>(item.second, "admission", key, "an int >= 0");
+    } else if (key == "default_row") {
+      const auto v = field_value<std::string>(item.second, "admission", key, "'zeros' or 'slot'");
+      if (v == "zeros") {
+        o.default_row = refused_row::zeros;
+      } else if (v == "slot") {
+        o.default_row = refused_row::slot;
+      } else {
+        throw py::value_error("admission.default_row: expected 'zeros' or 'slot', got '" + v + "'");
+      }
     } else {
-      throw py::value_error("admission: unknown field '" + key +
-                            "' (min_count, probability, sketch_width, sketch_depth, seed)");
+      throw py::value_error(
+          "admission: unknown field '" + key +
+          "' (min_count, probability, sketch_width, sketch_depth, seed, default_row)");
     }
   }
   return o;
@@ -182,10 +192,13 @@ expiry_options expiry_options_of(const py::object& obj) {
     const std::string key = py::str(item.first);
     if (key == "ttl_passes") {
       o.ttl_passes = field_value<std::uint32_t>(item.second, "expiry", key, "an int >= 0");
+    } else if (key == "ttl_steps") {
+      o.ttl_steps = field_value<std::uint64_t>(item.second, "expiry", key, "an int >= 0");
     } else if (key == "min_l2_norm") {
       o.min_l2_norm = field_value<float>(item.second, "expiry", key, "a number");
     } else {
-      throw py::value_error("expiry: unknown field '" + key + "' (ttl_passes, min_l2_norm)");
+      throw py::value_error("expiry: unknown field '" + key +
+                            "' (ttl_passes, ttl_steps, min_l2_norm)");
     }
   }
   return o;
@@ -198,12 +211,14 @@ py::dict to_dict(const admission_options& o) {
   d["sketch_width"] = o.sketch_width;
   d["sketch_depth"] = o.sketch_depth;
   d["seed"] = o.seed;
+  d["default_row"] = o.default_row == refused_row::slot ? "slot" : "zeros";
   return d;
 }
 
 py::dict to_dict(const expiry_options& o) {
   py::dict d;
   d["ttl_passes"] = o.ttl_passes;
+  d["ttl_steps"] = o.ttl_steps;
   d["min_l2_norm"] = o.min_l2_norm;
   return d;
 }

@@ -403,6 +403,27 @@ the store.)doc")
 boundaries; in keyset mode every begin_pass is one): the expired rows leave the cache and the
 store and are tombstones (`erased`) of the next export.)doc")
       .def(
+          "begin_step",
+          [](training_ref& r) {
+            training_call call(r);
+            r.cache->begin_step();
+          },
+          R"doc(Marks the start of a training step, the clock of expiry's `ttl_steps` (C++
+begin_step). Call it once before each step's lookups when a table has ttl_steps on; for tables
+with ttl_steps 0 it does nothing.)doc")
+      .def(
+          "default_row",
+          [](training_ref& r, py::handle t, std::uint64_t slot) {
+            const std::size_t i = r.index_of(t);
+            py::array_t<float> out(py::ssize_t(r.cache->table(i).dim));
+            r.cache->default_row(i, slot, out.mutable_data());
+            return out;
+          },
+          py::arg("t"), py::arg("slot"),
+          R"doc(The row a refused key of feature slot `slot` reads in table t (float32, dim):
+zeros unless the table's admission has default_row 'slot', then the slot's fixed row drawn from
+the table's initializer (C++ default_row).)doc")
+      .def(
           "end_training",
           [](training_ref& r) { with_status(r, [](auto& c) { return c.end_training(); }); },
           "Writes every dirty resident row back and flushes the stores; rows stay resident.")

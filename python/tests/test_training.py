@@ -143,7 +143,8 @@ def test_admission_refuses_keys_until_their_second_sighting(tmp_path):
     admission = {"min_count": 2, "sketch_width": 4096, "seed": 3}
     t = embcache.TableOptions("deep", dim=4, capacity=64, admission=admission)
     assert t.admission["min_count"] == 2 and t.admission["sketch_width"] == 4096
-    assert t.expiry == {"ttl_passes": 0, "min_l2_norm": 0.0}
+    assert t.expiry == {"ttl_passes": 0, "ttl_steps": 0, "min_l2_norm": 0.0}
+    assert t.admission["default_row"] == "zeros"
     tc = embcache.TrainingCache([t], mode="on_demand")
     assert tc.lookup("deep", keys(0, 10)).tolist() == [-1] * 10  # first sighting: refused
     c = tc.counters["last"]["deep"]
@@ -181,6 +182,36 @@ def test_expiry_removes_untouched_rows_as_tombstones_of_the_next_export():
         embcache.TableOptions("x", dim=1, capacity=1, expiry={"ttl": 1})
     with pytest.raises(TypeError, match="expiry: expected a dict or None"):
         embcache.TableOptions("x", dim=1, capacity=1, expiry=3)
+
+
+def test_refused_keys_read_their_slots_default_row_when_asked():
+    slot_rows = {"min_count": 2, "default_row": "slot"}
+    t = embcache.TableOptions("deep", dim=4, capacity=64, admission=slot_rows)
+    z = embcache.TableOptions("wide", dim=4, capacity=64, admission={"min_count": 2})
+    assert t.admission["default_row"] == "slot"
+    tc = embcache.TrainingCache([t, z], mode="on_demand")
+    r3 = tc.default_row("deep", 3)
+    assert r3.dtype == np.float32 and r3.shape == (4,) and np.any(r3 != 0)
+    assert np.array_equal(r3, tc.default_row("deep", 3))
+    assert not np.array_equal(r3, tc.default_row("deep", 4))
+    assert np.all(tc.default_row("wide", 3) == 0)
+    with pytest.raises(ValueError, match="admission.default_row: expected 'zeros' or 'slot'"):
+        embcache.TableOptions("x", dim=1, capacity=1, admission={"default_row": "mean"})
+
+
+def test_rows_untouched_for_ttl_steps_expire_at_the_next_boundary():
+    t = embcache.TableOptions("deep", dim=4, capacity=64, expiry={"ttl_steps": 2})
+    assert t.expiry["ttl_steps"] == 2
+    tc = embcache.TrainingCache([t], mode="on_demand")
+    tc.expire()
+    for step in range(3):
+        tc.begin_step()
+        ks = keys(0, 10) if step == 0 else keys(0, 5)  # rows 5-9 only in the first step
+        tc.mark_updated("deep", tc.lookup("deep", ks))
+    tc.expire()  # rows 5-9 untouched for the last two steps
+    assert tc.counters["last"]["deep"]["rows_expired"] == 5
+    erased = tc.export_incremental()[0]["erased"]
+    assert sorted(erased.tolist()) == list(range(5, 10))
 
 
 def test_incremental_export_folder(tmp_path):
