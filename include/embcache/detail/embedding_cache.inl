@@ -19,6 +19,7 @@
 #include "embcache/detail/cache_evict_loops.inl"
 #include "embcache/detail/cache_export_loops.inl"
 #include "embcache/detail/cache_lookup_loops.inl"
+#include "embcache/detail/embedding_cache_install.inl"
 #include "embcache/embedding_cache.hpp"
 
 namespace embcache {
@@ -456,10 +457,12 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
   detail::for_each_index(sp, n, detail::dirty_flag_fn<Key>{t, slots, flags.data()});
   const std::size_t count = detail::count_equal(sp, flags.data(), n, std::uint32_t{1});
   detail::exclusive_scan(sp, flags.data(), positions.data(), n);
+  // Rows beyond what the processor's caches hold are streamed past them (host).
+  const bool stream = count * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
   detail::for_each_index(sp, n,
                          detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(),
-                                                      keys_out, rows_out, versions_out,
-                                                      slots_out});
+                                                      keys_out, rows_out, versions_out, slots_out,
+                                                      stream});
   detail::synchronize(sp);
   *count_out = count;
 }
