@@ -459,10 +459,10 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
   detail::exclusive_scan(sp, flags.data(), positions.data(), n);
   // Rows beyond what the processor's caches hold are streamed past them (host).
   const bool stream = count * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
-  detail::for_each_index(sp, n,
-                         detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(),
-                                                      keys_out, rows_out, versions_out, slots_out,
-                                                      stream});
+  detail::for_each_index(
+      sp, n,
+      detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(), keys_out, rows_out,
+                                   versions_out, slots_out, stream});
   detail::synchronize(sp);
   *count_out = count;
 }

@@ -26,14 +26,14 @@ status embedding_cache<Key, Space>::install(const Key* keys, std::size_t n, cons
   // The clocks move as insert_or_assign moves them: the same versions for the same calls.
   const std::uint64_t version = next_version();
   const std::uint64_t op = next_op();
-  detail::for_each_index(sp, n, detail::install_place_fn<Key>{ref(), keys, slots, outcome.data(), op});
+  detail::for_each_index(sp, n,
+                         detail::install_place_fn<Key>{ref(), keys, slots, outcome.data(), op});
   // Rows beyond what the processor's caches hold are streamed past them (host).
   const bool stream = n * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
   detail::for_each_index(sp, n,
                          detail::install_fill_fn<Key>{ref(), slots, outcome.data(), rows, versions,
                                                       synced, version, op, mark, stream});
-  const std::size_t inserted =
-      detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
+  const std::size_t inserted = detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
   const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (inserted + failed < n) {
