@@ -850,6 +850,35 @@ TYPED_TEST_P(cache_conformance, victims_are_unmarked_oldest_then_smallest_key) {
     EXPECT_EQ(std::find(by_score.begin(), by_score.end(), slots[i]), by_score.end());
 }
 
+// Many candidates, most sharing a version (as the rows of a trained pass do): the choice is still
+// oldest version first, then smallest key, whatever the thread count.
+TYPED_TEST_P(cache_conformance, victims_among_many_are_oldest_then_smallest_key) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(65536, 1, 0));
+  auto keys = this->range_keys(30000, 9);
+  std::vector<Key> old_keys(keys.begin(), keys.begin() + 20000);
+  std::vector<Key> new_keys(keys.begin() + 20000, keys.end());
+  auto s_old = h.insert_or_assign_slots(old_keys, std::vector<float>(old_keys.size(), 0.f), {});
+  auto s_new = h.insert_or_assign_slots(new_keys, std::vector<float>(new_keys.size(), 0.f), {});
+  std::vector<std::pair<Key, std::int64_t>> by_key;
+  for (std::size_t i = 0; i < old_keys.size(); ++i) by_key.push_back({old_keys[i], s_old[i]});
+  std::sort(by_key.begin(), by_key.end());
+  for (std::size_t need : {1u, 12345u, 19999u}) {
+    std::vector<std::int64_t> want;
+    for (std::size_t i = 0; i < need; ++i) want.push_back(by_key[i].second);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(h.select_victims(1, need, victim_order::oldest_version), want) << need;
+  }
+  // Past the old generation: every old row, then the smallest new keys.
+  std::vector<std::pair<Key, std::int64_t>> new_by_key;
+  for (std::size_t i = 0; i < new_keys.size(); ++i) new_by_key.push_back({new_keys[i], s_new[i]});
+  std::sort(new_by_key.begin(), new_by_key.end());
+  std::vector<std::int64_t> want(s_old.begin(), s_old.end());
+  for (std::size_t i = 0; i < 777; ++i) want.push_back(new_by_key[i].second);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(h.select_victims(1, 20777, victim_order::oldest_version), want);
+}
+
 TYPED_TEST_P(cache_conformance, erase_slots_removes_each_once) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
@@ -993,9 +1022,9 @@ REGISTER_TYPED_TEST_SUITE_P(
     insert_and_evict_lfu_order_and_overflowing_batch, insert_and_evict_uses_given_rows,
     clear_empties_and_keeps_the_version_clock, randomized_differential_against_unordered_map,
     inserts_hand_back_their_slots, dirty_rows_follow_syncs_and_writes,
-    victims_are_unmarked_oldest_then_smallest_key, erase_slots_removes_each_once,
-    insert_and_evict_says_which_victims_were_dirty, calls_run_where_the_threads_guard_says,
-    repeated_keys_report_one_insertion_each_in_a_long_batch,
+    victims_are_unmarked_oldest_then_smallest_key, victims_among_many_are_oldest_then_smallest_key,
+    erase_slots_removes_each_once, insert_and_evict_says_which_victims_were_dirty,
+    calls_run_where_the_threads_guard_says, repeated_keys_report_one_insertion_each_in_a_long_batch,
     writes_near_the_end_of_the_claim_epochs_are_not_skipped,
     the_table_holds_what_bytes_per_slot_says, install_equals_insert_or_assign_then_sync_and_mark);
 

@@ -77,6 +77,40 @@ struct candidate_order_fn {
   }
 };
 
+// A candidate's rank for select_victims: its version or score, then its key (keys are unique, so
+// no two candidates tie).
+template <class Key>
+struct candidate_rank {
+  std::uint64_t first;
+  Key key;
+  EMBCACHE_HD bool operator<(const candidate_rank& o) const {
+    return first < o.first || (first == o.first && key < o.key);
+  }
+};
+template <class Key>
+struct candidate_rank_fn {
+  const_embedding_cache_ref<Key> t;
+  const std::int64_t* slots;
+  bool by_score;
+  candidate_rank<Key>* out;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    const std::int64_t s = slots[i];
+    out[i] = {atomic_load(by_score ? t.scores + s : t.versions + s), t.keys[s]};
+  }
+};
+// Unflags the candidates ranked after `last` (the need-th), so that the flagged slots are the
+// chosen ones.
+template <class Key>
+struct unflag_after_fn {
+  const std::int64_t* slots;
+  const candidate_rank<Key>* ranks;
+  candidate_rank<Key> last;
+  std::uint32_t* flags;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    if (last < ranks[i]) flags[slots[i]] = 0u;
+  }
+};
+
 // Flags the slots of `slots` holding a dirty row.
 template <class Key>
 struct dirty_flag_fn {

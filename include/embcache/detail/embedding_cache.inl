@@ -422,6 +422,25 @@ void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::s
   detail::for_each_index(sp, slots_,
                          detail::collect_flagged_fn{flags.data(), positions.data(),
                                                     candidates.data()});
+  if constexpr (is_host_space_v<Space>) {
+    // The same choice by selection instead of two sorts: the need-th candidate by (order, key)
+    // found in linear time, the ones after it unflagged, the rest collected in slot order.
+    std::vector<detail::candidate_rank<Key>> ranks(count), picked;
+    const bool by_score = order == victim_order::lowest_score;
+    detail::for_each_index(
+        sp, count, detail::candidate_rank_fn<Key>{t, candidates.data(), by_score, ranks.data()});
+    picked = ranks;
+    std::nth_element(picked.begin(), picked.begin() + std::ptrdiff_t(need - 1), picked.end());
+    detail::for_each_index(sp, count,
+                           detail::unflag_after_fn<Key>{candidates.data(), ranks.data(),
+                                                        picked[need - 1], flags.data()});
+    detail::exclusive_scan(sp, flags.data(), positions.data(), slots_);
+    detail::for_each_index(sp, slots_,
+                           detail::collect_flagged_fn{flags.data(), positions.data(), victims_out});
+    detail::synchronize(sp);
+    *count_out = need;
+    return;
+  }
   {
     buffer<Key, Space> keys(count, sp);
     detail::for_each_index(sp, count,
