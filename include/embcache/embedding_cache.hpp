@@ -12,8 +12,8 @@
 /// Concurrency. Within one bulk call, keys are processed in parallel. Between host threads,
 /// find / find_or_insert / insert_or_assign / lookup_slots / read_slots / assign_slots /
 /// mark_updated / mark_synced / set_marks / select_victims / gather_dirty may run at the same
-/// time; erase, erase_slots, insert_and_evict, export, clear take the table exclusively. In the
-/// cuda space, calls are ordered by the space's stream (or the calling thread's, see
+/// time; erase, erase_slots, insert_and_evict, install, export, clear take the table exclusively.
+/// In the cuda space, calls are ordered by the space's stream (or the calling thread's, see
 /// order_calls_on) and return once done.
 ///
 /// The contract behind "at the same time": lookups are lock-free readers beside inserters (they
@@ -186,6 +186,17 @@ class embedding_cache {
   status insert_or_assign(const Key* keys, std::size_t n, const float* rows,
                           const std::uint64_t* versions = nullptr,
                           std::int64_t* slots_out = nullptr);
+
+  /// insert_or_assign, then mark_synced(slots, n, synced) and set_marks(slots, n, mark), as one
+  /// call that takes the table exclusively (the pass boundary's install of the rows a training
+  /// cache brings in): every key is placed first, in one parallel pass over the table, then every
+  /// new row is copied into its slot with its metadata, in one parallel pass over the rows, with
+  /// no concurrent reader to publish for. `synced` (may be nullptr) leaves the new rows dirty and
+  /// the resident ones as they were. Same results as the three calls, the same versions included;
+  /// capacity_exceeded as insert_or_assign gives it.
+  status install(const Key* keys, std::size_t n, const float* rows, const std::uint64_t* versions,
+                 const std::uint64_t* synced, std::uint32_t mark,
+                 std::int64_t* slots_out = nullptr);
 
   /// Removes keys; absent keys are ignored. `erased_out` (may be nullptr, host memory) receives
   /// how many were removed. Cannot fail.

@@ -83,8 +83,8 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
   // Pulled rows are in sync with the store; initialized ones are dirty. All are keys of this pass.
   std::vector<std::uint64_t> synced(n);
   for (std::size_t i = 0; i < n; ++i) synced[i] = found[i] ? vers[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, rows.data(), vers.data(),
-                                             synced.data(), tb.book.mark_epoch));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(missing.data(), n, rows.data(), vers.data(),
+                                                   synced.data(), tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }
@@ -113,8 +113,8 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
   auto& synced = tb.scratch.synced;
   synced.resize(n);
   for (std::size_t i = 0; i < n; ++i) synced[i] = st.found[i] ? st.versions[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(missing.data(), n, st.rows.data(), st.versions.data(),
-                                             synced.data(), tb.book.mark_epoch));
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(
+      missing.data(), n, st.rows.data(), st.versions.data(), synced.data(), tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }

@@ -283,6 +283,21 @@ class device_cache_bridge {
       return {};
     });
   }
+  // install as one call that holds the cache exclusively (embedding_cache::install): keys placed
+  // in one pass, rows copied in another (the boundary's, where nothing else runs on the cache).
+  status install_alone(const Key* keys, std::size_t n, const float* rows,
+                       const std::uint64_t* versions, const std::uint64_t* synced,
+                       std::uint32_t mark) {
+    return guarded([&]() -> status {
+      if (n == 0) return {};
+      auto k = in(keys, n);
+      auto r = in(rows, n * cache_->row_width());
+      auto v = in(versions, n);
+      auto y = in(synced, n);
+      return cache_->install(arg(keys, k), n, arg(rows, r), versions ? arg(versions, v) : nullptr,
+                             synced ? arg(synced, y) : nullptr, mark);
+    });
+  }
   // lookup_slots, then the found keys marked with `mark`.
   status lookup_and_mark(const Key* keys, std::size_t n, std::uint32_t mark,
                          std::int64_t* slots) {

@@ -188,6 +188,16 @@ class harness {
     auto v = to_space(versions);
     cache.mark_synced(s.data(), slots.size(), versions.empty() ? nullptr : v.data());
   }
+  status install(const std::vector<Key>& keys, const std::vector<float>& rows,
+                 const std::vector<std::uint64_t>& versions,
+                 const std::vector<std::uint64_t>& synced, std::uint32_t mark) {
+    auto k = to_space(keys);
+    auto r = to_space(rows);
+    auto v = to_space(versions);
+    auto y = to_space(synced);
+    return cache.install(k.data(), keys.size(), r.data(), versions.empty() ? nullptr : v.data(),
+                         synced.empty() ? nullptr : y.data(), mark);
+  }
   void set_marks(const std::vector<std::int64_t>& slots, std::uint32_t mark) {
     auto s = to_space(slots);
     cache.set_marks(s.data(), slots.size(), mark);
@@ -839,6 +849,35 @@ TYPED_TEST_P(cache_conformance, victims_are_unmarked_oldest_then_smallest_key) {
     EXPECT_EQ(std::find(by_score.begin(), by_score.end(), slots[i]), by_score.end());
 }
 
+// Many candidates, most sharing a version (as the rows of a trained pass do): the choice is still
+// oldest version first, then smallest key, whatever the thread count.
+TYPED_TEST_P(cache_conformance, victims_among_many_are_oldest_then_smallest_key) {
+  using Key = typename TypeParam::key_type;
+  harness<Key, typename TypeParam::space_type> h(small_options(65536, 1, 0));
+  auto keys = this->range_keys(30000, 9);
+  std::vector<Key> old_keys(keys.begin(), keys.begin() + 20000);
+  std::vector<Key> new_keys(keys.begin() + 20000, keys.end());
+  auto s_old = h.insert_or_assign_slots(old_keys, std::vector<float>(old_keys.size(), 0.f), {});
+  auto s_new = h.insert_or_assign_slots(new_keys, std::vector<float>(new_keys.size(), 0.f), {});
+  std::vector<std::pair<Key, std::int64_t>> by_key;
+  for (std::size_t i = 0; i < old_keys.size(); ++i) by_key.push_back({old_keys[i], s_old[i]});
+  std::sort(by_key.begin(), by_key.end());
+  for (std::size_t need : {1u, 12345u, 19999u}) {
+    std::vector<std::int64_t> want;
+    for (std::size_t i = 0; i < need; ++i) want.push_back(by_key[i].second);
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(h.select_victims(1, need, victim_order::oldest_version), want) << need;
+  }
+  // Past the old generation: every old row, then the smallest new keys.
+  std::vector<std::pair<Key, std::int64_t>> new_by_key;
+  for (std::size_t i = 0; i < new_keys.size(); ++i) new_by_key.push_back({new_keys[i], s_new[i]});
+  std::sort(new_by_key.begin(), new_by_key.end());
+  std::vector<std::int64_t> want(s_old.begin(), s_old.end());
+  for (std::size_t i = 0; i < 777; ++i) want.push_back(new_by_key[i].second);
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(h.select_victims(1, 20777, victim_order::oldest_version), want);
+}
+
 TYPED_TEST_P(cache_conformance, erase_slots_removes_each_once) {
   using Key = typename TypeParam::key_type;
   harness<Key, typename TypeParam::space_type> h(small_options(1024, 1, 0));
@@ -906,18 +945,86 @@ TYPED_TEST_P(cache_conformance, calls_run_where_the_threads_guard_says) {
   EXPECT_EQ(h.export_rows().rows, plain.export_rows().rows);
 }
 
+// install is insert_or_assign, mark_synced and set_marks in one call: same rows, versions, dirty
+// rows, marks and clocks, for new keys, resident ones and a repeated one, in a batch long enough to
+// run in parallel.
+TYPED_TEST_P(cache_conformance, install_equals_insert_or_assign_then_sync_and_mark) {
+  using Key = typename TypeParam::key_type;
+  using Space = typename TypeParam::space_type;
+  harness<Key, Space> a(small_options(32768, 2, 1)), b(small_options(32768, 2, 1));
+  auto keys = this->range_keys(20000, 11);
+  // 3000 residents first (clean at their versions, marked 1), then a batch of 17000 new keys, 1000
+  // of the residents and one new key twice.
+  std::vector<Key> first(keys.begin(), keys.begin() + 3000);
+  std::vector<float> first_rows(first.size() * 3, 0.25f);
+  std::vector<std::uint64_t> first_vers(first.size(), 3);
+  for (auto* h : {&a, &b}) {
+    auto s = h->insert_or_assign_slots(first, first_rows, first_vers);
+    h->mark_synced(s);
+    h->set_marks(s, 1);
+  }
+  std::vector<Key> batch(keys.begin() + 2000, keys.end());
+  batch.push_back(keys[5000]);
+  std::vector<float> rows(batch.size() * 3);
+  std::vector<std::uint64_t> vers(batch.size()), synced(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    for (std::size_t j = 0; j < 3; ++j) rows[i * 3 + j] = float(i) + 0.5f * float(j);
+    vers[i] = 5 + i % 7;
+    synced[i] = i % 3 == 0 ? 0 : vers[i];  // a third stay dirty
+  }
+  synced.back() = synced[3000];  // the repeated key: one synced version for both occurrences
+  EMBCACHE_ASSERT_OK(a.install(batch, rows, vers, synced, 4));
+  auto s = b.insert_or_assign_slots(batch, rows, vers);
+  b.mark_synced(s, synced);
+  b.set_marks(s, 4);
+  EXPECT_EQ(a.cache.size(), b.cache.size());
+  EXPECT_EQ(a.cache.size(), keys.size());
+  EXPECT_EQ(a.cache.version(), b.cache.version());
+  const auto ea = a.export_rows(), eb = b.export_rows();
+  EXPECT_EQ(ea.keys, eb.keys);
+  EXPECT_EQ(ea.rows, eb.rows);
+  EXPECT_EQ(ea.versions, eb.versions);
+  EXPECT_EQ(a.find({keys[5000]}).rows, std::vector<float>({18000.f, 18000.5f, 18001.f}));
+  // Dirty rows and marks, as keys (the slots differ between the caches).
+  auto keys_of = [](harness<Key, Space>& h, const std::vector<std::int64_t>& slots) {
+    std::vector<Key> out;
+    const auto e = h.export_rows();
+    std::unordered_map<std::int64_t, Key> at;
+    const auto all = h.slots(e.keys);
+    for (std::size_t i = 0; i < all.size(); ++i) at[all[i]] = e.keys[i];
+    for (auto sl : slots) out.push_back(at.at(sl));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto all_a = a.slots(ea.keys), all_b = b.slots(eb.keys);
+  EXPECT_EQ(keys_of(a, a.gather_dirty(all_a).slots), keys_of(b, b.gather_dirty(all_b).slots));
+  const auto unmarked_a = a.select_victims(4, keys.size(), victim_order::oldest_version);
+  const auto unmarked_b = b.select_victims(4, keys.size(), victim_order::oldest_version);
+  EXPECT_EQ(unmarked_a.size(), 2000u);  // the residents outside the batch
+  EXPECT_EQ(keys_of(a, unmarked_a), keys_of(b, unmarked_b));
+  // No room: the keys that fit are in, and the status says how many did not.
+  harness<Key, Space> full(small_options(256, 2, 1));
+  auto more = this->range_keys(300, 5);
+  const status st = full.install(more, std::vector<float>(more.size() * 3, 1.f), {}, {}, 1);
+  EXPECT_EQ(st.code(), status_code::capacity_exceeded);
+  EXPECT_NE(st.message().find("install: no room for 44 of 300 keys"), std::string::npos)
+      << st.message();
+  EXPECT_EQ(full.cache.size(), 256u);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     cache_conformance, empty_finds_nothing, find_or_insert_initializes_deterministically,
     initializer_kinds_have_their_shape, insert_or_assign_overwrites_and_last_duplicate_wins,
-    duplicates_in_find_or_insert_insert_once, erase_removes_once_and_allows_reinsert, every_key_value_is_a_key,
-    full_table_is_a_clear_status, slots_read_assign_and_versions, export_all_is_sorted_with_rows_and_versions,
-    insert_and_evict_lru_order, insert_and_evict_lfu_order_and_overflowing_batch, insert_and_evict_uses_given_rows,
+    duplicates_in_find_or_insert_insert_once, erase_removes_once_and_allows_reinsert,
+    every_key_value_is_a_key, full_table_is_a_clear_status, slots_read_assign_and_versions,
+    export_all_is_sorted_with_rows_and_versions, insert_and_evict_lru_order,
+    insert_and_evict_lfu_order_and_overflowing_batch, insert_and_evict_uses_given_rows,
     clear_empties_and_keeps_the_version_clock, randomized_differential_against_unordered_map,
     inserts_hand_back_their_slots, dirty_rows_follow_syncs_and_writes,
-    victims_are_unmarked_oldest_then_smallest_key, erase_slots_removes_each_once,
-    insert_and_evict_says_which_victims_were_dirty, calls_run_where_the_threads_guard_says,
-    repeated_keys_report_one_insertion_each_in_a_long_batch,
+    victims_are_unmarked_oldest_then_smallest_key, victims_among_many_are_oldest_then_smallest_key,
+    erase_slots_removes_each_once, insert_and_evict_says_which_victims_were_dirty,
+    calls_run_where_the_threads_guard_says, repeated_keys_report_one_insertion_each_in_a_long_batch,
     writes_near_the_end_of_the_claim_epochs_are_not_skipped,
-    the_table_holds_what_bytes_per_slot_says);
+    the_table_holds_what_bytes_per_slot_says, install_equals_insert_or_assign_then_sync_and_mark);
 
 }  // namespace embcache::testing

@@ -14,6 +14,7 @@
 
 #include "embcache/cuda/algorithms.cuh"
 #include "embcache/detail/cache_assign_loops.inl"
+#include "embcache/detail/cache_install_loops.inl"
 #include "embcache/detail/cache_lookup_loops.inl"
 #include "embcache/embedding_cache_ref.hpp"
 #include "embcache/space.hpp"
@@ -183,6 +184,24 @@ void for_each_index(const cuda_space& space, std::size_t n, const find_fn<Key>& 
 template <class Key>
 void for_each_index(const cuda_space& space, std::size_t n, const slot_fn<Key>& f) {
   for_each_index(space, n, tile_slot_fn<Key>{f});
+}
+
+/// The cuda space's fill loop of install: a tile per new row, whose lanes share its copy (from the
+/// staged rows the bridge copied in), the tile's first lane writing its metadata.
+template <class Key>
+struct tile_install_fill_fn {
+  install_fill_fn<Key> f;
+  static constexpr unsigned lanes_per_index = lanes_per_key;
+  __device__ void lanes(std::size_t i, const key_tile& tile) const {
+    if (f.outcome[i] != outcome_inserted) return;
+    const std::int64_t s = f.slots[i];
+    tile_copy_row(tile, f.t.row(s), f.rows + i * f.t.row_width, f.t.row_width);
+    if (tile.thread_rank() == 0) f.metadata(i, s);
+  }
+};
+template <class Key>
+void for_each_index(const cuda_space& space, std::size_t n, const install_fill_fn<Key>& f) {
+  for_each_index(space, n, tile_install_fill_fn<Key>{f});
 }
 
 }  // namespace detail

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "embcache/detail/pipelined_slots.hpp"
 #include "embcache/embedding_cache_ref.hpp"
 
 namespace embcache::detail {
@@ -76,6 +77,40 @@ struct candidate_order_fn {
   }
 };
 
+// A candidate's rank for select_victims: its version or score, then its key (keys are unique, so
+// no two candidates tie).
+template <class Key>
+struct candidate_rank {
+  std::uint64_t first;
+  Key key;
+  EMBCACHE_HD bool operator<(const candidate_rank& o) const {
+    return first < o.first || (first == o.first && key < o.key);
+  }
+};
+template <class Key>
+struct candidate_rank_fn {
+  const_embedding_cache_ref<Key> t;
+  const std::int64_t* slots;
+  bool by_score;
+  candidate_rank<Key>* out;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    const std::int64_t s = slots[i];
+    out[i] = {atomic_load(by_score ? t.scores + s : t.versions + s), t.keys[s]};
+  }
+};
+// Unflags the candidates ranked after `last` (the need-th), so that the flagged slots are the
+// chosen ones.
+template <class Key>
+struct unflag_after_fn {
+  const std::int64_t* slots;
+  const candidate_rank<Key>* ranks;
+  candidate_rank<Key> last;
+  std::uint32_t* flags;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    if (last < ranks[i]) flags[slots[i]] = 0u;
+  }
+};
+
 // Flags the slots of `slots` holding a dirty row.
 template <class Key>
 struct dirty_flag_fn {
@@ -98,12 +133,38 @@ struct dirty_gather_fn {
   float* rows_out;
   std::uint64_t* versions_out;
   std::int64_t* slots_out;
+  bool stream;  // host: rows written with non-temporal stores (a batch larger than the caches)
+  // Host: the rows of a few slots ahead are requested before they are read, and, streaming, the
+  // output rows are written past the caches.
+  void run_range(std::size_t begin, std::size_t end) const {
+    constexpr std::size_t ahead = 4;
+    for (std::size_t i = begin; i < end && i < begin + ahead; ++i) {
+      if (flags[i]) prefetch_row(t, slots[i], false);
+    }
+    for (std::size_t i = begin; i < end; ++i) {
+      if (i + ahead < end && flags[i + ahead]) prefetch_row(t, slots[i + ahead], false);
+      if (!flags[i]) continue;
+      if (stream && rows_out) {
+        const std::uint64_t p = positions[i];
+        if (stream_row(rows_out + p * t.row_width, t.row(slots[i]), t.row_width)) {
+          copy(i, false);
+          continue;
+        }
+      }
+      copy(i, true);
+    }
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+    if (stream) _mm_sfence();
+#endif
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
-    if (!flags[i]) return;
+    if (flags[i]) copy(i, true);
+  }
+  EMBCACHE_HD void copy(std::size_t i, bool with_row) const {
     const std::int64_t s = slots[i];
     const std::uint64_t p = positions[i];
     if (keys_out) keys_out[p] = t.keys[s];
-    if (rows_out)
+    if (rows_out && with_row)
       embedding_cache_ref<Key>::copy_row(rows_out + p * t.row_width, t.row(s), t.row_width);
     if (versions_out) versions_out[p] = atomic_load(t.versions + s);
     if (slots_out) slots_out[p] = s;

@@ -23,6 +23,7 @@
 #include "embcache/detail/cache_evict_loops.inl"
 #include "embcache/detail/cache_export_loops.inl"
 #include "embcache/detail/cache_lookup_loops.inl"
+#include "embcache/detail/embedding_cache_install.inl"
 #include "embcache/embedding_cache.hpp"
 
 namespace embcache {
@@ -425,6 +426,25 @@ void embedding_cache<Key, Space>::select_victims(std::uint32_t keep_mark, std::s
   detail::for_each_index(sp, slots_,
                          detail::collect_flagged_fn{flags.data(), positions.data(),
                                                     candidates.data()});
+  if constexpr (is_host_space_v<Space>) {
+    // The same choice by selection instead of two sorts: the need-th candidate by (order, key)
+    // found in linear time, the ones after it unflagged, the rest collected in slot order.
+    std::vector<detail::candidate_rank<Key>> ranks(count), picked;
+    const bool by_score = order == victim_order::lowest_score;
+    detail::for_each_index(
+        sp, count, detail::candidate_rank_fn<Key>{t, candidates.data(), by_score, ranks.data()});
+    picked = ranks;
+    std::nth_element(picked.begin(), picked.begin() + std::ptrdiff_t(need - 1), picked.end());
+    detail::for_each_index(sp, count,
+                           detail::unflag_after_fn<Key>{candidates.data(), ranks.data(),
+                                                        picked[need - 1], flags.data()});
+    detail::exclusive_scan(sp, flags.data(), positions.data(), slots_);
+    detail::for_each_index(sp, slots_,
+                           detail::collect_flagged_fn{flags.data(), positions.data(), victims_out});
+    detail::synchronize(sp);
+    *count_out = need;
+    return;
+  }
   {
     buffer<Key, Space> keys(count, sp);
     detail::for_each_index(sp, count,
@@ -460,10 +480,12 @@ void embedding_cache<Key, Space>::gather_dirty(const std::int64_t* slots, std::s
   detail::for_each_index(sp, n, detail::dirty_flag_fn<Key>{t, slots, flags.data()});
   const std::size_t count = detail::count_equal(sp, flags.data(), n, std::uint32_t{1});
   detail::exclusive_scan(sp, flags.data(), positions.data(), n);
-  detail::for_each_index(sp, n,
-                         detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(),
-                                                      keys_out, rows_out, versions_out,
-                                                      slots_out});
+  // Rows beyond what the processor's caches hold are streamed past them (host).
+  const bool stream = count * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
+  detail::for_each_index(
+      sp, n,
+      detail::dirty_gather_fn<Key>{t, slots, flags.data(), positions.data(), keys_out, rows_out,
+                                   versions_out, slots_out, stream});
   detail::synchronize(sp);
   *count_out = count;
 }

@@ -29,6 +29,23 @@ void prefetch_row(const Ref& t, std::int64_t slot, bool write) {
 #endif
 }
 
+// Host: copies a row with non-temporal stores (no read of the destination's lines, which a
+// scattered write of a large batch would otherwise fetch first, and no eviction of the cache's
+// working set); false where the row is not 16-byte aligned or the processor lacks them (the
+// caller then copies). A store fence must follow the last one before the rows are published.
+inline bool stream_row(float* dst, const float* src, std::size_t width) {
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+  if (width % 4 != 0 || reinterpret_cast<std::uintptr_t>(dst) % 16 != 0) return false;
+  for (std::size_t j = 0; j < width; j += 4) _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+  return true;
+#else
+  (void)dst;
+  (void)src;
+  (void)width;
+  return false;
+#endif
+}
+
 // Host-only: the slot of each key of keys[begin, end), through a software pipeline that hashes
 // every key once and keeps the memory accesses of several keys in flight. Stage 1 (16 keys
 // ahead) prefetches the home bucket's state bytes, stage 2 (8 ahead) the key of every digest
