@@ -53,6 +53,31 @@ for bin in "$kit"/bin/*; do
   done
 done
 
+# The Python bindings for the GPU machine's own interpreter, built there by run.sh's `python` step:
+# the sources, the cuda-build preset's static libraries (host space, cuda space, serving; no
+# trainer, RocksDB or Redis), pybind11's headers (a release that supports Python 3.12) and the
+# only outside headers the bindings include (dlpack, xxhash, nlohmann-json).
+if [[ ${EMBCACHE_KIT_PYTHON:-1} != 0 ]]; then
+  cmake --preset cuda-build -DCMAKE_CUDA_ARCHITECTURES="$arch" "${launcher[@]}" >/dev/null
+  cmake --build build/cuda-build --target embcache_cuda embcache_serving \
+    -j"${EMBCACHE_KIT_JOBS:-$(nproc)}"
+  py=$kit/python
+  mkdir -p "$py/lib" "$py/sysinc" "$py/tests"
+  cp -r python/src python/embcache "$py/"
+  cp python/tests/conftest.py python/tests/test_{cuda,cache,torch,training,stores,keys_u32}.py \
+    "$py/tests/"
+  cp -r include "$py/include" && cp -r build/cuda-build/include/. "$py/include/"
+  cp build/cuda-build/src/libembcache_cuda.a build/cuda-build/src/serving/libembcache_serving.a \
+    build/cuda-build/src/libembcache.a "$py/lib/"
+  cp -r /usr/include/dlpack /usr/include/nlohmann /usr/include/xxhash.h "$py/sysinc/"
+  pybind=build/gpu-kit/pybind11-2.13.6
+  if [[ ! -d $pybind ]]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: -d "$pybind" pybind11==2.13.6
+    (cd "$pybind" && python3 -m zipfile -e pybind11-2.13.6-py3-none-any.whl .)
+  fi
+  cp -r "$pybind/pybind11/include" "$py/pybind11"
+fi
+
 cat >.gpu-kit/run.sh <<'RUN'
 #!/usr/bin/env bash
 # Runs on the GPU machine; logs to $OUT (or ./out). CUDA's libraries are looked up on that machine
@@ -63,6 +88,8 @@ cat >.gpu-kit/run.sh <<'RUN'
 #   initcheck  the same under initcheck (reads of device memory never written)
 #   bench      bench_cache's cuda cases, the training cache's boundaries at 90% overlap
 #   trainer    the trainer with device embeddings against host-hybrid and all-resident
+#   python     builds the Python bindings for this machine's python3 and runs the Python tests,
+#              the cuda space's among them (must pass, not skip)
 #   all        tests, bench, trainer
 # GTEST_FILTER replaces the suite groups by one run of that filter; SANITIZER_FLAGS adds options
 # to compute-sanitizer (e.g. --print-limit 5000). Exit status: the worst of
@@ -191,8 +218,42 @@ run_trainer() {
   done
   return 0
 }
+run_python() {
+  # The bindings built for this machine's python3 (its headers, this machine's g++), then the
+  # Python tests of the cuda space and of the host classes, under its numpy and torch.
+  local src=$here/python py=${PYTHON:-python3} build=${TMPDIR:-/tmp}/embcache-python
+  local inc ext cudart rc=0 pids=() f
+  inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  # shellcheck disable=SC2046  # the library path's folders, one argument each
+  cudart=$(find /usr/local/cuda/ $(tr : ' ' <<<"$libs") -xdev -name 'libcudart.so.13*' \
+    2>/dev/null | head -1)
+  [[ -n $cudart ]] || cudart=$(find / -xdev -name 'libcudart.so.13*' 2>/dev/null | head -1)
+  rm -rf "$build" && mkdir -p "$build/obj" && cp -r "$src/embcache" "$build/"
+  local flags=(-std=c++17 -O2 -fPIC -fvisibility=hidden -DEMBCACHE_PYTHON_CUDA=1
+    "-I$src/include" -isystem "$src/sysinc" -isystem "$src/pybind11" -isystem "$inc"
+    -isystem /usr/local/cuda/include)
+  {
+    echo "python: $py ($("$py" --version 2>&1)), headers $inc, cudart $cudart"
+    for f in "$src"/src/*.cpp; do
+      "${CXX:-g++}" "${flags[@]}" -c "$f" -o "$build/obj/$(basename "$f").o" &
+      pids+=($!)
+    done
+    for f in "${pids[@]}"; do wait "$f" || rc=1; done
+    ((rc == 0)) && "${CXX:-g++}" -shared -o "$build/embcache/_embcache$ext" "$build"/obj/*.o \
+      -Wl,--start-group "$src"/lib/*.a -Wl,--end-group "$here"/lib/libtbb.so.* \
+      "$here"/lib/libxxhash.so.* "$here"/lib/libz.so.* "$cudart" -lpthread -ldl || rc=1
+    ((rc == 0)) && (cd "$src/tests" && PYTHONPATH=$build timeout -k 10 "$limit" "$py" -m pytest \
+      -v -rs -p no:cacheprovider .) || rc=1
+  } >"$out/python.log" 2>&1
+  # The cuda test must have run, not skipped.
+  ((rc == 0)) && ! grep -q 'test_cuda.py::.* PASSED' "$out/python.log" && rc=1
+  tail -15 "$out/python.log"
+  note python "$rc"
+}
 case $step in
   tests) run_tests "" ;;
+  python) run_python ;;
   memcheck | synccheck | initcheck) run_tests "$step" ;;
   bench) run_bench ;;
   trainer) run_trainer ;;
@@ -203,7 +264,7 @@ echo "embcache-kit: $step: exit status $worst (the worst of its steps; $out/stat
 exit "$worst"
 RUN
 chmod +x .gpu-kit/run.sh
-tar -C "$kit" -cf - bin lib | xz -T0 -6 >.gpu-kit/kit.tar.xz
+tar -C "$kit" -cf - bin lib $([[ -d $kit/python ]] && echo python) | xz -T0 -6 >.gpu-kit/kit.tar.xz
 if [[ ${EMBCACHE_KIT_CHECK:-0} == 1 ]]; then
   # Hide this machine's copies of the bundled libraries, as on a bare image, then load everything.
   hide=()
