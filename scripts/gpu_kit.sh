@@ -232,7 +232,7 @@ run_python() {
   rm -rf "$build" && mkdir -p "$build/obj" && cp -r "$src/embcache" "$build/"
   local flags=(-std=c++17 -O2 -fPIC -fvisibility=hidden -DEMBCACHE_PYTHON_CUDA=1
     "-I$src/include" -isystem "$src/sysinc" -isystem "$src/pybind11" -isystem "$inc"
-    -isystem /usr/local/cuda/include)
+    -isystem /usr/local/cuda/include/cccl -isystem /usr/local/cuda/include)
   {
     echo "python: $py ($("$py" --version 2>&1)), headers $inc, cudart $cudart"
     for f in "$src"/src/*.cpp; do
@@ -243,7 +243,7 @@ run_python() {
     ((rc == 0)) && "${CXX:-g++}" -shared -o "$build/embcache/_embcache$ext" "$build"/obj/*.o \
       -Wl,--start-group "$src"/lib/*.a -Wl,--end-group "$here"/lib/libtbb.so.* \
       "$here"/lib/libxxhash.so.* "$here"/lib/libz.so.* "$cudart" -lpthread -ldl || rc=1
-    ((rc == 0)) && (cd "$src/tests" && PYTHONPATH=$build timeout -k 10 "$limit" "$py" -m pytest \
+    ((rc == 0)) && (cd "$src/tests" && PYTHONPATH=$build EMBCACHE_SYNTH=$here/bin/embcache-synth timeout -k 10 "$limit" "$py" -m pytest \
       -v -rs -p no:cacheprovider .) || rc=1
   } >"$out/python.log" 2>&1
   # The cuda test must have run, not skipped.
