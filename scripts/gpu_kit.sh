@@ -243,8 +243,9 @@ run_python() {
     ((rc == 0)) && "${CXX:-g++}" -shared -o "$build/embcache/_embcache$ext" "$build"/obj/*.o \
       -Wl,--start-group "$src"/lib/*.a -Wl,--end-group "$here"/lib/libtbb.so.* \
       "$here"/lib/libxxhash.so.* "$here"/lib/libz.so.* "$cudart" -lpthread -ldl || rc=1
-    ((rc == 0)) && (cd "$src/tests" && PYTHONPATH=$build EMBCACHE_SYNTH=$here/bin/embcache-synth timeout -k 10 "$limit" "$py" -m pytest \
-      -v -rs -p no:cacheprovider .) || rc=1
+    ((rc == 0)) && (cd "$src/tests" && export PYTHONPATH=$build \
+      EMBCACHE_SYNTH=$here/bin/embcache-synth && timeout -k 10 "$limit" "$py" -m pytest -v -rs \
+      -p no:cacheprovider .) || rc=1
   } >"$out/python.log" 2>&1
   # The cuda test must have run, not skipped.
   ((rc == 0)) && ! grep -q 'test_cuda.py::.* PASSED' "$out/python.log" && rc=1
