@@ -25,15 +25,15 @@ class _PoolFunction(torch.autograd.Function):
     """Pools one table's bags; its backward is the in-row optimizer step of that table."""
 
     @staticmethod
-    def forward(ctx, anchor, bag, keys, offsets):  # noqa: D401
+    def forward(ctx, anchor, bag, keys, offsets, num_slots):  # noqa: D401
         ctx.bag = bag
-        pooled = bag.forward(keys, offsets)
+        pooled = bag.forward(keys, offsets, num_slots=num_slots)
         return torch.from_numpy(pooled)
 
     @staticmethod
     def backward(ctx, grad):
         ctx.bag.backward(grad.detach().contiguous())
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 def _as_keys(keys) -> Union[np.ndarray, torch.Tensor]:
@@ -49,13 +49,18 @@ class EmbeddingBagCollection(torch.nn.Module):
 
     ``forward(features)`` takes a mapping from table name to either a 2-d int64 tensor (batch,
     slots) with one key per slot, pooled to (batch, slots, dim), or a pair (keys, offsets) in CSR
-    form (``offsets``: num_bags + 1 entries), pooled to (num_bags, dim). It returns a dict of
-    pooled float32 tensors. When the loss's backward reaches them, each table's sparse optimizer
-    (the cache's table options) updates the rows of that batch in place; a forward without a
-    backward (evaluation) changes nothing.
+    form (``offsets``: num_bags + 1 entries), pooled to (num_bags, dim), or a triple (keys,
+    offsets, num_slots) whose bags are sample-major over num_slots feature slots (bag b is slot
+    b % num_slots). It returns a dict of pooled float32 tensors. When the loss's backward reaches
+    them, each table's sparse optimizer (the cache's table options) updates the rows of that batch
+    in place; a forward without a backward (evaluation) changes nothing.
 
     In keyset mode every key of a batch must be in the current pass's keyset (NotFoundError
-    naming the key otherwise); in on-demand mode misses are fetched per batch.
+    naming the key otherwise; with the table's admission on, such a key is one the pass refused);
+    in on-demand mode misses are fetched per batch. A key that the table's admission refused has
+    no row: it pools as zeros, or with admission's ``default_row`` 'slot' as its feature slot's
+    default row (``TrainingCache.default_row``; the slot of a 2-d batch's column s is s, of a
+    CSR pair's bags 0), and gets no gradient.
 
     Over a :class:`TrainingCacheU32` the keys are uint32 NumPy arrays (torch 1.13 has no uint32
     tensors); the pooled results are tensors all the same.
@@ -84,8 +89,12 @@ class EmbeddingBagCollection(torch.nn.Module):
                                f"({', '.join(self.bags)})")
             bag = self.bags[name]
             if isinstance(value, tuple):
-                keys, offsets = value
-                out[name] = self._pool(bag, _as_keys(keys), _as_keys(offsets))
+                if len(value) not in (2, 3):
+                    raise ValueError(f"features[{name!r}]: expected (keys, offsets) or (keys, "
+                                     f"offsets, num_slots), got a tuple of {len(value)}")
+                keys, offsets = value[0], value[1]
+                num_slots = int(value[2]) if len(value) == 3 else 1
+                out[name] = self._pool(bag, _as_keys(keys), _as_keys(offsets), num_slots)
             else:
                 keys = _as_keys(value)
                 if keys.ndim != 2:
@@ -93,14 +102,14 @@ class EmbeddingBagCollection(torch.nn.Module):
                                      f"of keys or a (keys, offsets) pair, got {keys.ndim}-d")
                 batch, slots = keys.shape
                 flat = keys.reshape(-1)
-                pooled = self._pool(bag, flat, None)
+                pooled = self._pool(bag, flat, None, max(slots, 1))
                 out[name] = pooled.view(batch, slots, bag.dim)
         return out
 
-    def _pool(self, bag, keys, offsets):
+    def _pool(self, bag, keys, offsets, num_slots):
         if torch.is_grad_enabled():
-            return _PoolFunction.apply(self._anchor, bag, keys, offsets)
-        return torch.from_numpy(bag.forward(keys, offsets))
+            return _PoolFunction.apply(self._anchor, bag, keys, offsets, num_slots)
+        return torch.from_numpy(bag.forward(keys, offsets, num_slots=num_slots))
 
 
 def keyset_passes(cache: TrainingCache, dataset_dir: str, batch_size: int = 1024,

@@ -2,7 +2,8 @@
 // and its backward, the table's sparse optimizer applied in the cache's rows (aggregate_gradients,
 // apply_optimizer, mark_updated), as the C++ trainer's cache path does. The torch module
 // (embcache/torch.py) drives it from an autograd function. EmbeddingBagU32: the same over a
-// TrainingCacheU32 (uint32 keys).
+// TrainingCacheU32 (uint32 keys). A key that the table's admission refused (slot -1) reads zeros
+// or its feature slot's default row and gets no gradient, as in the trainer's cache path.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -14,6 +15,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "embcache/admission.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "errors.hpp"
@@ -41,8 +43,10 @@ class embedding_bag {
   }
 
   // Pools the bags of `keys` (offsets: num_bags + 1 int64, CSR; None: one key per bag) into
-  // `out` (num_bags, dim) and keeps the batch for backward().
-  py::object forward(py::handle keys, py::handle offsets, py::handle out) {
+  // `out` (num_bags, dim) and keeps the batch for backward(). The bags are sample-major over
+  // `num_slots` feature slots: bag b is slot b % num_slots, whose default row its refused keys
+  // read.
+  py::object forward(py::handle keys, py::handle offsets, py::handle out, std::int64_t num_slots) {
     array_arg k = array_arg::borrow(keys, "keys", key_dtype<Key>(), 1, false);
     const std::size_t n = k.size();
     if (offsets.is_none()) {
@@ -54,6 +58,12 @@ class embedding_bag {
       offsets_.assign(o.as<std::int64_t>(), o.as<std::int64_t>() + o.size());
     }
     const std::size_t bags = offsets_.size() - 1;
+    if (num_slots < 1)
+      throw py::value_error("num_slots: expected >= 1, got " + std::to_string(num_slots));
+    if (bags % std::uint64_t(num_slots) != 0)
+      throw py::value_error("num_slots: " + std::to_string(num_slots) + " does not divide the " +
+                            std::to_string(bags) + " bags (num_bags must be batch * num_slots)");
+    const std::size_t slots = std::size_t(num_slots);
     auto pooled =
         output::make(out, "out", dtype::float32, {std::int64_t(bags), std::int64_t(dim_)});
     slots_.resize(n);
@@ -63,11 +73,11 @@ class embedding_bag {
       s = find_slots(k.as<Key>(), n);
       if (s.ok()) {
         auto& c = ref_->cache->cache(table_);
-        batch_ = {bags, 1, offsets_.data(), slots_.data(), n};
+        batch_ = {bags / slots, slots, offsets_.data(), slots_.data(), n};
         s = check_batch(batch_, c.slots());
         if (s.ok())
           lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
-                         pooled.as<float>());
+                         pooled.as<float>(), default_rows(bags == 0 ? 0 : slots));
       }
     }
     if (!s.ok()) {
@@ -129,7 +139,8 @@ class embedding_bag {
       const auto t0 = std::chrono::steady_clock::now();
       check(find_slots(k.as<Key>(), n));
       batch_ = {n, 1, offsets_.data(), slots_.data(), n};
-      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_, pooled.data());
+      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_, pooled.data(),
+                     default_rows(1));
       aggregate_gradients(host_space{}, batch_, comb_, grad.data(), dim_, grads_);
       apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_, ++step_);
       c.mark_updated(grads_.rows.data(), grads_.size);
@@ -146,18 +157,37 @@ class embedding_bag {
   std::size_t table() const noexcept { return table_; }
 
  private:
-  // Keyset mode: the pass's keyset must hold every key; on-demand: misses are fetched.
+  // Keyset mode: the pass's keyset must hold every key, except that with the table's admission on
+  // a key without a row is one the pass refused (slot -1), as the trainer's keyset path takes it;
+  // on-demand: misses are fetched, refused keys get slot -1.
   status find_slots(const Key* keys, std::size_t n) {
     auto& tc = *ref_->cache;
     if (tc.options().mode == cache_mode::on_demand)
       return tc.lookup(table_, keys, n, slots_.data());
     EMBCACHE_RETURN_IF_ERROR(tc.cache(table_).lookup_slots(keys, n, slots_.data()));
+    if (tc.table(table_).admission.enabled()) return {};
     for (std::size_t i = 0; i < n; ++i) {
       if (slots_[i] < 0)
         return status::not_found("key " + std::to_string(keys[i]) +
                                  " of the batch is not in the pass's keyset");
     }
     return {};
+  }
+
+  // What a refused key (slot -1) of slot s < num_slots reads, as the trainer's cache path hands
+  // lookup_combine: nullptr (zeros) unless the table's admission is on with default_row 'slot',
+  // else slot s's row (training_cache::default_row) at s * dim. A slot's row does not depend on
+  // the slot count, so rows drawn once are kept and only new slots are drawn.
+  const float* default_rows(std::size_t num_slots) {
+    const admission_options& a = ref_->cache->table(table_).admission;
+    if (!a.enabled() || a.default_row != refused_row::slot) return nullptr;
+    const std::size_t drawn = default_rows_.size() / dim_;
+    if (drawn < num_slots) {
+      default_rows_.resize(num_slots * dim_);
+      for (std::size_t s = drawn; s < num_slots; ++s)
+        ref_->cache->default_row(table_, s, default_rows_.data() + s * dim_);
+    }
+    return default_rows_.data();
   }
 
   py::object owner_;  // keeps the TrainingCache alive
@@ -167,6 +197,7 @@ class embedding_bag {
   combiner comb_;
   optimizer_options optimizer_;
   std::vector<std::int64_t> offsets_, slots_;
+  std::vector<float> default_rows_;  // slot s's default row at s * dim (default_rows())
   slot_batch batch_;
   sparse_gradients<host_space> grads_;
   std::uint64_t step_ = 0;
@@ -187,11 +218,15 @@ void bind_bag_class(py::module_& m) {
            py::arg("table"), py::arg("mode") = "sum",
            "Pools table `table` (index or name) of `cache`; `mode` 'sum' | 'mean'.")
       .def("forward", &embedding_bag::forward, py::arg("keys"), py::arg("offsets") = py::none(),
-           py::arg("out") = py::none(),
+           py::arg("out") = py::none(), py::arg("num_slots") = 1,
            R"doc(Pools the rows of `keys` (the cache's key type) per bag into a (num_bags, dim)
 float32 array. `offsets` (int64, num_bags + 1, CSR: bag b holds keys[offsets[b]:offsets[b+1]]) or
-None (one key per bag). Keyset mode: a key outside the pass's keyset is NotFoundError naming it; on-demand mode:
-misses are fetched.)doc")
+None (one key per bag). Keyset mode: a key outside the pass's keyset is NotFoundError naming it
+(with the table's admission on, it is a key the pass refused); on-demand mode: misses are fetched.
+A key the table's admission refused has no row: it reads zeros, or with admission's
+default_row 'slot' its feature slot's default row (TrainingCache.default_row), and gets no
+gradient. The bags are sample-major over `num_slots` slots (num_bags = batch * num_slots): bag b
+is slot b % num_slots, as in the C++ trainer's batches.)doc")
       .def("backward", &embedding_bag::backward, py::arg("grad"),
            R"doc(Applies the table's sparse optimizer with `grad` (num_bags, dim), the gradient of
 the loss with respect to the last forward's output; returns the number of rows updated. A

@@ -112,3 +112,15 @@ def test_u32_embedding_bag_pools_and_steps_in_the_rows():
     assert bag.backward(np.ones((1, 2), np.float32)) == 2
     rows, _ = tc.read("t", BIG[:2])
     assert rows.tolist() == [[0.5, 0.5], [0.5, 0.5]]
+
+
+def test_u32_embedding_bag_pools_refused_keys_as_their_slots_default_row():
+    tc = embcache.TrainingCacheU32([embcache.TableOptionsU32(
+        "t", dim=2, capacity=16, optimizer={"kind": "sgd", "learning_rate": 0.5},
+        admission={"min_count": 2, "default_row": "slot"})], mode="on_demand")
+    bag = embcache.EmbeddingBagU32(tc, "t")
+    out = bag.forward(BIG, num_slots=2)  # first sighting: every key refused
+    d0, d1 = tc.default_row("t", 0), tc.default_row("t", 1)
+    assert np.array_equal(out, np.stack([d0, d1, d0, d1])) and not np.array_equal(d0, d1)
+    assert bag.backward(np.ones((4, 2), np.float32)) == 0
+    assert not tc.read("t", BIG)[1].any()

@@ -85,6 +85,32 @@ def test_evaluation_without_grad_changes_nothing_and_keys_must_be_in_the_keyset(
         ebc({"deep": (torch.tensor([1, 2]), torch.tensor([0, 3]))})
 
 
+def test_refused_keys_of_a_keyset_pass_pool_as_their_slots_default_row():
+    tc = embcache.TrainingCache([embcache.TableOptions(
+        "deep", dim=3, capacity=64, optimizer={"kind": "sgd", "learning_rate": 0.5},
+        admission={"min_count": 2, "default_row": "slot"})])
+    ks = np.arange(10, 16, dtype=np.int64)
+    tc.begin_pass([ks])  # first sighting: every key refused, no row
+    ebc = EmbeddingBagCollection(tc)
+    out = ebc({"deep": torch.from_numpy(ks).reshape(2, 3)})["deep"]  # column s is slot s
+    slot_rows = np.stack([tc.default_row("deep", s) for s in range(3)])
+    assert np.array_equal(out.detach().numpy(), np.stack([slot_rows, slot_rows]))
+    out.sum().backward()  # no row: no gradient, no row made
+    assert not tc.read("deep", ks)[1].any()
+    csr = ebc({"deep": (torch.from_numpy(ks), torch.arange(7), 3)})["deep"]
+    assert np.array_equal(csr.detach().numpy(), np.concatenate([slot_rows, slot_rows]))
+    pair = ebc({"deep": (torch.from_numpy(ks), torch.arange(7))})["deep"]
+    assert np.array_equal(pair.detach().numpy(), np.stack([slot_rows[0]] * 6))
+    with pytest.raises(ValueError, match="expected \\(keys, offsets\\) or"):
+        ebc({"deep": (torch.from_numpy(ks), torch.arange(7), 3, 4)})
+    tc.begin_pass([ks])  # second sighting: admitted, rows made
+    rows, found = tc.read("deep", ks)
+    assert found.all()
+    with torch.no_grad():
+        out = ebc({"deep": torch.from_numpy(ks).reshape(2, 3)})["deep"]
+    assert np.array_equal(out.numpy().reshape(6, 3), rows[:, :3])
+
+
 def test_non_finite_gradients_are_refused():
     tc = make_cache()
     ks = np.arange(10, dtype=np.int64)

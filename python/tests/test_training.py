@@ -199,6 +199,47 @@ def test_refused_keys_read_their_slots_default_row_when_asked():
         embcache.TableOptions("x", dim=1, capacity=1, admission={"default_row": "mean"})
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_pools_refused_keys_as_their_slots_default_row(mode):
+    sgd = {"kind": "sgd", "learning_rate": 0.5}
+    tc = embcache.TrainingCache([
+        embcache.TableOptions("deep", dim=4, capacity=64, optimizer=sgd,
+                              admission={"min_count": 2, "default_row": "slot"}),
+        embcache.TableOptions("wide", dim=4, capacity=64, optimizer=sgd,
+                              admission={"min_count": 2}),  # refused keys read zeros
+    ], mode="on_demand")
+    # 2 samples x 2 slots, sample-major (bag b is slot b % 2); keys 0-2 are seen a second time
+    # (admitted), 10-12 a first time (refused: no row).
+    ks = np.array([0, 10, 1, 11, 2, 0, 12], np.int64)
+    offsets = np.array([0, 2, 3, 6, 7], np.int64)
+    for t in ("deep", "wide"):
+        tc.lookup(t, keys(0, 3))
+        bag = embcache.EmbeddingBag(tc, t, mode)
+        out = bag.forward(ks, offsets, num_slots=2)
+        rows, found = tc.read(t, keys(0, 3))
+        assert found.all() and not tc.read(t, keys(10, 13))[1].any()
+        # lookup_combine by hand: float32 sums in batch order, the slot's default row for a
+        # refused key, then the division by the bag's size (refused keys count) for mean.
+        want = np.zeros((4, 4), np.float32)
+        for b in range(4):
+            bag_keys = ks[offsets[b]:offsets[b + 1]]
+            for k in bag_keys:
+                want[b] += rows[k, :4] if k < 10 else tc.default_row(t, b % 2)
+            if mode == "mean":
+                want[b] /= np.float32(len(bag_keys))
+        assert np.array_equal(out, want)
+        assert np.any(tc.default_row("deep", 0) != 0) and np.all(tc.default_row("wide", 1) == 0)
+        # The step updates the admitted rows only; refused keys get no gradient and no row.
+        assert bag.backward(np.ones((4, 4), np.float32)) == 3
+        after, _ = tc.read(t, keys(0, 3))
+        assert not np.array_equal(after, rows)
+        assert not tc.read(t, keys(10, 13))[1].any()
+    with pytest.raises(ValueError, match="num_slots: 3 does not divide the 4 bags"):
+        bag.forward(ks, offsets, num_slots=3)
+    with pytest.raises(ValueError, match="num_slots: expected >= 1, got 0"):
+        bag.forward(ks, offsets, num_slots=0)
+
+
 def test_rows_untouched_for_ttl_steps_expire_at_the_next_boundary():
     t = embcache.TableOptions("deep", dim=4, capacity=64, expiry={"ttl_steps": 2})
     assert t.expiry["ttl_steps"] == 2
