@@ -87,27 +87,40 @@ TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
 // (`admission` beside each table's rows) and so does the expiry clock (rows leave at shard
 // starts), so a resume admits and expires exactly what an uninterrupted run does and ends with
 // its model. Host-hybrid saves them from the cache that keeps them beside its stores.
-TEST(trainer_checkpoint, a_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
-  for (const trainer_mode mode :
-       {trainer_mode::keyset, trainer_mode::on_demand, trainer_mode::host_hybrid}) {
-    const std::string name = std::string("admission_expiry_") + to_string(mode);
-    trainer_config whole = small_config(name);
-    whole.mode = mode;
-    for (auto& t : whole.tables) {
-      t.admission.min_count = 2;
-      t.admission.sketch_width = 4096;
-      t.expiry.ttl_passes = 1;
-    }
-    run_result whole_run;
-    const trainer_config rest = expect_resume_equals_whole(whole, name, &whole_run);
-    EXPECT_TRUE(fs::exists(rest.save_dir + "/sparse/deep/admission")) << name;
-    EXPECT_TRUE(fs::exists(rest.resume_from + "/sparse/wide/admission")) << name;
-    // Keys were refused and rows expired: the save holds fewer deep rows than the passes' keysets.
-    EXPECT_GT(whole_run.totals.keys_refused, 0u) << name;
-    EXPECT_GT(whole_run.totals.rows_expired, 0u) << name;
-    const std::size_t saved = fs::file_size(whole.save_dir + "/sparse/deep/key") / 8;
-    EXPECT_LT(saved, count_keys(whole, "deep")) << name;
+// Admission and expiry in one mode: the sketch and the expiry clock travel with the save, so a
+// resume admits and expires exactly what the uninterrupted run does.
+void expect_admission_and_expiry_resume_equals_whole(trainer_mode mode) {
+  const std::string name = std::string("admission_expiry_") + to_string(mode);
+  trainer_config whole = small_config(name);
+  whole.mode = mode;
+  for (auto& t : whole.tables) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+    t.expiry.ttl_passes = 1;
   }
+  run_result whole_run;
+  const trainer_config rest = expect_resume_equals_whole(whole, name, &whole_run);
+  EXPECT_TRUE(fs::exists(rest.save_dir + "/sparse/deep/admission")) << name;
+  EXPECT_TRUE(fs::exists(rest.resume_from + "/sparse/wide/admission")) << name;
+  // Keys were refused and rows expired: the save holds fewer deep rows than the passes' keysets.
+  EXPECT_GT(whole_run.totals.keys_refused, 0u) << name;
+  EXPECT_GT(whole_run.totals.rows_expired, 0u) << name;
+  const std::size_t saved = fs::file_size(whole.save_dir + "/sparse/deep/key") / 8;
+  EXPECT_LT(saved, count_keys(whole, "deep")) << name;
+}
+
+TEST(trainer_checkpoint, a_keyset_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
+  expect_admission_and_expiry_resume_equals_whole(trainer_mode::keyset);
+}
+
+TEST(trainer_checkpoint,
+     an_on_demand_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
+  expect_admission_and_expiry_resume_equals_whole(trainer_mode::on_demand);
+}
+
+TEST(trainer_checkpoint,
+     a_host_hybrid_resume_with_admission_and_expiry_equals_an_uninterrupted_run) {
+  expect_admission_and_expiry_resume_equals_whole(trainer_mode::host_hybrid);
 }
 
 // Expiry by steps: the step clock travels with the save (the table's `expiry` object), so a

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include "../common/address_space.hpp"
+#include "../common/sanitizers.hpp"
 #include "embcache/distributed/communicator.hpp"
 #include "embedding_path.hpp"  // src/trainer: embedding_device_of
 #include "trainer_impl.hpp"    // src/trainer: detail::eval_shard_in_training
@@ -813,14 +814,6 @@ TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
             "(config.model.hidden 7061520 bytes, config.batch_size 12222464 bytes), more than the "
             "13000000 bytes of physical memory");
 }
-
-#if defined(__SANITIZE_ADDRESS__)
-#define EMBCACHE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EMBCACHE_TEST_ASAN 1
-#endif
-#endif
 
 // In a child process whose address space is capped 300 MB above what it uses: a cache that the
 // memory estimate lets through (this machine has the memory) but that cannot be allocated is a

@@ -7,15 +7,8 @@
 #include <fstream>
 
 #include "../common/address_space.hpp"
+#include "../common/sanitizers.hpp"
 #include "training_cache_suite.hpp"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define EMBCACHE_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define EMBCACHE_TEST_SANITIZED 1
-#endif
-#endif
 
 namespace embcache::testing::training_suite {
 namespace {
