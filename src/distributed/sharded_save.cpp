@@ -76,11 +76,11 @@ status gather_lifetime(communicator& comm, const sharded_lifetime& mine, const s
                               std::to_string(at(0, 0)) + " words); every rank counts every key");
     // Every rank begins every shard and every step: the clocks differ in their values only.
     const auto clock = [&](std::size_t q) {
-      return at(q, 2) == 0 ? std::string("none")
-                           : std::to_string(at(q, 2) - 1) + " boundaries, " +
-                                 std::to_string(at(q, 3)) + " pass versions, " +
-                                 std::to_string(at(q, 4)) + " steps, " +
-                                 std::to_string(at(q, 5)) + " step versions";
+      return at(q, 2) == 0
+                 ? std::string("none")
+                 : std::to_string(at(q, 2) - 1) + " boundaries, " + std::to_string(at(q, 3)) +
+                       " pass versions, " + std::to_string(at(q, 4)) + " steps, " +
+                       std::to_string(at(q, 5)) + " step versions";
     };
     for (std::size_t f = 2; f < fields; ++f)
       if (at(r, f) != at(0, f))
@@ -412,12 +412,12 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
         const auto sv = e->find("step_versions");
         if (sv == e->end() || !sv->is_array() || sv->size() > part.expiry.steps ||
             sv->size() > max_ttl_steps)
-          return bad(at + ".step_versions",
-                     "is not an array of at most 'steps' (and at most " +
-                         std::to_string(max_ttl_steps) + ") values");
+          return bad(at + ".step_versions", "is not an array of at most 'steps' (and at most " +
+                                                std::to_string(max_ttl_steps) + ") values");
         for (const auto& v : *sv) {
-          if (!v.is_number_unsigned() || (!part.expiry.step_versions.empty() &&
-                                          v.get<std::uint64_t>() < part.expiry.step_versions.back()))
+          if (!v.is_number_unsigned() ||
+              (!part.expiry.step_versions.empty() &&
+               v.get<std::uint64_t>() < part.expiry.step_versions.back()))
             return bad(at + ".step_versions", "is not non-decreasing unsigned integers");
           part.expiry.step_versions.push_back(v.get<std::uint64_t>());
         }

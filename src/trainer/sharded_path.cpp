@@ -138,8 +138,8 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
 class hybrid_owner_rows final : public owner_rows<trainer_key> {
  public:
   hybrid_owner_rows(param_store<trainer_key>& store, const host_hybrid_options& options,
-                   training_cache<trainer_key>& cache, std::size_t t,
-                   const std::vector<std::vector<trainer_key>>& refused)
+                    training_cache<trainer_key>& cache, std::size_t t,
+                    const std::vector<std::vector<trainer_key>>& refused)
       : store_(store),
         table_(store, options, cache_initializer(cache, t)),
         cache_(cache),
@@ -221,7 +221,7 @@ class sharded_path final : public embedding_path {
               std::make_unique<cache_owner_rows>(*tables_.cache, t, config_, space_, comm_.rank()));
         else {
           auto rows = std::make_unique<hybrid_owner_rows>(*tables_.stores[t], so.table,
-                                                         *tables_.cache, t, refused_);
+                                                          *tables_.cache, t, refused_);
           hybrid_[t] = rows.get();
           sharded_[t] = std::make_unique<sharded_table<trainer_key>>(comm_, *tables_.stores[t], so,
                                                                      std::move(rows));
@@ -254,7 +254,8 @@ class sharded_path final : public embedding_path {
                    "the keyset swap");
     }
     if (!boundaries_) return {};
-    return agree(comm_, boundary_in_stores(shard).with_context("rank " + std::to_string(comm_.rank())),
+    return agree(comm_,
+                 boundary_in_stores(shard).with_context("rank " + std::to_string(comm_.rank())),
                  "the pass boundary");
   }
 
@@ -299,10 +300,10 @@ class sharded_path final : public embedding_path {
   // (adopt_store_writes) and the keys they expired since, as one process does.
   result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
     if (!keyset_)
-      EMBCACHE_RETURN_IF_ERROR(agree(comm_,
-                                     tables_.cache->adopt_store_writes().with_context(
-                                         "rank " + std::to_string(comm_.rank())),
-                                     "the incremental export"));
+      EMBCACHE_RETURN_IF_ERROR(agree(
+          comm_,
+          tables_.cache->adopt_store_writes().with_context("rank " + std::to_string(comm_.rank())),
+          "the incremental export"));
     std::uint64_t number = 1;
     if (comm_.rank() == 0) {
       std::error_code ec;
@@ -438,8 +439,8 @@ class sharded_path final : public embedding_path {
     auto keysets = swapper_.read_keysets(shard, &others);
     if (!keysets.ok()) return keysets.get_status();
     for (std::size_t t = 0; t < others.size(); ++t)
-      EMBCACHE_RETURN_IF_ERROR(
-          tables_.cache->count_sightings(t, others[t].data(), others[t].size()).with_context(shard));
+      EMBCACHE_RETURN_IF_ERROR(tables_.cache->count_sightings(t, others[t].data(), others[t].size())
+                                   .with_context(shard));
     return tables_.cache->begin_pass_in_stores(keysets.value(), &refused_).with_context(shard);
   }
 
@@ -451,8 +452,8 @@ class sharded_path final : public embedding_path {
   host_space space_;  // the cache_owner_rows of build_tables
   path_activity activity_;
   std::uint64_t last_delta_ = 0;  // the last delta exported (or the loaded save's applied_delta)
-  bool boundaries_ = false;  // a table with admission or expiry: shards begin passes
-  bool steps_ = false;       // a table with expiry's ttl_steps: steps are recorded
+  bool boundaries_ = false;       // a table with admission or expiry: shards begin passes
+  bool steps_ = false;            // a table with expiry's ttl_steps: steps are recorded
   // Mode host_hybrid: per table the keys admission refused at the current shard's start, which
   // its owner rows (hybrid_, in sharded_[t]) leave without a row.
   std::vector<std::vector<trainer_key>> refused_;

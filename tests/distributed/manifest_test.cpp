@@ -323,8 +323,8 @@ TEST_F(sharded_manifest_test, step_clocks_are_saved_checked_and_reclassed_with_t
       const auto at = std::find(saved.keys.begin(), saved.keys.end(), h.keys[i]);
       ASSERT_NE(at, saved.keys.end());
       const std::uint64_t v = saved.versions[std::size_t(at - saved.keys.begin())];
-      const auto below = std::count_if(values.begin(), values.end(),
-                                       [v](std::uint64_t x) { return x < v; });
+      const auto below =
+          std::count_if(values.begin(), values.end(), [v](std::uint64_t x) { return x < v; });
       EXPECT_EQ(h.versions[i], std::uint64_t(1 + below)) << "key " << h.keys[i];
     }
   }
@@ -345,9 +345,9 @@ TEST_F(sharded_manifest_test, step_clocks_are_saved_checked_and_reclassed_with_t
   expect_refused(bad, status_code::corruption, "'parts[0].expiry.steps'");
   lifetime.expiry = {3, {1, 3}};
   EMBCACHE_ASSERT_OK(table_.save(root_ + "/passes", "", 0, &lifetime));
-  EXPECT_FALSE(nlohmann::json::parse(read_bytes(root_ + "/passes/manifest.json"))["parts"][0]
-                   ["expiry"]
-                       .contains("steps"));
+  EXPECT_FALSE(
+      nlohmann::json::parse(read_bytes(root_ + "/passes/manifest.json"))["parts"][0]["expiry"]
+          .contains("steps"));
 }
 
 }  // namespace

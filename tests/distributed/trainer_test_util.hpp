@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -163,7 +163,8 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 /// Keys, embeddings, optimizer state and tombstones of one table, bit for bit.
-inline void expect_same_table_rows(const folder_table& a, const folder_table& b, const std::string& what) {
+inline void expect_same_table_rows(const folder_table& a, const folder_table& b,
+                                   const std::string& what) {
   EXPECT_GT(a.keys.size(), 0u) << what;
   EXPECT_EQ(a.keys, b.keys) << what;
   EXPECT_TRUE(same_bits(a.vectors, b.vectors)) << what << ": embeddings differ";
