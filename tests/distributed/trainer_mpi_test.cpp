@@ -227,11 +227,14 @@ TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
   ASSERT_TRUE(world().barrier().ok());
 }
 
-// Expiry in a sharded keyset run: each owner expires its own rows at every shard's start, and
-// the model is the one a single rank trains, bit for bit.
+// Expiry in a sharded keyset run, by passes and by steps (8 of a shard's 12): each owner expires
+// its own rows at every shard's start, and the model is the one a single rank trains, bit for bit.
 TEST(sharded_trainer, expiry_gives_the_same_bits_on_every_number_of_ranks) {
-  const auto alone = expect_keyset_bits_on_every_number_of_ranks(
-      shared_temp_dir("trainer-expiry"), [](trainer_table_config& t) { t.expiry.ttl_passes = 1; });
+  const auto alone = expect_keyset_bits_on_every_number_of_ranks(shared_temp_dir("trainer-expiry"),
+                                                                 [](trainer_table_config& t) {
+                                                                   t.expiry.ttl_passes = 1;
+                                                                   t.expiry.ttl_steps = 8;
+                                                                 });
   EXPECT_EQ(alone != nullptr, world().rank() == 0);
   if (!alone) return;
   std::uint64_t expired = 0;
