@@ -57,42 +57,87 @@ std::string admission_path(std::uint64_t generation) {
 // order), and the ranks check that they hold the same admission words. Collective.
 status gather_lifetime(communicator& comm, const sharded_lifetime& mine, const std::string& who,
                        std::vector<expiry_clock>* clocks) {
+  constexpr std::size_t fields = 6;
   const auto world = static_cast<std::size_t>(comm.size());
-  const std::uint64_t own[4] = {
+  const std::uint64_t own[fields] = {
       mine.admission.size(),
       XXH64(mine.admission.data(), mine.admission.size() * sizeof(std::uint32_t), 0),
-      mine.has_expiry ? mine.expiry.boundaries + 1 : 0, mine.expiry.versions.size()};
-  std::vector<std::uint64_t> all(4 * world);
+      mine.has_expiry ? mine.expiry.boundaries + 1 : 0,
+      mine.expiry.versions.size(),
+      mine.expiry.steps,
+      mine.expiry.step_versions.size()};
+  std::vector<std::uint64_t> all(fields * world);
   EMBCACHE_RETURN_IF_ERROR(comm.all_gather(own, sizeof own, all.data()).with_context(who));
+  const auto at = [&](std::size_t r, std::size_t f) { return all[fields * r + f]; };
   for (std::size_t r = 1; r < world; ++r) {
-    if (all[4 * r] != all[0] || all[4 * r + 1] != all[1])
+    if (at(r, 0) != at(0, 0) || at(r, 1) != at(0, 1))
       return status::internal(who + ": rank " + std::to_string(r) + "'s admission counts (" +
-                              std::to_string(all[4 * r]) + " words) differ from rank 0's (" +
-                              std::to_string(all[0]) + " words); every rank counts every key");
-    // Every rank begins every shard: the clocks differ in their values only.
+                              std::to_string(at(r, 0)) + " words) differ from rank 0's (" +
+                              std::to_string(at(0, 0)) + " words); every rank counts every key");
+    // Every rank begins every shard and every step: the clocks differ in their values only.
     const auto clock = [&](std::size_t q) {
-      return all[4 * q + 2] == 0 ? std::string("none")
-                                 : std::to_string(all[4 * q + 2] - 1) + " boundaries, " +
-                                       std::to_string(all[4 * q + 3]) + " pass versions";
+      return at(q, 2) == 0
+                 ? std::string("none")
+                 : std::to_string(at(q, 2) - 1) + " boundaries, " + std::to_string(at(q, 3)) +
+                       " pass versions, " + std::to_string(at(q, 4)) + " steps, " +
+                       std::to_string(at(q, 5)) + " step versions";
     };
-    if (all[4 * r + 2] != all[2] || all[4 * r + 3] != all[3])
-      return status::internal(who + ": rank " + std::to_string(r) + "'s expiry clock (" + clock(r) +
-                              ") differs from rank 0's (" + clock(0) + ")");
+    for (std::size_t f = 2; f < fields; ++f)
+      if (at(r, f) != at(0, f))
+        return status::internal(who + ": rank " + std::to_string(r) + "'s expiry clock (" +
+                                clock(r) + ") differs from rank 0's (" + clock(0) + ")");
   }
-  const std::size_t k = static_cast<std::size_t>(all[3]);
-  std::vector<std::uint64_t> versions(k * world);
-  if (k != 0)
+  // Each rank's values, in rank order: the pass versions, then the step versions.
+  const std::size_t k = static_cast<std::size_t>(at(0, 3)), s = static_cast<std::size_t>(at(0, 5));
+  std::vector<std::uint64_t> values(k + s), gathered((k + s) * world);
+  std::copy(mine.expiry.versions.begin(), mine.expiry.versions.end(), values.begin());
+  std::copy(mine.expiry.step_versions.begin(), mine.expiry.step_versions.end(),
+            values.begin() + static_cast<std::ptrdiff_t>(k));
+  if (k + s != 0)
     EMBCACHE_RETURN_IF_ERROR(
-        comm.all_gather(mine.expiry.versions.data(), k * sizeof(std::uint64_t), versions.data())
+        comm.all_gather(values.data(), (k + s) * sizeof(std::uint64_t), gathered.data())
             .with_context(who));
   clocks->assign(world, expiry_clock{});
-  if (all[2] == 0) return {};
+  if (at(0, 2) == 0) return {};
   for (std::size_t r = 0; r < world; ++r) {
-    (*clocks)[r].boundaries = all[4 * r + 2] - 1;
-    (*clocks)[r].versions.assign(versions.begin() + static_cast<std::ptrdiff_t>(r * k),
-                                 versions.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+    expiry_clock& c = (*clocks)[r];
+    const auto first = gathered.begin() + static_cast<std::ptrdiff_t>(r * (k + s));
+    c.boundaries = at(r, 2) - 1;
+    c.versions.assign(first, first + static_cast<std::ptrdiff_t>(k));
+    c.steps = at(r, 4);
+    c.step_versions.assign(first + static_cast<std::ptrdiff_t>(k),
+                           first + static_cast<std::ptrdiff_t>(k + s));
   }
   return {};
+}
+
+// The values of every part's expiry clock (pass versions, then step versions) put in one order
+// that keeps every part's strict order of its own values: ordered by the sum over the parts of
+// each value's rank among its part's values (a value smaller than another in one part is at most
+// as large in every part, since every rank records its clock at the same moments, so its sum is
+// smaller), ties by kind and index. position[i] is entry i's place in it, from 1.
+std::vector<std::uint64_t> clock_positions(const sharded_manifest& m) {
+  const std::size_t k = m.parts[0].expiry.versions.size();
+  const std::size_t n = k + m.parts[0].expiry.step_versions.size();
+  const auto value = [&](const expiry_clock& c, std::size_t i) {
+    return i < k ? c.versions[i] : c.step_versions[i - k];
+  };
+  std::vector<std::uint64_t> key(n, 0);
+  std::vector<std::uint64_t> sorted(n);
+  for (const sharded_part& p : m.parts) {
+    for (std::size_t i = 0; i < n; ++i) sorted[i] = value(p.expiry, i);
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t i = 0; i < n; ++i)
+      key[i] += static_cast<std::uint64_t>(
+          std::lower_bound(sorted.begin(), sorted.end(), value(p.expiry, i)) - sorted.begin());
+  }
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
+  std::vector<std::uint64_t> position(n);
+  for (std::size_t i = 0; i < n; ++i) position[order[i]] = i + 1;
+  return position;
 }
 
 status write_manifest(const std::string& dir, const nlohmann::json& m) {
@@ -211,6 +256,10 @@ status save_sharded(communicator& comm, param_store<Key>& shard, const std::stri
       if (with_expiry) {
         const expiry_clock& c = clocks[static_cast<std::size_t>(r)];
         part["expiry"] = {{"boundaries", c.boundaries}, {"pass_versions", c.versions}};
+        if (c.steps != 0) {  // ttl_steps on: the step clock, the same steps on every rank
+          part["expiry"]["steps"] = c.steps;
+          part["expiry"]["step_versions"] = c.step_versions;
+        }
       }
       m["parts"].push_back(std::move(part));
     }
@@ -358,13 +407,31 @@ result<sharded_manifest> read_sharded_manifest(const std::string& dir_in) {
           return bad(at + ".pass_versions", "is not non-decreasing unsigned integers");
         part.expiry.versions.push_back(v.get<std::uint64_t>());
       }
+      if (e->contains("steps")) {
+        EMBCACHE_RETURN_IF_ERROR(count_field(*e, at + ".steps", "steps", &part.expiry.steps));
+        const auto sv = e->find("step_versions");
+        if (sv == e->end() || !sv->is_array() || sv->size() > part.expiry.steps ||
+            sv->size() > max_ttl_steps)
+          return bad(at + ".step_versions", "is not an array of at most 'steps' (and at most " +
+                                                std::to_string(max_ttl_steps) + ") values");
+        for (const auto& v : *sv) {
+          if (!v.is_number_unsigned() ||
+              (!part.expiry.step_versions.empty() &&
+               v.get<std::uint64_t>() < part.expiry.step_versions.back()))
+            return bad(at + ".step_versions", "is not non-decreasing unsigned integers");
+          part.expiry.step_versions.push_back(v.get<std::uint64_t>());
+        }
+      }
       part.has_expiry = true;
     }
     // Every rank counted the same boundaries; a load on another number of ranks relies on it.
     if (r > 0 && (part.has_expiry != out.parts[0].has_expiry ||
                   part.expiry.boundaries != out.parts[0].expiry.boundaries ||
-                  part.expiry.versions.size() != out.parts[0].expiry.versions.size()))
-      return bad(name + ".expiry", "differs from parts[0].expiry in presence, boundaries or count");
+                  part.expiry.versions.size() != out.parts[0].expiry.versions.size() ||
+                  part.expiry.steps != out.parts[0].expiry.steps ||
+                  part.expiry.step_versions.size() != out.parts[0].expiry.step_versions.size()))
+      return bad(name + ".expiry",
+                 "differs from parts[0].expiry in presence, boundaries, steps or counts");
     out.parts.push_back(std::move(part));
   }
   if (auto a = m.find("admission"); a != m.end()) {
@@ -390,9 +457,13 @@ expiry_clock resumed_expiry_clock(const sharded_manifest& m, int rank, int world
   if (m.parts.empty() || !m.parts[0].has_expiry) return {};
   if (world == m.world_size && rank >= 0 && rank < world)
     return m.parts[static_cast<std::size_t>(rank)].expiry;
+  const std::vector<std::uint64_t> position = clock_positions(m);
+  const std::size_t k = m.parts[0].expiry.versions.size();
   expiry_clock c;
   c.boundaries = m.parts[0].expiry.boundaries;
-  for (std::size_t i = 1; i <= m.parts[0].expiry.versions.size(); ++i) c.versions.push_back(i);
+  c.versions.assign(position.begin(), position.begin() + static_cast<std::ptrdiff_t>(k));
+  c.steps = m.parts[0].expiry.steps;
+  c.step_versions.assign(position.begin() + static_cast<std::ptrdiff_t>(k), position.end());
   return c;
 }
 
@@ -457,8 +528,14 @@ result<sharded_manifest> load_sharded_part(const std::string& dir_in, int rank, 
   std::vector<std::uint64_t> keep_versions;
   // On another number of ranks, versions become age classes (the header says why).
   const bool reclass = m.world_size != world && m.parts[0].has_expiry;
+  std::vector<std::uint64_t> pass;  // part r's clock values (pass and step versions), ascending
   for (int r = 0; r < m.world_size; ++r) {
-    const std::vector<std::uint64_t>& pass = m.parts[static_cast<std::size_t>(r)].expiry.versions;
+    if (reclass) {
+      const expiry_clock& c = m.parts[static_cast<std::size_t>(r)].expiry;
+      pass = c.versions;
+      pass.insert(pass.end(), c.step_versions.begin(), c.step_versions.end());
+      std::sort(pass.begin(), pass.end());
+    }
     // With the save's own world size, part r holds exactly rank r's keys.
     if (m.world_size == world && r != rank) continue;
     const std::string part_dir = dir + "/" + m.parts[static_cast<std::size_t>(r)].path;

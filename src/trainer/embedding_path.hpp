@@ -126,10 +126,11 @@ class keyset_swapper {
     prefetched_keysets_ = std::move(next).value();
     return {};
   }
-  /// The keysets of `shard`, one per table (config.tables order), as begin_shard reads them.
+  /// The keysets of `shard`, one per table (config.tables order), as begin_shard reads them;
+  /// with `others`, per table with admission on, the keys `keep` cut from it (other ranks').
   [[nodiscard]] result<std::vector<std::vector<trainer_key>>> read_keysets(
-      const std::string& shard) {
-    return keysets_of(shard);
+      const std::string& shard, std::vector<std::vector<trainer_key>>* others = nullptr) {
+    return keysets_of(shard, others);
   }
 
  private:

@@ -3,7 +3,10 @@
 // the gradients back (distributed/sharded_table.hpp). An owner keeps its rows in its stores
 // (mode host_hybrid) or in its training cache, which takes the rank's part of every shard's
 // keyset (mode keyset). Saves are sharded saves, one folder per table, loadable on any number
-// of ranks; in keyset mode each rank exports its own deltas.
+// of ranks; each rank exports its own deltas. Feature admission and expiry run at each shard's
+// start on every owner for its own rows: keyset mode's begin_pass, or in mode host_hybrid the
+// boundary of the cache of one bucket per table over the rank's stores (begin_pass_in_stores),
+// as one process runs them; every rank counts the whole keyset, so that the sketches agree.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -128,6 +131,54 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
   sparse_gradients<host_space> grads_;
 };
 
+// Mode host_hybrid: the owner's rows in its store through host_hybrid_table, as sharded_table's
+// default owner keeps them, less the keys feature admission refused at the shard's start
+// (`refused`[t], set by begin_pass_in_stores): those get no row, read what keyset mode's owner
+// gives them and take no gradient.
+class hybrid_owner_rows final : public owner_rows<trainer_key> {
+ public:
+  hybrid_owner_rows(param_store<trainer_key>& store, const host_hybrid_options& options,
+                    training_cache<trainer_key>& cache, std::size_t t,
+                    const std::vector<std::vector<trainer_key>>& refused)
+      : store_(store),
+        table_(store, options, cache_initializer(cache, t)),
+        cache_(cache),
+        t_(t),
+        refused_(refused) {}
+
+  status lookup(const trainer_key* keys, std::size_t n, float* out) override {
+    offsets_.resize(n + 1);
+    for (std::size_t i = 0; i <= n; ++i) offsets_[i] = std::int64_t(i);
+    static const std::vector<trainer_key> none;
+    const std::vector<trainer_key>& refused = t_ < refused_.size() ? refused_[t_] : none;
+    EMBCACHE_RETURN_IF_ERROR(
+        table_.forward({n, 1, offsets_.data(), keys, n}, out, refused.data(), refused.size()));
+    // Zeros or the default row of the key's slot, as cache_owner_rows gives a refused key.
+    const std::size_t dim = table_.options().dim;
+    for (std::size_t i = 0; i < n && !refused.empty(); ++i)
+      if (std::binary_search(refused.begin(), refused.end(), keys[i]))
+        cache_.default_row(t_, criteo_key_tag(keys[i]), out + i * dim);
+    return {};
+  }
+  status update(const float* grads, std::uint64_t step) override {
+    table_.set_step(step - 1);  // the table's next step is step
+    return table_.backward(grads);
+  }
+  status read(const trainer_key* keys, std::size_t n, float* rows, bool* found) override {
+    return store_.pull(keys, n, rows, found);
+  }
+  // Rows pushed from now on are newer than `version` (a resumed expiry clock's values).
+  void advance_version(std::uint64_t version) { table_.advance_version(version); }
+
+ private:
+  param_store<trainer_key>& store_;
+  host_hybrid_table<trainer_key> table_;
+  training_cache<trainer_key>& cache_;
+  std::size_t t_;
+  const std::vector<std::vector<trainer_key>>& refused_;
+  std::vector<std::int64_t> offsets_;
+};
+
 // Removes every row of table `t` from the training cache and its store.
 status clear_cache(training_cache<trainer_key>& cache, std::size_t t) {
   EMBCACHE_RETURN_IF_ERROR(cache.end_training());  // every resident row is in the store now
@@ -159,6 +210,8 @@ class sharded_path final : public embedding_path {
       so.table.optimizer = tc.optimizer;
       so.table.max_threads = config_.threads;
       so.num_blocks = config_.num_blocks;
+      boundaries_ = boundaries_ || tc.admission.enabled() || tc.expiry.enabled();
+      steps_ = steps_ || tc.expiry.ttl_steps != 0;
       const std::string what =
           "config.tables[" + std::to_string(t) + "] (table \"" + tc.name + "\"): its sharded table";
       EMBCACHE_RETURN_IF_ERROR(allocating(what, [&]() -> status {
@@ -166,9 +219,13 @@ class sharded_path final : public embedding_path {
           sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
               comm_, *tables_.stores[t], so,
               std::make_unique<cache_owner_rows>(*tables_.cache, t, config_, space_, comm_.rank()));
-        else
-          sharded_[t] = std::make_unique<sharded_table<trainer_key>>(
-              comm_, *tables_.stores[t], so, cache_initializer(*tables_.cache, t));
+        else {
+          auto rows = std::make_unique<hybrid_owner_rows>(*tables_.stores[t], so.table,
+                                                          *tables_.cache, t, refused_);
+          hybrid_[t] = rows.get();
+          sharded_[t] = std::make_unique<sharded_table<trainer_key>>(comm_, *tables_.stores[t], so,
+                                                                     std::move(rows));
+        }
         return {};
       }));
     }
@@ -187,13 +244,25 @@ class sharded_path final : public embedding_path {
                  "the run identity");
   }
 
-  // Keyset mode: every rank swaps in its part of the shard's keysets (collective through the
-  // agreement on the outcome).
+  // Keyset mode: every rank swaps in its part of the shard's keysets; mode host_hybrid with
+  // admission or expiry: every rank counts the shard's keysets and admits and expires its own
+  // keys' rows in its stores. Collective through the agreement on the outcome.
   status begin_shard(const std::string& shard, const std::string& upcoming) override {
-    if (!keyset_) return {};
-    const status local = swapper_.begin_shard(*tables_.cache, shard, upcoming, activity_);
-    return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
-                 "the keyset swap");
+    if (keyset_) {
+      const status local = swapper_.begin_shard(*tables_.cache, shard, upcoming, activity_);
+      return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
+                   "the keyset swap");
+    }
+    if (!boundaries_) return {};
+    return agree(comm_,
+                 boundary_in_stores(shard).with_context("rank " + std::to_string(comm_.rank())),
+                 "the pass boundary");
+  }
+
+  // Expiry's ttl_steps: every rank records every step, so the step clock is the run's.
+  status begin_step() override {
+    if (steps_) tables_.cache->begin_step();
+    return {};
   }
 
   status forward(const batch_keys& k, float* wide_out, float* deep_out) override {
@@ -227,9 +296,14 @@ class sharded_path final : public embedding_path {
   // ranks' keys are disjoint, so the parts of delta N together are the model's delta N), with N
   // one past the highest parts file rank 0 finds, and rank 0 names the parts in
   // `dir`/delta-N.parts.json.
+  // Mode host_hybrid exports the rows its owners pushed into their stores since the last export
+  // (adopt_store_writes) and the keys they expired since, as one process does.
   result<exported_delta> export_incremental_to(const std::string& dir, bool with_state) override {
-    if (!keyset_)  // refused with config.export_dir before the run (check_sharded_config)
-      return status::unsupported("a sharded run in mode host_hybrid has no incremental export");
+    if (!keyset_)
+      EMBCACHE_RETURN_IF_ERROR(agree(
+          comm_,
+          tables_.cache->adopt_store_writes().with_context("rank " + std::to_string(comm_.rank())),
+          "the incremental export"));
     std::uint64_t number = 1;
     if (comm_.rank() == 0) {
       std::error_code ec;
@@ -267,22 +341,19 @@ class sharded_path final : public embedding_path {
     return exported_delta{parts, rows};
   }
   // `dir`/<table>: a sharded save per table (every rank its part, rank 0 the manifest), recording
-  // the last delta exported before it (serving applies the deltas after it). Keyset mode writes
-  // the cache's dirty rows back to the stores first, and saves each table's admission counts and
-  // this rank's expiry clock with it.
+  // the last delta exported before it (serving applies the deltas after it), with each table's
+  // admission counts and this rank's expiry clock. Keyset mode writes the cache's dirty rows back
+  // to the stores first.
   status save_sparse(const std::string& dir, const save_progress&) override {
     if (keyset_)
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->end_training(), "trainer::save"));
     for (const std::size_t t : {tables_.roles.wide, tables_.roles.deep}) {
       sharded_lifetime lifetime;
-      if (keyset_) {
-        lifetime.admission = tables_.cache->admission_state(t);
-        lifetime.has_expiry = config_.tables[t].expiry.enabled();
-        if (lifetime.has_expiry) lifetime.expiry = tables_.cache->expiry_state(t);
-      }
+      lifetime.admission = tables_.cache->admission_state(t);
+      lifetime.has_expiry = config_.tables[t].expiry.enabled();
+      if (lifetime.has_expiry) lifetime.expiry = tables_.cache->expiry_state(t);
       EMBCACHE_RETURN_IF_ERROR(sharded_[t]->save(dir + "/" + config_.tables[t].name,
-                                                 tables_.cache->run_id(), last_delta_,
-                                                 keyset_ ? &lifetime : nullptr));
+                                                 tables_.cache->run_id(), last_delta_, &lifetime));
     }
     return {};
   }
@@ -323,10 +394,9 @@ class sharded_path final : public embedding_path {
     // Every rank read the same manifests, so they adopt the same identity.
     if (!adopted.empty())
       EMBCACHE_RETURN_IF_ERROR(agree(comm_, tables_.cache->set_run_id(adopted), "trainer::load"));
-    // Keyset mode: the rows reached the stores without the training cache, whose version clock
-    // must pass theirs (or rows updated after the resume look clean and are never written back)
-    // and whose next export starts at them (or it repeats the exports before the save).
-    if (!keyset_) return {};
+    // The rows reached the stores without the training cache, whose version clock must pass
+    // theirs (or, in keyset mode, rows updated after the resume look clean and are never written
+    // back) and whose next export starts at them (or it repeats the exports before the save).
     EMBCACHE_RETURN_IF_ERROR(agree(
         comm_, tables_.cache->adopt_stores().with_context("rank " + std::to_string(comm_.rank())),
         "trainer::load"));
@@ -348,6 +418,8 @@ class sharded_path final : public embedding_path {
           t, words, resumed_expiry_clock(m, comm_.rank(), comm_.size()),
           m.admission.path.empty() ? folder + "/manifest.json" : folder + "/" + m.admission.path);
       if (!local.ok()) break;
+      // Mode host_hybrid: the rows its owners push from now on are newer than the clock.
+      if (hybrid_[t]) hybrid_[t]->advance_version(tables_.cache->cache(t).version());
     }
     return agree(comm_, local.with_context("rank " + std::to_string(comm_.rank())),
                  "trainer::load");
@@ -359,6 +431,19 @@ class sharded_path final : public embedding_path {
   training_cache<trainer_key>* host_cache() override { return tables_.cache.get(); }
 
  private:
+  // Mode host_hybrid's pass boundary: the sightings of the keys other ranks own, then
+  // begin_pass_in_stores of this rank's part of the shard's keysets, whose refused keys the
+  // owners leave without a row until the next shard.
+  status boundary_in_stores(const std::string& shard) {
+    std::vector<std::vector<trainer_key>> others;
+    auto keysets = swapper_.read_keysets(shard, &others);
+    if (!keysets.ok()) return keysets.get_status();
+    for (std::size_t t = 0; t < others.size(); ++t)
+      EMBCACHE_RETURN_IF_ERROR(tables_.cache->count_sightings(t, others[t].data(), others[t].size())
+                                   .with_context(shard));
+    return tables_.cache->begin_pass_in_stores(keysets.value(), &refused_).with_context(shard);
+  }
+
   const trainer_config config_;
   communicator& comm_;
   embedding_tables tables_;
@@ -367,6 +452,12 @@ class sharded_path final : public embedding_path {
   host_space space_;  // the cache_owner_rows of build_tables
   path_activity activity_;
   std::uint64_t last_delta_ = 0;  // the last delta exported (or the loaded save's applied_delta)
+  bool boundaries_ = false;       // a table with admission or expiry: shards begin passes
+  bool steps_ = false;            // a table with expiry's ttl_steps: steps are recorded
+  // Mode host_hybrid: per table the keys admission refused at the current shard's start, which
+  // its owner rows (hybrid_, in sharded_[t]) leave without a row.
+  std::vector<std::vector<trainer_key>> refused_;
+  hybrid_owner_rows* hybrid_[2] = {nullptr, nullptr};
   std::unique_ptr<sharded_table<trainer_key>> sharded_[2];
 };
 

@@ -19,8 +19,7 @@ namespace embcache::detail {
 /// path ("config.tables[1]").
 void read_admission_fields(object_reader& r, const std::string& at, trainer_table_config& tc,
                            status* err);
-/// Checks their ranges (every mode has admission; a sharded host-hybrid run refuses it in
-/// check_sharded_config).
+/// Checks their ranges (every mode, sharded runs included, has admission).
 [[nodiscard]] status validate_admission_fields(const trainer_table_config& tc,
                                                const std::string& at);
 /// Writes them into the table's JSON object when any differs from the default.

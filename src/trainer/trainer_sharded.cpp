@@ -22,35 +22,6 @@ status detail::check_sharded_config(const trainer_config& config, const communic
                                     "\" on " + std::to_string(world) +
                                     " ranks: a sharded run trains in mode \"keyset\" or "
                                     "\"host_hybrid\"");
-  // A sharded host-hybrid table trains on its owners' stores (sharded_table), which have no
-  // pass boundary for admission or expiry; keyset mode's training caches have one.
-  for (std::size_t t = 0; t < config.tables.size() && config.mode == trainer_mode::host_hybrid;
-       ++t) {
-    const trainer_table_config& tc = config.tables[t];
-    const std::string at = "config.tables[" + std::to_string(t) + "]";
-    const char* field = nullptr;
-    if (tc.admission.enabled())
-      field = ".admission";
-    else if (tc.expiry.enabled())
-      field = ".expiry";
-    if (field)
-      return status::invalid_argument(at + field +
-                                      ": a sharded run in mode \"host_hybrid\" has no feature "
-                                      "admission or expiry (a sharded run has them in mode "
-                                      "\"keyset\")");
-  }
-  // A sharded save records each rank's pass clock, not the steps one (sharded_save.hpp).
-  for (std::size_t t = 0; t < config.tables.size(); ++t) {
-    if (config.tables[t].expiry.ttl_steps != 0)
-      return status::invalid_argument("config.tables[" + std::to_string(t) +
-                                      "].expiry.ttl_steps: a sharded run has no expiry by steps "
-                                      "(ttl_passes counts its shards)");
-  }
-  // Its rows are in the owners' stores, whose rows no training cache exports: keyset mode's do.
-  if (config.mode == trainer_mode::host_hybrid && !config.export_dir.empty())
-    return status::invalid_argument(
-        "config.export_dir: a sharded run in mode \"host_hybrid\" has no incremental export (a "
-        "sharded run has it in mode \"keyset\")");
   if (config.num_blocks % static_cast<std::size_t>(world) != 0)
     return status::invalid_argument("config.num_blocks: " + std::to_string(config.num_blocks) +
                                     " blocks do not split over " + std::to_string(world) +
@@ -72,6 +43,8 @@ status trainer::impl::train_step_sharded(const shard_batch& b, std::uint64_t pas
   scratch.d_deep.assign(m * ds * dim, 0.0f);
   const detail::batch_keys keys{m,  scratch.wide_keys.data(), ws, b.keys.data() + mine.begin * ds,
                                 ds, scratch.offsets.data(),   n};
+  // Expiry's ttl_steps: every rank begins every step, so its step clock counts the global steps.
+  EMBCACHE_RETURN_IF_ERROR(path->begin_step());
   EMBCACHE_RETURN_IF_ERROR(path->forward(keys, scratch.in_wide.data(), scratch.in_deep.data()));
 
   // Each block's dense gradient, as its share of the global batch's mean loss. The dropout

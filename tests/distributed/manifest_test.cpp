@@ -292,5 +292,63 @@ TEST_F(sharded_manifest_test, lifetime_state_is_saved_checked_and_refused_when_d
   expect_refused(bad, status_code::corruption, "'parts[1].expiry'");
 }
 
+// Expiry by steps (ttl_steps): the step clock is saved beside the pass clock, checked when read,
+// and on another number of ranks both clocks' values take their places in one order (pass 1,
+// step 2, pass 3, step 3 here: places 1, 2, 3, 4) and the rows' versions become classes of it.
+TEST_F(sharded_manifest_test, step_clocks_are_saved_checked_and_reclassed_with_the_pass_clock) {
+  sharded_lifetime lifetime;
+  lifetime.has_expiry = true;
+  lifetime.expiry = {3, {1, 3}, 5, {2, 3}};
+  const std::string with = root_ + "/steps";
+  EMBCACHE_ASSERT_OK(table_.save(with, "", 0, &lifetime));
+  auto m = read_sharded_manifest(with);
+  EMBCACHE_ASSERT_OK(m);
+  const expiry_clock& saved_clock = m.value().parts[0].expiry;
+  EXPECT_EQ(saved_clock.steps, 5u);
+  EXPECT_EQ(saved_clock.step_versions, (std::vector<std::uint64_t>{2, 3}));
+  const expiry_clock same = resumed_expiry_clock(m.value(), 0, 1);
+  EXPECT_EQ(same.step_versions, lifetime.expiry.step_versions);
+  const expiry_clock two = resumed_expiry_clock(m.value(), 1, 2);
+  EXPECT_EQ(two.boundaries, 3u);
+  EXPECT_EQ(two.versions, (std::vector<std::uint64_t>{1, 3}));
+  EXPECT_EQ(two.steps, 5u);
+  EXPECT_EQ(two.step_versions, (std::vector<std::uint64_t>{2, 4}));
+  const model saved = read_store(store_);
+  const std::vector<std::uint64_t> values = {1, 2, 3, 3};
+  for (int r = 0; r < 2; ++r) {
+    host_store<std::int64_t> half(store_options(options_));
+    EMBCACHE_ASSERT_OK(load_sharded_part(with, r, 2, half));
+    const model h = read_store(half);
+    for (std::size_t i = 0; i < h.keys.size(); ++i) {
+      const auto at = std::find(saved.keys.begin(), saved.keys.end(), h.keys[i]);
+      ASSERT_NE(at, saved.keys.end());
+      const std::uint64_t v = saved.versions[std::size_t(at - saved.keys.begin())];
+      const auto below =
+          std::count_if(values.begin(), values.end(), [v](std::uint64_t x) { return x < v; });
+      EXPECT_EQ(h.versions[i], std::uint64_t(1 + below)) << "key " << h.keys[i];
+    }
+  }
+  // Damaged step clocks, by field; a save without ttl_steps writes none.
+  std::ifstream in(with + "/manifest.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  dir_ = with;
+  const nlohmann::json good = nlohmann::json::parse(text.str());
+  nlohmann::json bad = good;
+  bad["parts"][0]["expiry"]["step_versions"] = {3, 2};
+  expect_refused(bad, status_code::corruption, "'parts[0].expiry.step_versions'");
+  bad = good;
+  bad["parts"][0]["expiry"]["steps"] = 1;
+  expect_refused(bad, status_code::corruption, "'parts[0].expiry.step_versions'");
+  bad = good;
+  bad["parts"][0]["expiry"]["steps"] = "5";
+  expect_refused(bad, status_code::corruption, "'parts[0].expiry.steps'");
+  lifetime.expiry = {3, {1, 3}};
+  EMBCACHE_ASSERT_OK(table_.save(root_ + "/passes", "", 0, &lifetime));
+  EXPECT_FALSE(
+      nlohmann::json::parse(read_bytes(root_ + "/passes/manifest.json"))["parts"][0]["expiry"]
+          .contains("steps"));
+}
+
 }  // namespace
 }  // namespace embcache::test

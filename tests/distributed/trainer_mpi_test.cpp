@@ -42,9 +42,27 @@ result<std::unique_ptr<trainer>> run_sharded(const trainer_config& c, communicat
   return t;
 }
 
+/// Feature admission and expiry by passes and by steps on every table of a host-hybrid run:
+/// keys get rows at their second shard, rows untouched for two shards or for the last 8 steps
+/// (of 12 a shard) leave at the next shard's start.
+void with_lifetime(trainer_config& c) {
+  for (auto& t : c.tables) {
+    t.admission.min_count = 2;
+    t.admission.sketch_width = 4096;
+    t.expiry.ttl_passes = 2;
+    t.expiry.ttl_steps = 8;
+  }
+}
+
+// Mode host_hybrid with admission, expiry (passes and steps) and incremental exports: each owner
+// admits, expires and exports its own rows, and the model, its saves and every delta (all parts
+// together: rows, optimizer state, tombstones) are the single rank's, bit for bit.
 TEST(sharded_trainer, the_model_is_the_same_bits_on_every_number_of_ranks) {
   const std::string dir = shared_temp_dir("trainer-bits");
   trainer_config c = sharded_trainer_config(data_dir());
+  with_lifetime(c);
+  c.export_with_state = true;
+  c.export_dir = dir + "/export_world";
   c.save_dir = dir + "/world";
   auto t = run_sharded(c, world());
   EMBCACHE_ASSERT_OK(t);
@@ -53,11 +71,37 @@ TEST(sharded_trainer, the_model_is_the_same_bits_on_every_number_of_ranks) {
   if (world().rank() == 0) {
     single_process_communicator one;
     trainer_config c1 = c;
+    c1.export_dir = dir + "/export_one";
     c1.save_dir = dir + "/one";
     auto t1 = run_sharded(c1, one);
     EMBCACHE_ASSERT_OK(t1);
     expect_same_sharded_model(c.save_dir, c1.save_dir);
     expect_same_history(t.value()->history(), t1.value()->history());
+    table_counters total;
+    for (const auto& tc : t1.value()->cache().counters().total) total += tc;
+    EXPECT_GT(total.keys_refused, 0u);
+    EXPECT_GT(total.rows_expired, 0u);
+    std::size_t tombstones = 0;
+    for (std::uint64_t n : {1, 2}) {
+      const std::vector<model_folder> a = delta_parts(c.export_dir, n),
+                                      b = delta_parts(c1.export_dir, n);
+      ASSERT_EQ(a.size(), std::size_t(world().size())) << "delta " << n;
+      ASSERT_EQ(b.size(), 1u) << "delta " << n;
+      for (std::size_t tb = 0; tb < 2; ++tb) {
+        const folder_table x = merged(a, tb);
+        expect_same_table_rows(x, merged(b, tb), "delta " + std::to_string(n) + " table " + x.name);
+        tombstones += x.erased.size();
+      }
+    }
+    EXPECT_GT(tombstones, 0u);
+    // The save records the step clock of every step, in every part.
+    auto m = read_sharded_manifest(c.save_dir + "/sparse/deep");
+    EMBCACHE_ASSERT_OK(m);
+    ASSERT_EQ(m.value().parts.size(), std::size_t(world().size()));
+    for (const sharded_part& p : m.value().parts) {
+      EXPECT_EQ(p.expiry.steps, t1.value()->step()) << p.path;
+      EXPECT_EQ(p.expiry.step_versions.size(), 8u) << p.path;
+    }
   }
   ASSERT_TRUE(world().barrier().ok());
 }
@@ -183,11 +227,14 @@ TEST(sharded_trainer, admission_gives_the_same_bits_on_every_number_of_ranks) {
   ASSERT_TRUE(world().barrier().ok());
 }
 
-// Expiry in a sharded keyset run: each owner expires its own rows at every shard's start, and
-// the model is the one a single rank trains, bit for bit.
+// Expiry in a sharded keyset run, by passes and by steps (8 of a shard's 12): each owner expires
+// its own rows at every shard's start, and the model is the one a single rank trains, bit for bit.
 TEST(sharded_trainer, expiry_gives_the_same_bits_on_every_number_of_ranks) {
-  const auto alone = expect_keyset_bits_on_every_number_of_ranks(
-      shared_temp_dir("trainer-expiry"), [](trainer_table_config& t) { t.expiry.ttl_passes = 1; });
+  const auto alone = expect_keyset_bits_on_every_number_of_ranks(shared_temp_dir("trainer-expiry"),
+                                                                 [](trainer_table_config& t) {
+                                                                   t.expiry.ttl_passes = 1;
+                                                                   t.expiry.ttl_steps = 8;
+                                                                 });
   EXPECT_EQ(alone != nullptr, world().rank() == 0);
   if (!alone) return;
   std::uint64_t expired = 0;
@@ -254,9 +301,13 @@ TEST(sharded_trainer, one_rank_with_one_block_is_the_host_hybrid_run) {
   expect_same_rows_as_hybrid(c.save_dir, h.save_dir);
 }
 
+// Mode host_hybrid with admission and expiry by passes and steps: the save carries the admission
+// counts and every rank's pass and step clocks, which a run on another number of ranks resumes
+// with (ages as classes of the clocks' values, sharded_save.hpp).
 TEST(sharded_trainer, a_save_resumes_on_another_number_of_ranks) {
   const std::string dir = shared_temp_dir("trainer-resume");
-  const trainer_config whole = sharded_trainer_config(data_dir());
+  trainer_config whole = sharded_trainer_config(data_dir());
+  with_lifetime(whole);
   trainer_config first = whole;
   first.passes = {whole.passes[0]};
   trainer_config rest = whole;

@@ -44,61 +44,6 @@ std::unique_ptr<trainer> run_on(const trainer_config& c, communicator& comm) {
   return std::move(t).value();
 }
 
-/// The parts of delta `number` of a sharded run's export folder, in rank order.
-std::vector<model_folder> delta_parts(const std::string& exports, std::uint64_t number) {
-  char name[32];
-  std::snprintf(name, sizeof name, "delta-%06llu", static_cast<unsigned long long>(number));
-  const auto parts = nlohmann::json::parse(read_bytes(exports + "/" + name + ".parts.json"));
-  std::vector<model_folder> out;
-  for (const auto& p : parts.at("parts")) {
-    auto d = read_delta_folder(exports + "/" + p.get<std::string>());
-    EMBCACHE_EXPECT_OK(d);
-    if (d.ok()) out.push_back(std::move(d).value());
-  }
-  return out;
-}
-
-/// Table `t` of every part of one delta together, sorted by key: keys, embeddings, optimizer
-/// state and tombstones (versions are left out: they count each rank's own updates).
-folder_table merged(const std::vector<model_folder>& parts, std::size_t t) {
-  folder_table all;
-  std::vector<std::pair<std::int64_t, std::pair<std::size_t, std::size_t>>> order;
-  for (std::size_t p = 0; p < parts.size(); ++p) {
-    const folder_table& x = parts[p].tables.at(t);
-    all.name = x.name;
-    all.dim = x.dim;
-    all.state_width = x.state_width;
-    for (std::size_t i = 0; i < x.keys.size(); ++i) order.push_back({x.keys[i], {p, i}});
-    all.erased.insert(all.erased.end(), x.erased.begin(), x.erased.end());
-  }
-  std::sort(order.begin(), order.end());
-  std::sort(all.erased.begin(), all.erased.end());
-  for (const auto& [key, at] : order) {
-    const folder_table& x = parts[at.first].tables[t];
-    all.keys.push_back(key);
-    all.vectors.insert(all.vectors.end(), x.vectors.begin() + at.second * x.dim,
-                       x.vectors.begin() + (at.second + 1) * x.dim);
-    all.states.insert(all.states.end(), x.states.begin() + at.second * x.state_width,
-                      x.states.begin() + (at.second + 1) * x.state_width);
-  }
-  return all;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-/// Keys, embeddings, optimizer state and tombstones of one table, bit for bit.
-void expect_same_table_rows(const folder_table& a, const folder_table& b, const std::string& what) {
-  EXPECT_GT(a.keys.size(), 0u) << what;
-  EXPECT_EQ(a.keys, b.keys) << what;
-  EXPECT_TRUE(same_bits(a.vectors, b.vectors)) << what << ": embeddings differ";
-  EXPECT_GT(a.state_width, 0u) << what;
-  EXPECT_EQ(a.state_width, b.state_width) << what;
-  EXPECT_TRUE(same_bits(a.states, b.states)) << what << ": optimizer states differ";
-  EXPECT_EQ(a.erased, b.erased) << what;
-}
-
 /// The largest version among the rows of table `table` (row width `width`) in the sharded save
 /// `save` that rank `rank` of `world` owns: the version that rank's tables resume at.
 std::uint64_t resumed_version(const std::string& save, const char* table, std::size_t width,

@@ -903,7 +903,7 @@ TEST(trainer_config, expiry_fields_are_checked_and_round_trip) {
 }
 
 // tables[i].expiry.ttl_steps: alone or with ttl_passes, printed only when set, at most
-// max_ttl_steps, in every single-process mode; a sharded run refuses it naming the field.
+// max_ttl_steps, in every mode, sharded runs included (tests/distributed run them).
 TEST(trainer_config, expiry_ttl_steps_is_checked_and_round_trips) {
   auto parse = [](const std::string& expiry, const std::string& mode = "keyset") {
     return trainer_config_from_text(
@@ -933,49 +933,36 @@ TEST(trainer_config, expiry_ttl_steps_is_checked_and_round_trips) {
   t.tables[0].expiry.ttl_steps = max_ttl_steps + 1;
   EXPECT_EQ(validate(t).message(),
             "config.tables[0].expiry.ttl_steps: expected an integer in [0, 262144], got 262145");
-
-  single_process_communicator one;
-  trainer_config s = small_config("sharded_ttl_steps");
-  s.passes = {{{shard(0)}}};
-  s.save_dir.clear();
-  s.tables[1].expiry.ttl_steps = 10;
-  auto tr = trainer::create(s, one);
-  ASSERT_FALSE(tr.ok());
-  EXPECT_EQ(tr.get_status().message(),
-            "config.tables[1].expiry.ttl_steps: a sharded run has no expiry by steps (ttl_passes "
-            "counts its shards)");
 }
 
-// A sharded host-hybrid run trains on its owners' stores, which have no pass boundary nor export:
-// admission, expiry and export_dir are refused there, naming the field, before anything is built.
-TEST(trainer_config, a_sharded_host_hybrid_run_refuses_admission_expiry_and_export) {
+// A sharded host-hybrid run admits, expires (by passes and steps) and exports on its owners'
+// stores (tests/distributed compare it with one rank): it is built with them all, and bad values
+// are still refused naming the field, before anything is built.
+TEST(trainer_config, a_sharded_host_hybrid_run_takes_admission_expiry_and_export) {
   single_process_communicator one;
   trainer_config c = small_config("sharded_hybrid_lifecycle");
   c.passes = {{{shard(0)}}};
   c.save_dir.clear();
   c.mode = trainer_mode::host_hybrid;
-  c.tables[1].expiry.ttl_passes = 2;
-  auto t = trainer::create(c, one);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
-  EXPECT_EQ(t.get_status().message(),
-            "config.tables[1].expiry: a sharded run in mode \"host_hybrid\" has no feature "
-            "admission or expiry (a sharded run has them in mode \"keyset\")");
-  c.tables[1].expiry = {};
   c.tables[0].admission.min_count = 2;
-  t = trainer::create(c, one);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.get_status().message().rfind("config.tables[0].admission: ", 0), 0u)
-      << t.get_status().message();
-  c.tables[0].admission = {};
+  c.tables[1].expiry.ttl_passes = 2;
+  c.tables[1].expiry.ttl_steps = 10;
   c.export_dir = temp_dir("sharded_hybrid_lifecycle") + "/deltas";
+  auto t = trainer::create(c, one);
+  EMBCACHE_ASSERT_OK(t);
+  t.value().reset();
+  c.tables[0].admission.probability = 1.5;
   t = trainer::create(c, one);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().code(), status_code::invalid_argument);
+  EXPECT_EQ(t.get_status().message().rfind("config.tables[0].admission.probability: ", 0), 0u)
+      << t.get_status().message();
+  c.tables[0].admission.probability = 0;
+  c.tables[1].expiry.ttl_steps = max_ttl_steps + 1;
+  t = trainer::create(c, one);
+  ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.get_status().message(),
-            "config.export_dir: a sharded run in mode \"host_hybrid\" has no incremental export "
-            "(a sharded run has it in mode \"keyset\")");
-  EXPECT_FALSE(fs::exists(c.export_dir));
+            "config.tables[1].expiry.ttl_steps: expected an integer in [0, 262144], got 262145");
 }
 
 }  // namespace

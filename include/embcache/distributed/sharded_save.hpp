@@ -35,9 +35,11 @@
 ///   every key of a shard's keyset, so every rank holds the same sketch: the ranks check that
 ///   their sketches hash alike, and rank 0 writes the file once.
 /// - `parts[r].expiry`: {boundaries, pass_versions}: rank r's expiry clock (expiry.hpp), in every
-///   part or in none, with the same boundaries and as many pass versions in each. The values are
-///   rank r's version clock, which stamps only rank r's rows; see load_sharded_part() for a load
-///   on another number of ranks.
+///   part or in none, with the same boundaries and as many pass versions in each; with `steps`
+///   and `step_versions` too once a step was begun with ttl_steps on (every rank begins every
+///   step, so the steps are the run's global step count and the same in every part, as is the
+///   number of step versions). The values are rank r's version clock, which stamps only rank r's
+///   rows; see load_sharded_part() for a load on another number of ranks.
 #pragma once
 
 #include <cstddef>
@@ -136,7 +138,8 @@ template <class Key>
 /// digits (corruption otherwise), the rows' sum without overflow, and the optional lifetime
 /// entries: `admission` with the layout's path, a size that is a multiple of 4 and 16 hex digits
 /// of xxh64; `expiry` in every part or none, each with at most `boundaries` non-decreasing pass
-/// versions, all with the same boundaries and count. Errors name the file and the field.
+/// versions and, when it has `steps`, at most `steps` (and max_ttl_steps) non-decreasing step
+/// versions, all with the same boundaries, steps and counts. Errors name the file and the field.
 [[nodiscard]] result<sharded_manifest> read_sharded_manifest(const std::string& dir);
 
 /// Loads the rows that rank `rank` of `world` owns from the save in `dir` into `target` (empty,
@@ -148,9 +151,10 @@ template <class Key>
 /// Expiry across world sizes: a row's version is a value of the clock of the rank that wrote it,
 /// and the expiry rule compares it with that rank's pass versions. When the save records expiry
 /// clocks and has another number of parts than `world`, each loaded row's version becomes its
-/// age class under its part's clock, 1 + the number of that part's pass versions below it, and
-/// the loading rank's clock is resumed_expiry_clock()'s (pass versions 1, 2, ..., k): every row
-/// then compares with every future boundary exactly as it did under its own rank's clock. With
+/// age class under its part's clock, 1 + the number of that part's clock values (pass and step
+/// versions) below it, and the loading rank's clock is resumed_expiry_clock()'s (each value
+/// replaced by its place among all of them, 1 .. k; pass versions only: 1, 2, ..., k): every row
+/// then compares with every recorded value exactly as it did under its own rank's clock. With
 /// the save's own number of parts versions are kept as saved.
 template <class Key>
 [[nodiscard]] result<sharded_manifest> load_sharded_part(const std::string& dir, int rank,
@@ -166,8 +170,10 @@ template <class Key>
                                                     const part_opener<Key>& open = {});
 
 /// The expiry clock rank `rank` of `world` resumes with from `m` (which records expiry clocks):
-/// parts[rank]'s when `world` is the save's world size; else the same boundaries with pass
-/// versions 1 .. k, k the parts' count (the versions load_sharded_part() gives the rows).
+/// parts[rank]'s when `world` is the save's world size; else the same boundaries and steps with
+/// each pass and step version replaced by its place, from 1, in one order of all of them that
+/// keeps every part's order of its own values (with pass versions only: 1 .. k), the scale of the
+/// age classes load_sharded_part() gives the rows.
 expiry_clock resumed_expiry_clock(const sharded_manifest& m, int rank, int world);
 
 /// Reads the admission file of the save in `dir` (manifest `m`), checked against the manifest's

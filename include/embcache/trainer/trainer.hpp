@@ -317,9 +317,10 @@ class trainer {
   /// summed over the blocks in block order: the model is the same bits whatever the number of
   /// ranks, and in either mode. Only rank 0 logs, and writes the metrics files and the save's
   /// dense.bin and trainer.json; every rank writes its part of the sparse tables (a sharded
-  /// save per table) and, in keyset mode, its own incremental exports (export_dir/rank-R/, with
-  /// export_dir/delta-N.parts.json naming them). Saves, resumes and exports go through folders
-  /// every rank sees. invalid_argument when config.world is set and differs from comm.size(),
+  /// save per table, with the admission counts and the rank's expiry clocks) and its own
+  /// incremental exports (export_dir/rank-R/, with export_dir/delta-N.parts.json naming them).
+  /// Feature admission and expiry (passes, steps, norm) run on each owner for its own rows, in
+  /// either mode. Saves, resumes and exports go through folders every rank sees. invalid_argument when config.world is set and differs from comm.size(),
   /// or the mode is on_demand; unsupported when config.embedding_device is "cuda" (a sharded
   /// run keeps its tables on the host; "auto" means host).
   static result<std::unique_ptr<trainer>> create(const trainer_config& config, communicator& comm);
