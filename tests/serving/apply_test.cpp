@@ -182,7 +182,7 @@ TEST(apply_deltas, deltas_of_another_run_are_refused) {
                                           " (deltas of different runs do not mix)");
   EXPECT_EQ(folder_bytes(a.base), before);
   // A base and a delta without identities (as earlier versions wrote them) are not checked.
-  for (const std::string m :
+  for (const std::string& m :
        {a.base + "/manifest.json", d.deltas + "/delta-000001/manifest.json"}) {
     auto j = nlohmann::json::parse(file_bytes(m));
     j.erase("run_id");
