@@ -48,13 +48,46 @@ inline bool make_full_device(const std::string& path) {
   return ::mknod(path.c_str(), S_IFCHR | 0666, makedev(1, 7)) == 0;
 }
 
-// Six shards of 1,500 synthetic rows with crossed keys, made once per test binary.
+// Six shards of 1,500 synthetic rows with crossed keys, written once per build of the test
+// binary and shared by its processes (ctest runs every case in a process of its own, and under a
+// sanitizer writing the data costs seconds). The folder lies beside the binary, named by its size
+// and modification time, so a rebuilt binary writes it afresh and the build's earlier ones go. A
+// process writes into a folder of its own and renames it into place: the rename is atomic, and
+// of two processes that raced, the one that comes second drops its copy (the bytes are the same:
+// the generator is deterministic). No test writes into it.
 inline const std::string& dataset() {
   static const std::string dir = [] {
-    const std::string d = temp_dir("data");
-    const status s = test::write_trainer_dataset(d, 9000, /*cross=*/true);
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const auto size = ec ? 0 : fs::file_size(exe, ec);
+    const auto mtime = ec ? 0 : fs::last_write_time(exe, ec).time_since_epoch().count();
+    if (ec) {  // no /proc: a copy per process
+      const std::string d = temp_dir("data");
+      const status s = test::write_trainer_dataset(d, 9000, /*cross=*/true);
+      if (!s.ok()) throw std::runtime_error(s.to_string());
+      return d;
+    }
+    const std::string prefix = exe.filename().string() + "_dataset_";
+    const fs::path d =
+        exe.parent_path() / (prefix + std::to_string(size) + "_" + std::to_string(mtime));
+    if (fs::exists(d)) return d.string();  // only ever renamed into place whole
+    const fs::path mine = d.string() + ".tmp" + std::to_string(::getpid());
+    fs::remove_all(mine);
+    const status s = test::write_trainer_dataset(mine.string(), 9000, /*cross=*/true);
     if (!s.ok()) throw std::runtime_error(s.to_string());
-    return d;
+    fs::rename(mine, d, ec);  // fails when another process placed its copy first
+    if (ec) fs::remove_all(mine);
+    if (!fs::exists(d))
+      throw std::runtime_error("cannot place the test dataset at " + d.string() + ": " +
+                               ec.message());
+    if (!ec) {  // this process placed it: the copies of earlier builds go
+      for (const auto& e : fs::directory_iterator(exe.parent_path(), ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind(prefix, 0) == 0 && e.path() != d && n.find(".tmp") == std::string::npos)
+          fs::remove_all(e.path(), ec);
+      }
+    }
+    return d.string();
   }();
   return dir;
 }
