@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "common/read_bytes.hpp"
@@ -29,10 +28,13 @@ class sharded_manifest_test : public ::testing::Test {
     dir_ = root_ + "/save";
     EMBCACHE_ASSERT_OK(train(table_, batch_spec{}, 0, 2));
     EMBCACHE_ASSERT_OK(table_.save(dir_));
-    std::ifstream in(dir_ + "/manifest.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    manifest_ = nlohmann::json::parse(text.str());
+    manifest_ = manifest_at(dir_);
+  }
+
+  // The manifest of the save in `dir`, parsed; read_back and expect_refused then write there.
+  nlohmann::json manifest_at(const std::string& dir) {
+    dir_ = dir;
+    return nlohmann::json::parse(read_bytes(dir + "/manifest.json"));
   }
 
   // Writes `m` as the manifest and returns what reading it gives.
@@ -132,10 +134,7 @@ TEST_F(sharded_manifest_test, the_run_identity_is_recorded_and_read_back) {
   const std::string id = "0123456789abcdef0123456789abcdef";
   const std::string with_id = root_ + "/with_id";
   EMBCACHE_ASSERT_OK(table_.save(with_id, id));
-  std::ifstream in(with_id + "/manifest.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(nlohmann::json::parse(text.str()).value("run_id", ""), id);
+  EXPECT_EQ(nlohmann::json::parse(read_bytes(with_id + "/manifest.json")).value("run_id", ""), id);
   auto m = read_sharded_manifest(with_id);
   EMBCACHE_ASSERT_OK(m);
   EXPECT_EQ(m.value().info.run_id, id);
@@ -266,11 +265,7 @@ TEST_F(sharded_manifest_test, lifetime_state_is_saved_checked_and_refused_when_d
   EXPECT_NE(s.message().find(file), std::string::npos) << s.to_string();
 
   // Damaged manifest entries, by field.
-  std::ifstream in(with + "/manifest.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  dir_ = with;
-  const nlohmann::json good = nlohmann::json::parse(text.str());
+  const nlohmann::json good = manifest_at(with);
   nlohmann::json bad = good;
   bad["admission"]["path"] = "../admission";
   expect_refused(bad, status_code::corruption, "'admission.path'");
@@ -329,11 +324,7 @@ TEST_F(sharded_manifest_test, step_clocks_are_saved_checked_and_reclassed_with_t
     }
   }
   // Damaged step clocks, by field; a save without ttl_steps writes none.
-  std::ifstream in(with + "/manifest.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  dir_ = with;
-  const nlohmann::json good = nlohmann::json::parse(text.str());
+  const nlohmann::json good = manifest_at(with);
   nlohmann::json bad = good;
   bad["parts"][0]["expiry"]["step_versions"] = {3, 2};
   expect_refused(bad, status_code::corruption, "'parts[0].expiry.step_versions'");
