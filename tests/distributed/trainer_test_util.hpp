@@ -174,4 +174,23 @@ inline void expect_same_table_rows(const folder_table& a, const folder_table& b,
   EXPECT_EQ(a.erased, b.erased) << what;
 }
 
+/// Deltas 1..`count` of two sharded runs' export folders hold the same rows, optimizer state and
+/// tombstones, table by table, whatever the number of parts each was written in; returns the
+/// tombstones seen in `a`.
+inline std::size_t expect_same_sharded_deltas(const std::string& a, const std::string& b,
+                                              std::uint64_t count, std::size_t tables) {
+  std::size_t tombstones = 0;
+  for (std::uint64_t n = 1; n <= count; ++n) {
+    const std::vector<model_folder> x = delta_parts(a, n), y = delta_parts(b, n);
+    EXPECT_FALSE(x.empty() || y.empty()) << "delta " << n;
+    if (x.empty() || y.empty()) continue;
+    for (std::size_t t = 0; t < tables; ++t) {
+      const folder_table u = merged(x, t);
+      expect_same_table_rows(u, merged(y, t), "delta " + std::to_string(n) + " table " + u.name);
+      tombstones += u.erased.size();
+    }
+  }
+  return tombstones;
+}
+
 }  // namespace embcache::test
