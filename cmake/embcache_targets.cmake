@@ -57,7 +57,8 @@ endfunction()
 #                      [OWN_MAIN] [NO_DISCOVERY]): a GoogleTest binary of the suite. It links
 # GoogleTest's main (OWN_MAIN: a main of its own in SOURCES, e.g. one that starts MPI), compiles
 # with the project's warnings, and registers its tests with ctest under LABELS when ctest runs
-# (NO_DISCOVERY: the caller adds its tests itself, e.g. under mpirun).
+# (NO_DISCOVERY: the caller adds its tests itself, e.g. under mpirun). Its translation units
+# compile in unity batches of EMBCACHE_UNITY_BATCH.
 function(embcache_test_binary name)
   cmake_parse_arguments(arg "OWN_MAIN;NO_DISCOVERY" "" "SOURCES;LIBRARIES;LABELS" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
@@ -74,6 +75,10 @@ function(embcache_test_binary name)
   target_compile_options(${name} PRIVATE $<${gnu_cxx}:-Wno-dangling-else>
                                          $<${gnu_cxx}:-Wno-missing-field-initializers>)
   embcache_light_optimization(${name})
+  if(EMBCACHE_UNITY_BATCH GREATER 0)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD ON
+                                             UNITY_BUILD_BATCH_SIZE ${EMBCACHE_UNITY_BATCH})
+  endif()
   if(NOT arg_NO_DISCOVERY)
     gtest_discover_tests(${name} PROPERTIES LABELS "${arg_LABELS}" DISCOVERY_MODE PRE_TEST)
   endif()

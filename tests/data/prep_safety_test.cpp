@@ -20,6 +20,7 @@ namespace embcache {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
 using test::read_bytes;
 using test::scratch_dir;
 using test::write_bytes;
@@ -45,10 +46,6 @@ prep_options options(const std::string& out, std::vector<std::string> inputs) {
   o.output_dir = out;
   o.rows_per_shard = 4;
   return o;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // Every shard and keyset of the dataset in `dir` reads back; returns its row count.

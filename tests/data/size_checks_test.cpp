@@ -16,6 +16,7 @@
 namespace embcache {
 namespace {
 
+using test::contains;
 using test::read_bytes;
 using test::scratch_dir;
 using test::write_bytes;
@@ -44,10 +45,6 @@ void set_rows_with_valid_checksum(const std::string& path, std::uint64_t rows) {
   const std::uint64_t h = XXH64(b.data(), 56, 0);
   std::memcpy(b.data() + 56, &h, 8);
   write_bytes(path, b);
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // ---- shards ---------------------------------------------------------------------------------

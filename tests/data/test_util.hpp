@@ -19,6 +19,11 @@ struct scratch_dir : testing::temp_dir {
   scratch_dir() : testing::temp_dir("embcache_data") {}
 };
 
+/// Whether `part` occurs in `text` (a status message names what it should).
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 inline void write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
   f << text;

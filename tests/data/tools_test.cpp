@@ -20,6 +20,7 @@ namespace embcache {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
 using test::scratch_dir;
 using test::write_text;
 
@@ -53,10 +54,6 @@ run_result run(const std::string& exe, const std::string& args) {
 }
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // A small valid TSV from the generator.
 std::string make_input(const scratch_dir& dir) {

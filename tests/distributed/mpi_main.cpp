@@ -6,14 +6,19 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "mpi_env.hpp"
 
 namespace embcache::test {
 namespace {
 mpi_communicator* g_world = nullptr;
+// The folders shared_temp_dir made on rank 0, removed when every rank has run every test.
+std::vector<std::string> g_shared_dirs;
 
 // Prints the failures of a rank other than 0, prefixed by the rank.
 class failure_printer : public ::testing::EmptyTestEventListener {
@@ -38,6 +43,7 @@ std::string shared_temp_dir(const std::string& tag) {
     std::string pattern = ::testing::TempDir() + "embcache-dist-" + tag + "-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) pattern.clear();
     std::snprintf(name, sizeof(name), "%s", pattern.c_str());
+    if (!pattern.empty()) g_shared_dirs.push_back(pattern);
   }
   world().broadcast(name, sizeof(name), 0).throw_if_error();
   if (name[0] == '\0') throw std::runtime_error("shared_temp_dir: mkdtemp failed on rank 0");
@@ -62,6 +68,12 @@ int main(int argc, char** argv) {
     std::uint64_t failed = rc != 0 ? 1 : 0;
     if (!world.all_reduce_max(&failed, 1).ok()) failed = 1;
     rc = failed != 0 ? 1 : 0;
+    // Every rank is past its tests (the reduction above is collective): no rank reads the shared
+    // folders any more.
+    for (const std::string& dir : embcache::test::g_shared_dirs) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
     embcache::test::g_world = nullptr;
   }
   return rc;

@@ -54,7 +54,7 @@ struct admission_fixture {
   }
 };
 
-admission_fixture& fixture() {
+admission_fixture& the_admission_fixture() {
   static admission_fixture f;
   return f;
 }
@@ -62,7 +62,7 @@ admission_fixture& fixture() {
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(admission_state) {
-  admission_fixture& f = fixture();
+  admission_fixture& f = the_admission_fixture();
   const auto in = embcache::fuzz::split_mode(data, size);
   const std::string file = f.dir + "/emb/admission";
   embcache::fuzz::overwrite_file(file, in.content, in.size);

@@ -26,7 +26,7 @@ using embcache::status_code;
 using embcache::fuzz::hex64;
 using embcache::fuzz::read_bytes;
 
-constexpr const char* file_names[5] = {"key", "emb_vector", "version", "opt_state", "erased"};
+constexpr const char* delta_file_names[5] = {"key", "emb_vector", "version", "opt_state", "erased"};
 
 struct delta_fixture {
   std::string dir;                               // the delta, its files rewritten for each input
@@ -36,13 +36,13 @@ struct delta_fixture {
 
   delta_fixture() {
     dir = embcache::fuzz::write_delta_fixture(embcache::fuzz::fresh_dir("delta_folder") + "d");
-    for (int i = 0; i < 5; ++i) file_bytes[i] = read_bytes(dir + "/emb/" + file_names[i]);
+    for (int i = 0; i < 5; ++i) file_bytes[i] = read_bytes(dir + "/emb/" + delta_file_names[i]);
     manifest = nlohmann::json::parse(read_bytes(dir + "/manifest.json"));
     embcache::read_delta_folder(dir).value();  // the unchanged folder is read
   }
 };
 
-delta_fixture& fixture() {
+delta_fixture& the_delta_fixture() {
   static delta_fixture f;
   return f;
 }
@@ -50,11 +50,11 @@ delta_fixture& fixture() {
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(delta_folder) {
-  delta_fixture& f = fixture();
+  delta_fixture& f = the_delta_fixture();
   const auto [mode, content, n] = embcache::fuzz::split_mode(data, size);
   const int which = mode & 7;
   for (int i = 0; i < 5; ++i) {
-    const std::string path = f.dir + "/emb/" + file_names[i];
+    const std::string path = f.dir + "/emb/" + delta_file_names[i];
     if (i == which)
       embcache::fuzz::overwrite_file(path, content, n);
     else
@@ -65,8 +65,8 @@ EMBCACHE_FUZZ_TARGET(delta_folder) {
   } else {
     nlohmann::json m = f.manifest;
     auto& entry = m["tables"][0];
-    if (mode & 8) entry["files"][file_names[which]]["xxh64"] = hex64(XXH64(content, n, 0));
-    if (mode & 16) entry["files"][file_names[which]]["bytes"] = n;
+    if (mode & 8) entry["files"][delta_file_names[which]]["xxh64"] = hex64(XXH64(content, n, 0));
+    if (mode & 16) entry["files"][delta_file_names[which]]["bytes"] = n;
     if (mode & 32) entry[which == 4 ? "erased" : "count"] = n / f.row_bytes[which];
     const std::string text = m.dump();
     embcache::fuzz::overwrite_file(f.dir + "/manifest.json", text.data(), text.size());

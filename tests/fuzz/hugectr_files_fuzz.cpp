@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using embcache::status_code;
 
-constexpr const char* file_names[4] = {"slot_id", "Adam.m", "Adam.v", "key"};
+constexpr const char* hugectr_file_names[4] = {"slot_id", "Adam.m", "Adam.v", "key"};
 constexpr const char* other_files[2] = {"emb_vector", "version"};  // never changed
 
 embcache::table_options<std::int64_t> adam_table() {
@@ -43,7 +43,7 @@ std::unique_ptr<embcache::training_cache<std::int64_t>> adam_cache() {
 
 struct hugectr_fixture {
   std::string dir, plain;         // a save, and the same files without the manifest
-  std::string file_bytes[4];      // the save's files of file_names
+  std::string file_bytes[4];      // the save's files of hugectr_file_names
   std::string other_bytes[2];     // and of other_files
   nlohmann::json manifest;        // the save's manifest
   std::size_t row_bytes[4] = {};  // bytes per row of each file
@@ -66,7 +66,7 @@ struct hugectr_fixture {
       tc->save(base).throw_if_error();
     }
     for (int i = 0; i < 4; ++i)
-      file_bytes[i] = embcache::fuzz::read_bytes(base + "/emb/" + file_names[i]);
+      file_bytes[i] = embcache::fuzz::read_bytes(base + "/emb/" + hugectr_file_names[i]);
     for (int i = 0; i < 2; ++i)
       other_bytes[i] = embcache::fuzz::read_bytes(base + "/emb/" + other_files[i]);
     manifest = nlohmann::json::parse(embcache::fuzz::read_bytes(base + "/manifest.json"));
@@ -88,7 +88,7 @@ struct hugectr_fixture {
   }
 };
 
-hugectr_fixture& fixture() {
+hugectr_fixture& the_hugectr_fixture() {
   static hugectr_fixture f;
   return f;
 }
@@ -96,7 +96,7 @@ hugectr_fixture& fixture() {
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(hugectr_files) {
-  hugectr_fixture& f = fixture();
+  hugectr_fixture& f = the_hugectr_fixture();
   const embcache::fuzz::file_input in(data, size);
   const int which = in.mode & 3;
   const bool removed = in.mode & 4, hugectr = in.mode & 8;
@@ -104,7 +104,7 @@ EMBCACHE_FUZZ_TARGET(hugectr_files) {
 
   const std::string& folder = hugectr ? f.plain : f.dir;
   for (int i = 0; i < 4; ++i) {
-    const std::string path = folder + "/emb/" + file_names[i];
+    const std::string path = folder + "/emb/" + hugectr_file_names[i];
     if (i != which)
       embcache::fuzz::overwrite_file(path, f.file_bytes[i].data(), f.file_bytes[i].size());
     else if (!removed)
@@ -116,10 +116,10 @@ EMBCACHE_FUZZ_TARGET(hugectr_files) {
   auto& entry = m["tables"][0];
   auto& files = entry["files"];
   if (removed) {
-    files.erase(file_names[which]);
+    files.erase(hugectr_file_names[which]);
   } else if (in.mode & 16) {
-    files[file_names[which]] = {{"bytes", in.size},
-                                {"xxh64", embcache::fuzz::hex64(XXH64(in.content, in.size, 0))}};
+    files[hugectr_file_names[which]] = {
+        {"bytes", in.size}, {"xxh64", embcache::fuzz::hex64(XXH64(in.content, in.size, 0))}};
   }
   if (in.mode & 32) entry["count"] = in.size / f.row_bytes[which];
   if (!hugectr) {

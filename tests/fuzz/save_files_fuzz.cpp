@@ -64,7 +64,7 @@ struct files_fixture {
   }
 };
 
-files_fixture& fixture() {
+files_fixture& the_files_fixture() {
   static files_fixture f;
   return f;
 }
@@ -72,7 +72,7 @@ files_fixture& fixture() {
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(save_files) {
-  files_fixture& f = fixture();
+  files_fixture& f = the_files_fixture();
   const embcache::fuzz::file_input in(data, size);
   const int which = in.mode & 3;
   const bool hugectr = in.mode & 32;

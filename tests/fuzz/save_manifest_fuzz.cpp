@@ -21,7 +21,7 @@ struct manifest_fixture {
   }
 };
 
-manifest_fixture& fixture() {
+manifest_fixture& the_manifest_fixture() {
   static manifest_fixture f;
   return f;
 }
@@ -29,7 +29,7 @@ manifest_fixture& fixture() {
 }  // namespace
 
 EMBCACHE_FUZZ_TARGET(save_manifest) {
-  manifest_fixture& f = fixture();
+  manifest_fixture& f = the_manifest_fixture();
   embcache::fuzz::overwrite_file(f.dir + "/manifest.json", data, size);
   const embcache::status s = f.cache->load(f.dir);
   if (!s.ok()) {

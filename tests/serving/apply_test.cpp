@@ -20,8 +20,6 @@ using test::folder_bytes;
 using test::history;
 using test::scratch;
 
-test::scratch_cleanup cleanup_at_exit;
-
 // `dir` holds the same table files as the save `want` (`files` of each table).
 void expect_same_tables(const std::string& dir, const std::string& want,
                         const std::vector<std::string>& files) {

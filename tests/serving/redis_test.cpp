@@ -35,8 +35,6 @@ namespace fs = std::filesystem;
 using test::file_bytes;
 using test::scratch;
 
-test::scratch_cleanup cleanup_at_exit;
-
 // redis-server on the PATH, or "".
 std::string redis_server_path() {
   const char* path = std::getenv("PATH");

@@ -17,11 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::file_bytes;
-using test::scratch;
-
-test::scratch_cleanup cleanup_at_exit;
 using test::run_a;
 using test::run_b;
+using test::scratch;
 using test::sharded_history;
 
 // `dir` holds the tables of `want` (the one cache's final save), byte for byte, but the row

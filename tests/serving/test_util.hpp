@@ -29,9 +29,7 @@ inline std::string scratch(const std::string& name) {
 }
 
 /// Removes this process's scratch folders when the test binary exits.
-struct scratch_cleanup : testing::process_temp_cleanup {
-  scratch_cleanup() : testing::process_temp_cleanup{"embcache_serving_test"} {}
-};
+inline testing::process_temp_cleanup scratch_cleanup_at_exit{"embcache_serving_test"};
 
 inline std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

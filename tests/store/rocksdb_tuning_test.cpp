@@ -15,13 +15,13 @@ namespace embcache::test {
 namespace {
 
 using key = std::int64_t;
-constexpr std::size_t width = 24;
+constexpr std::size_t tuning_width = 24;
 
 rocksdb_store_options base_options(const std::string& path) {
   rocksdb_store_options o;
   o.path = path;
   o.table_name = "t";
-  o.row_width = width;
+  o.row_width = tuning_width;
   o.block_cache_bytes = 1 << 20;
   o.write_buffer_bytes = 1 << 20;
   o.batch_keys = 64;
@@ -67,10 +67,10 @@ void round_trip(const rocksdb_store_options& o) {
     auto r = rocksdb_store<key>::open(o);
     EMBCACHE_ASSERT_OK(r);
     auto& s = *r.value();
-    EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, width, 1).data()));
+    EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, tuning_width, 1).data()));
     EMBCACHE_ASSERT_OK(s.flush());
     std::vector<key> half(keys.begin(), keys.begin() + 10000);
-    EMBCACHE_ASSERT_OK(s.push(half.data(), half.size(), make_rows(half, width, 2).data()));
+    EMBCACHE_ASSERT_OK(s.push(half.data(), half.size(), make_rows(half, tuning_width, 2).data()));
     EMBCACHE_ASSERT_OK(s.flush());
   }
   auto ro = o;
@@ -83,7 +83,7 @@ void round_trip(const rocksdb_store_options& o) {
   auto absent = make_keys<key>(500, 3);
   query.insert(query.end(), absent.begin(), absent.end());
   std::shuffle(query.begin(), query.end(), std::mt19937_64(7));
-  std::vector<float> out(query.size() * width);
+  std::vector<float> out(query.size() * tuning_width);
   std::unique_ptr<bool[]> found(new bool[query.size()]);
   EMBCACHE_ASSERT_OK(s.pull(query.data(), query.size(), out.data(), found.get()));
   std::size_t bad = 0;
@@ -93,8 +93,8 @@ void round_trip(const rocksdb_store_options& o) {
     const bool present = std::find(absent.begin(), absent.end(), query[i]) == absent.end();
     bad += found[i] != present;
     if (present)
-      for (std::size_t j = 0; j < width; ++j)
-        bad += out[i * width + j] != row_value(query[i], j, rewritten ? 2 : 1);
+      for (std::size_t j = 0; j < tuning_width; ++j)
+        bad += out[i * tuning_width + j] != row_value(query[i], j, rewritten ? 2 : 1);
   }
   EXPECT_EQ(bad, 0u);
   std::size_t erased = 0;

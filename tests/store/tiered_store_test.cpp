@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using key = std::int64_t;
-constexpr std::size_t width = 4;
+constexpr std::size_t tier_width = 4;
 
 // A host store that records the keys of every push and counts flushes.
 class recording_store final : public param_store<key> {
@@ -34,7 +34,7 @@ class recording_store final : public param_store<key> {
   recording_store() {
     host_store_options o;
     o.table_name = "t";
-    o.row_width = width;
+    o.row_width = tier_width;
     inner_ = std::make_unique<host_store<key>>(o);
   }
   std::size_t row_width() const noexcept override { return inner_->row_width(); }
@@ -80,7 +80,7 @@ std::unique_ptr<tiered_store<key>> must_open_tier(std::shared_ptr<param_store<ke
                                                   std::size_t rows) {
   tiered_store_options<key> o;
   o.lower = std::move(lower);
-  o.dram_bytes = rows * tiered_store<key>::dram_row_bytes(width);
+  o.dram_bytes = rows * tiered_store<key>::dram_row_bytes(tier_width);
   auto r = tiered_store<key>::open(std::move(o));
   EMBCACHE_EXPECT_OK(r);
   r.get_status().throw_if_error();
@@ -88,11 +88,11 @@ std::unique_ptr<tiered_store<key>> must_open_tier(std::shared_ptr<param_store<ke
 }
 
 void expect_rows(param_store<key>& s, const std::vector<key>& keys, int salt) {
-  std::vector<float> out(keys.size() * width);
+  std::vector<float> out(keys.size() * tier_width);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
   EMBCACHE_ASSERT_OK(s.pull(keys.data(), keys.size(), out.data(), found.get()));
   for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_TRUE(found[i]) << "key " << keys[i];
-  EXPECT_EQ(out, make_rows(keys, width, salt));
+  EXPECT_EQ(out, make_rows(keys, tier_width, salt));
 }
 
 TEST(tiered_store, bad_options_are_invalid_arguments_naming_the_field) {
@@ -105,7 +105,7 @@ TEST(tiered_store, bad_options_are_invalid_arguments_naming_the_field) {
   o.dram_bytes = 50;
   auto tiny = tiered_store<key>::open(o);
   EXPECT_EQ(tiny.get_status().code(), status_code::invalid_argument);
-  const std::string need = std::to_string(tiered_store<key>::dram_row_bytes(width));
+  const std::string need = std::to_string(tiered_store<key>::dram_row_bytes(tier_width));
   EXPECT_NE(tiny.get_status().message().find("dram_bytes is 50"), std::string::npos)
       << tiny.get_status().message();
   EXPECT_NE(tiny.get_status().message().find("(" + need + " bytes"), std::string::npos);
@@ -122,16 +122,16 @@ TEST(tiered_store, demotes_dirty_rows_down_in_key_order_and_drops_clean_ones) {
   auto t = must_open_tier(lower, 10);
   auto keys = make_keys<key>(15);
   std::vector<key> first(keys.begin(), keys.begin() + 10), next(keys.begin() + 10, keys.end());
-  EMBCACHE_ASSERT_OK(t->push(first.data(), 10, make_rows(first, width, 1).data()));
+  EMBCACHE_ASSERT_OK(t->push(first.data(), 10, make_rows(first, tier_width, 1).data()));
   EXPECT_TRUE(lower->pushes.empty());  // all ten fit
   auto c = t->counters();
   EXPECT_EQ(c.rows, 10u);
   EXPECT_EQ(c.dirty_rows, 10u);
   EXPECT_EQ(c.capacity_rows, 10u);
-  EXPECT_EQ(c.bytes, 10 * tiered_store<key>::dram_row_bytes(width));
+  EXPECT_EQ(c.bytes, 10 * tiered_store<key>::dram_row_bytes(tier_width));
 
   // Five more: five dirty rows go down in one push, in key order, before they leave memory.
-  EMBCACHE_ASSERT_OK(t->push(next.data(), 5, make_rows(next, width, 1).data()));
+  EMBCACHE_ASSERT_OK(t->push(next.data(), 5, make_rows(next, tier_width, 1).data()));
   ASSERT_EQ(lower->pushes.size(), 1u);
   EXPECT_EQ(lower->pushes[0].size(), 5u);
   EXPECT_TRUE(std::is_sorted(lower->pushes[0].begin(), lower->pushes[0].end()));
@@ -140,7 +140,7 @@ TEST(tiered_store, demotes_dirty_rows_down_in_key_order_and_drops_clean_ones) {
   EXPECT_EQ(c.demotions, 5u);
   EXPECT_EQ(c.clean_drops, 0u);
   EXPECT_EQ(c.rows_written_down, 5u);
-  EXPECT_EQ(c.bytes_written_down, 5 * (width * sizeof(float) + 8));
+  EXPECT_EQ(c.bytes_written_down, 5 * (tier_width * sizeof(float) + 8));
   EXPECT_EQ(t->size(), 15u);
 
   // flush writes the other ten down (key order) and flushes the store below.
@@ -170,7 +170,7 @@ TEST(tiered_store, a_batch_larger_than_the_tier_writes_the_excess_down) {
   auto lower = std::make_shared<recording_store>();
   auto t = must_open_tier(lower, 8);
   auto keys = make_keys<key>(30);
-  EMBCACHE_ASSERT_OK(t->push(keys.data(), keys.size(), make_rows(keys, width, 2).data()));
+  EMBCACHE_ASSERT_OK(t->push(keys.data(), keys.size(), make_rows(keys, tier_width, 2).data()));
   EXPECT_EQ(t->counters().rows, 8u);
   EXPECT_EQ(lower->size(), 22u);
   EXPECT_EQ(t->size(), 30u);
@@ -183,13 +183,13 @@ TEST(tiered_store, size_erase_and_contains_are_exact_across_both_tiers) {
   auto lower = std::make_shared<recording_store>();
   auto below = make_keys<key>(100);
   EMBCACHE_ASSERT_OK(
-      lower->push(below.data(), below.size(), make_rows(below, width, 1).data(), nullptr));
+      lower->push(below.data(), below.size(), make_rows(below, tier_width, 1).data(), nullptr));
   auto t = must_open_tier(lower, 40);
   // Ten rows of the lower store overwritten in the tier, twenty new ones only in the tier.
   std::vector<key> over(below.begin(), below.begin() + 10);
   auto fresh = make_keys<key>(20, 5);
-  EMBCACHE_ASSERT_OK(t->push(over.data(), over.size(), make_rows(over, width, 2).data()));
-  EMBCACHE_ASSERT_OK(t->push(fresh.data(), fresh.size(), make_rows(fresh, width, 2).data()));
+  EMBCACHE_ASSERT_OK(t->push(over.data(), over.size(), make_rows(over, tier_width, 2).data()));
+  EMBCACHE_ASSERT_OK(t->push(fresh.data(), fresh.size(), make_rows(fresh, tier_width, 2).data()));
   EXPECT_EQ(t->size(), 120u);
   EXPECT_EQ(t->max_version(), 3u);  // one stamp per push
   EXPECT_EQ(lower->size(), 100u);  // nothing written down yet
@@ -226,16 +226,16 @@ TEST(tiered_store, iterations_see_the_dirty_rows_with_their_versions) {
   auto t = must_open_tier(lower, 1000);
   auto keys = make_keys<key>(50);
   std::vector<std::uint64_t> v(50, 3);
-  EMBCACHE_ASSERT_OK(t->push(keys.data(), 50, make_rows(keys, width, 1).data(), v.data()));
+  EMBCACHE_ASSERT_OK(t->push(keys.data(), 50, make_rows(keys, tier_width, 1).data(), v.data()));
   std::vector<key> some(keys.begin(), keys.begin() + 7);
-  EMBCACHE_ASSERT_OK(t->push(some.data(), 7, make_rows(some, width, 2).data()));
+  EMBCACHE_ASSERT_OK(t->push(some.data(), 7, make_rows(some, tier_width, 2).data()));
   EXPECT_EQ(t->max_version(), 4u);
   std::set<key> changed;
   EMBCACHE_ASSERT_OK(t->for_each_changed_since(
       3, 4, [&](const key* k, const float* r, const std::uint64_t* ver, std::size_t n) {
         for (std::size_t i = 0; i < n; ++i) {
           EXPECT_EQ(ver[i], 4u);
-          EXPECT_EQ(r[i * width], row_value(k[i], 0, 2));
+          EXPECT_EQ(r[i * tier_width], row_value(k[i], 0, 2));
           changed.insert(k[i]);
         }
         return status{};
@@ -247,13 +247,13 @@ TEST(tiered_store, iterations_see_the_dirty_rows_with_their_versions) {
 
 #if EMBCACHE_TEST_ROCKSDB
 
-constexpr std::size_t crash_rows = 4000, crash_width = 16;
+constexpr std::size_t tier_crash_rows = 4000, tier_crash_width = 16;
 
 rocksdb_store_options crash_options(const std::string& path) {
   rocksdb_store_options o;
   o.path = path;
   o.table_name = "t";
-  o.row_width = crash_width;
+  o.row_width = tier_crash_width;
   o.block_cache_bytes = 8 << 20;
   o.write_buffer_bytes = 1 << 20;
   o.batch_keys = 256;
@@ -279,21 +279,24 @@ TEST(tiered_crash, DISABLED_child_pushes_until_killed) {
   EMBCACHE_ASSERT_OK(opened);
   tiered_store_options<key> o;
   o.lower = std::move(opened).value();
-  o.dram_bytes = 500 * tiered_store<key>::dram_row_bytes(crash_width);
+  o.dram_bytes = 500 * tiered_store<key>::dram_row_bytes(tier_crash_width);
   o.write_down_rows = 300;
   auto t = std::move(tiered_store<key>::open(std::move(o))).value();
-  auto keys = make_keys<key>(crash_rows);
-  EMBCACHE_ASSERT_OK(t->push(keys.data(), keys.size(), make_rows(keys, crash_width, 1).data()));
+  auto keys = make_keys<key>(tier_crash_rows);
+  EMBCACHE_ASSERT_OK(
+      t->push(keys.data(), keys.size(), make_rows(keys, tier_crash_width, 1).data()));
   EMBCACHE_ASSERT_OK(t->checkpoint(std::string(dir) + "/cp"));
-  EMBCACHE_ASSERT_OK(t->push(keys.data(), keys.size(), make_rows(keys, crash_width, 2).data()));
+  EMBCACHE_ASSERT_OK(
+      t->push(keys.data(), keys.size(), make_rows(keys, tier_crash_width, 2).data()));
   EMBCACHE_ASSERT_OK(t->flush());
   std::ofstream(std::string(dir) + "/ready") << "ready\n";
-  std::vector<key> half(keys.begin(), keys.begin() + crash_rows / 2);
+  std::vector<key> half(keys.begin(), keys.begin() + tier_crash_rows / 2);
   for (int round = 3;; ++round) {
     auto more = make_keys<key>(600, static_cast<std::uint64_t>(round));
     EMBCACHE_ASSERT_OK(
-        t->push(half.data(), half.size(), make_rows(half, crash_width, round).data()));
-    EMBCACHE_ASSERT_OK(t->push(more.data(), more.size(), make_rows(more, crash_width, 1).data()));
+        t->push(half.data(), half.size(), make_rows(half, tier_crash_width, round).data()));
+    EMBCACHE_ASSERT_OK(
+        t->push(more.data(), more.size(), make_rows(more, tier_crash_width, 1).data()));
     if (round % 5 == 0) EMBCACHE_ASSERT_OK(t->flush());
   }
 }
@@ -303,16 +306,16 @@ TEST(tiered_crash, killed_while_pushing_keeps_the_last_checkpoint_and_flush) {
   ASSERT_NO_FATAL_FAILURE(
       run_child_until_killed(dir, "tiered_crash.DISABLED_child_pushes_until_killed"));
 
-  auto keys = make_keys<key>(crash_rows);
+  auto keys = make_keys<key>(tier_crash_rows);
   {
     auto cp = must_open_rocks(crash_options(dir.sub("cp")));
-    EXPECT_EQ(cp->size(), crash_rows);
+    EXPECT_EQ(cp->size(), tier_crash_rows);
     EXPECT_EQ(cp->max_version(), 1u);
-    std::vector<float> out(keys.size() * crash_width);
+    std::vector<float> out(keys.size() * tier_crash_width);
     std::unique_ptr<bool[]> found(new bool[keys.size()]);
     EMBCACHE_ASSERT_OK(cp->pull(keys.data(), keys.size(), out.data(), found.get()));
     for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_TRUE(found[i]);
-    EXPECT_EQ(out, make_rows(keys, crash_width, 1));
+    EXPECT_EQ(out, make_rows(keys, tier_crash_width, 1));
   }
   // The live database: the flushed round 2 of the keys never rewritten is there exactly, the
   // others are present, and its size agrees with what it holds.
@@ -323,13 +326,13 @@ TEST(tiered_crash, killed_while_pushing_keeps_the_last_checkpoint_and_flush) {
     return status{};
   }));
   EXPECT_EQ(live->size(), held);
-  EXPECT_GE(held, crash_rows);
-  std::vector<key> kept(keys.begin() + crash_rows / 2, keys.end());
-  std::vector<float> out(kept.size() * crash_width);
+  EXPECT_GE(held, tier_crash_rows);
+  std::vector<key> kept(keys.begin() + tier_crash_rows / 2, keys.end());
+  std::vector<float> out(kept.size() * tier_crash_width);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
   EMBCACHE_ASSERT_OK(live->pull(kept.data(), kept.size(), out.data(), found.get()));
   for (std::size_t i = 0; i < kept.size(); ++i) ASSERT_TRUE(found[i]);
-  EXPECT_EQ(out, make_rows(kept, crash_width, 2));
+  EXPECT_EQ(out, make_rows(kept, tier_crash_width, 2));
   EMBCACHE_ASSERT_OK(live->contains(keys.data(), keys.size(), found.get()));
   for (std::size_t i = 0; i < keys.size(); ++i) ASSERT_TRUE(found[i]);
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/training_cache.hpp"
 #include "test_util.hpp"
@@ -31,12 +32,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::read_bytes;
 using testing::store_model;
 
 constexpr std::size_t dim = 4;
 
-struct temp_dir : testing::temp_dir {
-  temp_dir() : testing::temp_dir("embcache_load") {}
+struct load_dir : testing::temp_dir {
+  load_dir() : testing::temp_dir("embcache_load") {}
 };
 
 table_options<std::int64_t> emb_table(std::size_t capacity = 64) {
@@ -48,13 +50,6 @@ table_options<std::int64_t> emb_table(std::size_t capacity = 64) {
   o.capacity = capacity;
   o.init.seed = 5;
   return o;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 void write_bytes(const std::string& path, const void* data, std::size_t n) {
@@ -120,7 +115,7 @@ void write_json(const std::string& path, const json& j) { write_bytes(path, j.du
 // --- the manifest is required ----------------------------------------------------------------
 
 TEST(load_validation, a_save_without_its_manifest_is_refused_naming_the_file) {
-  temp_dir dir;
+  load_dir dir;
   const std::string save = small_save(dir.path());
   training_cache<std::int64_t> source({}, {emb_table()});
   EMBCACHE_ASSERT_OK(source.load(save));
@@ -175,7 +170,7 @@ std::vector<float> iota_rows(std::size_t rows) {
 }
 
 TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
-  temp_dir dir;
+  load_dir dir;
   hugectr_folder f(dir.path(), {5, -3, 7}, iota_rows(3));
   target t;
   const status s = t.tc.load(f.dir);
@@ -191,7 +186,7 @@ TEST(load_validation, a_hugectr_folder_loads_only_when_asked_for) {
 }
 
 TEST(load_validation, a_hugectr_folder_with_repeated_keys_is_refused_unless_allowed) {
-  temp_dir dir;
+  load_dir dir;
   hugectr_folder f(dir.path(), {5, -3, 5}, iota_rows(3));
   target t;
   load_options o;
@@ -212,7 +207,7 @@ TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_
   for (const float bad :
        {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
         -std::numeric_limits<float>::infinity()}) {
-    temp_dir dir;
+    load_dir dir;
     auto vec = iota_rows(3);
     vec[1 * dim + 2] = bad;
     hugectr_folder f(dir.path(), {5, -3, 7}, vec);
@@ -235,7 +230,7 @@ TEST(load_validation, a_hugectr_folder_with_non_finite_floats_is_refused_unless_
 }
 
 TEST(load_validation, a_hugectr_folder_of_another_dim_or_a_torn_key_file_is_refused) {
-  temp_dir dir;
+  load_dir dir;
   hugectr_folder f(dir.path(), {5, -3, 7}, iota_rows(3));
   load_options o;
   o.allow_hugectr_folder = true;
@@ -265,7 +260,7 @@ struct manifest_case {
 };
 
 TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_files) {
-  temp_dir dir;
+  load_dir dir;
   const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   const json good = read_json(mpath);
@@ -328,7 +323,7 @@ TEST(load_validation, every_size_field_of_the_manifest_is_checked_against_the_fi
 }
 
 TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_is_refused) {
-  temp_dir dir;
+  load_dir dir;
   const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   json m = read_json(mpath);
@@ -351,7 +346,7 @@ TEST(load_validation, a_manifest_whose_count_and_bytes_agree_but_not_the_files_i
 
 // A save whose files pass their checksums but repeat a key or hold a non-finite float.
 TEST(load_validation, a_save_with_repeated_keys_or_non_finite_floats_is_refused_unless_allowed) {
-  temp_dir dir;
+  load_dir dir;
   const std::string save = small_save(dir.path());
   const std::string mpath = save + "/manifest.json";
   const json good = read_json(mpath);
@@ -438,7 +433,7 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
         expected{optimizer_kind::adam, {"Adam.m", "Adam.v"}},
         expected{optimizer_kind::ftrl, {"Ftrl.n", "Ftrl.z"}}}) {
     SCOPED_TRACE(to_string(x.kind));
-    temp_dir dir;
+    load_dir dir;
     training_cache<std::int64_t> tc({}, {table_of(x.kind)});
     fill_rows(tc);
     EMBCACHE_ASSERT_OK(tc.save(dir.path() + "/save"));
@@ -466,7 +461,7 @@ TEST(hugectr_files, a_save_holds_the_state_as_the_optimizers_hugectr_files) {
 }
 
 TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_loads) {
-  temp_dir dir;
+  load_dir dir;
   const std::string save = dir.path() + "/save";
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   fill_rows(tc);
@@ -500,7 +495,7 @@ TEST(hugectr_files, a_save_of_an_earlier_version_with_one_opt_state_file_still_l
 }
 
 TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
-  temp_dir dir;
+  load_dir dir;
   const std::vector<std::uint64_t> ids = {3, 0, 25, 7};  // of slot_keys
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   fill_rows(tc);
@@ -538,7 +533,7 @@ TEST(hugectr_files, slot_ids_survive_save_load_and_save_byte_identical) {
 }
 
 TEST(hugectr_files, slot_id_is_written_only_when_every_row_has_one) {
-  temp_dir dir;
+  load_dir dir;
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::sgd)});
   fill_rows(tc);
   const std::int64_t some[2] = {2, 40};
@@ -586,7 +581,7 @@ struct hugectr_adam_folder {
 };
 
 TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resaves_them) {
-  temp_dir dir;
+  load_dir dir;
   hugectr_adam_folder f(dir.path());
   training_cache<std::int64_t> tc({}, {table_of(optimizer_kind::adam)});
   load_options o;
@@ -614,7 +609,7 @@ TEST(hugectr_files, a_hugectr_folder_with_slot_id_and_adam_state_loads_and_resav
 }
 
 TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
-  temp_dir dir;
+  load_dir dir;
   load_options o;
   o.allow_hugectr_folder = true;
   struct torn_case {
@@ -675,7 +670,7 @@ TEST(hugectr_files, a_torn_slot_id_or_optimizer_file_is_refused_naming_it) {
 // versions and checksums of them) may differ, but every row changed after the resume has a
 // version above the loaded save's `version`.
 TEST(load_validation, a_resumed_save_holds_the_rows_of_an_uninterrupted_run) {
-  temp_dir dir;
+  load_dir dir;
   constexpr int passes = 4, split = 2;
   auto run = [&](training_cache<std::int64_t>& tc, int from, int to) {
     for (int p = from; p < to; ++p) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/read_bytes.hpp"
 #include "common/status_assertions.hpp"
 #include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
@@ -23,13 +24,8 @@ namespace embcache {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_bytes;
 using testing::store_model;
-using testing::temp_dir;
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // Every file of `a` equals the same file of `b`, and both hold the same files.
 void expect_same_folders(const std::string& a, const std::string& b) {
@@ -92,7 +88,7 @@ std::vector<table_options<std::int64_t>> two_tables(std::size_t rows_a, std::siz
 }
 
 TEST(model_folder, save_stores_writes_the_folder_a_training_cache_saves) {
-  temp_dir dir;
+  testing::temp_dir dir;
   // More rows than one pull batch (65536): the streamed files cross batch boundaries.
   auto tables = two_tables(70000, 1000);
   std::vector<std::uint64_t> progress;
@@ -131,7 +127,7 @@ TEST(model_folder, save_stores_writes_the_folder_a_training_cache_saves) {
 }
 
 TEST(model_folder, set_run_id_gives_the_identity_saves_and_loads_carry) {
-  temp_dir dir;
+  testing::temp_dir dir;
   training_cache<std::int64_t> tc({}, two_tables(3, 2));
   EXPECT_TRUE(detail::is_run_id(tc.run_id())) << tc.run_id();
   const std::string drawn = tc.run_id();
@@ -157,7 +153,7 @@ TEST(model_folder, set_run_id_gives_the_identity_saves_and_loads_carry) {
 }
 
 TEST(model_folder, save_stores_refuses_a_table_without_a_store_or_of_another_width) {
-  temp_dir dir;
+  testing::temp_dir dir;
   auto tables = two_tables(10, 10);
   tables[1].store = nullptr;
   const status none = detail::save_stores<std::int64_t>(dir.path() + "/x", tables);
@@ -173,7 +169,7 @@ TEST(model_folder, save_stores_refuses_a_table_without_a_store_or_of_another_wid
 }
 
 TEST(model_folder, the_manifest_reader_refuses_for_load_and_serving_alike) {
-  temp_dir dir;
+  testing::temp_dir dir;
   auto tables = two_tables(20, 20);
   EMBCACHE_ASSERT_OK(detail::save_stores<std::int64_t>(dir.path() + "/m", tables));
   std::ofstream(dir.path() + "/m/manifest.json", std::ios::trunc) << "[1, 2]";
