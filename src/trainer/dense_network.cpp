@@ -20,7 +20,7 @@
 namespace embcache {
 namespace {
 
-constexpr char blob_magic[8] = {'E', 'M', 'B', 'D', 'N', 'N', '0', '1'};
+constexpr char dense_blob_magic[8] = {'E', 'M', 'B', 'D', 'N', 'N', '0', '1'};
 constexpr std::uint32_t blob_version = 1;
 
 template <class T>
@@ -126,7 +126,7 @@ std::vector<std::uint8_t> dense_blob(const dense_network_options& o, std::uint64
   std::vector<std::uint8_t> out;
   out.reserve(64 + 8 * o.hidden.size() + 12 * params.size());
   out.resize(8);
-  std::memcpy(out.data(), blob_magic, 8);
+  std::memcpy(out.data(), dense_blob_magic, 8);
   put(out, blob_version);
   put(out, static_cast<std::uint32_t>(o.hidden.size()));
   put(out, static_cast<std::uint64_t>(o.input_dim));
@@ -143,7 +143,7 @@ std::vector<std::uint8_t> dense_blob(const dense_network_options& o, std::uint64
 status parse_dense_blob(const dense_network_options& o, std::size_t num_parameters,
                         const std::uint8_t* data, std::size_t size, std::uint64_t& step,
                         std::vector<float>& params, std::vector<float>& m, std::vector<float>& v) {
-  if (size < 8 + 8 || std::memcmp(data, blob_magic, 8) != 0)
+  if (size < 8 + 8 || std::memcmp(data, dense_blob_magic, 8) != 0)
     return status::corruption("dense network blob: missing magic EMBDNN01 (" +
                               std::to_string(size) + " bytes)");
   std::uint64_t stored = 0;

@@ -12,7 +12,7 @@
 
 namespace embcache {
 namespace {
-constexpr char blob_magic[8] = {'E', 'M', 'B', 'W', 'D', 'L', '0', '1'};
+constexpr char wide_deep_magic[8] = {'E', 'M', 'B', 'W', 'D', 'L', '0', '1'};
 }  // namespace
 
 dense_network_options mlp_options(const wide_deep_options& o) {
@@ -43,7 +43,7 @@ double bce_loss_and_gradient(const float* logits, const float* labels, std::size
 std::vector<std::uint8_t> wide_deep_blob(const float bias_state[3],
                                          const std::vector<std::uint8_t>& mlp_blob) {
   std::vector<std::uint8_t> out(8 + 12 + 8);
-  std::memcpy(out.data(), blob_magic, 8);
+  std::memcpy(out.data(), wide_deep_magic, 8);
   std::memcpy(out.data() + 8, bias_state, 12);
   const std::uint64_t size = mlp_blob.size();
   std::memcpy(out.data() + 20, &size, 8);
@@ -57,7 +57,7 @@ std::vector<std::uint8_t> wide_deep_blob(const float bias_state[3],
 
 status parse_wide_deep_blob(const std::uint8_t* data, std::size_t size, float bias_state[3],
                             const std::uint8_t*& mlp_blob, std::size_t& mlp_size) {
-  if (size < 36 || std::memcmp(data, blob_magic, 8) != 0)
+  if (size < 36 || std::memcmp(data, wide_deep_magic, 8) != 0)
     return status::corruption("wide&deep blob: missing magic EMBWDL01 (" + std::to_string(size) +
                               " bytes)");
   std::uint64_t stored = 0;
