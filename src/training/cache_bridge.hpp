@@ -271,14 +271,11 @@ class device_cache_bridge {
                  const std::uint64_t* synced, std::uint32_t mark) {
     return guarded([&]() -> status {
       if (n == 0) return {};
-      auto k = in(keys, n);
-      auto r = in(rows, n * cache_->row_width());
-      auto v = in(versions, n);
-      auto y = in(synced, n);
+      const install_inputs a(*this, keys, n, rows, versions, synced);
       buffer<std::int64_t, Space> s(n, space());
-      EMBCACHE_RETURN_IF_ERROR(cache_->insert_or_assign(
-          arg(keys, k), n, arg(rows, r), versions ? arg(versions, v) : nullptr, s.data()));
-      if (synced) cache_->mark_synced(s.data(), n, arg(synced, y));
+      EMBCACHE_RETURN_IF_ERROR(
+          cache_->insert_or_assign(a.keys(), n, a.rows(), a.versions(), s.data()));
+      if (synced) cache_->mark_synced(s.data(), n, a.synced());
       cache_->set_marks(s.data(), n, mark);
       return {};
     });
@@ -290,12 +287,8 @@ class device_cache_bridge {
                        std::uint32_t mark) {
     return guarded([&]() -> status {
       if (n == 0) return {};
-      auto k = in(keys, n);
-      auto r = in(rows, n * cache_->row_width());
-      auto v = in(versions, n);
-      auto y = in(synced, n);
-      return cache_->install(arg(keys, k), n, arg(rows, r), versions ? arg(versions, v) : nullptr,
-                             synced ? arg(synced, y) : nullptr, mark);
+      const install_inputs a(*this, keys, n, rows, versions, synced);
+      return cache_->install(a.keys(), n, a.rows(), a.versions(), a.synced(), mark);
     });
   }
   // lookup_slots, then the found keys marked with `mark`.
@@ -409,6 +402,35 @@ class device_cache_bridge {
       return copy.data();
     }
   }
+  // An install's keys, rows, versions and synced versions as the cache takes them (arg): the
+  // host pointers themselves in the host space, else copies in the cache's space. A null
+  // pointer (no versions, no synced versions) stays null.
+  class install_inputs {
+   public:
+    install_inputs(const device_cache_bridge& b, const Key* keys, std::size_t n, const float* rows,
+                   const std::uint64_t* versions, const std::uint64_t* synced)
+        : keys_(keys),
+          rows_(rows),
+          versions_(versions),
+          synced_(synced),
+          k_(b.in(keys, n)),
+          r_(b.in(rows, n * b.cache_->row_width())),
+          v_(b.in(versions, n)),
+          y_(b.in(synced, n)) {}
+    const Key* keys() const { return arg(keys_, k_); }
+    const float* rows() const { return arg(rows_, r_); }
+    const std::uint64_t* versions() const { return versions_ ? arg(versions_, v_) : nullptr; }
+    const std::uint64_t* synced() const { return synced_ ? arg(synced_, y_) : nullptr; }
+
+   private:
+    const Key* keys_;
+    const float* rows_;
+    const std::uint64_t* versions_;
+    const std::uint64_t* synced_;
+    buffer<Key, Space> k_;
+    buffer<float, Space> r_;
+    buffer<std::uint64_t, Space> v_, y_;
+  };
 
   cache_type* cache_;
 };
