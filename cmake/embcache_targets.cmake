@@ -2,9 +2,15 @@
 
 # embcache_warnings(<target>): the warnings every host translation unit of the project compiles
 # with (CUDA translation units keep nvcc's defaults).
+# A unity build (CMAKE_UNITY_BUILD, EMBCACHE_UNITY_BATCH) includes each source file into a
+# generated one, so g++ takes a source file's anonymous-namespace types for a header's and warns
+# about every class that uses one (-Wsubobject-linkage); inside one translation unit that warning
+# is void, so it is off for unity targets.
 function(embcache_warnings target)
+  set(gnu_unity "$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>,$<BOOL:$<TARGET_PROPERTY:UNITY_BUILD>>>")
   target_compile_options(${target} PRIVATE
-    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU,Clang>>:-Wall -Wextra>)
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU,Clang>>:-Wall -Wextra>
+    $<${gnu_unity}:-Wno-subobject-linkage>)
 endfunction()
 
 # embcache_pin_host_thrust(<target>): Thrust's systems pinned to TBB and the CPU in the target's

@@ -17,4 +17,11 @@ void bind_serving(py::module_& m);  // apply_deltas (data_bindings.cpp)
 // ModelRows, RedisRows, redis_push, score_shard (serving_bindings.cpp)
 void bind_scoring(py::module_& m);
 
+/// fn() with the GIL released (for calls that do not touch Python objects).
+template <class Fn>
+auto without_gil(Fn fn) {
+  py::gil_scoped_release nogil;
+  return fn();
+}
+
 }  // namespace embcache::python

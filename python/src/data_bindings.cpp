@@ -28,12 +28,6 @@ namespace {
 
 using key = std::int64_t;
 
-template <class Fn>
-auto without_gil(Fn fn) {
-  py::gil_scoped_release nogil;
-  return fn();
-}
-
 py::dict header_dict(const shard_header& h) {
   py::dict d;
   d["rows"] = h.rows;

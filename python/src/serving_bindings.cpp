@@ -33,12 +33,6 @@ namespace embcache::python {
 
 namespace {
 
-template <class Fn>
-auto without_gil(Fn fn) {
-  py::gil_scoped_release nogil;
-  return fn();
-}
-
 // A row_lookup as Python holds it, with the lock that serializes the calls of Python threads
 // (score_shard holds it for the whole scoring).
 struct rows_ref {
