@@ -267,4 +267,5 @@ result<std::vector<std::uint32_t>> read_sharded_admission(const std::string& dir
                               detail::hex64(m.admission.xxh64));
   return out;
 }
+
 }  // namespace embcache

@@ -273,9 +273,8 @@ class device_cache_bridge {
       if (n == 0) return {};
       const install_inputs a(*this, keys, n, rows, versions, synced);
       buffer<std::int64_t, Space> s(n, space());
-      EMBCACHE_RETURN_IF_ERROR(
-          cache_->insert_or_assign(a.keys(), n, a.rows(), a.versions(), s.data()));
-      if (synced) cache_->mark_synced(s.data(), n, a.synced());
+      EMBCACHE_RETURN_IF_ERROR(cache_->insert_or_assign(a.keys, n, a.rows, a.versions, s.data()));
+      if (synced) cache_->mark_synced(s.data(), n, a.synced);
       cache_->set_marks(s.data(), n, mark);
       return {};
     });
@@ -288,7 +287,7 @@ class device_cache_bridge {
     return guarded([&]() -> status {
       if (n == 0) return {};
       const install_inputs a(*this, keys, n, rows, versions, synced);
-      return cache_->install(a.keys(), n, a.rows(), a.versions(), a.synced(), mark);
+      return cache_->install(a.keys, n, a.rows, a.versions, a.synced, mark);
     });
   }
   // lookup_slots, then the found keys marked with `mark`.
@@ -405,31 +404,24 @@ class device_cache_bridge {
   // An install's keys, rows, versions and synced versions as the cache takes them (arg): the
   // host pointers themselves in the host space, else copies in the cache's space. A null
   // pointer (no versions, no synced versions) stays null.
-  class install_inputs {
-   public:
-    install_inputs(const device_cache_bridge& b, const Key* keys, std::size_t n, const float* rows,
-                   const std::uint64_t* versions, const std::uint64_t* synced)
-        : keys_(keys),
-          rows_(rows),
-          versions_(versions),
-          synced_(synced),
-          k_(b.in(keys, n)),
-          r_(b.in(rows, n * b.cache_->row_width())),
-          v_(b.in(versions, n)),
-          y_(b.in(synced, n)) {}
-    const Key* keys() const { return arg(keys_, k_); }
-    const float* rows() const { return arg(rows_, r_); }
-    const std::uint64_t* versions() const { return versions_ ? arg(versions_, v_) : nullptr; }
-    const std::uint64_t* synced() const { return synced_ ? arg(synced_, y_) : nullptr; }
-
-   private:
-    const Key* keys_;
-    const float* rows_;
-    const std::uint64_t* versions_;
-    const std::uint64_t* synced_;
+  struct install_inputs {
+    install_inputs(const device_cache_bridge& b, const Key* k, std::size_t n, const float* r,
+                   const std::uint64_t* v, const std::uint64_t* y)
+        : k_(b.in(k, n)),
+          r_(b.in(r, n * b.cache_->row_width())),
+          v_(b.in(v, n)),
+          y_(b.in(y, n)),
+          keys(arg(k, k_)),
+          rows(arg(r, r_)),
+          versions(v ? arg(v, v_) : nullptr),
+          synced(y ? arg(y, y_) : nullptr) {}
     buffer<Key, Space> k_;
     buffer<float, Space> r_;
     buffer<std::uint64_t, Space> v_, y_;
+    const Key* const keys;
+    const float* const rows;
+    const std::uint64_t* const versions;
+    const std::uint64_t* const synced;
   };
 
   cache_type* cache_;
