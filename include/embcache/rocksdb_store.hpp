@@ -112,6 +112,13 @@ struct rocksdb_store_options {
   std::size_t batch_keys = 2048;
   /// Keys per WriteBatch of a push; default 16384 (fewer, larger writes into the memtable).
   std::size_t push_batch_keys = 16384;
+  /// A push of at least this many bytes of values (rows and their versions) bypasses the
+  /// memtables: its rows are written as sorted SST files (in parts of about 64 MiB, in parallel)
+  /// and ingested in one step. Small memtables then neither stall the push nor leave many small
+  /// level-0 files for compaction to merge. Earlier pushes still in the memtables are flushed
+  /// first, so a crash finds a prefix of the writes. Default 0 = write_buffer_bytes (a push
+  /// that would fill a memtable); SIZE_MAX = never.
+  std::size_t ingest_bytes = 0;
   /// Looks every pushed key up first, so that size() stays exact without a scan; default false:
   /// a push writes blindly and the first size() after it counts the table with one scan.
   bool count_on_push = false;
@@ -174,9 +181,10 @@ class rocksdb_store final : public scanning_param_store<Key> {
   /// Sorted MultiGet in batches of `batch_keys`, batches in parallel (`read_threads` at once).
   status pull(const Key* keys, std::size_t n, float* rows_out, bool* found_out,
               std::uint64_t* versions_out = nullptr) override;
-  /// Sorted, deduplicated WriteBatches of `push_batch_keys` rows written in parallel, without
-  /// reading anything first (unless `count_on_push`): RocksDB cannot tell an insert from an
-  /// overwrite, so the row count is left to size().
+  /// Sorted, deduplicated WriteBatches of `push_batch_keys` rows written in parallel, or SST
+  /// files ingested at once from `ingest_bytes` on, without reading anything first (unless
+  /// `count_on_push`): RocksDB cannot tell an insert from an overwrite, so the row count is
+  /// left to size().
   status push(const Key* keys, std::size_t n, const float* rows,
               const std::uint64_t* versions = nullptr) override;
   status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr) override;

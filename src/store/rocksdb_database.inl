@@ -22,6 +22,11 @@ class stderr_logger final : public rocksdb::Logger {
   }
 };
 
+// Where a push that bypasses the memtables writes its SST files before they are ingested (moved
+// into the database). Whatever is left there belongs to no database: a process killed between
+// writing and ingesting. Opening the database removes it.
+std::string ingest_folder(const std::string& db_path) { return db_path + "/embcache-ingest"; }
+
 // The data block size of a table of `row_width` floats: the smallest multiple of 4 KiB that holds
 // one entry (8-byte key, the row, its version, and a block entry's own bytes), unless set.
 std::size_t derived_block_bytes(const rocksdb_store_options& o, std::size_t row_width) {
@@ -168,6 +173,7 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   EMBCACHE_RETURN_IF_ERROR(
       from_rocksdb(rocksdb::DB::Open(opt, o.path, descs, &handles, &p->db), who));
+  fs::remove_all(ingest_folder(o.path), ec);  // the database's lock is held: no writer uses it
   for (std::size_t i = 0; i < handles.size(); ++i) {
     if (names[i] == rocksdb::kDefaultColumnFamilyName) {
       p->db->DestroyColumnFamilyHandle(handles[i]).PermitUncheckedError();

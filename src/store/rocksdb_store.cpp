@@ -6,6 +6,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
+#include <rocksdb/sst_file_writer.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
@@ -139,46 +140,60 @@ status rocksdb_store<Key>::contains(const Key* keys, std::size_t n, bool* found_
   return err.st;
 }
 
+namespace {
+
+// Rows an SST file of an ingested push holds at most: parts of about 64 MiB, written in parallel.
+constexpr std::size_t ingest_file_bytes = std::size_t{64} << 20;
+
+// What a push writes: the sorted, deduplicated keys `su` with the batch positions `pos` of their
+// rows, each row's version (`versions` or `stamp`), and what it found out.
 template <class Key>
-status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* rows,
-                                const std::uint64_t* versions) {
-  auto& s = *state_;
-  if (n == 0) return {};
-  if (!keys || !rows) return status::invalid_argument(s.who + ": push needs keys and rows");
-  std::vector<std::uint64_t> su;
-  std::vector<std::uint32_t> pos;
-  auto prepared = s.prepare_write(keys, n, su, pos);
-  if (!prepared.ok()) return prepared.get_status();
-  const std::size_t m = prepared.value();
-  const std::uint64_t stamp = s.max_version + 1;
-  const std::size_t width = s.options.row_width;
+struct push_job {
+  typename rocksdb_store<Key>::state& s;
+  const std::vector<std::uint64_t>& su;
+  const std::vector<std::uint32_t>& pos;
+  const float* rows;
+  const std::uint64_t* versions;
+  std::uint64_t stamp;
+  bool count;  // count_on_push: look every key up first
   std::atomic<std::size_t> added{0};
   std::atomic<std::uint64_t> vmax{0};
   first_error err;
-  const auto wo = s.write_options();
-  const bool count = s.options.count_on_push && !s.count_stale;
-  const std::size_t batch = std::max<std::size_t>(1, s.options.push_batch_keys);
-  const std::size_t value_bytes = s.value_bytes();
-  s.for_batches(m, batch, [&](std::size_t b, std::size_t e) {
-    if (err.failed) return;
+
+  std::uint64_t version_of(std::size_t i) const { return versions ? versions[i] : stamp; }
+  void saw_version(std::uint64_t local_max) {
+    std::uint64_t cur = vmax.load();
+    while (cur < local_max && !vmax.compare_exchange_weak(cur, local_max)) {
+    }
+  }
+  // With count_on_push, counts the keys of su[b, e) that the table does not hold yet.
+  bool count_fresh(std::size_t b, std::size_t e) {
+    if (!count) return true;
     std::size_t fresh = 0;
-    if (count) {
-      s.multi_get(su.data(), b, e,
+    const std::size_t step = std::max<std::size_t>(1, s.options.batch_keys);
+    for (std::size_t c = b; c < e; c += step)
+      s.multi_get(su.data(), c, std::min(e, c + step),
                   [&](std::size_t, const rocksdb::Status& st, const rocksdb::PinnableSlice&) {
                     if (st.IsNotFound())
                       ++fresh;
                     else if (!st.ok())
                       err.set(from_rocksdb(st, s.who + ": push lookup"));
                   });
-      if (err.failed) return;
-    }
+    added += fresh;
+    return !err.failed;
+  }
+
+  // Writes su[b, e) as WriteBatches of push_batch_keys rows (into the memtables).
+  void write_batch(std::size_t b, std::size_t e) {
+    if (err.failed || !count_fresh(b, e)) return;
+    const std::size_t width = s.options.row_width;
     // Reserved up front: a batch that grows by doubling copies its rows several times.
-    rocksdb::WriteBatch wb((e - b) * (value_bytes + sizeof(Key) + 16) + 64);
+    rocksdb::WriteBatch wb((e - b) * (s.value_bytes() + sizeof(Key) + 16) + 64);
     std::uint64_t local_max = 0;
     char kb[sizeof(Key)];
     for (std::size_t j = b; j < e; ++j) {
       const std::size_t i = pos[j];
-      const std::uint64_t v = versions ? versions[i] : stamp;
+      const std::uint64_t v = version_of(i);
       local_max = std::max(local_max, v);
       encode_key<Key>(su[j], kb);
       rocksdb::Slice key(kb, sizeof(Key));
@@ -192,22 +207,110 @@ status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* row
         return;
       }
     }
-    rocksdb::Status ws = s.db->db->Write(wo, &wb);
+    rocksdb::Status ws = s.db->db->Write(s.write_options(), &wb);
     if (!ws.ok()) {
       err.set(from_rocksdb(ws, s.who + ": writing " + std::to_string(e - b) + " rows"));
       return;
     }
-    added += fresh;
-    std::uint64_t cur = vmax.load();
-    while (cur < local_max && !vmax.compare_exchange_weak(cur, local_max)) {
+    saw_version(local_max);
+  }
+
+  // Writes su[b, e) as one SST file at `path` (keys ascending, as the file needs them).
+  void write_file(std::size_t b, std::size_t e, const std::string& path,
+                  const rocksdb::Options& file_options) {
+    if (err.failed || !count_fresh(b, e)) return;
+    const std::size_t width = s.options.row_width;
+    const std::size_t row_bytes = width * sizeof(float);
+    rocksdb::SstFileWriter w(rocksdb::EnvOptions(s.db->options), file_options, s.cf);
+    rocksdb::Status st = w.Open(path);
+    std::vector<char> value(s.value_bytes());
+    std::uint64_t local_max = 0;
+    char kb[sizeof(Key)];
+    for (std::size_t j = b; st.ok() && j < e; ++j) {
+      const std::size_t i = pos[j];
+      const std::uint64_t v = version_of(i);
+      local_max = std::max(local_max, v);
+      std::memcpy(value.data(), rows + i * width, row_bytes);
+      std::memcpy(value.data() + row_bytes, &v, 8);
+      encode_key<Key>(su[j], kb);
+      st = w.Put(rocksdb::Slice(kb, sizeof(Key)), rocksdb::Slice(value.data(), value.size()));
     }
-  });
+    if (st.ok()) st = w.Finish();
+    if (!st.ok()) {
+      err.set(from_rocksdb(st, s.who + ": writing " + std::to_string(e - b) +
+                                   " rows into the SST file '" + path + "'"));
+      return;
+    }
+    saw_version(local_max);
+  }
+
+  // Writes every row as SST files of about ingest_file_bytes and ingests them in one step.
+  void ingest(std::size_t m) {
+    namespace fs = std::filesystem;
+    // Ingested files are durable at once. The memtables' earlier rows, and the metadata
+    // entry's dirty mark that recovery recounts by, must reach the disk before them.
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    std::vector<rocksdb::ColumnFamilyHandle*> cfs{s.cf, s.db->default_cf()};
+    status flushed = from_rocksdb(s.db->db->Flush(fo, cfs), s.who + ": flush before an ingest");
+    if (!flushed.ok()) return err.set(std::move(flushed));
+    const std::string dir = ingest_folder(s.db->path);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return err.set(status::io_error(s.who + ": creating '" + dir + "': " + ec.message()));
+    const std::size_t per_file = std::max<std::size_t>(1, ingest_file_bytes / s.value_bytes());
+    const std::size_t files = (m + per_file - 1) / per_file;
+    const std::string stem =
+        dir + "/" + s.options.table_name + "-" + std::to_string(s.ingests.fetch_add(1)) + "-";
+    std::vector<std::string> paths(files);
+    for (std::size_t f = 0; f < files; ++f) paths[f] = stem + std::to_string(f) + ".sst";
+    const rocksdb::Options file_options(
+        s.db->options, s.db->cf_options(derived_block_bytes(s.options, s.options.row_width)));
+    s.for_batches(m, per_file, [&](std::size_t b, std::size_t e) {
+      write_file(b, e, paths[b / per_file], file_options);
+    });
+    if (!err.failed) {
+      rocksdb::IngestExternalFileOptions io;
+      io.move_files = true;           // linked into the database, not copied
+      io.write_global_seqno = false;  // the sequence number lives in the MANIFEST
+      rocksdb::Status st = s.db->db->IngestExternalFile(s.cf, paths, io);
+      if (!st.ok()) err.set(from_rocksdb(st, s.who + ": ingesting " + std::to_string(m) + " rows"));
+    }
+    for (const auto& p : paths) fs::remove(p, ec);
+  }
+};
+
+}  // namespace
+
+template <class Key>
+status rocksdb_store<Key>::push(const Key* keys, std::size_t n, const float* rows,
+                                const std::uint64_t* versions) {
+  auto& s = *state_;
+  if (n == 0) return {};
+  if (!keys || !rows) return status::invalid_argument(s.who + ": push needs keys and rows");
+  std::vector<std::uint64_t> su;
+  std::vector<std::uint32_t> pos;
+  auto prepared = s.prepare_write(keys, n, su, pos);
+  if (!prepared.ok()) return prepared.get_status();
+  const std::size_t m = prepared.value();
+  const bool count = s.options.count_on_push && !s.count_stale;
+  push_job<Key> job{s, su, pos, rows, versions, s.max_version + 1, count, {}, {}, {}};
+  const std::size_t ingest_bytes =
+      s.options.ingest_bytes ? s.options.ingest_bytes : s.options.write_buffer_bytes;
+  const std::size_t vbytes = s.value_bytes();
+  // m * vbytes >= ingest_bytes, without the product.
+  if (m >= ingest_bytes / vbytes + (ingest_bytes % vbytes != 0)) {
+    job.ingest(m);
+  } else {
+    s.for_batches(m, std::max<std::size_t>(1, s.options.push_batch_keys),
+                  [&](std::size_t b, std::size_t e) { job.write_batch(b, e); });
+  }
   // A blind push may have added keys: size() counts them when asked. A failed push may have
-  // written some batches, so the count is stale either way.
-  if (!count || err.failed) s.count_stale = true;
-  s.count += added.load();
-  s.max_version = std::max(s.max_version, vmax.load());
-  return err.st;
+  // written some rows, so the count is stale either way.
+  if (!count || job.err.failed) s.count_stale = true;
+  s.count += job.added.load();
+  s.max_version = std::max(s.max_version, job.vmax.load());
+  return job.err.st;
 }
 
 template <class Key>

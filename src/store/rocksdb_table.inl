@@ -22,6 +22,8 @@ struct rocksdb_store<Key>::state {
   std::uint64_t max_version = 0;
   // Whether the metadata entry says "dirty": rows were pushed after it was last written.
   bool meta_dirty = false;
+  // Numbers the SST files of ingested pushes (ingest_folder).
+  std::atomic<std::uint64_t> ingests{0};
   std::string who;
   table_schema schema;  // the caller's, recorded in the metadata entry
 

@@ -51,7 +51,9 @@ struct host_traits {
 };
 
 #if EMBCACHE_TEST_ROCKSDB
-template <class Key>
+// With `Ingest`, every push, however small, is written as SST files and ingested
+// (rocksdb_store_options::ingest_bytes): the other way rows reach the table.
+template <class Key, bool Ingest = false>
 struct rocksdb_traits {
   using key_type = Key;
   static constexpr bool is_host = false;
@@ -64,6 +66,7 @@ struct rocksdb_traits {
     o.block_cache_bytes = 8 << 20;
     o.write_buffer_bytes = 4 << 20;
     o.batch_keys = 64;  // several MultiGet / WriteBatch per test batch
+    if (Ingest) o.ingest_bytes = 1;
     return o;
   }
   static std::unique_ptr<param_store<Key>> make(const std::string& dir, const std::string& table,
@@ -104,6 +107,7 @@ struct rocksdb_traits {
     fs::resize_file(sst, fs::file_size(sst) / 2);
   }
 };
+
 #endif
 
 // A DRAM tier of 64 rows in front of the store of `Lower`: every test's batch overflows it, so
@@ -186,14 +190,15 @@ class store_conformance : public ::testing::Test {
   std::unique_ptr<param_store<Key>> store_;
 };
 
-using store_types = ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
-                                     tiered_traits<host_traits<std::uint32_t>>
+using store_types =
+    ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
+                     tiered_traits<host_traits<std::uint32_t>>
 #if EMBCACHE_TEST_ROCKSDB
-                                     ,
-                                     rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t>,
-                                     tiered_traits<rocksdb_traits<std::int64_t>>
+                     ,
+                     rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t>,
+                     rocksdb_traits<std::int64_t, true>, tiered_traits<rocksdb_traits<std::int64_t>>
 #endif
-                                     >;
+                     >;
 TYPED_TEST_SUITE(store_conformance, store_types);
 
 TYPED_TEST(store_conformance, round_trip_with_missing_keys) {

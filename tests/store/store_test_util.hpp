@@ -27,16 +27,19 @@ struct scratch_dir : testing::temp_dir {
 };
 
 /// The crash tests' parent side: runs the disabled test `child_test` of this binary in a child
-/// process with EMBCACHE_CRASH_DIR=`dir`, waits (15 s at most) for the child to write
-/// `dir/ready`, lets it push for 400 ms more, then kills it with SIGKILL. A fatal test failure
-/// when the child exits early, never gets ready or is not killed (check with
-/// ASSERT_NO_FATAL_FAILURE).
-inline void run_child_until_killed(const scratch_dir& dir, const std::string& child_test) {
+/// process with EMBCACHE_CRASH_DIR=`dir` (and `extra_env`, NAME=VALUE, when not empty), waits (15 s
+/// at most) for the child to write `dir/ready`, lets it push for 400 ms more, then kills it with
+/// SIGKILL. A fatal test failure when the child exits early, never gets ready or is not killed
+/// (check with ASSERT_NO_FATAL_FAILURE).
+inline void run_child_until_killed(const scratch_dir& dir, const std::string& child_test,
+                                   const std::string& extra_env = "") {
   // Everything the child needs is built before fork: between fork and exec only
   // async-signal-safe calls are allowed.
   const std::string env_dir = "EMBCACHE_CRASH_DIR=" + dir.path();
   const std::string filter = "--gtest_filter=" + child_test;
-  char* const envp[] = {const_cast<char*>(env_dir.c_str()), nullptr};
+  char* const envp[] = {const_cast<char*>(env_dir.c_str()),
+                        extra_env.empty() ? nullptr : const_cast<char*>(extra_env.c_str()),
+                        nullptr};
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
