@@ -91,6 +91,10 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     if (supports_direct_io(tc.store_path)) {
       ro.use_direct_reads = true;
       ro.use_direct_io_for_flush_and_compaction = true;
+      // Every row that misses the block cache is then a read of the disk: 32 MultiGets in
+      // flight keep the SSD's queue full, on threads of their own rather than the cores'
+      // (docs/stores.md, "Tuning for a table larger than memory").
+      ro.read_threads = 32;
     }
     std::size_t auto_tiers = 0;
     for (const auto& other : config.tables) auto_tiers += other.dram_tier_auto ? 1 : 0;
