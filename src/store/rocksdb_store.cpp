@@ -260,8 +260,9 @@ struct push_job {
     if (ec) return err.set(status::io_error(s.who + ": creating '" + dir + "': " + ec.message()));
     const std::size_t per_file = std::max<std::size_t>(1, ingest_file_bytes / s.value_bytes());
     const std::size_t files = (m + per_file - 1) / per_file;
-    const std::string stem =
-        dir + "/" + s.options.table_name + "-" + std::to_string(s.ingests.fetch_add(1)) + "-";
+    // Named by the column family's id, not the table's name: any name is a valid table name.
+    const std::string stem = dir + "/cf" + std::to_string(s.cf->GetID()) + "-" +
+                             std::to_string(s.ingests.fetch_add(1)) + "-";
     std::vector<std::string> paths(files);
     for (std::size_t f = 0; f < files; ++f) paths[f] = stem + std::to_string(f) + ".sst";
     const rocksdb::Options file_options(
