@@ -12,6 +12,7 @@
 #include "embcache/criteo.hpp"
 #include "embcache/embedding_cache.hpp"
 #include "embcache/optimizers.hpp"
+#include "embcache/shard.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/training_cache.hpp"
 #include "trainer_config_store.hpp"
@@ -68,7 +69,41 @@ struct run_parts {
   bool has_scratch = false;
   std::vector<memory_part> staging;  // keyset mode: prefetch staging and write-behind per table
   memory_part model, batch;
+  memory_part data;  // the shard reader's shards in memory (0 bytes when none could be read)
 };
+
+// The shard reader holds a whole shard and, reading ahead, the next one (shard_reader), with
+// its shuffle order of 8 bytes a record: twice the largest shard of the run, evaluation's
+// included. Shards whose header cannot be read now are left out (the pass names them when it
+// opens them); passes that still name a dataset folder were not resolved and count nothing.
+memory_part data_part(const trainer_config& c) {
+  memory_part p;
+  p.field = "config.passes";
+  std::string largest;
+  std::uint64_t largest_bytes = 0;
+  auto consider = [&](const std::string& shard) {
+    const std::string path = resolve_data_path(c.data_dir, shard);
+    auto h = read_shard_header(path);
+    if (!h.ok()) return;
+    std::uint64_t bytes = 0, order = 0;
+    bool ok = checked_mul(h.value().rows, h.value().record_size, bytes);
+    if (ok && c.shuffle)
+      ok = checked_mul(h.value().rows, 8, order) && checked_add(bytes, order, bytes);
+    if (!ok) p.overflow = true;
+    if (ok && bytes > largest_bytes) {
+      largest_bytes = bytes;
+      largest = path;
+    }
+  };
+  for (const trainer_pass_config& pass : c.passes)
+    for (const std::string& shard : pass.shards) consider(shard);
+  if (!c.eval_shard.empty()) consider(c.eval_shard);
+  p.overflow = p.overflow || !checked_mul(largest_bytes, 2, p.bytes);
+  p.what = "the shard reader's two shards in memory (the largest: '" + largest + "', " +
+           std::to_string(largest_bytes) + " bytes" + (c.shuffle ? " with its shuffle order" : "") +
+           ")";
+  return p;
+}
 
 run_parts parts_of(const trainer_config& c) {
   run_parts r;
@@ -157,6 +192,7 @@ run_parts parts_of(const trainer_config& c) {
     p.overflow = !ok;
     r.batch = p;
   }
+  r.data = data_part(c);
   // Keyset mode, as the training cache reserves it with the options the run gives it
   // (cache_memory_of): the rows the prefetch stages, within staging_bytes over the tables in
   // order, a capacity's rows at most each; per table the staging's keys (the keyset, the missing
@@ -287,6 +323,7 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     if (!budget.caches_on_device) parts = caches;
     parts.push_back(r.model);
     parts.push_back(r.batch);
+    if (r.data.bytes != 0 || r.data.overflow) parts.push_back(r.data);
     const rocksdb_store_options defaults;
     const auto databases = detail::rocksdb_databases_of(c);
     for (const memory_part& p : dram_tier_parts(c)) parts.push_back(p);
@@ -313,6 +350,7 @@ result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_
   std::vector<memory_part> caches, staging = r.staging, other = dram_tier_parts(c);
   other.push_back(r.model);
   other.push_back(r.batch);
+  if (r.data.bytes != 0 || r.data.overflow) other.push_back(r.data);
   if (!caches_on_device) {
     caches = r.caches;
     if (r.has_scratch) caches.push_back(r.scratch);

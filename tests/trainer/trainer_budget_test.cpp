@@ -208,6 +208,53 @@ TEST(trainer_memory_budget, the_staging_counted_is_what_the_cache_reserves) {
   EXPECT_EQ(stores.value().options.prefetch_batch, defaults.prefetch_batch);
 }
 
+// The shard reader holds a shard and the one it reads ahead: twice the run's largest shard (the
+// eval shard's included, with its shuffle order of 8 bytes a record) are counted with the dense
+// network and the batch, and named when they do not fit.
+TEST(trainer_memory_budget, the_shard_readers_two_shards_are_counted) {
+  trainer_config c = rocksdb_config("/no/such/db");
+  c.tables[1].store = "host";
+  c.memory_budget_bytes = 2048 * mib;
+  auto none = plan_trainer_memory(c);  // "a.bin" is not there: nothing to count
+  EMBCACHE_ASSERT_OK(none);
+  c.data_dir = dataset();
+  c.passes = {{{shard(0), shard(1)}}, {{shard(2)}}};
+  c.eval_shard = shard(5);
+  std::uint64_t largest = 0, rows = 0;
+  for (int i : {0, 1, 2, 5}) {
+    auto h = read_shard_header(c.data_dir + "/" + shard(i));
+    EMBCACHE_ASSERT_OK(h);
+    if (h.value().rows * h.value().record_size > largest) {
+      largest = h.value().rows * h.value().record_size;
+      rows = h.value().rows;
+    }
+  }
+  ASSERT_GT(largest, 0u);
+  auto counted = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(counted);
+  EXPECT_EQ(counted.value().other_bytes, none.value().other_bytes + 2 * largest);
+  c.shuffle = true;
+  counted = plan_trainer_memory(c);
+  EMBCACHE_ASSERT_OK(counted);
+  EXPECT_EQ(counted.value().other_bytes, none.value().other_bytes + 2 * (largest + 8 * rows));
+  // Without a budget, against the machine: the part is listed where every part fits alone but
+  // not all together (raised to each part that does not fit alone, in turn).
+  c.memory_budget_bytes = 0;
+  std::uint64_t machine = 1;
+  status s = check_memory(c, machine);
+  for (int i = 0; i < 10 && s.message().find(" together ") == std::string::npos; ++i) {
+    const auto at = s.message().find(" needs ");
+    ASSERT_NE(at, std::string::npos) << s.message();
+    machine = std::stoull(s.message().substr(at + 7));
+    s = check_memory(c, machine);
+  }
+  EXPECT_EQ(s.code(), status_code::capacity_exceeded);
+  EXPECT_NE(
+      s.message().find(", config.passes " + std::to_string(2 * (largest + 8 * rows)) + " bytes"),
+      std::string::npos)
+      << s.message();
+}
+
 // The builders name what they allocate: a std::bad_alloc while building a part is a
 // capacity_exceeded status naming it (the training cache: every table with its capacity), and
 // anything else passes through unchanged.
