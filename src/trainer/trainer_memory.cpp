@@ -199,7 +199,8 @@ run_parts parts_of(const trainer_config& c) {
   // keys with their versions and found flags, the unstaged and the still missing ones: 41 bytes a
   // key) and the write-behind buffers of write_back_bytes of rows each with their keys and
   // versions (the one pushed, a recycled one and, with prefetch, the worker's gather buffer), and
-  // the worker's two batches of rows (its early eviction's and its early insert's).
+  // two batches of prefetch_batch rows: the worker's (its early eviction's and its early
+  // insert's), then, once it is done, the boundary's chunk of missing rows and of those it pulls.
   if (c.mode == trainer_mode::keyset) {
     const detail::cache_memory_options m = detail::cache_memory_of(c);
     memory_part rows;
@@ -218,8 +219,11 @@ run_parts parts_of(const trainer_config& c) {
         left -= n * row;  // n * row <= left
         staged_rows += n;
         rows.bytes += n * row;
+        ok = checked_mul(tc.capacity, 41, keys);
+      }
+      if (ok) {
         batch = std::min<std::uint64_t>(m.prefetch_batch, tc.capacity);
-        ok = checked_mul(tc.capacity, 41, keys) && checked_mul(batch, 2 * row, batch);
+        ok = checked_mul(batch, 2 * row, batch);
       }
       if (ok) {
         chunk = std::min<std::uint64_t>(tc.capacity,

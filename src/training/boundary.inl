@@ -24,20 +24,35 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
   }
   const auto t0 = clock_type::now();
   const std::size_t n = missing.size(), w = tb.row_width;
-  std::vector<float> rows(n * w);
-  std::vector<std::uint64_t> vers(n, 0);
-  std::unique_ptr<bool[]> found(new bool[std::max<std::size_t>(n, 1)]);
-  std::vector<std::size_t> to_pull;
+  // Keys the store changed for after staging began must be re-pulled.
+  std::vector<Key> log;
   if (use_staging) {
-    // Keys the store changed for after staging began must be re-pulled.
-    auto log = std::move(tb.sync.writes_log);
+    log = std::move(tb.sync.writes_log);
     std::sort(log.begin(), log.end());
-    const auto& st = tb.staged;
-    std::size_t j = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const Key k = missing[i];
-      while (j < st.keys.size() && st.keys[j] < k) ++j;
-      const bool staged = j < st.keys.size() && st.keys[j] == k;
+  }
+  // In chunks of prefetch_batch rows (the worker's batch, done by now): the boundary holds one
+  // chunk of rows beside the staging, never a row per missing key.
+  const std::size_t chunk = std::max<std::size_t>(1, std::min(n, options.prefetch_batch));
+  std::vector<float> rows(chunk * w);
+  std::vector<std::uint64_t> vers(chunk), synced(chunk);
+  std::unique_ptr<bool[]> found(new bool[chunk]);
+  std::vector<std::size_t> to_pull;
+  std::vector<Key> pull_keys;
+  std::vector<float> pulled;
+  std::vector<std::uint64_t> pulled_vers;
+  std::unique_ptr<bool[]> pulled_found;
+  const auto& st = tb.staged;
+  std::size_t j = 0;  // the staging's cursor: both are in key order
+  std::uint64_t init_version = 0;
+  for (std::size_t b = 0; b < n; b += chunk) {
+    const std::size_t m = std::min(n, b + chunk) - b;
+    const Key* keys = missing.data() + b;
+    std::fill(vers.begin(), vers.begin() + static_cast<std::ptrdiff_t>(m), 0);
+    to_pull.clear();
+    for (std::size_t i = 0; i < m; ++i) {
+      const Key k = keys[i];
+      while (use_staging && j < st.keys.size() && st.keys[j] < k) ++j;
+      const bool staged = use_staging && j < st.keys.size() && st.keys[j] == k;
       if (staged && !std::binary_search(log.begin(), log.end(), k)) {
         std::memcpy(rows.data() + i * w, st.rows.data() + j * w, w * sizeof(float));
         vers[i] = st.versions[j];
@@ -48,43 +63,41 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
         to_pull.push_back(i);
       }
     }
-  } else {
-    to_pull.resize(n);
-    std::iota(to_pull.begin(), to_pull.end(), std::size_t{0});
-  }
-  if (to_pull.size() == n) {
-    EMBCACHE_RETURN_IF_ERROR(pull(tb, missing.data(), n, rows.data(), found.get(), vers.data()));
-  } else if (!to_pull.empty()) {
-    const std::size_t m = to_pull.size();
-    std::vector<Key> k(m);
-    std::vector<float> r(m * w);
-    std::vector<std::uint64_t> v(m);
-    std::unique_ptr<bool[]> f(new bool[m]);
-    for (std::size_t i = 0; i < m; ++i) k[i] = missing[to_pull[i]];
-    EMBCACHE_RETURN_IF_ERROR(pull(tb, k.data(), m, r.data(), f.get(), v.data()));
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::size_t d = to_pull[i];
-      std::memcpy(rows.data() + d * w, r.data() + i * w, w * sizeof(float));
-      vers[d] = v[i];
-      found[d] = f[i];
+    if (to_pull.size() == m) {
+      EMBCACHE_RETURN_IF_ERROR(pull(tb, keys, m, rows.data(), found.get(), vers.data()));
+    } else if (!to_pull.empty()) {
+      const std::size_t p = to_pull.size();
+      pull_keys.resize(p);
+      pulled.resize(p * w);
+      pulled_vers.resize(p);
+      if (!pulled_found) pulled_found.reset(new bool[chunk]);
+      for (std::size_t i = 0; i < p; ++i) pull_keys[i] = keys[to_pull[i]];
+      EMBCACHE_RETURN_IF_ERROR(
+          pull(tb, pull_keys.data(), p, pulled.data(), pulled_found.get(), pulled_vers.data()));
+      for (std::size_t i = 0; i < p; ++i) {
+        const std::size_t d = to_pull[i];
+        std::memcpy(rows.data() + d * w, pulled.data() + i * w, w * sizeof(float));
+        vers[d] = pulled_vers[i];
+        found[d] = pulled_found[i];
+      }
     }
-  }
-  c.rows_pulled += to_pull.size();
-  // New rows get a fresh version so that they are dirty (written back) and exported.
-  std::uint64_t init_version = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (found[i]) continue;
-    if (!init_version) init_version = fresh_version(tb);
-    initialize_row(tb, missing[i], rows.data() + i * w);
-    vers[i] = init_version;
-    ++c.rows_initialized;
+    c.rows_pulled += to_pull.size();
+    // New rows get a fresh version (one for the whole boundary) so that they are dirty (written
+    // back) and exported.
+    for (std::size_t i = 0; i < m; ++i) {
+      if (found[i]) continue;
+      if (!init_version) init_version = fresh_version(tb);
+      initialize_row(tb, keys[i], rows.data() + i * w);
+      vers[i] = init_version;
+      ++c.rows_initialized;
+    }
+    // Pulled rows are in sync with the store; initialized ones are dirty. All are keys of this
+    // pass.
+    for (std::size_t i = 0; i < m; ++i) synced[i] = found[i] ? vers[i] : 0;
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(keys, m, rows.data(), vers.data(),
+                                                     synced.data(), tb.book.mark_epoch));
   }
   c.bytes_store_to_cache += (n - c.rows_initialized) * w * sizeof(float);
-  // Pulled rows are in sync with the store; initialized ones are dirty. All are keys of this pass.
-  std::vector<std::uint64_t> synced(n);
-  for (std::size_t i = 0; i < n; ++i) synced[i] = found[i] ? vers[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(missing.data(), n, rows.data(), vers.data(),
-                                                   synced.data(), tb.book.mark_epoch));
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }

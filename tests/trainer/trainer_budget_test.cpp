@@ -181,11 +181,12 @@ TEST(trainer_memory_budget, the_staging_counted_is_what_the_cache_reserves) {
   const std::uint64_t wide = 1000u * 41 + 1000u * (3 * 12 + 16) + 2 * 1000u * 12;
   const std::uint64_t deep = (1u << 20) * 41u + 300u * (3 * 192 + 16) + 2 * 16384u * 192;
   EXPECT_EQ(plan.value().staging_bytes, c.staging_bytes + wide + deep);
-  // Without prefetch: no staging, two write-behind buffers.
+  // Without prefetch: no staging, two write-behind buffers, and the boundary's two batches.
   c.prefetch = false;
   plan = plan_trainer_memory(c);
   EMBCACHE_ASSERT_OK(plan);
-  EXPECT_EQ(plan.value().staging_bytes, 1000u * (2 * 12 + 16) + 300u * (2 * 192 + 16));
+  EXPECT_EQ(plan.value().staging_bytes,
+            1000u * (2 * 12 + 16) + 300u * (2 * 192 + 16) + 2 * 1000u * 12 + 2 * 16384u * 192);
   c.prefetch = true;
   // The training cache gets the same options.
   auto stores = detail::build_embedding_stores(c, host_space{}, false);

@@ -1281,9 +1281,11 @@ TYPED_TEST_P(conformance, a_keyset_larger_than_the_staging_trains_like_an_unboun
   using Space = TypeParam;
   const auto passes = script<std::int64_t>(400, 120, 8);
   const std::size_t row_a = dim * 3 * sizeof(float);
-  auto run = [&](bool prefetch, std::size_t staging_bytes, std::size_t max_staged_a) {
+  auto run = [&](bool prefetch, std::size_t staging_bytes, std::size_t max_staged_a,
+                 std::size_t batch = training_cache_options{}.prefetch_batch) {
     training_cache_options opts;
     opts.staging_bytes = staging_bytes;
+    opts.prefetch_batch = batch;  // also the chunk in which begin_pass brings rows in
     training_cache<std::int64_t, Space> tc(opts, two_tables<std::int64_t>(150, 130));
     std::uint64_t pulled_after_prefetch = 0;
     for (std::size_t p = 0; p < passes.size(); ++p) {
@@ -1311,6 +1313,15 @@ TYPED_TEST_P(conformance, a_keyset_larger_than_the_staging_trains_like_an_unboun
   EXPECT_TRUE(std::get<0>(none) == std::get<0>(unbounded));
   EXPECT_TRUE(std::get<1>(none) == std::get<1>(unbounded));
   EXPECT_GT(std::get<2>(bounded), std::get<2>(unbounded));  // begin_pass pulled what was not staged
+  // begin_pass brings the missing rows in by chunks of prefetch_batch rows, staged and pulled
+  // ones mixed within a chunk: the same model.
+  const auto chunked = run(true, 30 * row_a, 30, 7);
+  const auto chunked_none = run(false, training_cache_options{}.staging_bytes, ~std::size_t{0}, 7);
+  for (const auto& m : {chunked, chunked_none}) {
+    EXPECT_TRUE(std::get<0>(m) == std::get<0>(unbounded));
+    EXPECT_TRUE(std::get<1>(m) == std::get<1>(unbounded));
+  }
+  EXPECT_EQ(std::get<2>(chunked), std::get<2>(bounded));
 }
 
 // Exactly the rows that fit in staging_bytes are staged (the first missing keys); begin_pass
