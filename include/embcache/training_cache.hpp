@@ -105,7 +105,9 @@ inline bool table_slots(std::uint64_t capacity, std::uint64_t slots, std::uint64
 struct training_cache_options {
   cache_mode mode = cache_mode::keyset;                ///< default: keyset passes
   keyset_format keyset_fmt = keyset_format::embcache;  ///< default: our keyset format
-  std::size_t prefetch_batch = 65536;  ///< keys per store pull while staging; default 65536
+  /// Keys per store pull while staging, and rows per chunk in which begin_pass brings in the
+  /// missing rows it installs; default 65536.
+  std::size_t prefetch_batch = 65536;
   /// Most bytes of rows a prefetch stages, over all tables (tables in order, each staging the
   /// first of its missing keys that fit); default 1 GiB. The missing rows past it are pulled by
   /// begin_pass. Reserved by prefetch() before its worker starts: pinned host memory in the cuda
