@@ -31,6 +31,7 @@ void training_cache_core<Key, Space>::drop_staging() {
     // Marks of a replaced prefetch need no undoing: a later boundary's mark is later still.
     // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
     auto rows = std::move(tb.staged.rows);
+    rows.clear();
     tb.staged = staged_pass<Key, Space>{};
     tb.staged.rows = std::move(rows);
   }
@@ -284,6 +285,10 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     max_rows[t] = std::min(todo[t].size(), left / row_bytes);
     left -= max_rows[t] * row_bytes;
     const status s = guarded([&] {
+      // A buffer too small goes before the larger one comes (reserve would hold both at once,
+      // twice the bound).
+      if (tb.staged.rows.capacity() < max_rows[t] * tb.row_width)
+        staging_rows<Space>().swap(tb.staged.rows);
       tb.staged.rows.reserve(max_rows[t] * tb.row_width);
       return status{};
     });
