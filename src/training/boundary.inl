@@ -175,7 +175,7 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
           tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
               .with_context("write-back of table '" + tb.opt.name + "'"));
     }
-    tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
+    tb.exports.note_written(dirty_keys.begin(),
                               dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
     pushed += d;
   }
@@ -188,7 +188,7 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
   dirty_vers.resize(d);
   // The rows pushed above are in the store, those written behind in `rows`: erased after both.
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.erase_slots(victims));
-  tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(), dirty_keys.end());
+  tb.exports.note_written(dirty_keys.begin(), dirty_keys.end());
   c.rows_pushed += d + pushed;
   c.rows_evicted += m;
   c.bytes_cache_to_store += (d + pushed) * w * sizeof(float);

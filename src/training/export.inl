@@ -20,10 +20,8 @@ void training_cache_core<Key, Space>::commit_deltas(const std::vector<export_mar
   for (std::size_t t = 0; t < tables.size() && t < marks.size(); ++t) {
     auto& tb = tables[t];
     std::lock_guard<std::mutex> install_lock(*tb.sync.install_mutex);
-    auto& w = tb.exports.written;
     auto& e = tb.exports.erased;
-    w.erase(w.begin(),
-            w.begin() + static_cast<std::ptrdiff_t>(std::min(marks[t].written, w.size())));
+    tb.exports.committed(marks[t].written);
     e.erase(e.begin(),
             e.begin() + static_cast<std::ptrdiff_t>(std::min(marks[t].erased, e.size())));
     tb.exports.last_version = marks[t].until_version;
@@ -60,6 +58,7 @@ result<std::vector<table_delta<Key>>> training_cache_core<Key, Space>::collect_d
     export_mark mark;
     mark.until_version = d.until_version;
     mark.written = written.size();
+    tb.exports.collected(mark.written);
     mark.erased = tb.exports.erased.size();
     std::sort(written.begin(), written.end());
     written.erase(std::unique(written.begin(), written.end()), written.end());

@@ -101,7 +101,7 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
     pr.insert(pr.end(), ev_rows.begin() + j * w, ev_rows.begin() + (j + 1) * w);
     pv.push_back(ev_vers[j]);
   }
-  tb.exports.written.insert(tb.exports.written.end(), pk.begin(), pk.end());
+  tb.exports.note_written(pk.begin(), pk.end());
   c.rows_evicted += ev_count;
   status pushed;
   try {

@@ -189,7 +189,7 @@ status training_cache_core<Key, Space>::load(const std::string& dir_in,
     // The expiry clock of the save (its boundaries are the run's), else counting starts anew.
     tb.expiry = L.has_expiry ? L.expiry : expiry_clock{};
     tb.exports.last_version = tb.cache->version();
-    tb.exports.written.clear();
+    tb.exports.clear_written();
     tb.exports.erased.clear();
   }
   return {};
@@ -217,7 +217,7 @@ status training_cache_core<Key, Space>::adopt_stores() {
     }
     tb.cache->advance_version(stored);
     tb.exports.last_version = tb.cache->version();
-    tb.exports.written.clear();
+    tb.exports.clear_written();
     tb.exports.erased.clear();
   }
   return {};
@@ -246,7 +246,7 @@ status training_cache_core<Key, Space>::adopt_store_writes() {
       const std::uint64_t since = std::max(ex.last_version, ex.logged_version);
       EMBCACHE_RETURN_IF_ERROR(tb.sync.store->for_each_changed_since(
           since, batch, [&](const Key* k, const float*, const std::uint64_t*, std::size_t n) {
-            ex.written.insert(ex.written.end(), k, k + n);
+            ex.note_written(k, k + n);
             return status{};
           }));
       stored = tb.sync.store->max_version();

@@ -95,7 +95,7 @@ status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on)
             tb.sync.store->push(dirty_keys.data(), d, rows.data(), dirty_vers.data())
                 .with_context("early write-back of table '" + tb.opt.name + "'"));
       }
-      tb.exports.written.insert(tb.exports.written.end(), dirty_keys.begin(),
+      tb.exports.note_written(dirty_keys.begin(),
                                 dirty_keys.begin() + static_cast<std::ptrdiff_t>(d));
       pushed += d;
     }

@@ -129,6 +129,39 @@ struct export_log {
   std::vector<Key> written;        // keys written back to the store since the last export
   std::vector<Key> erased;         // keys erased since the last export
   std::uint64_t logged_version = 0;  // store rows up to this version are in `written`
+  // Entries of `written` that an export collected and has not committed (commit_deltas drops
+  // that prefix), and the log's size after its last compaction.
+  std::size_t pending = 0, compacted = 0;
+
+  // Slack of `written` past twice its size after the last compaction.
+  static constexpr std::size_t compact_slack = std::size_t{1} << 16;
+
+  // Logs keys written back. An export reads the log as a set, so once it has grown past twice
+  // its last compacted size (and the slack), its entries past `pending` are sorted and made
+  // unique: a run that never exports keeps at most about two entries per key it wrote, not one
+  // per write-back.
+  template <class It>
+  void note_written(It first, It last) {
+    written.insert(written.end(), first, last);
+    if (written.size() < 2 * compacted + compact_slack) return;
+    const auto from = written.begin() + static_cast<std::ptrdiff_t>(pending);
+    std::sort(from, written.end());
+    written.erase(std::unique(from, written.end()), written.end());
+    compacted = written.size();
+  }
+  // An export collected the first `n` entries (collect_deltas).
+  void collected(std::size_t n) { pending = n; }
+  // ... and delivered the first `n`: they leave the log (commit_deltas).
+  void committed(std::size_t n) {
+    n = std::min(n, written.size());
+    written.erase(written.begin(), written.begin() + static_cast<std::ptrdiff_t>(n));
+    pending = pending > n ? pending - n : 0;
+    compacted = std::min(compacted, written.size());
+  }
+  void clear_written() {
+    written.clear();
+    pending = compacted = 0;
+  }
 };
 
 // begin_pass scratch, kept to avoid allocating per pass.

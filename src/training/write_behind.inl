@@ -177,7 +177,7 @@ status training_cache_core<Key, Space>::write_back_chunk(table_type& tb, const K
                                                   buf.versions.data(), &d));
   EMBCACHE_RETURN_IF_ERROR(push(tb, buf.keys.data(), d, buf.rows.data(), buf.versions.data())
                                .with_context("write-back of table '" + tb.opt.name + "'"));
-  tb.exports.written.insert(tb.exports.written.end(), buf.keys.begin(),
+  tb.exports.note_written(buf.keys.begin(),
                             buf.keys.begin() + static_cast<std::ptrdiff_t>(d));
   // In sync at the versions pushed: a row updated since stays dirty.
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(buf.dirty_slots.data(), d, buf.versions.data()));

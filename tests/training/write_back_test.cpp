@@ -4,9 +4,11 @@
 // export as with one chunk.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "embcache/host_store.hpp"
 #include "embcache/training_cache.hpp"
 #include "test_util.hpp"
+#include "training/table_state.hpp"
 
 namespace embcache::testing {
 namespace {
@@ -148,6 +151,59 @@ TEST(training_cache_write_back, save_and_load_in_one_row_chunks_keep_every_row) 
     ASSERT_TRUE(f.tc->load(dir.sub("save")).ok());
     EXPECT_EQ(stored_of(*f.store), saved.stored) << bytes << " bytes";
   }
+}
+
+// The log of keys written back (what the next export takes from the store) is compacted once it
+// doubles: a run that never exports keeps about two entries per key, not one per write-back, and
+// the entries an export collected and has not committed stay its prefix.
+TEST(training_cache_write_back, the_export_log_stays_bounded_and_keeps_a_collected_prefix) {
+  detail::export_log<std::int64_t> log;
+  constexpr std::size_t slack = detail::export_log<std::int64_t>::compact_slack;
+  std::vector<std::int64_t> keys(1000);
+  for (std::size_t round = 0; round < 3 * slack / keys.size(); ++round) {
+    for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t((i * 7919 + round) % 1500);
+    log.note_written(keys.begin(), keys.end());
+    ASSERT_LT(log.written.size(), 2 * 1500 + slack + keys.size()) << "round " << round;
+  }
+  std::set<std::int64_t> all(log.written.begin(), log.written.end());
+  EXPECT_EQ(all.size(), 1500u);  // compacted, nothing lost
+  // An export collects the log as it is; keys logged after it go past that prefix, compacted
+  // or not; committing drops exactly the prefix.
+  const std::vector<std::int64_t> prefix = log.written;
+  log.collected(prefix.size());
+  for (std::size_t round = 0; round < 2 * slack / keys.size(); ++round) {
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      keys[i] = std::int64_t(2000 + (i + round * 1000) % 1200);
+    log.note_written(keys.begin(), keys.end());
+  }
+  ASSERT_GT(log.written.size(), prefix.size());
+  EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), log.written.begin()));
+  log.committed(prefix.size());
+  const std::set<std::int64_t> rest(log.written.begin(), log.written.end());
+  EXPECT_EQ(rest.size(), 1200u);
+  EXPECT_EQ(*rest.begin(), 2000);
+  EXPECT_EQ(log.pending, 0u);
+}
+
+// End to end: many write-backs without an export, then one export: every key written, once.
+TEST(training_cache_write_back, an_export_after_many_unexported_write_backs_has_every_key_once) {
+  cache_over_host_store f(dim, 1000);
+  training_cache<std::int64_t>& tc = *f.tc;
+  const std::size_t passes = 2 * detail::export_log<std::int64_t>::compact_slack / 1000 + 4;
+  std::vector<std::int64_t> keys(1000);
+  std::vector<float> rows(keys.size() * dim);
+  for (std::size_t p = 0; p < passes; ++p) {
+    for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i + 1000 * (p % 3));
+    ASSERT_TRUE(tc.begin_pass({keys}).ok());
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(p + i);
+    ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+  }
+  auto d = tc.export_incremental();
+  ASSERT_TRUE(d.ok());
+  std::vector<std::int64_t> got = d.value()[0].keys;
+  std::sort(got.begin(), got.end());
+  ASSERT_EQ(got.size(), 3000u);
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], std::int64_t(i));
 }
 
 }  // namespace
