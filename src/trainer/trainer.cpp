@@ -73,6 +73,9 @@ status trainer::impl::build() {
   budget.host_bytes = physical_memory_bytes();
   budget.caches_on_device = on_cuda.value();
   EMBCACHE_RETURN_IF_ERROR(check_memory(config, budget));
+  // Under a budget, memory freed by the run's large buffers goes back to the system rather than
+  // staying in the allocator's heaps, past what the plan counts (docs/trainer.md).
+  if (config.memory_budget_bytes != 0) keep_allocator_within_budget();
   // Each part names what it allocates when memory runs out (detail::allocating); "config.tables"
   // is the embedding path's, outside its named parts.
   auto p =
