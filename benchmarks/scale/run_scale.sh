@@ -27,7 +27,9 @@
 #     --skip-passes    skip the bench_scale runs (the tables are still built)
 #     --trainer-only   only item 4 (implies --trainer): no fio, no tables, no bench_scale runs
 #     --train-staging-mib N, --train-write-back-mib N   staging_bytes and write_back_bytes of
-#                      the RocksDB trainer run (default 0: from its memory budget)
+#                      the RocksDB trainer run (defaults 192 and 0; 0: from its memory budget,
+#                      whose quarter for the staging no longer fits 1280 MiB once the shard
+#                      reader's two 66 MB shards are counted)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -49,7 +51,7 @@ trainer=0
 keep=0
 skip_passes=0
 trainer_only=0
-train_staging_mib=0
+train_staging_mib=192
 train_write_back_mib=0
 train_samples=3000000
 train_shard_samples=250000
