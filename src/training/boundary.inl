@@ -256,7 +256,9 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
     EMBCACHE_RETURN_IF_ERROR(
         evict(tb, resident + missing.size() - tb.max_resident, tb.book.mark_epoch, c));
   }
-  return swap_in(tb, missing, use_staging, c);
+  EMBCACHE_RETURN_IF_ERROR(swap_in(tb, missing, use_staging, c));
+  if (!use_staging) tb.exports.compact_if_grown();  // else the next prefetch's worker does
+  return {};
 }
 
 template <class Key, class Space>

@@ -102,6 +102,7 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
     pv.push_back(ev_vers[j]);
   }
   tb.exports.note_written(pk.begin(), pk.end());
+  tb.exports.compact_if_grown();
   c.rows_evicted += ev_count;
   status pushed;
   try {

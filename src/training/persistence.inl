@@ -253,6 +253,7 @@ status training_cache_core<Key, Space>::adopt_store_writes() {
     }
     tb.cache->advance_version(stored);
     ex.logged_version = std::max(ex.logged_version, stored);
+    ex.compact_if_grown();
   }
   return {};
 }

@@ -31,7 +31,6 @@ void training_cache_core<Key, Space>::drop_staging() {
     // Marks of a replaced prefetch need no undoing: a later boundary's mark is later still.
     // The row buffer is kept: the next staging reuses its pages instead of faulting new ones.
     auto rows = std::move(tb.staged.rows);
-    rows.clear();
     tb.staged = staged_pass<Key, Space>{};
     tb.staged.rows = std::move(rows);
   }
@@ -224,6 +223,9 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     std::merge(st.keys.begin(), st.keys.end(), st.unstaged.begin(), st.unstaged.end(),
                st.missing.begin());
   }
+  // The keys the last boundary and this worker logged for the export, compacted off the
+  // boundary's path: the caller trains meanwhile and logs nothing in keyset mode.
+  tb.exports.compact_if_grown();
   st.seconds = seconds_since(t0);
   return {};
 }
@@ -286,7 +288,8 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     left -= max_rows[t] * row_bytes;
     const status s = guarded([&] {
       // A buffer too small goes before the larger one comes (reserve would hold both at once,
-      // twice the bound).
+      // twice the bound, and copy the old rows). One large enough keeps its rows, so that the
+      // worker's resize does not zero what its pulls overwrite.
       if (tb.staged.rows.capacity() < max_rows[t] * tb.row_width)
         staging_rows<Space>().swap(tb.staged.rows);
       tb.staged.rows.reserve(max_rows[t] * tb.row_width);

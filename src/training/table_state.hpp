@@ -136,13 +136,18 @@ struct export_log {
   // Slack of `written` past twice its size after the last compaction.
   static constexpr std::size_t compact_slack = std::size_t{1} << 16;
 
-  // Logs keys written back. An export reads the log as a set, so once it has grown past twice
-  // its last compacted size (and the slack), its entries past `pending` are sorted and made
-  // unique: a run that never exports keeps at most about two entries per key it wrote, not one
-  // per write-back.
+  // Logs keys written back.
   template <class It>
   void note_written(It first, It last) {
     written.insert(written.end(), first, last);
+  }
+  // An export reads the log as a set, so once it has grown past twice its last compacted size
+  // (and the slack), its entries past `pending` are sorted and made unique: a run that never
+  // exports keeps at most about two entries per key it wrote, not one per write-back. Called
+  // where the sort blocks nothing that waits: by the prefetch worker after its staging, and by
+  // the calls that write back synchronously (a boundary without staging, write-backs, on-demand
+  // evictions).
+  void compact_if_grown() {
     if (written.size() < 2 * compacted + compact_slack) return;
     const auto from = written.begin() + static_cast<std::ptrdiff_t>(pending);
     std::sort(from, written.end());

@@ -179,6 +179,7 @@ status training_cache_core<Key, Space>::write_back_chunk(table_type& tb, const K
                                .with_context("write-back of table '" + tb.opt.name + "'"));
   tb.exports.note_written(buf.keys.begin(),
                             buf.keys.begin() + static_cast<std::ptrdiff_t>(d));
+  tb.exports.compact_if_grown();
   // In sync at the versions pushed: a row updated since stays dirty.
   EMBCACHE_RETURN_IF_ERROR(tb.bridge.mark_synced(buf.dirty_slots.data(), d, buf.versions.data()));
   c.rows_pushed += d;

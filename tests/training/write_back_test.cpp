@@ -163,6 +163,7 @@ TEST(training_cache_write_back, the_export_log_stays_bounded_and_keeps_a_collect
   for (std::size_t round = 0; round < 3 * slack / keys.size(); ++round) {
     for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t((i * 7919 + round) % 1500);
     log.note_written(keys.begin(), keys.end());
+    log.compact_if_grown();
     ASSERT_LT(log.written.size(), 2 * 1500 + slack + keys.size()) << "round " << round;
   }
   std::set<std::int64_t> all(log.written.begin(), log.written.end());
@@ -175,6 +176,7 @@ TEST(training_cache_write_back, the_export_log_stays_bounded_and_keeps_a_collect
     for (std::size_t i = 0; i < keys.size(); ++i)
       keys[i] = std::int64_t(2000 + (i + round * 1000) % 1200);
     log.note_written(keys.begin(), keys.end());
+    log.compact_if_grown();
   }
   ASSERT_GT(log.written.size(), prefix.size());
   EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), log.written.begin()));
@@ -186,24 +188,32 @@ TEST(training_cache_write_back, the_export_log_stays_bounded_and_keeps_a_collect
 }
 
 // End to end: many write-backs without an export, then one export: every key written, once.
+// Without prefetch the boundary compacts the log; with it, the next prefetch's worker does.
 TEST(training_cache_write_back, an_export_after_many_unexported_write_backs_has_every_key_once) {
-  cache_over_host_store f(dim, 1000);
-  training_cache<std::int64_t>& tc = *f.tc;
-  const std::size_t passes = 2 * detail::export_log<std::int64_t>::compact_slack / 1000 + 4;
-  std::vector<std::int64_t> keys(1000);
-  std::vector<float> rows(keys.size() * dim);
-  for (std::size_t p = 0; p < passes; ++p) {
-    for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i + 1000 * (p % 3));
-    ASSERT_TRUE(tc.begin_pass({keys}).ok());
-    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(p + i);
-    ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+  for (const bool prefetch : {false, true}) {
+    cache_over_host_store f(dim, 1000);
+    training_cache<std::int64_t>& tc = *f.tc;
+    const std::size_t passes = 2 * detail::export_log<std::int64_t>::compact_slack / 1000 + 4;
+    const auto keyset = [](std::size_t p) {
+      std::vector<std::int64_t> keys(1000);
+      for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = std::int64_t(i + 1000 * (p % 3));
+      return keys;
+    };
+    std::vector<float> rows(1000 * dim);
+    for (std::size_t p = 0; p < passes; ++p) {
+      const auto keys = keyset(p);
+      ASSERT_TRUE(tc.begin_pass({keys}).ok());
+      if (prefetch) ASSERT_TRUE(tc.prefetch({keyset(p + 1)}).ok());
+      for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(p + i);
+      ASSERT_TRUE(tc.assign(0, keys.data(), keys.size(), rows.data()).ok());
+    }
+    auto d = tc.export_incremental();
+    ASSERT_TRUE(d.ok());
+    std::vector<std::int64_t> got = d.value()[0].keys;
+    std::sort(got.begin(), got.end());
+    ASSERT_EQ(got.size(), 3000u) << "prefetch " << prefetch;
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], std::int64_t(i));
   }
-  auto d = tc.export_incremental();
-  ASSERT_TRUE(d.ok());
-  std::vector<std::int64_t> got = d.value()[0].keys;
-  std::sort(got.begin(), got.end());
-  ASSERT_EQ(got.size(), 3000u);
-  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], std::int64_t(i));
 }
 
 }  // namespace
