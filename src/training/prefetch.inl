@@ -224,8 +224,11 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
                st.missing.begin());
   }
   // The keys the last boundary and this worker logged for the export, compacted off the
-  // boundary's path: the caller trains meanwhile and logs nothing in keyset mode.
-  tb.exports.compact_if_grown();
+  // boundary's path, under the lock an export takes (it may run beside the worker).
+  {
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
+    tb.exports.compact_if_grown();
+  }
   st.seconds = seconds_since(t0);
   return {};
 }
