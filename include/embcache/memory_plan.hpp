@@ -79,6 +79,18 @@ struct memory_plan {
   }
 };
 
+/// The blocks past which the allocator hands freed memory back to the system under a budget:
+/// 4 MiB (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD).
+inline constexpr std::size_t budget_allocator_threshold_bytes = std::size_t{4} << 20;
+/// Makes glibc's malloc return freed blocks of budget_allocator_threshold_bytes or more to the
+/// system: they are mapped on their own and unmapped when freed, and the heap is trimmed past
+/// that much free memory at its top. By default glibc raises its mapping threshold after each
+/// large free (up to 32 MiB) and keeps such blocks in its heaps, where the process holds them
+/// past what a plan counts. Process-wide and lasting; call it before allocating what the plan
+/// counts (trainer::create does when the configuration sets memory_budget_bytes). Returns false
+/// where the C library has no such settings (not glibc) or refuses them.
+bool keep_allocator_within_budget() noexcept;
+
 /// Splits `options.budget_bytes`. invalid_argument naming the option when a percentage is out of
 /// range or the shares add up to more than 100; capacity_exceeded when the budget cannot hold the
 /// fixed parts, the reserve and the smallest RocksDB parts, naming `options.field`, the bytes

@@ -2,6 +2,10 @@
 // (memory_plan.hpp). All arithmetic is in 128 bits: the inputs are any 64-bit values.
 #include "embcache/memory_plan.hpp"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <string>
 
@@ -102,6 +106,16 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   p.block_cache_bytes = static_cast<std::uint64_t>(
       std::max<u128>(min_block_cache_bytes, used < split ? u128(split) - used : u128(0)));
   return p;
+}
+
+bool keep_allocator_within_budget() noexcept {
+#ifdef __GLIBC__
+  const int bytes = static_cast<int>(budget_allocator_threshold_bytes);
+  // Setting either turns glibc's dynamic threshold off.
+  return ::mallopt(M_MMAP_THRESHOLD, bytes) == 1 && ::mallopt(M_TRIM_THRESHOLD, bytes) == 1;
+#else
+  return false;
+#endif
 }
 
 }  // namespace embcache

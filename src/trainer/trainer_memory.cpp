@@ -2,9 +2,6 @@
 // machine's physical memory before it allocates anything, and the cuda path against the device's
 // free memory for caches in the cuda space (trainer.hpp: check_memory).
 #include <unistd.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -305,16 +302,6 @@ std::uint64_t physical_memory_bytes() noexcept {
   if (pages <= 0 || page <= 0 || !checked_mul(std::uint64_t(pages), std::uint64_t(page), bytes))
     return std::numeric_limits<std::uint64_t>::max();
   return bytes;
-}
-
-bool keep_allocator_within_budget() noexcept {
-#ifdef __GLIBC__
-  const int bytes = static_cast<int>(budget_allocator_threshold_bytes);
-  // Setting either turns glibc's dynamic threshold off.
-  return ::mallopt(M_MMAP_THRESHOLD, bytes) == 1 && ::mallopt(M_TRIM_THRESHOLD, bytes) == 1;
-#else
-  return false;
-#endif
 }
 
 status check_memory(const trainer_config& c, std::uint64_t available_bytes) {

@@ -9,7 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <numeric>
 
 #include "training/training_cache_core.hpp"
 

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace embcache {
 namespace {
@@ -124,6 +128,29 @@ TEST(memory_plan, parts_past_64_bits_and_bad_shares_are_refused) {
   EXPECT_EQ(plan_memory(o).get_status().message(),
             "memory_budget_bytes: memory_plan_options::max_write_buffers: expected an integer in "
             "[2, 64], got 1");
+}
+
+// Under a budget, a large block freed goes back to the system, also after glibc would have raised
+// its mapping threshold past it (its default after the first such free): each allocation of it
+// is mapped anew, not taken from a heap that keeps it.
+TEST(memory_plan, large_blocks_freed_go_back_to_the_system) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer's allocator replaces glibc's malloc";
+#elif defined(__GLIBC__)
+  ASSERT_TRUE(keep_allocator_within_budget());
+  const std::size_t bytes = 2 * budget_allocator_threshold_bytes;
+  for (int round = 0; round < 3; ++round) {
+    const std::size_t before = ::mallinfo2().hblkhd;
+    char* volatile p = static_cast<char*>(std::malloc(bytes));
+    ASSERT_NE(p, nullptr);
+    p[0] = p[bytes - 1] = 1;
+    EXPECT_GE(::mallinfo2().hblkhd, before + bytes) << "round " << round;
+    std::free(p);
+    EXPECT_LT(::mallinfo2().hblkhd, before + bytes) << "round " << round;
+  }
+#else
+  GTEST_SKIP() << "not glibc: keep_allocator_within_budget() has nothing to set";
+#endif
 }
 
 }  // namespace

@@ -3,9 +3,6 @@
 // needed; RocksDB's block cache and memtables counted and sized from it; and a store's disk that
 // fills during a pass: out_of_space, and the last save still loads.
 #include <fcntl.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -257,29 +254,6 @@ TEST(trainer_memory_budget, the_shard_readers_two_shards_are_counted) {
       s.message().find(", config.passes " + std::to_string(2 * (largest + 8 * rows)) + " bytes"),
       std::string::npos)
       << s.message();
-}
-
-// Under a budget, a large block freed goes back to the system, also after glibc would have raised
-// its mapping threshold past it (its default after the first such free): each allocation of it
-// is mapped anew, not taken from a heap that keeps it.
-TEST(trainer_memory_budget, large_blocks_freed_go_back_to_the_system) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the sanitizer's allocator replaces glibc's malloc";
-#elif defined(__GLIBC__)
-  ASSERT_TRUE(keep_allocator_within_budget());
-  const std::size_t bytes = 2 * budget_allocator_threshold_bytes;
-  for (int round = 0; round < 3; ++round) {
-    const std::size_t before = ::mallinfo2().hblkhd;
-    char* volatile p = static_cast<char*>(std::malloc(bytes));
-    ASSERT_NE(p, nullptr);
-    p[0] = p[bytes - 1] = 1;
-    EXPECT_GE(::mallinfo2().hblkhd, before + bytes) << "round " << round;
-    std::free(p);
-    EXPECT_LT(::mallinfo2().hblkhd, before + bytes) << "round " << round;
-  }
-#else
-  GTEST_SKIP() << "not glibc: keep_allocator_within_budget() has nothing to set";
-#endif
 }
 
 // The builders name what they allocate: a std::bad_alloc while building a part is a

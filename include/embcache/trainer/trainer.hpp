@@ -239,17 +239,6 @@ struct memory_budget {
                                                       bool caches_on_device = false);
 /// This machine's physical memory (sysconf), or UINT64_MAX when it cannot be read.
 std::uint64_t physical_memory_bytes() noexcept;
-/// The blocks past which the allocator hands freed memory back to the system under a budget:
-/// 4 MiB (glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD).
-inline constexpr std::size_t budget_allocator_threshold_bytes = std::size_t{4} << 20;
-/// Makes glibc's malloc return freed blocks of budget_allocator_threshold_bytes or more to the
-/// system: they are mapped on their own and unmapped when freed, and the heap is trimmed past
-/// that much free memory at its top. By default glibc raises its mapping threshold after each
-/// large free (up to 32 MiB) and keeps such blocks in its heaps, where the process holds them
-/// past what a plan counts. Process-wide and lasting; trainer::create calls it when the
-/// configuration sets memory_budget_bytes. Returns false where the C library has no such
-/// settings (not glibc) or refuses them.
-bool keep_allocator_within_budget() noexcept;
 /// Reads a configuration from JSON (unknown fields are refused, naming them) and validates it.
 /// Integer fields must be JSON integers within their range (12.5, -1 and 1e3 are refused), real
 /// fields finite numbers within theirs. Never throws.
