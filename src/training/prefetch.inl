@@ -276,8 +276,12 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     st.mark = mark.value();
     st.residency = tb.book.residency;
     st.resident_rows = tb.cache->size();
-    // The worker sizes the gather buffer of the boundary's write-behind, past what is spare.
-    spare[t] = im.options.write_behind ? tb.wb.spare_rows.size() : ~std::size_t{0};
+    // The worker sizes the gather buffer of the boundary's write-behind, past what is spare: the
+    // spare, or the buffer the flusher is pushing, which the boundary's finish_write_behind()
+    // frees and makes the spare when it is the larger (read here, not written: the flusher only
+    // reads it too). One buffer then serves every boundary instead of a new one per pass.
+    spare[t] = im.options.write_behind ? std::max(tb.wb.spare_rows.size(), tb.wb.rows.size())
+                                       : ~std::size_t{0};
     tb.sync.log_writes = true;
   }
   // The staging's room, within staging_bytes over all tables, is reserved here so that the worker

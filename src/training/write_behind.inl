@@ -74,17 +74,19 @@ status training_cache_core<Key, Space>::finish_write_behind() {
   // them again.
   if (status s = flusher.take_failure(); !s.ok()) return s;
   for (auto& tb : tables) {
-    if (tb.wb.keys.empty()) continue;
-    if (!tb.wb.pushed) {
-      EMBCACHE_RETURN_IF_ERROR(
-          push(tb, tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(), tb.wb.versions.data())
-              .with_context("write-behind of table '" + tb.opt.name + "'"));
+    if (!tb.wb.keys.empty()) {
+      if (!tb.wb.pushed) {
+        EMBCACHE_RETURN_IF_ERROR(push(tb, tb.wb.keys.data(), tb.wb.keys.size(),
+                                      tb.wb.rows.data(), tb.wb.versions.data())
+                                     .with_context("write-behind of table '" + tb.opt.name + "'"));
+      }
+      tb.wb.seconds_done += tb.wb.seconds;
+      tb.wb.seconds = 0;
+      tb.wb.pushed = false;
+      tb.wb.keys.clear();
+      tb.wb.versions.clear();
     }
-    tb.wb.seconds_done += tb.wb.seconds;
-    tb.wb.seconds = 0;
-    tb.wb.pushed = false;
-    tb.wb.keys.clear();
-    tb.wb.versions.clear();
+    // The larger free buffer is the next eviction's (prefetch() counted on it).
     if (tb.wb.rows.size() > tb.wb.spare_rows.size()) tb.wb.spare_rows.swap(tb.wb.rows);
   }
   return {};

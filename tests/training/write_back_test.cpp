@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 #include <string>
 #include <tuple>
@@ -19,6 +22,46 @@
 #include "embcache/training_cache.hpp"
 #include "test_util.hpp"
 #include "training/table_state.hpp"
+
+// --- large aligned allocations, counted while armed ------------------------------------------
+// The training cache's row buffers (staging, write-behind) come from host_allocate, an aligned
+// operator new: this binary's aligned forms count those of at least g_large_bytes while a test
+// arms them (the unaligned forms stay the library's).
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<std::size_t> g_large_bytes{0}, g_large_count{0};
+
+void* aligned_new(std::size_t n, std::align_val_t a) {
+  const std::size_t align = static_cast<std::size_t>(a);
+  if (g_counting.load() && n >= g_large_bytes.load()) ++g_large_count;
+  void* p = std::aligned_alloc(align, (std::max<std::size_t>(n, 1) + align - 1) / align * align);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t n, std::align_val_t a) { return aligned_new(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return aligned_new(n, a); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return aligned_new(n, a);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  try {
+    return aligned_new(n, a);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace embcache::testing {
 namespace {
@@ -214,6 +257,61 @@ TEST(training_cache_write_back, an_export_after_many_unexported_write_backs_has_
     ASSERT_EQ(got.size(), 3000u) << "prefetch " << prefetch;
     for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], std::int64_t(i));
   }
+}
+
+// With prefetch and write-behind, every row leaving at every boundary (room 0, no overlap), the
+// boundary gathers the leavers into the buffer the flusher pushed last pass (free by then): in
+// steady state no pass allocates a row buffer, neither the worker (which sized a gather buffer of
+// every leaving row whenever the spare was the smaller of the two) nor the boundary.
+TEST(training_cache_write_back, steady_boundaries_reuse_one_write_behind_buffer) {
+  constexpr std::size_t wide = 64, n = 64;  // 16 KiB of leaving rows, more than any key array
+  host_store_options so;
+  so.table_name = "t";
+  so.row_width = wide;
+  auto store = std::make_shared<host_store<std::int64_t>>(so);
+  {
+    // Every key's row in the store first (a continued run): the store does not grow meanwhile.
+    std::vector<std::int64_t> all(10 * n);
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = std::int64_t(i);
+    const std::vector<float> zero(all.size() * wide, 0.0f);
+    const std::vector<std::uint64_t> one(all.size(), 1);
+    ASSERT_TRUE(store->push(all.data(), all.size(), zero.data(), one.data()).ok());
+  }
+  table_options<std::int64_t> o;
+  o.name = "t";
+  o.dim = wide;
+  o.capacity = n;
+  o.max_resident = n;
+  o.store = store;
+  training_cache_options co;
+  co.write_behind = true;
+  training_cache<std::int64_t> tc(co, std::vector{o});
+  const auto keyset = [](std::size_t p) {
+    std::vector<std::int64_t> keys(n);
+    for (std::size_t i = 0; i < n; ++i) keys[i] = std::int64_t(p * n + i);
+    return keys;
+  };
+  std::vector<float> rows(n * wide);
+  g_large_bytes = n * wide * sizeof(float);
+  std::vector<std::size_t> allocated;
+  for (std::size_t p = 0; p < 8; ++p) {
+    const auto keys = keyset(p);
+    if (p == 0) ASSERT_TRUE(tc.begin_pass({keys}).ok());
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = float(p + i);
+    ASSERT_TRUE(tc.assign(0, keys.data(), n, rows.data()).ok());  // every row dirty
+    // From the prefetch of the next pass to its boundary: the worker's staging and the boundary.
+    g_large_count = 0;
+    g_counting = true;
+    const status s = tc.prefetch({keyset(p + 1)});
+    const status b = s.ok() ? tc.begin_pass({keyset(p + 1)}) : s;
+    g_counting = false;
+    ASSERT_TRUE(b.ok()) << b.to_string();
+    ASSERT_EQ(tc.counters().last[0].rows_evicted, n) << "pass " << p;
+    allocated.push_back(g_large_count.load());
+  }
+  ASSERT_TRUE(tc.end_training().ok());
+  // The first boundaries size the buffers (the staging, the gather); then none.
+  for (std::size_t p = 3; p < allocated.size(); ++p) EXPECT_EQ(allocated[p], 0u) << "pass " << p;
 }
 
 }  // namespace
