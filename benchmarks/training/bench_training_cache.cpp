@@ -4,15 +4,19 @@
 // trains the n keys from p * s on (modulo n + 2s), s = n * (100 - overlap) / 100, so consecutive
 // keysets share `overlap` percent of their keys and every pass brings s new ones.
 #include <benchmark/benchmark.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -157,6 +161,43 @@ std::unique_ptr<training_cache<std::int64_t, Space>> trained_cache(fixture& f,
 // size: the length of the simulated training phase of the other variants.
 std::map<std::tuple<std::string, int, bool, int>, double> sync_seconds;
 
+// Mean time of baseline_boundary_copies per overlap (host memory).
+std::map<int, double> copy_floor_seconds;
+
+// The floor of a boundary that moves rows by copying them: the rows of one pass's new keys
+// (room 0: as many leave as arrive) copied out of random slots of a pool of the cache's size into
+// a buffer, and as many copied from a buffer into random slots, with memcpy on all cores (oneTBB,
+// as the cache's loops). Nothing else: no probe, no metadata, no store. With prefetch and
+// write-behind, what begin_pass must still do on the host is these two copies, so
+// `boundary_to_copies` in training_begin_pass is how far the boundary is from this floor.
+void baseline_boundary_copies(benchmark::State& state) {
+  const int overlap = int(state.range(0));
+  const std::size_t n = num_keys(), w = dim * 3;
+  const std::size_t m = n - n * std::size_t(overlap) / 100, slots = n * 5 / 4;
+  std::vector<float> pool(slots * w, 1.0f), out(m * w, 2.0f), in(m * w, 3.0f);
+  std::vector<std::size_t> from(slots);
+  std::iota(from.begin(), from.end(), std::size_t{0});
+  std::shuffle(from.begin(), from.end(), std::mt19937_64(1));
+  const std::size_t* to = from.data() + (slots - m);  // other random slots for the arrivals
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, m), [&](const auto& r) {
+      for (std::size_t i = r.begin(); i < r.end(); ++i)
+        std::memcpy(out.data() + i * w, pool.data() + from[i] * w, w * sizeof(float));
+    });
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, m), [&](const auto& r) {
+      for (std::size_t i = r.begin(); i < r.end(); ++i)
+        std::memcpy(pool.data() + to[i] * w, in.data() + i * w, w * sizeof(float));
+    });
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total += t;
+    state.SetIterationTime(t);
+  }
+  copy_floor_seconds[overlap] = total / double(state.iterations());
+  state.counters["rows_moved"] = double(m);
+}
+
 void report(benchmark::State& state, double rows, double bytes) {
   state.counters["rows_per_s"] = benchmark::Counter(rows, benchmark::Counter::kIsRate);
   state.counters["bytes_per_s"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
@@ -241,6 +282,9 @@ void training_begin_pass(benchmark::State& state) {
   if (prefetch || write_behind) {
     state.counters["ratio_to_sync"] = total / iters / train;
     state.counters["boundary_to_sync"] = (total - wait) / iters / train;
+  }
+  if (!rocksdb && copy_floor_seconds.count(overlap)) {
+    state.counters["boundary_to_copies"] = (total - wait) / iters / copy_floor_seconds[overlap];
   }
 }
 
@@ -332,6 +376,15 @@ void begin_pass_args(benchmark::internal::Benchmark* b) {
   }
 }
 
+BENCHMARK(baseline_boundary_copies)
+    ->Name("baseline_boundary_copies")
+    ->ArgNames({"overlap"})
+    ->Args({0})
+    ->Args({50})
+    ->Args({90})
+    ->Iterations(5)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 BENCHMARK(training_full_swap)
     ->Name("training_full_swap")
     ->ArgNames({"overlap", "rocksdb"})
