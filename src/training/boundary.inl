@@ -41,7 +41,7 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
   std::vector<std::uint64_t> pulled_vers;
   std::unique_ptr<bool[]> pulled_found;
   const auto& st = tb.staged;
-  std::size_t j = 0;  // the staging's cursor: both are in key order
+  std::size_t j = 0, f = 0;  // the staging's and the fresh keys' cursors: all in key order
   std::uint64_t init_version = 0;
   for (std::size_t b = 0; b < n; b += chunk) {
     const std::size_t m = std::min(n, b + chunk) - b;
@@ -51,12 +51,17 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
     for (std::size_t i = 0; i < m; ++i) {
       const Key k = keys[i];
       while (use_staging && j < st.keys.size() && st.keys[j] < k) ++j;
+      while (use_staging && f < st.fresh.size() && st.fresh[f] < k) ++f;
       const bool staged = use_staging && j < st.keys.size() && st.keys[j] == k;
-      if (staged && !std::binary_search(log.begin(), log.end(), k)) {
+      const bool fresh = use_staging && f < st.fresh.size() && st.fresh[f] == k;
+      const bool logged = (staged || fresh) && std::binary_search(log.begin(), log.end(), k);
+      if (staged && !logged) {
         std::memcpy(rows.data() + i * w, st.rows.data() + j * w, w * sizeof(float));
         vers[i] = st.versions[j];
         found[i] = st.found[j] != 0;
         ++c.rows_staged;
+      } else if (fresh && !logged) {
+        found[i] = false;  // not in the store when the worker pulled it, nor written since
       } else {
         if (staged) ++c.rows_restaged;
         to_pull.push_back(i);
@@ -229,7 +234,7 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
     // Nothing entered or left since prefetch marked the hits and staged the misses (and the
     // worker did what it could of the residency change).
     tb.book.mark_epoch = st.mark;
-    miss = st.unstaged.empty() ? &st.keys : &st.missing;
+    miss = st.unstaged.empty() && st.fresh.empty() ? &st.keys : &st.missing;
     early = st.early_inserted;
   } else {
     auto mark = next_mark(tb);

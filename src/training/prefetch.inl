@@ -161,9 +161,13 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
   return {};
 }
 
-// Runs in the worker: stages the rows of the first `max_rows` of `keys` (sorted, not resident at
-// prefetch time; prefetch() reserved their room), with the early install in keyset mode. The
-// keys past them are left for begin_pass to pull.
+// Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time) within
+// `max_rows` (prefetch() reserved their room), with the early install in keyset mode. When every
+// key fits, each gets its row: the store's, or the initializer's for a key the store lacks. When
+// they do not, the room goes to the rows the store holds, which need its reads: the worker pulls
+// on through the keys, keeps only the rows found, and leaves the keys the store lacks to begin_pass
+// to initialize (`fresh`), so that begin_pass pulls only the stored rows past the room
+// (`unstaged`), not stored rows the initializer's rows took the room of.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> keys,
                                               std::size_t max_rows, std::size_t spare_floats) {
@@ -171,6 +175,7 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
   auto& st = tb.staged;
   st.keys = std::move(keys);
   const std::size_t all = st.keys.size(), n = std::min(all, max_rows), w = tb.row_width;
+  const bool found_only = all > n;
   st.rows.resize(n * w);
   st.versions.assign(n, 0);
   st.found.assign(n, 0);
@@ -186,25 +191,45 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
         std::min({need, resident - std::min(resident, st.hits), write_back_chunk_rows(tb)});
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
   }
-  st.unstaged.assign(st.keys.begin() + static_cast<std::ptrdiff_t>(n), st.keys.end());
-  st.keys.resize(n);
   std::vector<std::uint8_t> taken(early ? n : 0, 0);
   const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
   std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
-  for (std::size_t b = 0; b < n; b += batch) {
-    const std::size_t m = std::min(batch, n - b);
-    EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + b, m, st.rows.data() + b * w, found.get(),
-                                  st.versions.data() + b));
+  // Keys [0, next) pulled; rows [0, staged) kept, in key order. Kept rows move down over the
+  // fresh keys' (found_only), so a key or row is written only where one was already read.
+  std::size_t next = 0, staged = 0;
+  while (next < all && staged < n) {
+    const std::size_t m = std::min({batch, all - next, n - staged});
+    float* const rows = st.rows.data() + staged * w;
+    std::uint64_t* const vers = st.versions.data() + staged;
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + next, m, rows, found.get(), vers));
+    std::size_t kept = 0;
     for (std::size_t i = 0; i < m; ++i) {
-      st.found[b + i] = found[i];
-      if (!found[i]) initialize_row(tb, st.keys[b + i], st.rows.data() + (b + i) * w);
+      const Key k = st.keys[next + i];
+      if (!found[i] && found_only) {
+        st.fresh.push_back(k);
+        continue;
+      }
+      if (kept != i) {
+        std::memmove(rows + kept * w, rows + i * w, w * sizeof(float));
+        vers[kept] = vers[i];
+      }
+      st.keys[staged + kept] = k;
+      st.found[staged + kept] = found[i];
+      if (!found[i]) initialize_row(tb, k, rows + kept * w);
+      ++kept;
     }
-    if (early) EMBCACHE_RETURN_IF_ERROR(early_insert(tb, b, m, taken, &early));
+    if (early && kept > 0) EMBCACHE_RETURN_IF_ERROR(early_insert(tb, staged, kept, taken, &early));
+    staged += kept;
+    next += m;
   }
+  st.unstaged.assign(st.keys.begin() + static_cast<std::ptrdiff_t>(next), st.keys.end());
+  st.keys.resize(staged);
+  st.versions.resize(staged);
+  st.found.resize(staged);
   if (st.early_inserted > 0) {
     // Keep in the staging only the rows still missing, in key order.
     std::size_t out = 0;
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < staged; ++i) {
       if (taken[i]) continue;
       if (out != i) {
         st.keys[out] = st.keys[i];
@@ -218,9 +243,12 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     st.versions.resize(out);
     st.found.resize(out);
   }
-  if (!st.unstaged.empty()) {
-    st.missing.resize(st.keys.size() + st.unstaged.size());
-    std::merge(st.keys.begin(), st.keys.end(), st.unstaged.begin(), st.unstaged.end(),
+  if (!st.unstaged.empty() || !st.fresh.empty()) {
+    // Every key still missing, staged or not, in key order (the three lists are disjoint).
+    std::vector<Key> some(st.keys.size() + st.fresh.size());
+    std::merge(st.keys.begin(), st.keys.end(), st.fresh.begin(), st.fresh.end(), some.begin());
+    st.missing.resize(some.size() + st.unstaged.size());
+    std::merge(some.begin(), some.end(), st.unstaged.begin(), st.unstaged.end(),
                st.missing.begin());
   }
   // The keys the last boundary and this worker logged for the export, compacted off the

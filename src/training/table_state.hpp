@@ -102,9 +102,12 @@ struct staged_pass {
   std::size_t resident_rows = 0;
   // How many of the keyset's missing rows the worker inserted early.
   std::size_t early_inserted = 0;
-  // Missing keys past the staging bound (sorted): begin_pass pulls them. When there are any,
+  // Missing keys past the staging bound (sorted): begin_pass pulls them. With the bound short of
+  // the missing keys, the keys the store did not hold (sorted) are in `fresh`, not staged:
+  // begin_pass initializes them (unless the store got them since). When either list has keys,
   // `missing` holds every key still missing after the worker (staged or not, sorted).
   std::vector<Key> unstaged;
+  std::vector<Key> fresh;
   std::vector<Key> missing;
   double seconds = 0;
 };

@@ -1351,6 +1351,44 @@ TYPED_TEST_P(conformance, staging_never_exceeds_its_bound) {
   }
 }
 
+// With more missing keys than the staging holds, its room goes to the rows the store has (they
+// need its reads); the keys it lacks are initialized by begin_pass, which then pulls nothing.
+// Every row comes in as without prefetch.
+TYPED_TEST_P(conformance,
+             a_short_staging_holds_the_stored_rows_and_leaves_new_keys_to_the_boundary) {
+  using Space = TypeParam;
+  const std::size_t row_bytes = dim * 3 * sizeof(float);
+  const auto first = range_keys(0, 20);
+  const auto next = range_keys(250, 370);  // 250..299 stored, 300..369 new
+  auto run = [&](bool prefetch) {
+    auto o = table_of("t", dim, 256, optimizer_kind::adam);
+    o.store = filled_store(300);
+    training_cache_options opts;
+    opts.staging_bytes = 60 * row_bytes;  // room for 60 of the 120 missing rows
+    training_cache<std::int64_t, Space> tc(opts, {o});
+    EMBCACHE_EXPECT_OK(tc.begin_pass({first}));
+    if (prefetch) EMBCACHE_EXPECT_OK(tc.prefetch({next}));
+    EMBCACHE_EXPECT_OK(tc.begin_pass({next}));
+    const table_counters c = tc.counters().last[0];
+    std::vector<float> got(next.size() * dim * 3);
+    EMBCACHE_EXPECT_OK(tc.read(0, next.data(), next.size(), got.data(), nullptr));
+    return std::make_pair(c, got);
+  };
+  const auto [staged, rows] = run(true);
+  EXPECT_EQ(staged.rows_staged, 50u);  // every stored row, in the staging or inserted early
+  EXPECT_EQ(staged.rows_pulled, 0u);
+  EXPECT_EQ(staged.rows_initialized, 70u);
+  EXPECT_EQ(staged.misses, 120u);
+  const auto [unstaged, expected] = run(false);
+  EXPECT_EQ(unstaged.rows_pulled, 120u);
+  EXPECT_TRUE(rows == expected);
+  for (std::size_t i = 0; i < 50; ++i) {
+    for (std::size_t j = 0; j < dim * 3; ++j) {
+      ASSERT_EQ(rows[i * dim * 3 + j], float(next[i]) + float(j) * 0.01f) << "key " << next[i];
+    }
+  }
+}
+
 // The caller's lookups on cache(t) run beside the prefetch worker's early inserts with no lock
 // between them (both hold the table's lock for reading): the worker publishes each new slot's
 // state byte with a release store while the caller's probes read the state bytes, which must be
@@ -2085,6 +2123,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     loads_a_plain_hugectr_folder, keyset_errors_are_clear_and_change_nothing,
     begin_pass_moves_only_the_difference, prefetch_stages_in_the_background_while_the_caller_trains,
     a_keyset_larger_than_the_staging_trains_like_an_unbounded_one, staging_never_exceeds_its_bound,
+    a_short_staging_holds_the_stored_rows_and_leaves_new_keys_to_the_boundary,
     staged_rows_are_never_older_than_a_write_back,
     a_key_staged_again_after_its_write_back_comes_back_with_it,
     write_back_after_staging_forces_a_re_pull,
