@@ -110,8 +110,10 @@ struct training_cache_options {
   std::size_t prefetch_batch = 65536;
   /// Most bytes of rows a prefetch stages, over all tables (tables in order, each staging the
   /// first of its missing keys that fit); default 1 GiB. The missing rows past it are pulled by
-  /// begin_pass. Reserved by prefetch() before its worker starts: pinned host memory in the cuda
-  /// space, whose allocation failure prefetch() returns as status_code::out_of_host_memory.
+  /// begin_pass. A table whose missing keys do not all fit stages only the rows its store holds
+  /// (the keys the store lacks are initialized by begin_pass). Reserved by prefetch() before its
+  /// worker starts: pinned host memory in the cuda space, whose allocation failure prefetch()
+  /// returns as status_code::out_of_host_memory.
   std::size_t staging_bytes = std::size_t{1} << 30;
   /// Write-behind; default true: begin_pass gathers the dirty rows that leave into a host buffer
   /// and a background thread pushes them to the store while the next pass trains. Every call that
