@@ -102,6 +102,11 @@ struct rocksdb_store_options {
   int max_subcompactions = 1;
   /// Background flush and compaction threads; default 4.
   int background_jobs = 4;
+  /// Runs compactions at the lowest CPU priority (nice 19 on Linux) so that, where training
+  /// needs every core, they take what it leaves: a compaction can wait, the training thread
+  /// cannot. Flushes keep their priority. Process-wide once any database opens with it:
+  /// RocksDB's compaction threads are shared by every database of the process. Default false.
+  bool low_priority_compaction = false;
   /// Skips the write-ahead log for pushes; default true: flush() and checkpoint() make pushed
   /// rows durable, and a crash loses only what was pushed since the last of them.
   bool disable_wal = true;

@@ -171,6 +171,12 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
   for (auto& n : names) descs.emplace_back(n, rocksdb::ColumnFamilyOptions(opt));
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  if (o.low_priority_compaction) {
+    // Each compaction thread lowers its own priority when it next takes a job. An Env without
+    // the call (not this build's) leaves the priority as it is.
+    opt.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW, rocksdb::CpuPriority::kLow)
+        .PermitUncheckedError();
+  }
   EMBCACHE_RETURN_IF_ERROR(
       from_rocksdb(rocksdb::DB::Open(opt, o.path, descs, &handles, &p->db), who));
   fs::remove_all(ingest_folder(o.path), ec);  // the database's lock is held: no writer uses it

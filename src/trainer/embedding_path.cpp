@@ -95,6 +95,8 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
       // flight keep the SSD's queue full, on threads of their own rather than the cores'
       // (docs/stores.md, "Tuning for a table larger than memory").
       ro.read_threads = 32;
+      // Compactions then take the cores training leaves (docs/trainer.md, Performance).
+      ro.low_priority_compaction = true;
     }
     std::size_t auto_tiers = 0;
     for (const auto& other : config.tables) auto_tiers += other.dram_tier_auto ? 1 : 0;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "embcache/host_store.hpp"
@@ -535,6 +536,47 @@ TEST(rocksdb_store, ingested_and_memtable_pushes_keep_their_order) {
     ASSERT_EQ(versions[i], std::uint64_t(salt)) << i;
     for (std::size_t j = 0; j < 4; ++j) ASSERT_EQ(out[i * 4 + j], row_value(keys[i], j, salt)) << i;
   }
+}
+
+// low_priority_compaction: RocksDB's compaction threads ("rocksdb:low") run at nice 19 once they
+// have taken a job. Level-0 files past the compaction trigger (4) make one.
+TEST(rocksdb_store, low_priority_compaction_runs_compactions_at_nice_19) {
+  scratch_dir dir;
+  auto o = small_options(dir.sub("db"), "t", 4);
+  o.low_priority_compaction = true;
+  o.ingest_bytes = ~std::size_t{0};  // through the memtables: each flush() leaves a level-0 file
+  auto s = must_open<std::int64_t>(o);
+  const auto keys = make_keys<std::int64_t>(2000);
+  const std::vector<std::uint64_t> versions(keys.size(), 1);
+  for (int salt = 0; salt < 8; ++salt) {
+    EMBCACHE_ASSERT_OK(
+        s->push(keys.data(), keys.size(), make_rows(keys, 4, salt).data(), versions.data()));
+    EMBCACHE_ASSERT_OK(s->flush());
+  }
+  // The nice value (field 19 of /proc/self/task/TID/stat) of every thread named rocksdb:low that
+  // has compacted, polled until one has (at most 20 s).
+  auto lowered = [] {
+    int seen = 0;
+    for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(t.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name != "rocksdb:low") continue;
+      std::ifstream stat(t.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      std::istringstream fields(line.substr(line.rfind(')') + 2));
+      std::string f;
+      for (int i = 3; i <= 19 && fields >> f; ++i) {
+      }
+      if (std::stoi(f) == 19) ++seen;
+    }
+    return seen;
+  };
+  int seen = 0;
+  for (int i = 0; i < 200 && (seen = lowered()) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_GT(seen, 0) << "no compaction thread at nice 19";
 }
 
 TEST(rocksdb_store, a_full_disk_under_the_live_database_is_out_of_space_and_loses_nothing) {
