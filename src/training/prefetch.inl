@@ -244,12 +244,12 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     st.found.resize(out);
   }
   if (!st.unstaged.empty() || !st.fresh.empty()) {
-    // Every key still missing, staged or not, in key order (the three lists are disjoint).
-    std::vector<Key> some(st.keys.size() + st.fresh.size());
-    std::merge(st.keys.begin(), st.keys.end(), st.fresh.begin(), st.fresh.end(), some.begin());
-    st.missing.resize(some.size() + st.unstaged.size());
-    std::merge(some.begin(), some.end(), st.unstaged.begin(), st.unstaged.end(),
-               st.missing.begin());
+    // Every key still missing, staged or not, in key order: the staged and fresh keys interleave,
+    // the unstaged ones (never pulled) all come after them.
+    st.missing.resize(st.keys.size() + st.fresh.size() + st.unstaged.size());
+    const auto pulled = std::merge(st.keys.begin(), st.keys.end(), st.fresh.begin(),
+                                   st.fresh.end(), st.missing.begin());
+    std::copy(st.unstaged.begin(), st.unstaged.end(), pulled);
   }
   // The keys the last boundary and this worker logged for the export, compacted off the
   // boundary's path, under the lock an export takes (it may run beside the worker).
