@@ -60,13 +60,17 @@ function(embcache_light_optimization target)
 endfunction()
 
 # embcache_test_binary(<name> SOURCES <file>... [LIBRARIES <target>...] [LABELS <label>...]
-#                      [OWN_MAIN] [NO_DISCOVERY]): a GoogleTest binary of the suite. It links
-# GoogleTest's main (OWN_MAIN: a main of its own in SOURCES, e.g. one that starts MPI), compiles
-# with the project's warnings, and registers its tests with ctest under LABELS when ctest runs
-# (NO_DISCOVERY: the caller adds its tests itself, e.g. under mpirun). Its translation units
-# compile in unity batches of EMBCACHE_UNITY_BATCH.
+#                      [PROCESSORS <n>] [OWN_MAIN] [NO_DISCOVERY]): a GoogleTest binary of the
+# suite. It links GoogleTest's main (OWN_MAIN: a main of its own in SOURCES, e.g. one that starts
+# MPI), compiles with the project's warnings, and registers its tests with ctest under LABELS when
+# ctest runs (NO_DISCOVERY: the caller adds its tests itself, e.g. under mpirun); each test holds
+# PROCESSORS of ctest's parallel slots (default 1: e.g. 2 for tests that start 2-rank jobs). Its
+# translation units compile in unity batches of EMBCACHE_UNITY_BATCH.
 function(embcache_test_binary name)
-  cmake_parse_arguments(arg "OWN_MAIN;NO_DISCOVERY" "" "SOURCES;LIBRARIES;LABELS" ${ARGN})
+  cmake_parse_arguments(arg "OWN_MAIN;NO_DISCOVERY" "PROCESSORS" "SOURCES;LIBRARIES;LABELS" ${ARGN})
+  if(NOT arg_PROCESSORS)
+    set(arg_PROCESSORS 1)
+  endif()
   add_executable(${name} ${arg_SOURCES})
   if(arg_OWN_MAIN)
     target_link_libraries(${name} PRIVATE ${arg_LIBRARIES} GTest::gtest)
@@ -86,6 +90,7 @@ function(embcache_test_binary name)
                                              UNITY_BUILD_BATCH_SIZE ${EMBCACHE_UNITY_BATCH})
   endif()
   if(NOT arg_NO_DISCOVERY)
-    gtest_discover_tests(${name} PROPERTIES LABELS "${arg_LABELS}" DISCOVERY_MODE PRE_TEST)
+    gtest_discover_tests(${name} PROPERTIES LABELS "${arg_LABELS}" PROCESSORS ${arg_PROCESSORS}
+                         DISCOVERY_MODE PRE_TEST)
   endif()
 endfunction()

@@ -23,27 +23,47 @@ namespace {
 
 namespace fs = std::filesystem;
 
+struct child_job {
+  int rc = 0;
+  std::string log;  // what its ranks printed, of every start
+};
+
+// Runs `env` + the MPI test binary `binary` on 2 ranks with the filter `test`, the ranks' output in
+// `log_path`. A job whose rank 0 never started `test` failed in the MPI runtime's launch, before
+// any code under test ran: it is started once more, and both starts' output kept.
+child_job run_child_job(const std::string& env, const char* binary, const std::string& test,
+                        const std::string& log_path) {
+  const std::string cmd = env + " " + EMBCACHE_TEST_RUN_MPI " 2 '" + binary +
+                          "' --gtest_color=no --gtest_filter=" + test + " > '" + log_path +
+                          "' 2>&1";
+  child_job job;
+  for (int start = 1; start <= 2; ++start) {
+    job.rc = std::system(cmd.c_str());
+    std::ifstream in(log_path);
+    const std::string log((std::istreambuf_iterator<char>(in)), {});
+    job.log += "--- start " + std::to_string(start) + " of the child job (exit status " +
+               std::to_string(job.rc) + "):\n" + log;
+    if (log.find("[ RUN      ] " + test) != std::string::npos) break;
+  }
+  return job;
+}
+
 class sharded_save_kill_test : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(sharded_save_kill_test, last_complete_save_stays_loadable) {
   const testing::temp_dir tmp("embcache_kill");
   const std::string& root = tmp.path();
   const std::string dir = root + "/save";
-  const std::string cmd = std::string("EMBCACHE_TEST_KILL_DIR='") + dir +
-                          "' EMBCACHE_TEST_KILL_MODE=" + GetParam() + " " +
-                          EMBCACHE_TEST_RUN_MPI " 2 '" EMBCACHE_TEST_MPI_BINARY
-                                                "' --gtest_filter=sharded_save_kill.child > '" +
-                          root + "/child.log' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream log_in(root + "/child.log");
-  const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+  const auto [rc, log] =
+      run_child_job("EMBCACHE_TEST_KILL_DIR='" + dir + "' EMBCACHE_TEST_KILL_MODE=" + GetParam(),
+                    EMBCACHE_TEST_MPI_BINARY, "sharded_save_kill.child", root + "/child.log");
   ASSERT_NE(rc, 0) << "the child job should have died:\n" << log;
   // The first save completed (its expected rows are written after it), the second did not.
   ASSERT_TRUE(fs::exists(dir + ".expected")) << log;
   EXPECT_TRUE(fs::exists(dir + "/gen-000002")) << "the second save never started:\n" << log;
 
   auto m = read_sharded_manifest(dir);
-  EMBCACHE_ASSERT_OK(m);
+  EMBCACHE_ASSERT_OK(m) << log;
   EXPECT_EQ(m.value().generation, 1u);
   EXPECT_EQ(m.value().world_size, 2);
   EXPECT_EQ(m.value().info.step, 2u);
@@ -73,15 +93,13 @@ TEST(sharded_trainer_kill_test, the_save_of_the_last_pass_stays_whole) {
   const std::string& root = tmp.path();
   const std::string data = root + "/data", save = root + "/save";
   EMBCACHE_ASSERT_OK(write_trainer_dataset(data));
-  const std::string cmd = "EMBCACHE_TEST_KILL_TRAINER_SAVE='" + save +
-                          "' EMBCACHE_TEST_KILL_TRAINER_DATA='" + data + "' " +
-                          EMBCACHE_TEST_RUN_MPI " 2 '" EMBCACHE_TEST_TRAINER_MPI_BINARY
-                                                "' --gtest_filter=sharded_trainer_kill.child > '" +
-                          root + "/child.log' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream log_in(root + "/child.log");
-  const std::string log((std::istreambuf_iterator<char>(log_in)), {});
+  const auto [rc, log] = run_child_job("EMBCACHE_TEST_KILL_TRAINER_SAVE='" + save +
+                                           "' EMBCACHE_TEST_KILL_TRAINER_DATA='" + data + "'",
+                                       EMBCACHE_TEST_TRAINER_MPI_BINARY,
+                                       "sharded_trainer_kill.child", root + "/child.log");
   ASSERT_NE(rc, 0) << "the child job should have died:\n" << log;
+  // Pass 1's save was published before rank 1 died.
+  ASSERT_TRUE(fs::exists(save + "/trainer.json")) << "no save of pass 1:\n" << log;
 
   single_process_communicator one;
   trainer_config c = sharded_trainer_config(data);
