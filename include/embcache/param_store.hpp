@@ -70,12 +70,6 @@ class param_store {
   /// Writes a consistent, self-describing copy of the store into the folder `dir` (created;
   /// must not exist or be empty). A crash during checkpoint leaves earlier checkpoints intact.
   virtual status checkpoint(const std::string& dir) = 0;
-
-  /// Whether pull may run beside one other call of any kind (a push, an erase, a checkpoint...),
-  /// each key read as it was before or after that call. False unless an implementation says so.
-  /// A training cache then stages the next pass while the rows its last boundary wrote behind
-  /// are being pushed, instead of after.
-  virtual bool pulls_overlap_writes() const noexcept { return false; }
 };
 
 /// Base of the stores whose two iterations are one scan of their rows: for_each and

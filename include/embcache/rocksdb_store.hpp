@@ -203,9 +203,6 @@ class rocksdb_store final : public scanning_param_store<Key> {
   /// flush(), then a RocksDB checkpoint of the whole database into `dir` (every table of a
   /// shared database is in it); open it with open() and `path = dir`.
   status checkpoint(const std::string& dir) override;
-  /// True: a pull's MultiGets read RocksDB's current version of each key, whatever another call
-  /// writes meanwhile, and touch none of the store's own counters.
-  bool pulls_overlap_writes() const noexcept override { return true; }
 
   /// The database the table lives in.
   const std::shared_ptr<rocksdb_database>& database() const noexcept { return db_; }

@@ -197,11 +197,9 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
   c.rows_evicted += m;
   c.bytes_cache_to_store += (d + pushed) * w * sizeof(float);
   if (d > 0) {
-    std::lock_guard<std::mutex> lock(*tb.wb.mutex);
     tb.wb.keys = std::move(dirty_keys);
     tb.wb.versions = std::move(dirty_vers);
     tb.wb.rows.swap(rows);
-    ++tb.wb.generation;
   }
   c.seconds_write_back += seconds_since(t0);
   return {};

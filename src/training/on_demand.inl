@@ -113,12 +113,10 @@ status training_cache_core<Key, Space>::lookup(table_type& tb, const Key* keys, 
   if (!pushed.ok()) {
     // The victims have left the cache: they wait as write-behind rows, which the next call that
     // needs the store pushes first (finish_write_behind), so that none is lost.
-    std::lock_guard<std::mutex> lock(*tb.wb.mutex);
     tb.wb.keys = std::move(pk);
     tb.wb.versions = std::move(pv);
     tb.wb.rows.assign(pr.begin(), pr.end());
     tb.wb.pushed = false;
-    ++tb.wb.generation;
     counters.last[tb.index] = c;
     counters.total[tb.index] += c;
     return pushed.with_context("write-back of the rows evicted by lookup in table '" +

@@ -170,8 +170,7 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
 // (`unstaged`), not stored rows the initializer's rows took the room of.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> keys,
-                                              std::size_t max_rows, std::size_t spare_floats,
-                                              const write_behind_view<Key>& behind) {
+                                              std::size_t max_rows, std::size_t spare_floats) {
   const auto t0 = clock_type::now();
   auto& st = tb.staged;
   st.keys = std::move(keys);
@@ -202,8 +201,7 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     const std::size_t m = std::min({batch, all - next, n - staged});
     float* const rows = st.rows.data() + staged * w;
     std::uint64_t* const vers = st.versions.data() + staged;
-    EMBCACHE_RETURN_IF_ERROR(
-        pull_staging(tb, st.keys.data() + next, m, rows, found.get(), vers, behind));
+    EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + next, m, rows, found.get(), vers));
     std::size_t kept = 0;
     for (std::size_t i = 0; i < m; ++i) {
       const Key k = st.keys[next + i];
@@ -275,10 +273,6 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
   im.worker.clear_failure();
   std::vector<std::vector<Key>> todo(im.tables.size());
   std::vector<std::size_t> spare(im.tables.size(), 0);
-  // The rows the last boundary wrote behind, for the worker to stage beside their push where the
-  // store lets a pull overlap it; elsewhere the worker waits for the push to end first.
-  std::vector<write_behind_view<Key>> behind(im.tables.size());
-  bool wait_flusher = false;
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     std::vector<Key> scratch;
@@ -316,16 +310,6 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     // reads it too). One buffer then serves every boundary instead of a new one per pass.
     spare[t] = im.options.write_behind ? std::max(tb.wb.spare_rows.size(), tb.wb.rows.size())
                                        : ~std::size_t{0};
-    if (!tb.wb.keys.empty()) {
-      if (tb.sync.store->pulls_overlap_writes()) {
-        auto& b = behind[t];
-        b.generation = tb.wb.generation;
-        b.rows.resize(tb.wb.keys.size());
-        for (std::size_t i = 0; i < b.rows.size(); ++i) b.rows[i] = {tb.wb.keys[i], i};
-      } else {
-        wait_flusher = true;
-      }
-    }
     tb.sync.log_writes = true;
   }
   // The staging's room, within staging_bytes over all tables, is reserved here so that the worker
@@ -353,12 +337,9 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
     }
   }
   im.staged_valid = true;
-  im.worker.start([&im, todo = std::move(todo), max_rows, spare, behind = std::move(behind),
-                   wait_flusher]() mutable {
-    // Rows written behind at the last boundary must be in the store before staging reads it
-    // (unless every such store lets the worker read beside their push: pull_staging).
-    if (wait_flusher) im.flusher.wait_idle();
-    for (auto& b : behind) std::sort(b.rows.begin(), b.rows.end());
+  im.worker.start([&im, todo = std::move(todo), max_rows, spare]() mutable {
+    // Rows written behind at the last boundary must be in the store before staging reads it.
+    im.flusher.wait_idle();
     std::size_t t = 0;
     try {
       // The worker's cache calls run on the device the cache was built on (a new thread starts
@@ -368,7 +349,7 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
         auto& tb = im.tables[t];
         // On a stream of its own in the cuda space, so staging overlaps training.
         const auto on_worker_stream = tb.cache->order_calls_on(im.worker_calls.of(*tb.cache));
-        status s = im.stage(tb, std::move(todo[t]), max_rows[t], spare[t], behind[t]);
+        status s = im.stage(tb, std::move(todo[t]), max_rows[t], spare[t]);
         if (!s.ok()) return s.with_context("staging table '" + im.tables[t].opt.name + "'");
       }
     } catch (const std::exception& e) {

@@ -12,7 +12,6 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "embcache/training_cache.hpp"
@@ -114,30 +113,16 @@ struct staged_pass {
 };
 
 // Write-behind: dirty rows that left the device at the last boundary, pushed by the flusher
-// thread. Owned by the caller's thread; the flusher only reads them until it is joined. Beside a
-// store whose pulls overlap its writes, the prefetch worker also reads the rows of the keys it
-// stages, under `mutex`, as long as `generation` is the one it was handed (the caller's thread
-// changes keys, rows or versions only under `mutex`, and moves `generation` on with them).
+// thread. Owned by the caller's thread; the flusher only reads them until it is joined.
 template <class Key, class Space>
 struct write_behind_rows {
   std::vector<Key> keys;
   staging_rows<Space> rows;  // at least keys.size() rows
   std::vector<std::uint64_t> versions;
-  std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();
-  std::uint64_t generation = 0;    // under mutex
   bool pushed = false;             // set by the flusher once they are in the store
   double seconds = 0;              // the flusher's push time (set by the flusher)
   double seconds_done = 0;         // pushes over, not yet in a pass's counters
   staging_rows<Space> spare_rows;  // recycled gather buffer (its pages already touched)
-};
-
-// The write-behind as prefetch() handed it to the worker, beside a store whose pulls overlap its
-// writes: each key with its row's index in write_behind_rows (the worker sorts them by key), and
-// the generation those indexes belong to.
-template <class Key>
-struct write_behind_view {
-  std::vector<std::pair<Key, std::size_t>> rows;
-  std::uint64_t generation = 0;
 };
 
 // What the next incremental export must cover besides the resident rows changed since.

@@ -55,11 +55,6 @@ struct training_cache_core {
               const std::uint64_t* versions);
   status pull(table_type& tb, const Key* keys, std::size_t n, float* rows, bool* found,
               std::uint64_t* versions);
-  // The worker's pull of staging rows: pull(), or, beside the write-behind `behind` (non-empty
-  // only where the store's pulls overlap its writes), a pull that does not wait for its push,
-  // with the rows of its keys taken from its buffer.
-  status pull_staging(table_type& tb, const Key* keys, std::size_t n, float* rows, bool* found,
-                      std::uint64_t* versions, const write_behind_view<Key>& behind);
   bool write_behind_pending() const;
   void start_flusher();
   // Waits for the write-behind and retires its rows (pushing what the flusher did not).
@@ -83,7 +78,7 @@ struct training_cache_core {
   // --- prefetch worker and staging (prefetch.inl) ---
   status prefetch(const std::vector<std::vector<Key>>& keysets);
   status stage(table_type& tb, std::vector<Key> keys, std::size_t max_rows,
-               std::size_t spare_floats, const write_behind_view<Key>& behind);
+               std::size_t spare_floats);
   // Whether the residency is still the one the staging was planned on.
   bool staging_matches_residency(const table_type& tb) const;
   // The worker changed the residency itself: count it and keep the staging's plan current.

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -44,9 +43,8 @@ void training_cache_core<Key, Space>::start_flusher() {
       if (tb.wb.keys.empty()) continue;
       const auto t0 = clock_type::now();
       try {
-        // Not logged for the prefetch hazard: staging pulls only after this push is over
-        // (flusher.wait_idle()), or, beside a store whose pulls overlap its writes, takes the
-        // rows of these keys from this buffer (pull_staging), so no staged row can predate it.
+        // Not logged for the prefetch hazard: staging starts pulling only after this push is
+        // over (flusher.wait_idle()), so no staged row can predate it.
         std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
         s = tb.sync.store->push(tb.wb.keys.data(), tb.wb.keys.size(), tb.wb.rows.data(),
                                 tb.wb.versions.data());
@@ -85,17 +83,11 @@ status training_cache_core<Key, Space>::finish_write_behind() {
       tb.wb.seconds_done += tb.wb.seconds;
       tb.wb.seconds = 0;
       tb.wb.pushed = false;
-      std::lock_guard<std::mutex> lock(*tb.wb.mutex);  // a worker may be reading them
       tb.wb.keys.clear();
       tb.wb.versions.clear();
-      ++tb.wb.generation;
     }
     // The larger free buffer is the next eviction's (prefetch() counted on it).
-    if (tb.wb.rows.size() > tb.wb.spare_rows.size()) {
-      std::lock_guard<std::mutex> lock(*tb.wb.mutex);
-      tb.wb.spare_rows.swap(tb.wb.rows);
-      ++tb.wb.generation;
-    }
+    if (tb.wb.rows.size() > tb.wb.spare_rows.size()) tb.wb.spare_rows.swap(tb.wb.rows);
   }
   return {};
 }
@@ -105,12 +97,10 @@ template <class Key, class Space>
 void training_cache_core<Key, Space>::discard_write_behind() {
   (void)flusher.take_failure();  // the rows it failed to push go too
   for (auto& tb : tables) {
-    std::lock_guard<std::mutex> lock(*tb.wb.mutex);
     tb.wb.keys.clear();
     tb.wb.versions.clear();
     tb.wb.seconds = 0;
     tb.wb.pushed = false;
-    ++tb.wb.generation;
   }
 }
 
@@ -129,58 +119,6 @@ status training_cache_core<Key, Space>::pull(table_type& tb, const Key* keys, st
   if (n == 0) return {};
   std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
   return tb.sync.store->pull(keys, n, rows, found, versions);
-}
-
-template <class Key, class Space>
-status training_cache_core<Key, Space>::pull_staging(table_type& tb, const Key* keys,
-                                                     std::size_t n, float* rows, bool* found,
-                                                     std::uint64_t* versions,
-                                                     const write_behind_view<Key>& behind) {
-  if (behind.rows.empty()) return pull(tb, keys, n, rows, found, versions);
-  if (n == 0) return {};
-  // Beside the flusher's push, without the store's mutex (the store lets a pull overlap any
-  // call). Every key reads as the store holds it, except those being written behind: the store
-  // may hold an older row of theirs, or none.
-  EMBCACHE_RETURN_IF_ERROR(tb.sync.store->pull(keys, n, rows, found, versions));
-  // The batch's keys being written behind (`keys` and `behind` are both sorted).
-  std::vector<std::size_t> at, from;
-  auto it = behind.rows.begin();
-  for (std::size_t i = 0; i < n && it != behind.rows.end(); ++i) {
-    it = std::lower_bound(it, behind.rows.end(), keys[i],
-                          [](const std::pair<Key, std::size_t>& e, Key k) { return e.first < k; });
-    if (it != behind.rows.end() && it->first == keys[i]) {
-      at.push_back(i);
-      from.push_back(it->second);
-    }
-  }
-  if (at.empty()) return {};
-  const std::size_t w = tb.row_width;
-  {
-    std::lock_guard<std::mutex> lock(*tb.wb.mutex);
-    if (tb.wb.generation == behind.generation) {
-      // Still the buffer the flusher pushes from: its rows are the ones the store gets.
-      for (std::size_t j = 0; j < at.size(); ++j) {
-        std::memcpy(rows + at[j] * w, tb.wb.rows.data() + from[j] * w, w * sizeof(float));
-        if (versions) versions[at[j]] = tb.wb.versions[from[j]];
-        found[at[j]] = true;
-      }
-      return {};
-    }
-  }
-  // The caller's thread retired that write-behind since (finish_write_behind): its rows were in
-  // the store before it did, so they are read again now.
-  std::vector<Key> again(at.size());
-  for (std::size_t j = 0; j < at.size(); ++j) again[j] = keys[at[j]];
-  std::vector<float> r(at.size() * w);
-  std::vector<std::uint64_t> v(at.size());
-  std::unique_ptr<bool[]> f(new bool[at.size()]);
-  EMBCACHE_RETURN_IF_ERROR(pull(tb, again.data(), again.size(), r.data(), f.get(), v.data()));
-  for (std::size_t j = 0; j < at.size(); ++j) {
-    std::memcpy(rows + at[j] * w, r.data() + j * w, w * sizeof(float));
-    if (versions) versions[at[j]] = v[j];
-    found[at[j]] = f[j];
-  }
-  return {};
 }
 
 template <class Key, class Space>

@@ -762,10 +762,6 @@ class gated_store final : public param_store<Key> {
     std::lock_guard<std::mutex> l(m_);
     throw_pushes_ = n;
   }
-  // Says that its pulls may overlap its writes (as rocksdb_store does): the host store inside
-  // takes its shards' locks, so a pull beside a push reads each key before or after it.
-  void set_pulls_overlap_writes(bool on) { overlap_ = on; }
-  bool pulls_overlap_writes() const noexcept override { return overlap_; }
 
   std::size_t row_width() const noexcept override { return inner_->row_width(); }
   const std::string& table_name() const noexcept override { return inner_->table_name(); }
@@ -837,7 +833,6 @@ class gated_store final : public param_store<Key> {
   int throw_pushes_ = 0;
   std::size_t calls_during_push_ = 0;
   std::thread::id push_thread_;
-  bool overlap_ = false;
 };
 
 TYPED_TEST_P(conformance, prefetch_stages_in_the_background_while_the_caller_trains) {
@@ -930,96 +925,6 @@ TYPED_TEST_P(conformance, staged_rows_are_never_older_than_a_write_back) {
   std::vector<float> row(dim);
   EMBCACHE_ASSERT_OK(tc.read(1, &ten, 1, row.data(), nullptr));
   EXPECT_EQ(row, trained);
-}
-
-// The same race beside stores whose pulls overlap their writes: the worker stages without waiting
-// for the write-behind's push, and takes the row of key 10, which the store does not hold yet,
-// from the write-behind's buffer.
-TYPED_TEST_P(conformance, staging_beside_a_write_behind_takes_its_rows_from_the_buffer) {
-  using Space = TypeParam;
-  auto store_a = std::make_shared<gated_store<std::int64_t>>(dim, "a");
-  auto store_b = std::make_shared<gated_store<std::int64_t>>(dim, "b");
-  store_a->set_pulls_overlap_writes(true);
-  store_b->set_pulls_overlap_writes(true);
-  std::vector<table_options<std::int64_t>> opts(2);
-  for (std::size_t t = 0; t < 2; ++t) {
-    opts[t].name = t == 0 ? "a" : "b";
-    opts[t].dim = dim;
-    opts[t].capacity = 8;
-    opts[t].max_resident = opts[t].capacity;
-    opts[t].store = t == 0 ? store_a : store_b;
-  }
-  training_cache<std::int64_t, Space> tc({}, opts);
-  const std::vector<std::int64_t> a1 = {1, 2, 3, 4, 5}, a2 = {11, 12, 13, 14, 15};
-  const std::vector<std::int64_t> b1 = {10, 20, 21}, b2 = {20, 21, 22, 23, 24, 25, 26, 27};
-  std::vector<std::int64_t> b3 = b2;
-  b3.back() = 10;
-  EMBCACHE_ASSERT_OK(tc.begin_pass({a1, b1}));
-  const std::int64_t ten = 10;
-  const std::vector<float> trained(dim, 9.0f);
-  EMBCACHE_ASSERT_OK(tc.assign(1, &ten, 1, trained.data()));
-  store_a->close_push_gate();
-  EMBCACHE_ASSERT_OK(tc.begin_pass({a2, b2}));
-  ASSERT_TRUE(store_a->wait_for_blocked_push());
-  store_b->close_gate();
-  EMBCACHE_ASSERT_OK(tc.prefetch({a2, b3}));
-  // The staging pull of "b" comes while "a"'s push is held: the worker did not wait for it.
-  ASSERT_TRUE(store_b->wait_for_blocked_pull());
-  EXPECT_TRUE(store_a->push_held());
-  bool in_b = true;
-  EMBCACHE_ASSERT_OK(store_b->contains(&ten, 1, &in_b));
-  EXPECT_FALSE(in_b);  // what that pull reads of key 10: nothing yet
-  store_b->open_gate();
-  store_a->open_push_gate();
-  EMBCACHE_ASSERT_OK(tc.begin_pass({a2, b3}));
-  const auto& c = tc.counters().last[1];
-  EXPECT_EQ(c.rows_staged, 1u);
-  EXPECT_EQ(c.rows_pulled, 0u);
-  EXPECT_EQ(c.rows_initialized, 0u);
-  std::vector<float> row(dim);
-  EMBCACHE_ASSERT_OK(tc.read(1, &ten, 1, row.data(), nullptr));
-  EXPECT_EQ(row, trained);
-}
-
-// ... and when the caller retires that write-behind while the worker stages (a call that pushes
-// it and drops the buffer), the worker reads key 10 from the store again, which holds its row by
-// then (here a newer one still), not from the buffer it was handed.
-TYPED_TEST_P(conformance, staging_after_its_write_behind_retired_reads_the_store_again) {
-  using Space = TypeParam;
-  auto store = std::make_shared<gated_store<std::int64_t>>(dim, "b");
-  store->set_pulls_overlap_writes(true);
-  auto o = table_of("b", dim, 8);
-  o.max_resident = o.capacity;
-  o.store = store;
-  training_cache<std::int64_t, Space> tc({}, {o});
-  const std::vector<std::int64_t> b1 = {10, 20, 21}, b2 = {20, 21, 22, 23, 24, 25, 26, 27};
-  std::vector<std::int64_t> b3 = b2;
-  b3.back() = 10;
-  EMBCACHE_ASSERT_OK(tc.begin_pass({b1}));
-  const std::int64_t ten = 10;
-  const std::vector<float> trained(dim, 9.0f);
-  EMBCACHE_ASSERT_OK(tc.assign(0, &ten, 1, trained.data()));
-  store->close_push_gate();
-  EMBCACHE_ASSERT_OK(tc.begin_pass({b2}));  // key 10 written behind, its push held
-  ASSERT_TRUE(store->wait_for_blocked_push());
-  store->close_gate();
-  EMBCACHE_ASSERT_OK(tc.prefetch({b3}));
-  ASSERT_TRUE(store->wait_for_blocked_pull());  // staging, beside the held push
-  store->open_push_gate();
-  // An erase (of a key no pass holds) waits for the write-behind and retires it while the
-  // staging pull is held.
-  const std::int64_t other = 999;
-  EMBCACHE_ASSERT_OK(tc.erase(0, &other, 1));
-  // From here the store is the row's only home: a later write there (by another writer of the
-  // store, unknown to the cache) is what staging must read, not the retired buffer's copy.
-  const std::vector<float> newer(dim, 7.0f);
-  const std::uint64_t v = store->max_version() + 1;
-  EMBCACHE_ASSERT_OK(store->push(&ten, 1, newer.data(), &v));
-  store->open_gate();
-  EMBCACHE_ASSERT_OK(tc.begin_pass({b3}));
-  std::vector<float> row(dim);
-  EMBCACHE_ASSERT_OK(tc.read(0, &ten, 1, row.data(), nullptr));
-  EXPECT_EQ(row, newer);
 }
 
 // A key staged early, then trained and written back by later passes, comes in with its
@@ -2220,8 +2125,6 @@ REGISTER_TYPED_TEST_SUITE_P(
     a_keyset_larger_than_the_staging_trains_like_an_unbounded_one, staging_never_exceeds_its_bound,
     a_short_staging_holds_the_stored_rows_and_leaves_new_keys_to_the_boundary,
     staged_rows_are_never_older_than_a_write_back,
-    staging_beside_a_write_behind_takes_its_rows_from_the_buffer,
-    staging_after_its_write_behind_retired_reads_the_store_again,
     a_key_staged_again_after_its_write_back_comes_back_with_it,
     write_back_after_staging_forces_a_re_pull,
     a_key_erased_after_prefetch_is_resident_after_begin_pass,
