@@ -30,6 +30,8 @@
 #                      the RocksDB trainer run (defaults 192 and 0; 0: from its memory budget,
 #                      whose quarter for the staging no longer fits 1280 MiB once the shard
 #                      reader's two 66 MB shards are counted)
+#     --train-blas-threads N   blas_threads of both trainer runs (default 0: OpenBLAS's own
+#                      setting, a thread per core; 1 leaves the other cores to the background work)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -59,6 +61,7 @@ train_passes=3
 train_dim=64
 train_cardinality=0.5
 train_cap_mib=1536
+train_blas_threads=0
 train_budget_mib=1280
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -86,6 +89,7 @@ while [ $# -gt 0 ]; do
     --train-cardinality) train_cardinality=$2; shift 2 ;;
     --train-cap-mib) train_cap_mib=$2; shift 2 ;;
     --train-budget-mib) train_budget_mib=$2; shift 2 ;;
+    --train-blas-threads) train_blas_threads=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -225,7 +229,7 @@ config() {  # store budget staging write_back
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
  "embedding_device": "host", "memory_budget_bytes": $2, "staging_bytes": $3,
- "write_back_bytes": $4}
+ "write_back_bytes": $4, "blas_threads": $train_blas_threads}
 JSON
 }
 for store in rocksdb host; do
