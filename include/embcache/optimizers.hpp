@@ -90,20 +90,26 @@ void initialize_state(const optimizer_options& options, std::size_t dim, float* 
 /// @param grads       n*dim floats, row i's gradient at `grads + i * dim`
 /// @param step        for adam: the number of steps applied to this table including this one
 ///                    (1 for the first); bias correction uses beta^step. Ignored otherwise.
+/// @param non_finite_out  nullptr, or n flags in the space's memory: flag i becomes 1 when row
+///                    `unique_rows[i]` holds an infinity or a NaN among its row_width floats
+///                    after the update, else 0 (a guard against a diverged row reaching a store
+///                    or a save). On the host the check reads each row while its update has it
+///                    in the cache; the cuda space reads the rows once more.
 /// @throws embcache::error (invalid_argument) when row_width is too small, dim is 0, or the
 ///         kind is adam and step is 0.
 template <class Space>
 void apply_optimizer(const Space& space, const optimizer_options& options, float* rows,
                      std::size_t row_width, std::size_t dim, const std::int64_t* unique_rows,
-                     const float* grads, std::size_t n, std::uint64_t step);
+                     const float* grads, std::size_t n, std::uint64_t step,
+                     std::int8_t* non_finite_out = nullptr);
 
 /// apply_optimizer() on the result of aggregate_gradients().
 template <class Space>
 void apply_optimizer(const Space& space, const optimizer_options& options, float* rows,
                      std::size_t row_width, const sparse_gradients<Space>& grads,
-                     std::uint64_t step) {
+                     std::uint64_t step, std::int8_t* non_finite_out = nullptr) {
   apply_optimizer(space, options, rows, row_width, grads.dim, grads.rows.data(),
-                  grads.values.data(), grads.size, step);
+                  grads.values.data(), grads.size, step, non_finite_out);
 }
 
 }  // namespace embcache

@@ -159,6 +159,6 @@ template void aggregate_gradients<host_space>(const host_space&, const slot_batc
                                               sparse_gradients<host_space>&);
 template void apply_optimizer<host_space>(const host_space&, const optimizer_options&, float*,
                                           std::size_t, std::size_t, const std::int64_t*,
-                                          const float*, std::size_t, std::uint64_t);
+                                          const float*, std::size_t, std::uint64_t, std::int8_t*);
 
 }  // namespace embcache

@@ -12,6 +12,6 @@ template void aggregate_gradients<cuda_space>(const cuda_space&, const slot_batc
                                               sparse_gradients<cuda_space>&);
 template void apply_optimizer<cuda_space>(const cuda_space&, const optimizer_options&, float*,
                                           std::size_t, std::size_t, const std::int64_t*,
-                                          const float*, std::size_t, std::uint64_t);
+                                          const float*, std::size_t, std::uint64_t, std::int8_t*);
 
 }  // namespace embcache

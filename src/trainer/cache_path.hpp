@@ -48,21 +48,6 @@ EMBCACHE_HD inline bool finite_float(float x) {
 #endif
 }
 
-// flags[i] = 1 when the row `unique_rows[i]` holds a non-finite float (embedding or state), else 0.
-struct flag_non_finite_rows_fn {
-  const float* rows;
-  std::size_t row_width;
-  const std::int64_t* unique_rows;
-  std::int8_t* flags;
-
-  EMBCACHE_HD void operator()(std::size_t i) const {
-    const float* row = rows + std::size_t(unique_rows[i]) * row_width;
-    std::int8_t bad = 0;
-    for (std::size_t j = 0; j < row_width; ++j) bad |= finite_float(row[j]) ? 0 : 1;
-    flags[i] = bad;
-  }
-};
-
 // flags[i] = 1 when x[i] is infinite or NaN, else 0.
 struct flag_non_finite_fn {
   const float* x;
@@ -320,10 +305,8 @@ class cache_path : public embedding_path {
                 sparse_gradients<Space>& g, non_finite_rows* bad) {
     auto& c = cache().cache(t);
     aggregate_gradients(space_, batch, combiner::sum, d_out, config_.tables[t].dim, g);
-    apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g, step);
     std::int8_t* f = flags(g.size);
-    for_each_index(space_, g.size,
-                   flag_non_finite_rows_fn{c.rows(), c.row_width(), g.rows.data(), f});
+    apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g, step, f);
     if (const std::size_t rows = count_equal(space_, f, g.size, std::int8_t{1})) {
       *bad = {config_.tables[t].name, rows};
       return {};

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -144,6 +145,35 @@ TEST(sparse_cuda, optimizers_match_the_host_space) {
       // Almost every float is bit-identical; a handful may differ by an ulp.
       EXPECT_LE(differing, rows.size() / 1000) << to_string(kind);
     }
+  }
+}
+
+// apply_optimizer's non-finite flags: the cuda space's own pass flags the rows the host space's
+// fused check does.
+TEST(sparse_cuda, non_finite_flags_match_the_host_space) {
+  EMBCACHE_NEED_CUDA_DEVICE();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (optimizer_kind kind :
+       {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam, optimizer_kind::ftrl}) {
+    optimizer_options o;
+    o.kind = kind;
+    const std::size_t dim = 2, width = dim + state_width(kind, dim) + 1;  // one float past
+    std::vector<float> rows(4 * width, 1.0f);
+    rows[3 * width + width - 1] = inf;  // row 3's float past the state
+    const std::vector<float> g = {0.5f, 0.5f, nan, 0, 0.25f, 0.25f, 0, 0};
+    const std::vector<std::int64_t> r = {0, 1, 2, 3};
+    std::vector<std::int8_t> host_flags(4, 7);
+    auto d_rows = to_device(rows);
+    auto d_g = to_device(g);
+    auto d_r = to_device(r);
+    buffer<std::int8_t, cuda_space> d_flags(4, cuda_space{});
+    apply_optimizer(host_space{}, o, rows.data(), width, dim, r.data(), g.data(), 4, 1,
+                    host_flags.data());
+    apply_optimizer(cuda_space{}, o, d_rows.data(), width, dim, d_r.data(), d_g.data(), 4, 1,
+                    d_flags.data());
+    EXPECT_EQ(to_host(d_flags, 4), host_flags) << to_string(kind);
+    EXPECT_EQ(host_flags, (std::vector<std::int8_t>{0, 1, 0, 1})) << to_string(kind);
   }
 }
 

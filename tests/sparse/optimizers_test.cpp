@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -263,6 +264,43 @@ TEST(optimizers, adam_first_step_moves_by_the_learning_rate) {
   EXPECT_EQ(rows[4], float((1 - double(0.999f)) * 0.25));
   EXPECT_EQ(rows[5], float((1 - double(0.999f)) * 4));
   EXPECT_THROW(apply_optimizer(host_space{}, o, rows.data(), 6, 2, r, g, 1, 0), error);
+}
+
+TEST(optimizers, non_finite_rows_are_flagged_by_the_update_itself) {
+  // SGD, dim 2, rows of 4 floats (2 past what SGD needs, also checked). Row 0 stays finite; row 1
+  // overflows to -inf; row 2 gets a NaN gradient; row 3 held a NaN in its last float already;
+  // row 4 is not updated (not in unique_rows) and holds an infinity, which nothing flags.
+  optimizer_options o;
+  o.kind = optimizer_kind::sgd;
+  o.learning_rate = 1.0f;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> rows = {1, 2, 0, 0, -3e38f, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, nan, inf, 0, 0, 0};
+  std::vector<float> plain = rows;
+  const std::int64_t r[] = {0, 1, 2, 3};
+  const float g[] = {0.5f, 0.5f, 3e38f, 0, nan, 0, 0, 0};
+  std::vector<std::int8_t> flags(4, 7);
+  apply_optimizer(host_space{}, o, rows.data(), 4, 2, r, g, 4, 1, flags.data());
+  EXPECT_EQ(flags, (std::vector<std::int8_t>{0, 1, 1, 1}));
+  // The flags change nothing in the update.
+  apply_optimizer(host_space{}, o, plain.data(), 4, 2, r, g, 4, 1);
+  EXPECT_EQ(std::memcmp(rows.data(), plain.data(), rows.size() * sizeof(float)), 0);
+  EXPECT_EQ(rows[0], 0.5f);
+  EXPECT_EQ(rows[4], -inf);
+  // Every kind flags the same rows (Adam's and FTRL's state included).
+  for (optimizer_kind kind :
+       {optimizer_kind::adagrad, optimizer_kind::adam, optimizer_kind::ftrl}) {
+    optimizer_options k;
+    k.kind = kind;
+    const std::size_t width = 2 + state_width(kind, 2);
+    std::vector<float> rw(3 * width, 1.0f);
+    rw[2 * width + width - 1] = nan;  // row 2's last state float
+    const float gk[] = {0.5f, 0.5f, nan, 0, 0.25f, 0.25f};
+    const std::int64_t rk[] = {0, 1, 2};
+    std::vector<std::int8_t> fk(3, 7);
+    apply_optimizer(host_space{}, k, rw.data(), width, 2, rk, gk, 3, 1, fk.data());
+    EXPECT_EQ(fk, (std::vector<std::int8_t>{0, 1, 1})) << to_string(kind);
+  }
 }
 
 TEST(optimizers, ftrl_l1_zeroes_small_weights) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "embcache/detail/config.hpp"
@@ -84,6 +85,22 @@ struct ftrl_update {
   }
 };
 
+// Whether none of a row's `width` floats is an infinity or a NaN: a float's exponent bits are all
+// ones exactly then (a bit test, which no fast-math setting folds away).
+EMBCACHE_HD inline bool row_is_finite(const float* row, std::size_t width) {
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < width; ++j) {
+#if EMBCACHE_ON_DEVICE
+    const std::uint32_t bits = __float_as_uint(row[j]);
+#else
+    std::uint32_t bits;
+    std::memcpy(&bits, row + j, sizeof bits);
+#endif
+    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
 // Host: one row per call (contiguous inner loop); cuda: one element per thread. Each element's
 // update is the same function in both, so both spaces compute the same values.
 template <class Update>
@@ -94,6 +111,7 @@ struct apply_rows_fn {
   std::size_t dim;
   const std::int64_t* unique_rows;
   const float* grads;
+  std::int8_t* non_finite;  // nullptr, or a flag per row (apply_optimizer's non_finite_out)
 
   void prefetch(std::size_t r) const {
     __builtin_prefetch(rows + static_cast<std::size_t>(unique_rows[r]) * row_width, 1);
@@ -102,6 +120,22 @@ struct apply_rows_fn {
     float* row = rows + static_cast<std::size_t>(unique_rows[r]) * row_width;
     const float* g = grads + r * dim;
     for (std::size_t d = 0; d < dim; ++d) update(row, g[d], d, dim);
+    if (non_finite) non_finite[r] = row_is_finite(row, row_width) ? 0 : 1;
+  }
+};
+
+// non_finite[r] = 1 when row `unique_rows[r]` holds an infinity or a NaN, else 0: the check of
+// apply_rows_fn as a pass of its own (the cuda space's updates run per element).
+struct flag_non_finite_rows_fn {
+  const float* rows;
+  std::size_t row_width;
+  const std::int64_t* unique_rows;
+  std::int8_t* non_finite;
+
+  EMBCACHE_HD void operator()(std::size_t r) const {
+    non_finite[r] =
+        row_is_finite(rows + static_cast<std::size_t>(unique_rows[r]) * row_width, row_width) ? 0
+                                                                                              : 1;
   }
 };
 
@@ -123,13 +157,18 @@ struct apply_elements_fn {
 template <class Space, class Update>
 void run_update(const Space& space, const Update& update, float* rows, std::size_t row_width,
                 std::size_t dim, const std::int64_t* unique_rows, const float* grads,
-                std::size_t n) {
+                std::size_t n, std::int8_t* non_finite) {
   if constexpr (is_host_space_v<Space>) {
     for_each_index(space, n,
-                   apply_rows_fn<Update>{update, rows, row_width, dim, unique_rows, grads});
+                   apply_rows_fn<Update>{update, rows, row_width, dim, unique_rows, grads,
+                                         non_finite});
   } else {
     for_each_index(space, n * dim,
                    apply_elements_fn<Update>{update, rows, row_width, dim, unique_rows, grads});
+    if (non_finite) {
+      for_each_index(space, n,
+                     flag_non_finite_rows_fn{rows, row_width, unique_rows, non_finite});
+    }
   }
 }
 
@@ -147,7 +186,8 @@ inline double adam_step_rate(const optimizer_options& o, std::uint64_t step) {
 template <class Space>
 void apply_optimizer(const Space& space, const optimizer_options& options, float* rows,
                      std::size_t row_width, std::size_t dim, const std::int64_t* unique_rows,
-                     const float* grads, std::size_t n, std::uint64_t step) {
+                     const float* grads, std::size_t n, std::uint64_t step,
+                     std::int8_t* non_finite_out) {
   const std::size_t need = dim + state_width(options.kind, dim);
   if (dim == 0 || row_width < need)
     throw error(status_code::invalid_argument,
@@ -161,11 +201,11 @@ void apply_optimizer(const Space& space, const optimizer_options& options, float
   switch (options.kind) {
     case optimizer_kind::sgd:
       detail::run_update(space, detail::sgd_update{options.learning_rate}, rows, row_width, dim,
-                         unique_rows, grads, n);
+                         unique_rows, grads, n, non_finite_out);
       break;
     case optimizer_kind::adagrad:
       detail::run_update(space, detail::adagrad_update{options.learning_rate, options.epsilon},
-                         rows, row_width, dim, unique_rows, grads, n);
+                         rows, row_width, dim, unique_rows, grads, n, non_finite_out);
       break;
     case optimizer_kind::adam: {
       const double b1 = options.beta1, b2 = options.beta2;
@@ -173,7 +213,7 @@ void apply_optimizer(const Space& space, const optimizer_options& options, float
           space,
           detail::adam_update{b1, 1.0 - b1, b2, 1.0 - b2, detail::adam_step_rate(options, step),
                               options.epsilon},
-          rows, row_width, dim, unique_rows, grads, n);
+          rows, row_width, dim, unique_rows, grads, n, non_finite_out);
       break;
     }
     case optimizer_kind::ftrl: {
@@ -184,7 +224,7 @@ void apply_optimizer(const Space& space, const optimizer_options& options, float
                          detail::ftrl_update{alpha, options.ftrl_l1, two_l2,
                                              -static_cast<double>(options.ftrl_lr_power),
                                              options.ftrl_lr_power == -0.5f},
-                         rows, row_width, dim, unique_rows, grads, n);
+                         rows, row_width, dim, unique_rows, grads, n, non_finite_out);
       break;
     }
   }
