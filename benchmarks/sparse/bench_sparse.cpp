@@ -9,7 +9,10 @@
 //   aggregate: aggregate_gradients (deterministic, sorted) vs a sequential scatter-add into a dense
 //              gradient array (the touched rows are cleared again outside the timing);
 //   apply:     apply_optimizer on the batch's unique rows vs a parallel float loop over the same
-//              rows written inline.
+//              rows written inline;
+//   checked:   apply_optimizer flagging the rows left non-finite (non_finite_out) vs
+//              apply_optimizer and then a parallel pass over the same rows that flags them (what a
+//              trainer that guards its stores against diverged rows does without the flags).
 #include <benchmark/benchmark.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -203,16 +206,32 @@ std::size_t apply_bytes(optimizer_kind kind, std::size_t dim, std::size_t n) {
   return n * (2 * w + dim) * sizeof(float);
 }
 
-void sparse_apply(benchmark::State& state, optimizer_kind kind, std::size_t dim) {
+// check 0: apply_optimizer alone; 1: with its non-finite flags; 2: apply_optimizer, then a
+// parallel pass that flags the rows holding an infinity or a NaN.
+void sparse_apply(benchmark::State& state, optimizer_kind kind, std::size_t dim, int check) {
   const auto& a = get_apply(dim);
   auto& pool = get_pool(dim);
   const auto o = options_for(kind);
   const std::size_t w = dim + embcache::state_width(kind, dim);
+  std::vector<std::int8_t> flags(check ? a.rows.size() : 0);
   std::uint64_t step = 0;
   for (auto _ : state) {
     embcache::apply_optimizer(host_space{}, o, pool.data(), w, dim, a.rows.data(), a.grads.data(),
-                              a.rows.size(), ++step);
+                              a.rows.size(), ++step, check == 1 ? flags.data() : nullptr);
+    if (check == 2) {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, a.rows.size(), 1024),
+                        [&](const tbb::blocked_range<std::size_t>& range) {
+                          for (std::size_t i = range.begin(); i < range.end(); ++i) {
+                            const float* row = &pool[a.rows[i] * w];
+                            std::int8_t bad = 0;
+                            for (std::size_t j = 0; j < w; ++j)
+                              bad |= std::isfinite(row[j]) ? 0 : 1;
+                            flags[i] = bad;
+                          }
+                        });
+    }
     benchmark::DoNotOptimize(pool.data());
+    benchmark::DoNotOptimize(flags.data());
   }
   set_counters(state, a.rows.size(), apply_bytes(kind, dim, a.rows.size()));
 }
@@ -299,7 +318,16 @@ void register_all() {
     for (optimizer_kind kind : {optimizer_kind::sgd, optimizer_kind::adagrad, optimizer_kind::adam,
                                 optimizer_kind::ftrl}) {
       const std::string ks = std::string("/") + embcache::to_string(kind);
-      benchmark::RegisterBenchmark(("sparse_apply/host" + ks + ds).c_str(), sparse_apply, kind, dim)
+      benchmark::RegisterBenchmark(("sparse_apply/host" + ks + ds).c_str(), sparse_apply, kind, dim,
+                                   0)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("sparse_apply_checked/host" + ks + ds).c_str(), sparse_apply,
+                                   kind, dim, 1)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("baseline_apply_then_check/scatter" + ks + ds).c_str(),
+                                   sparse_apply, kind, dim, 2)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
       benchmark::RegisterBenchmark(("baseline_apply/scatter" + ks + ds).c_str(), baseline_apply,
