@@ -86,7 +86,8 @@ struct ftrl_update {
 };
 
 // Whether none of a row's `width` floats is an infinity or a NaN: a float's exponent bits are all
-// ones exactly then (a bit test, which no fast-math setting folds away).
+// ones exactly then. The bit test vectorizes where a loop of std::isfinite did not (bench_sparse's
+// sparse_apply_checked, Adam dim 64: 8% over the update against 26%).
 EMBCACHE_HD inline bool row_is_finite(const float* row, std::size_t width) {
   std::uint32_t bad = 0;
   for (std::size_t j = 0; j < width; ++j) {
