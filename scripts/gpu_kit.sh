@@ -86,7 +86,8 @@ cat >.gpu-kit/run.sh <<'RUN'
 #   memcheck   cuda_tests under compute-sanitizer's memcheck, a suite group per process
 #   synccheck  the same under synccheck (the warp-per-key lookups' ballots and shuffles)
 #   initcheck  the same under initcheck (reads of device memory never written)
-#   bench      bench_cache's cuda cases, the training cache's boundaries at 90% overlap
+#   bench      bench_cache's cuda cases, the training cache's boundaries at 90% overlap (or at
+#              BENCH_OVERLAPS, e.g. '0|50|90')
 #   trainer    the trainer with device embeddings against host-hybrid and all-resident
 #   python     builds the Python bindings for this machine's python3 and runs the Python tests,
 #              the cuda space's among them (must pass, not skip)
@@ -195,9 +196,11 @@ run_bench() {
   local rc=$?
   ((rc == 0)) && ! grep -q '/cuda/' "$out/bench_cache_cuda.json" && rc=1
   note bench_cache "$rc"
-  # The training cache's pass boundaries at 90% overlap, host and cuda spaces in one run.
+  # The training cache's pass boundaries, host and cuda spaces in one run: at 90% overlap, or at
+  # the overlaps BENCH_OVERLAPS names (a regex alternation, e.g. '0|50|90'); EMBCACHE_BENCH_KEYS
+  # sets the keyset size (the binary's default: 1Mi).
   timeout -k 10 "$limit" "$here/bin/bench_training_cache" \
-    --benchmark_filter='training_begin_pass(/cuda)?/overlap:90/.*/rocksdb:0/room:[01]' \
+    --benchmark_filter="training_begin_pass(/cuda)?/overlap:(${BENCH_OVERLAPS:-90})/.*/rocksdb:0/room:[01]" \
     --benchmark_out="$out/bench_training_cache.json" --benchmark_out_format=json \
     >"$out/bench_training_cache.log" 2>&1
   rc=$?
