@@ -6,6 +6,11 @@
 //        baseline_<op>/<tbb_chm|absl_flat|std_umap>/dim:<d>/load:<l>/dist:<...>.
 // Each iteration runs one batch of 1M keys drawn from the resident keys (find), or with one key
 // in 16 new (find_or_insert, insert_or_assign; the new keys are erased again outside the timing).
+// cache_<op>/<space>_spare/...: the same on a table with spare rows, whose slots reach their rows
+// through the slot-to-row map (the cost of that map).
+// cache_install/<space>/dim:<d>/rows:<copied|moved>: a pass boundary's install of 256Ki new keys
+// into a table at load 0.5, their rows copied in by install() from a staging buffer, or moved in
+// by install_rows() from the spare rows they were written to (erased again outside the timing).
 #include <benchmark/benchmark.h>
 #include <tbb/concurrent_hash_map.h>
 #include <tbb/info.h>
@@ -96,11 +101,12 @@ void report(benchmark::State& state, std::size_t dim) {
 }
 
 template <class Space>
-void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool zipf) {
+void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool zipf, bool spare) {
   const workload w = make_workload(load, zipf);
   embcache::cache_options opt;
   opt.slots = capacity;
   opt.dim = dim;
+  if (spare) opt.spare_rows = capacity / 4;
   const Space space{};
   embcache::embedding_cache<key_t_, Space> cache(opt, space);
   // Keys, rows and the found mask: host vectors, as the baselines use, or copies in device
@@ -152,6 +158,60 @@ void bm_cache(benchmark::State& state, op o, std::size_t dim, double load, bool 
     }
   }
   report(state, dim);
+}
+
+// A pass boundary's install: `n` new keys into a table at load 0.5, rows copied or moved in.
+template <class Space>
+void bm_install(benchmark::State& state, std::size_t dim, bool moved) {
+  constexpr std::size_t n = std::size_t{1} << 18;
+  const workload w = make_workload(0.5, false);
+  embcache::cache_options opt;
+  opt.slots = capacity;
+  opt.dim = dim;
+  if (moved) opt.spare_rows = n;
+  const Space space{};
+  embcache::embedding_cache<key_t_, Space> cache(opt, space);
+  std::vector<key_t_> fresh(n);
+  for (std::size_t i = 0; i < n; ++i) fresh[i] = -static_cast<key_t_>(i) - 1;
+  std::vector<std::int64_t> given(n);
+  for (std::size_t i = 0; i < n; ++i) given[i] = static_cast<std::int64_t>(cache.slots() + i);
+  embcache::buffer<key_t_, Space> resident(w.resident.size(), space), keys(n, space);
+  resident.copy_from_host(w.resident.data(), w.resident.size());
+  keys.copy_from_host(fresh.data(), n);
+  embcache::buffer<std::int64_t, Space> rows_io(n, space);
+  rows_io.copy_from_host(given.data(), n);
+  // The staging install() copies from (host memory; pinned in the cuda space, where a training
+  // cache stages), or the spare rows install_rows() finds the same floats in (written before the
+  // timing, as a prefetch worker would write them during a pass).
+  std::vector<float> host_staging;
+  std::unique_ptr<float, void (*)(float*)> pinned(nullptr, [](float*) {});
+  float* staging = nullptr;
+  if (moved) {
+    embcache::detail::fill_bytes(space, cache.rows() + cache.slots() * dim, 0, n * dim * 4);
+  } else if constexpr (embcache::is_host_space_v<Space>) {
+    host_staging.assign(n * dim, 0.0f);
+    staging = host_staging.data();
+  } else {
+    pinned = {static_cast<float*>(embcache::detail::cuda_allocate_pinned(n * dim * 4)),
+              [](float* p) { embcache::detail::cuda_deallocate_pinned(p); }};
+    staging = pinned.get();
+    std::fill(staging, staging + n * dim, 0.0f);
+  }
+  if (!cache.find_or_insert(resident.data(), w.resident.size(), nullptr, nullptr).ok())
+    state.SkipWithError("prefill failed");
+  for (auto _ : state) {
+    // Each call returns once its work is complete (the cuda space synchronizes its stream).
+    const embcache::status s =
+        moved ? cache.install_rows(keys.data(), n, rows_io.data(), nullptr, nullptr, 1)
+              : cache.install(keys.data(), n, staging, nullptr, nullptr, 1);
+    if (!s.ok()) state.SkipWithError(s.to_string().c_str());
+    state.PauseTiming();
+    // The rows given back are the next iteration's: free rows, as a caller would reuse them.
+    cache.erase(keys.data(), n);
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.SetBytesProcessed(state.iterations() * n * dim * sizeof(float));
 }
 
 // Same initial row as the cache, so that the insert baselines do the same work.
@@ -338,7 +398,7 @@ void register_all() {
           const std::string s = suffix(dim, load, zipf);
           const std::string name = op_name(o);
           benchmark::RegisterBenchmark(("cache_" + name + "/host/" + s).c_str(),
-                                       bm_cache<host_space>, o, dim, load, zipf)
+                                       bm_cache<host_space>, o, dim, load, zipf, false)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
           benchmark::RegisterBenchmark(("baseline_" + name + "/tbb_chm/" + s).c_str(), bm_tbb, o,
@@ -356,7 +416,39 @@ void register_all() {
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
         }
+  for (op o : {op::find, op::find_or_insert, op::insert_or_assign})
+    for (bool zipf : {false, true})
+      benchmark::RegisterBenchmark(
+          ("cache_" + std::string(op_name(o)) + "/host_spare/" + suffix(64, 0.8, zipf)).c_str(),
+          bm_cache<host_space>, o, 64, 0.8, zipf, true)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+  for (std::size_t dim : {64, 192})
+    for (bool moved : {false, true})
+      benchmark::RegisterBenchmark(("cache_install/host/dim:" + std::to_string(dim) +
+                                    (moved ? "/rows:moved" : "/rows:copied"))
+                                       .c_str(),
+                                   bm_install<host_space>, dim, moved)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
 #if defined(EMBCACHE_BENCH_CUDA)
+  if (embcache::cuda_device_available()) {
+    for (op o : {op::find, op::find_or_insert, op::insert_or_assign})
+      for (bool zipf : {false, true})
+        benchmark::RegisterBenchmark(
+            ("cache_" + std::string(op_name(o)) + "/cuda_spare/" + suffix(32, 0.5, zipf)).c_str(),
+            bm_cache<embcache::cuda_space>, o, 32, 0.5, zipf, true)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+    for (std::size_t dim : {64, 192})
+      for (bool moved : {false, true})
+        benchmark::RegisterBenchmark(("cache_install/cuda/dim:" + std::to_string(dim) +
+                                      (moved ? "/rows:moved" : "/rows:copied"))
+                                         .c_str(),
+                                     bm_install<embcache::cuda_space>, dim, moved)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+  }
   // The cuda space, when this build has it and a device is present; dim 32 is the configuration
   // GPU tables are usually compared at.
   if (embcache::cuda_device_available())
@@ -366,7 +458,7 @@ void register_all() {
           for (bool zipf : {false, true})
             benchmark::RegisterBenchmark(
                 ("cache_" + std::string(op_name(o)) + "/cuda/" + suffix(dim, load, zipf)).c_str(),
-                bm_cache<embcache::cuda_space>, o, dim, load, zipf)
+                bm_cache<embcache::cuda_space>, o, dim, load, zipf, false)
                 ->Unit(benchmark::kMicrosecond)
                 ->UseRealTime();
 #endif

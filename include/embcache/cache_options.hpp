@@ -37,6 +37,11 @@ struct cache_options {
   std::size_t state_width = 0;  ///< optimizer-state floats per row; default 0 (SGD)
   initializer_options init{};   ///< default: uniform(-0.05, 0.05), seed 0, state 0
   score_policy scores = score_policy::lru;  ///< default: LRU
+  /// Rows allocated beyond the slots' own, which no slot holds: install_rows() moves rows a caller
+  /// wrote there into the table without copying them, and detach_rows() moves rows out the same
+  /// way. Default 0: slot s always holds row s (no slot-to-row map is kept). With spare rows the
+  /// slots + spare_rows must stay below 2^32.
+  std::size_t spare_rows = 0;
 };
 
 }  // namespace embcache

@@ -198,11 +198,38 @@ class embedding_cache {
                  const std::uint64_t* synced, std::uint32_t mark,
                  std::int64_t* slots_out = nullptr);
 
+  /// install() of rows already in the table's memory, moved in without a copy (a cache with
+  /// spare rows, cache_options::spare_rows). `rows` (n, the space's memory): on entry the index
+  /// of the row that holds each key's row_width floats, a row no slot holds (initially
+  /// [slots(), row_count()), afterwards what install_rows and detach_rows give back), all
+  /// distinct; on return the index of a row no slot holds any more: a new key's slot takes the
+  /// given row and gives back the one it held, a key already resident (or repeated) has the row
+  /// copied into its slot as install() does and gives back the row it was given, a key that found
+  /// no room gives back its own. Same keys, versions, marks and synced versions as install();
+  /// invalid_argument (nothing changed) without spare rows or for an index past row_count().
+  status install_rows(const Key* keys, std::size_t n, std::int64_t* rows,
+                      const std::uint64_t* versions, const std::uint64_t* synced,
+                      std::uint32_t mark, std::int64_t* slots_out = nullptr);
+
+  /// Moves the rows of `slots` (n, the space's memory; distinct, -1 skipped) out of the table
+  /// without a copy: each slot takes the row rows[i] (on entry a row no slot holds) and rows[i]
+  /// receives the index of the row it held, whose floats stay as they were until the caller
+  /// reuses it (for instance to write them back after erase_slots). Keys, versions and the other
+  /// metadata stay. invalid_argument (nothing changed) without spare rows or for an index past
+  /// row_count().
+  status detach_rows(const std::int64_t* slots, std::size_t n, std::int64_t* rows);
+
+  /// Index of the row each of `slots` holds (n, the space's memory; -1 gives -1) into `rows_out`:
+  /// its floats are at rows() + index * row_width. The slot itself without spare rows. Cannot
+  /// fail.
+  void row_indices(const std::int64_t* slots, std::size_t n, std::int64_t* rows_out) const;
+
   /// Removes keys; absent keys are ignored. `erased_out` (may be nullptr, host memory) receives
   /// how many were removed. Cannot fail.
   void erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr);
 
-  /// Slot (row index) of each key, or -1 when absent. With `insert_missing`, missing keys are
+  /// Slot of each key, or -1 when absent (its row: row_indices(); the slot itself without spare
+  /// rows). With `insert_missing`, missing keys are
   /// inserted with the initializer (`inserted_out` as in find_or_insert; may be nullptr).
   status lookup_slots(const Key* keys, std::size_t n, std::int64_t* slots_out,
                       bool insert_missing = false, bool* inserted_out = nullptr);
@@ -291,6 +318,8 @@ class embedding_cache {
   std::size_t size() const noexcept { return size_; }
   /// Slots (the options' slots rounded up to a multiple of bucket_size).
   std::size_t slots() const noexcept { return slots_; }
+  /// Rows allocated: slots() plus the spare rows (cache_options::spare_rows).
+  std::size_t row_count() const noexcept { return slots_ + options_.spare_rows; }
   /// size() / slots().
   double load_factor() const noexcept {
     return slots_ ? double(size_.load()) / double(slots_) : 0.0;
@@ -300,12 +329,18 @@ class embedding_cache {
 
   /// Bytes of the space's memory one slot of a table with `options` takes: its row
   /// (dim + state_width floats), its state, key, version, score, claim, synced version and mark,
-  /// and with score_policy::lfu its last-touch op. Each bucket (bucket_size slots) adds
-  /// bytes_per_bucket, its probe counter. For memory budgets; allocated_bytes() pins it.
+  /// with score_policy::lfu its last-touch op, and with spare rows its row index. Each bucket
+  /// (bucket_size slots) adds bytes_per_bucket, its probe counter, and the spare rows
+  /// spare_row_bytes. For memory budgets; allocated_bytes() pins it.
   static constexpr std::size_t bytes_per_slot(const cache_options& options) noexcept {
     return (options.dim + options.state_width) * sizeof(float) + sizeof(std::uint8_t) +
            sizeof(Key) + 4 * sizeof(std::uint64_t) + sizeof(std::uint32_t) +
-           (options.scores == score_policy::lfu ? sizeof(std::uint64_t) : 0);
+           (options.scores == score_policy::lfu ? sizeof(std::uint64_t) : 0) +
+           (options.spare_rows > 0 ? sizeof(std::uint32_t) : 0);
+  }
+  /// Bytes of the space's memory the spare rows of a table with `options` take.
+  static constexpr std::size_t spare_row_bytes(const cache_options& options) noexcept {
+    return options.spare_rows * (options.dim + options.state_width) * sizeof(float);
   }
   /// Bytes of the space's memory each bucket adds to its slots (bytes_per_slot).
   static constexpr std::size_t bytes_per_bucket = sizeof(std::uint32_t);
@@ -355,7 +390,8 @@ class embedding_cache {
     }
   }
 
-  /// The row pool (slots() * row_width floats in the space's memory); row i belongs to slot i.
+  /// The row pool (row_count() * row_width floats in the space's memory). Without spare rows
+  /// slot s holds row s; with them, row_indices() says which row a slot holds.
   float* rows() noexcept { return rows_.data(); }
   const float* rows() const noexcept { return rows_.data(); }
 
@@ -382,7 +418,11 @@ class embedding_cache {
   void claim_and_assign(const Space& sp, const std::int64_t* slots, std::size_t n,
                         const std::uint8_t* outcome, const float* rows,
                         const std::uint64_t* versions, std::uint64_t version,
-                        std::uint64_t first_epoch);
+                        std::uint64_t first_epoch, const std::int64_t* rows_of = nullptr);
+  // invalid_argument unless the cache has spare rows and every index of `rows` (n; those beside
+  // a slot of -1 in `slots`, when given, are not used) lies in [0, row_count()).
+  status check_row_indices(const Space& sp, const std::int64_t* rows, const std::int64_t* slots,
+                           std::size_t n, const char* call) const;
   static std::uint64_t claim_chunks(std::size_t n) noexcept {
     return (std::uint64_t(n) + claim_chunk - 1) / claim_chunk;
   }
@@ -422,7 +462,10 @@ class embedding_cache {
   buffer<std::uint64_t, Space> claims_;   // last-writer-wins tags of insert_or_assign/assign_slots
   buffer<std::uint64_t, Space> synced_;   // version of each row the store last held
   buffer<std::uint32_t, Space> marks_;    // keyset marks
+  buffer<std::uint32_t, Space> row_map_;  // per slot, with spare rows only
   buffer<float, Space> rows_;
+  // Rows a table may have: indices of rows are 32 bits in the slot-to-row map.
+  static constexpr std::size_t max_rows = std::size_t{1} << 32;
   std::unique_ptr<std::shared_mutex> mutex_;
 };
 

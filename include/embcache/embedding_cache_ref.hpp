@@ -51,7 +51,9 @@ struct cache_ref_base {
   /// is dirty while its version is greater
   pointer<std::uint64_t> synced;
   pointer<std::uint32_t> marks;     ///< per slot: keyset marks (set_marks; 0 for a new row)
-  pointer<float> rows;              ///< slots * row_width floats; row i belongs to slot i
+  pointer<float> rows;              ///< row_count * row_width floats
+  /// per slot: the index of its row, or nullptr: slot s holds row s (a cache without spare rows)
+  pointer<std::uint32_t> row_map;
   std::size_t num_buckets;          ///< slots / bucket size
   std::size_t row_width;            ///< floats per row: dim + optimizer-state width
   std::size_t dim;                  ///< embedding floats at the start of each row
@@ -133,9 +135,13 @@ struct cache_ref_base {
     return -1;
   }
 
+  /// Index of the row of `slot`.
+  EMBCACHE_HD std::size_t row_index(std::int64_t slot) const {
+    return row_map ? std::size_t{row_map[slot]} : static_cast<std::size_t>(slot);
+  }
   /// The row of `slot` (row_width floats).
   EMBCACHE_HD pointer<float> row(std::int64_t slot) const {
-    return rows + static_cast<std::size_t>(slot) * row_width;
+    return rows + row_index(slot) * row_width;
   }
 
   /// Fills `dst` (row_width floats) with the initial row of `k`: a function of (seed, key,
@@ -188,8 +194,8 @@ struct embedding_cache_ref : detail::cache_ref_base<Key, false> {
   /// The read-only view of the same cache.
   EMBCACHE_HD const_embedding_cache_ref<Key> as_const() const {
     return {{this->states, this->keys, this->overflow, this->versions, this->scores, this->touched,
-             this->claims, this->synced, this->marks, this->rows, this->num_buckets, this->row_width, this->dim, this->init,
-             this->normal_factor, this->policy}};
+             this->claims, this->synced, this->marks, this->rows, this->row_map, this->num_buckets,
+             this->row_width, this->dim, this->init, this->normal_factor, this->policy}};
   }
   /// Same as as_const().
   EMBCACHE_HD operator const_embedding_cache_ref<Key>() const {  // NOLINT(google-explicit-*)

@@ -1012,6 +1012,135 @@ TYPED_TEST_P(cache_conformance, install_equals_insert_or_assign_then_sync_and_ma
   EXPECT_EQ(full.cache.size(), 256u);
 }
 
+// With spare rows, install_rows moves rows written into rows no slot holds into the table without
+// a copy, giving back the rows the new keys' slots held, with what install() of the same rows
+// gives (keys, rows, versions, dirtiness, marks); detach_rows moves slots' rows out the same way.
+TYPED_TEST_P(cache_conformance, spare_rows_move_in_and_out_without_a_copy) {
+  using Key = typename TypeParam::key_type;
+  using Space = typename TypeParam::space_type;
+  using cache_type = embedding_cache<Key, Space>;
+  auto o = small_options(1024, 2, 1);
+  o.spare_rows = 600;
+  harness<Key, Space> a(o), b(small_options(1024, 2, 1));
+  const std::size_t slots = a.cache.slots(), w = 3;
+  ASSERT_EQ(a.cache.row_count(), slots + 600);
+  EXPECT_EQ(a.cache.allocated_bytes(),
+            slots * cache_type::bytes_per_slot(o) +
+                slots / cache_type::bucket_size * cache_type::bytes_per_bucket +
+                cache_type::spare_row_bytes(o));
+  auto keys = this->range_keys(1000, 3);
+  std::vector<Key> first(keys.begin(), keys.begin() + 500);
+  for (auto* h : {&a, &b}) {
+    auto sl = h->insert_or_assign_slots(first, std::vector<float>(first.size() * w, 0.25f),
+                                        std::vector<std::uint64_t>(first.size(), 3));
+    h->mark_synced(sl);
+    h->set_marks(sl, 1);
+  }
+  // 20 residents, 500 new keys and one new key twice.
+  std::vector<Key> batch(keys.begin() + 480, keys.end());
+  batch.push_back(keys[700]);
+  const std::size_t n = batch.size();
+  std::vector<float> rows(n * w);
+  std::vector<std::uint64_t> vers(n), synced(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < w; ++j) rows[i * w + j] = float(i) + 0.5f * float(j);
+    vers[i] = 5 + i % 7;
+    synced[i] = i % 3 == 0 ? 0 : vers[i];
+  }
+  synced.back() = synced[700 - 480];
+  // a: the rows written into the spare rows [slots, slots + n); b: install() of the same rows.
+  std::vector<std::int64_t> given(n);
+  std::iota(given.begin(), given.end(), static_cast<std::int64_t>(slots));
+  detail::copy(a.cache.space(), a.cache.rows() + slots * w, rows.data(), rows.size() * 4);
+  auto k = a.to_space(batch);
+  auto g = a.to_space(given);
+  auto v = a.to_space(vers);
+  auto y = a.to_space(synced);
+  EMBCACHE_ASSERT_OK(a.cache.install_rows(k.data(), n, g.data(), v.data(), y.data(), 4));
+  EMBCACHE_ASSERT_OK(b.install(batch, rows, vers, synced, 4));
+  const auto back = a.to_host(g, n);
+  const auto ea = a.export_rows(), eb = b.export_rows();
+  EXPECT_EQ(ea.keys, eb.keys);
+  EXPECT_EQ(ea.rows, eb.rows);
+  EXPECT_EQ(ea.versions, eb.versions);
+  EXPECT_EQ(a.cache.version(), b.cache.version());
+  EXPECT_EQ(a.find({keys[700]}).rows, std::vector<float>({520.f, 520.5f, 521.f}));
+  auto sorted = [](std::vector<Key> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(a.gather_dirty(a.slots(ea.keys)).keys),
+            sorted(b.gather_dirty(b.slots(eb.keys)).keys));
+  const auto unmarked_a = a.select_victims(4, keys.size(), victim_order::oldest_version);
+  EXPECT_EQ(unmarked_a.size(), 480u);
+  EXPECT_EQ(
+      sorted(a.gather_dirty(unmarked_a).keys),
+      sorted(b.gather_dirty(b.select_victims(4, keys.size(), victim_order::oldest_version)).keys));
+  // Given back: a resident key its own row, a new key the row its slot held; of the repeated
+  // key's two occurrences one inserts (on the device any of them may) and the other gives back
+  // its own row. No slot holds a row given back: every row is held once.
+  auto rows_of = [&](const std::vector<std::int64_t>& sl) {
+    auto s = a.to_space(sl);
+    buffer<std::int64_t, Space> r(sl.size(), a.cache.space());
+    a.cache.row_indices(s.data(), sl.size(), r.data());
+    return a.to_host(r, sl.size());
+  };
+  std::vector<std::int64_t> every_slot(slots);
+  std::iota(every_slot.begin(), every_slot.end(), 0);
+  const std::size_t repeated = 700 - 480;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i < 20) {
+      EXPECT_EQ(back[i], given[i]) << i;
+    } else if (i != repeated && i != n - 1) {
+      EXPECT_LT(back[i], static_cast<std::int64_t>(slots)) << i;
+    }
+  }
+  EXPECT_NE(back[repeated] == given[repeated], back[n - 1] == given[n - 1]);
+  // Every row once: held by a slot (empty slots hold rows too), given back, or never given.
+  std::vector<std::int64_t> all = rows_of(every_slot);
+  all.insert(all.end(), back.begin(), back.end());
+  for (std::size_t r = slots + n; r < a.cache.row_count(); ++r)
+    all.push_back(static_cast<std::int64_t>(r));
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), a.cache.row_count());
+  for (std::size_t r = 0; r < all.size(); ++r) ASSERT_EQ(all[r], static_cast<std::int64_t>(r));
+  // detach_rows: 100 residents' rows out, their floats at the indices given back; the slots keep
+  // their keys and now hold the rows they were given.
+  std::vector<Key> out_keys(keys.begin(), keys.begin() + 100);
+  const auto victims = a.slots(out_keys);
+  const auto before = a.read_slots(victims);
+  const std::vector<std::int64_t> free_rows(back.begin() + 20, back.begin() + 120);  // no repeat
+  auto vs = a.to_space(victims);
+  auto fr = a.to_space(free_rows);
+  EMBCACHE_ASSERT_OK(a.cache.detach_rows(vs.data(), victims.size(), fr.data()));
+  const auto detached = a.to_host(fr, victims.size());
+  std::vector<float> moved(victims.size() * w);
+  for (std::size_t i = 0; i < victims.size(); ++i) {
+    detail::copy(a.cache.space(), moved.data() + i * w,
+                 a.cache.rows() + static_cast<std::size_t>(detached[i]) * w, w * 4);
+  }
+  detail::synchronize(a.cache.space());
+  EXPECT_EQ(moved, before);
+  EXPECT_EQ(rows_of(victims), free_rows);
+  EXPECT_EQ(a.slots(out_keys), victims);
+  // Bad input changes nothing: an index past the rows, a cache without spare rows.
+  std::vector<std::int64_t> past{static_cast<std::int64_t>(a.cache.row_count())};
+  auto p = a.to_space(past);
+  auto one = a.to_space(std::vector<Key>{keys[0] + 1000000});
+  const status st = a.cache.install_rows(one.data(), 1, p.data(), nullptr, nullptr, 4);
+  EXPECT_EQ(st.code(), status_code::invalid_argument);
+  EXPECT_NE(st.message().find("install_rows: 1 row indices outside [0, " +
+                              std::to_string(a.cache.row_count()) + ")"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(a.cache.size(), 1000u);
+  auto bs = b.to_space(b.slots(out_keys));
+  auto bf = b.to_space(free_rows);
+  const status none = b.cache.detach_rows(bs.data(), out_keys.size(), bf.data());
+  EXPECT_EQ(none.code(), status_code::invalid_argument);
+  EXPECT_NE(none.message().find("no spare rows"), std::string::npos) << none.message();
+}
+
 REGISTER_TYPED_TEST_SUITE_P(
     cache_conformance, empty_finds_nothing, find_or_insert_initializes_deterministically,
     initializer_kinds_have_their_shape, insert_or_assign_overwrites_and_last_duplicate_wins,
@@ -1025,6 +1154,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     erase_slots_removes_each_once, insert_and_evict_says_which_victims_were_dirty,
     calls_run_where_the_threads_guard_says, repeated_keys_report_one_insertion_each_in_a_long_batch,
     writes_near_the_end_of_the_claim_epochs_are_not_skipped,
-    the_table_holds_what_bytes_per_slot_says, install_equals_insert_or_assign_then_sync_and_mark);
+    the_table_holds_what_bytes_per_slot_says, install_equals_insert_or_assign_then_sync_and_mark,
+    spare_rows_move_in_and_out_without_a_copy);
 
 }  // namespace embcache::testing

@@ -104,6 +104,9 @@ struct assign_fn {
   const std::uint64_t* versions_in;
   std::uint64_t version;
   std::uint64_t epoch;
+  // May be nullptr; else row i is the table's row rows_of[i] (install_rows), not rows + i * width.
+  const std::int64_t* rows_of = nullptr;
+  void prefetch_early(std::size_t i) const { prefetch_row_index(t, slots[i]); }
   void prefetch(std::size_t i) const {
     if (slots[i] < 0) return;
     __builtin_prefetch(t.claims + slots[i]);
@@ -115,7 +118,9 @@ struct assign_fn {
     if (s < 0) return;
     if (atomic_load(t.claims + s) != ((epoch << 32) | std::uint64_t(i))) return;
     if (outcome && outcome[i] == outcome_inserted) return;
-    embedding_cache_ref<Key>::copy_row(t.row(s), rows + i * t.row_width, t.row_width);
+    const float* src = rows_of ? t.rows + static_cast<std::size_t>(rows_of[i]) * t.row_width
+                               : rows + i * t.row_width;
+    embedding_cache_ref<Key>::copy_row(t.row(s), src, t.row_width);
     atomic_store(t.versions + s, versions_in ? versions_in[i] : version);
   }
 };

@@ -138,10 +138,14 @@ struct dirty_gather_fn {
   // output rows are written past the caches.
   void run_range(std::size_t begin, std::size_t end) const {
     constexpr std::size_t ahead = 4;
+    for (std::size_t i = begin; i < end && i < begin + 2 * ahead; ++i) {
+      if (flags[i]) prefetch_row_index(t, slots[i]);
+    }
     for (std::size_t i = begin; i < end && i < begin + ahead; ++i) {
       if (flags[i]) prefetch_row(t, slots[i], false);
     }
     for (std::size_t i = begin; i < end; ++i) {
+      if (i + 2 * ahead < end && flags[i + 2 * ahead]) prefetch_row_index(t, slots[i + 2 * ahead]);
       if (i + ahead < end && flags[i + ahead]) prefetch_row(t, slots[i + ahead], false);
       if (!flags[i]) continue;
       if (stream && rows_out) {

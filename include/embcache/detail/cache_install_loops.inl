@@ -1,6 +1,8 @@
 /// @file detail/cache_install_loops.inl
 /// @brief Loop bodies of embedding_cache::install: the keys placed first (one pass over the
-/// hash table), then the rows and metadata of the new keys written (one pass over the rows).
+/// hash table), then the rows and metadata of the new keys written (one pass over the rows); and
+/// of the calls that move rows between slots and spare rows through the slot-to-row map
+/// (install_rows, detach_rows, row_indices).
 #pragma once
 
 #include <cstddef>
@@ -72,8 +74,13 @@ struct install_fill_fn {
       __builtin_prefetch(t.synced + s, 1);
       __builtin_prefetch(t.marks + s, 1);
     };
+    auto want_early = [this](std::size_t i) {
+      if (outcome[i] == outcome_inserted) prefetch_row_index(t, slots[i]);
+    };
+    for (std::size_t i = begin; i < end && i < begin + 2 * ahead; ++i) want_early(i);
     for (std::size_t i = begin; i < end && i < begin + ahead; ++i) want(i);
     for (std::size_t i = begin; i < end; ++i) {
+      if (i + 2 * ahead < end) want_early(i + 2 * ahead);
       if (i + ahead < end) want(i + ahead);
       if (outcome[i] != outcome_inserted) continue;
       const std::int64_t s = slots[i];
@@ -98,6 +105,80 @@ struct install_fill_fn {
     t.touch(s, op, true);
     atomic_store(t.synced + s, synced_in ? synced_in[i] : std::uint64_t{0});
     atomic_store(t.marks + s, mark);
+  }
+};
+
+// The slot-to-row map of a new table with spare rows: slot s holds row s.
+struct identity_row_map_fn {
+  std::uint32_t* row_map;
+  EMBCACHE_HD void operator()(std::size_t s) const { row_map[s] = static_cast<std::uint32_t>(s); }
+};
+
+// 1 where a row index is negative or past the table's rows; indices beside a slot of -1 (when
+// `slots` is given) are not used, so not checked.
+struct row_index_check_fn {
+  const std::int64_t* rows;
+  const std::int64_t* slots;  // may be nullptr
+  std::size_t row_count;
+  std::uint8_t* bad;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    const std::int64_t r = rows[i];
+    const bool used = !slots || slots[i] >= 0;
+    bad[i] = used && (r < 0 || static_cast<std::size_t>(r) >= row_count) ? 1 : 0;
+  }
+};
+
+// install_rows: each slot install_place_fn inserted takes the given row and gives back the one it
+// held (each inserted slot is one key's, so no two indices touch one slot); then the metadata a
+// new row gets, as install_fill_fn writes it.
+template <class Key>
+struct install_swap_fn {
+  install_fill_fn<Key> fill;  // rows unused
+  std::uint32_t* row_map;
+  std::int64_t* rows_io;
+  // Host: the slot's map entry and metadata lines, for writing.
+  void prefetch(std::size_t i) const {
+    if (fill.outcome[i] != outcome_inserted) return;
+    const std::int64_t s = fill.slots[i];
+    __builtin_prefetch(row_map + s, 1);
+    __builtin_prefetch(fill.t.versions + s, 1);
+    __builtin_prefetch(fill.t.scores + s, 1);
+    __builtin_prefetch(fill.t.synced + s, 1);
+    __builtin_prefetch(fill.t.marks + s, 1);
+  }
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    if (fill.outcome[i] != outcome_inserted) return;
+    const std::int64_t s = fill.slots[i];
+    const std::uint32_t held = row_map[s];
+    row_map[s] = static_cast<std::uint32_t>(rows_io[i]);
+    rows_io[i] = held;
+    fill.metadata(i, s);
+  }
+};
+
+// detach_rows: each slot takes the given row and gives back the one it held.
+struct detach_row_fn {
+  const std::int64_t* slots;
+  std::uint32_t* row_map;
+  std::int64_t* rows_io;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    const std::int64_t s = slots[i];
+    if (s < 0) return;
+    const std::uint32_t held = row_map[s];
+    row_map[s] = static_cast<std::uint32_t>(rows_io[i]);
+    rows_io[i] = held;
+  }
+};
+
+// row_indices: the row each slot holds (-1 stays -1).
+template <class Key>
+struct row_index_fn {
+  const_embedding_cache_ref<Key> t;
+  const std::int64_t* slots;
+  std::int64_t* rows_out;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    const std::int64_t s = slots[i];
+    rows_out[i] = s < 0 ? -1 : static_cast<std::int64_t>(t.row_index(s));
   }
 };
 

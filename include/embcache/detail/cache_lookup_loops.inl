@@ -55,6 +55,7 @@ struct read_slots_fn {
   const_embedding_cache_ref<Key> t;
   const std::int64_t* slots;
   float* rows_out;
+  void prefetch_early(std::size_t i) const { prefetch_row_index(t, slots[i]); }
   void prefetch(std::size_t i) const { prefetch_row(t, slots[i], false); }
   EMBCACHE_HD void operator()(std::size_t i) const {
     if (slots[i] >= 0)

@@ -57,7 +57,16 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
   claims_ = buffer<std::uint64_t, Space>(slots_, space_);
   synced_ = buffer<std::uint64_t, Space>(slots_, space_);
   marks_ = buffer<std::uint32_t, Space>(slots_, space_);
-  rows_ = buffer<float, Space>(slots_ * row_width_, space_);
+  if (options.spare_rows > 0) {
+    if (options.spare_rows >= max_rows || slots_ >= max_rows - options.spare_rows) {
+      throw error(status_code::invalid_argument,
+                  "embedding_cache: " + std::to_string(slots_) + " slots and " +
+                      std::to_string(options.spare_rows) + " spare rows reach 2^32 rows");
+    }
+    row_map_ = buffer<std::uint32_t, Space>(slots_, space_);
+    detail::for_each_index(space_, slots_, detail::identity_row_map_fn{row_map_.data()});
+  }
+  rows_ = buffer<float, Space>((slots_ + options.spare_rows) * row_width_, space_);
   states_.fill_bytes(0);
   overflow_.fill_bytes(0);
   versions_.fill_bytes(0);
@@ -88,6 +97,7 @@ embedding_cache<Key, Space>::~embedding_cache() {
     claims_.reset();
     synced_.reset();
     marks_.reset();
+    row_map_.reset();
     rows_.reset();
   }
 }
@@ -96,14 +106,15 @@ template <class Key, class Space>
 std::size_t embedding_cache<Key, Space>::allocated_bytes() const noexcept {
   auto bytes = [](const auto& b) { return b.size() * sizeof(*b.data()); };
   return bytes(states_) + bytes(keys_) + bytes(overflow_) + bytes(versions_) + bytes(scores_) +
-         bytes(touched_) + bytes(claims_) + bytes(synced_) + bytes(marks_) + bytes(rows_);
+         bytes(touched_) + bytes(claims_) + bytes(synced_) + bytes(marks_) + bytes(row_map_) +
+         bytes(rows_);
 }
 
 template <class Key, class Space>
 embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
            touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(),
-           num_buckets_, row_width_, options_.dim, options_.init,
+           row_map_.data(), num_buckets_, row_width_, options_.dim, options_.init,
            options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
@@ -111,7 +122,7 @@ template <class Key, class Space>
 const_embedding_cache_ref<Key> embedding_cache<Key, Space>::ref() const noexcept {
   return {{states_.data(), keys_.data(), overflow_.data(), versions_.data(), scores_.data(),
            touched_.data(), claims_.data(), synced_.data(), marks_.data(), rows_.data(),
-           num_buckets_, row_width_, options_.dim, options_.init,
+           row_map_.data(), num_buckets_, row_width_, options_.dim, options_.init,
            options_.init.scale * 1.7320508075688772f, options_.scores}};
 }
 
@@ -292,7 +303,8 @@ void embedding_cache<Key, Space>::claim_and_assign(const Space& sp, const std::i
                                                    std::size_t n, const std::uint8_t* outcome,
                                                    const float* rows, const std::uint64_t* versions,
                                                    std::uint64_t version,
-                                                   std::uint64_t first_epoch) {
+                                                   std::uint64_t first_epoch,
+                                                   const std::int64_t* rows_of) {
   // A chunk of 2^32 keys per epoch: a later chunk's epoch is higher, so the last occurrence of
   // a repeated slot still wins across chunks.
   for (std::uint64_t c = 0; c * claim_chunk < n; ++c) {
@@ -303,8 +315,9 @@ void embedding_cache<Key, Space>::claim_and_assign(const Space& sp, const std::i
     detail::for_each_index(
         sp, m,
         detail::assign_fn<Key>{ref(), slots + at, outcome ? outcome + at : nullptr,
-                               rows + at * row_width_, versions ? versions + at : nullptr, version,
-                               epoch});
+                               rows_of ? nullptr : rows + at * row_width_,
+                               versions ? versions + at : nullptr, version, epoch,
+                               rows_of ? rows_of + at : nullptr});
   }
 }
 

@@ -30,6 +30,14 @@ template <class F>
 struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(std::size_t{}))>>
     : std::true_type {};
 
+/// Whether a loop body offers `prefetch_early(i)` (a hint for what `prefetch(i)` itself reads).
+template <class F, class = void>
+struct has_prefetch_early : std::false_type {};
+template <class F>
+struct has_prefetch_early<
+    F, std::void_t<decltype(std::declval<const F&>().prefetch_early(std::size_t{}))>>
+    : std::true_type {};
+
 /// Runs `body()` inside an arena limited to the space's thread count.
 template <class Body>
 void run_in_space(const host_space& space, Body&& body) {
@@ -53,7 +61,8 @@ struct has_run_range<
 /// Calls `f(i)` for every i in [0, n), in parallel, chunk by chunk. When `F` has
 /// `run_range(begin, end)`, each chunk is handed to it whole. Otherwise, when `F` has
 /// `prefetch(i)`, the loop calls it `ahead` indices before `f(i)`, so that the memory latency of
-/// random accesses overlaps instead of adding up.
+/// random accesses overlaps instead of adding up; and `prefetch_early(i)`, when `F` has it, twice
+/// as far ahead (what `prefetch(i)` reads to find its addresses, such as a slot's row index).
 template <class F>
 void for_each_index(const host_space& space, std::size_t n, const F& f) {
   if (n == 0) return;
@@ -63,8 +72,14 @@ void for_each_index(const host_space& space, std::size_t n, const F& f) {
       f.run_range(begin, end);
     } else if constexpr (has_prefetch<F>::value) {
       constexpr std::size_t ahead = 16;
+      if constexpr (has_prefetch_early<F>::value) {
+        for (std::size_t i = begin; i < end && i < begin + 2 * ahead; ++i) f.prefetch_early(i);
+      }
       for (std::size_t i = begin; i < end && i < begin + ahead; ++i) f.prefetch(i);
       for (std::size_t i = begin; i < end; ++i) {
+        if constexpr (has_prefetch_early<F>::value) {
+          if (i + 2 * ahead < end) f.prefetch_early(i + 2 * ahead);
+        }
         if (i + ahead < end) f.prefetch(i + ahead);
         f(i);
       }

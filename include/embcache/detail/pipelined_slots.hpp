@@ -29,6 +29,18 @@ void prefetch_row(const Ref& t, std::int64_t slot, bool write) {
 #endif
 }
 
+// Host-only hint: the row index of `slot` (-1: nothing) in a table with spare rows, which
+// prefetch_row reads to find the row.
+template <class Ref>
+void prefetch_row_index(const Ref& t, std::int64_t slot) {
+#if !EMBCACHE_ON_DEVICE && defined(__GNUC__)
+  if (slot >= 0 && t.row_map) __builtin_prefetch(t.row_map + slot);
+#else
+  (void)t;
+  (void)slot;
+#endif
+}
+
 // Host: copies a row with non-temporal stores (no read of the destination's lines, which a
 // scattered write of a large batch would otherwise fetch first, and no eviction of the cache's
 // working set); false where the row is not 16-byte aligned or the processor lacks them (the
