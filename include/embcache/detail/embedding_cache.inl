@@ -63,10 +63,12 @@ embedding_cache<Key, Space>::embedding_cache(const cache_options& options, Space
                   "embedding_cache: " + std::to_string(slots_) + " slots and " +
                       std::to_string(options.spare_rows) + " spare rows reach 2^32 rows");
     }
+  }
+  rows_ = buffer<float, Space>((slots_ + options.spare_rows) * row_width_, space_);
+  if (options.spare_rows > 0) {
     row_map_ = buffer<std::uint32_t, Space>(slots_, space_);
     detail::for_each_index(space_, slots_, detail::identity_row_map_fn{row_map_.data()});
   }
-  rows_ = buffer<float, Space>((slots_ + options.spare_rows) * row_width_, space_);
   states_.fill_bytes(0);
   overflow_.fill_bytes(0);
   versions_.fill_bytes(0);
