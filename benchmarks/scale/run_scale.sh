@@ -32,6 +32,9 @@
 #                      reader's two 66 MB shards are counted)
 #     --train-blas-threads N   blas_threads of both trainer runs (default 0: OpenBLAS's own
 #                      setting, a thread per core; 1 leaves the other cores to the background work)
+#     --openblas-thread-timeout N   OPENBLAS_THREAD_TIMEOUT of both trainer runs: OpenBLAS's idle
+#                      threads spin 2^N cycles before they sleep (4 to 30; default: unset, OpenBLAS's
+#                      own, 2^28); docs/tuning.md, "OpenBLAS's idle threads"
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -90,6 +93,7 @@ while [ $# -gt 0 ]; do
     --train-cap-mib) train_cap_mib=$2; shift 2 ;;
     --train-budget-mib) train_budget_mib=$2; shift 2 ;;
     --train-blas-threads) train_blas_threads=$2; shift 2 ;;
+    --openblas-thread-timeout) export OPENBLAS_THREAD_TIMEOUT=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -241,9 +245,9 @@ for store in rocksdb host; do
     config $store 0 0 0 > "$dir/train/$store.json"
   fi
 done
-say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB"
+say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}"
 capped "$train_cap_mib" /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/rocksdb.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
-say "## embcache-train, host store, no cap"
+say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}"
 capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/host.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true
