@@ -147,9 +147,11 @@ template <class Space = host_space>
 std::unique_ptr<training_cache<std::int64_t, Space>> trained_cache(fixture& f,
                                                                    bool write_behind = true,
                                                                    std::size_t capacity = 0,
-                                                                   std::size_t max_resident = 0) {
+                                                                   std::size_t max_resident = 0,
+                                                                   bool moved = false) {
   training_cache_options opts;
   opts.write_behind = write_behind;
+  opts.move_staged_rows = moved;
   auto tc = std::make_unique<training_cache<std::int64_t, Space>>(
       opts, std::vector{table(f.store, capacity ? capacity : f.n, max_resident)});
   tc->begin_pass({f.cur}).throw_if_error();
@@ -211,11 +213,13 @@ void report(benchmark::State& state, double rows, double bytes) {
 //  1: capacity = the keyset, default max_resident (90% of the 1.25 * capacity slots): leaving rows
 //     wait in the slack and the worker installs as much of the next pass as the slack holds;
 //  2: capacity = the keyset plus one pass's new keys (slack unused, max_resident = capacity).
-// With room (1, 2), the prefetch worker can install the next pass during the phase.
+// With room (1, 2), the prefetch worker can install the next pass during the phase. prefetch 2:
+// prefetch with move_staged_rows (the staged rows moved into their slots by index).
 template <class Space>
 void training_begin_pass(benchmark::State& state) {
   const int overlap = int(state.range(0));
   const bool prefetch = state.range(1) != 0;
+  const bool moved = state.range(1) == 2;
   const bool write_behind = state.range(2) != 0;
   const bool rocksdb = state.range(3) != 0;
   const int room = int(state.range(4));
@@ -228,7 +232,7 @@ void training_begin_pass(benchmark::State& state) {
   }
   double rows = 0, bytes = 0, total = 0, wb = 0, in = 0, wait = 0, staging = 0, behind = 0;
   const std::size_t capacity = room == 2 ? f.n + f.step : f.n;
-  auto tc = trained_cache<Space>(f, write_behind, capacity, room == 1 ? 0 : capacity);
+  auto tc = trained_cache<Space>(f, write_behind, capacity, room == 1 ? 0 : capacity, moved);
   int pass = 0;
   if (room != 0) {
     // Fill the room: from pass 1 on, the cache holds a keyset and the rest of the one before.
@@ -371,6 +375,7 @@ void begin_pass_args(benchmark::internal::Benchmark* b) {
         b->Args({overlap, 0, 1, store, room});
         b->Args({overlap, 1, 1, store, room});
         b->Args({overlap, 1, 0, store, room});
+        b->Args({overlap, 2, 1, store, room});
       }
     }
   }

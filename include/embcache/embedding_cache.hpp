@@ -219,6 +219,12 @@ class embedding_cache {
   /// row_count().
   status detach_rows(const std::int64_t* slots, std::size_t n, std::int64_t* rows);
 
+  /// Copies n rows of `src` (n * row_width floats, the space's memory) into the table's rows
+  /// `rows` (n, the space's memory): rows no slot holds (spare or given back), which install_rows
+  /// then moves in; a row a slot holds would change under it with no new version. invalid_argument
+  /// (nothing written) without spare rows or for an index past row_count().
+  status write_rows(const std::int64_t* rows, std::size_t n, const float* src);
+
   /// Index of the row each of `slots` holds (n, the space's memory; -1 gives -1) into `rows_out`:
   /// its floats are at rows() + index * row_width. The slot itself without spare rows. Cannot
   /// fail.

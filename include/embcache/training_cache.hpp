@@ -127,6 +127,14 @@ struct training_cache_options {
   /// the same whatever the size; a table holds at most three buffers of this size for its
   /// write-behind (the one being pushed, a recycled one, the prefetch's gather buffer).
   std::size_t write_back_bytes = std::size_t{256} << 20;
+  /// Staged rows moved in, not copied (keyset mode); default false. true: each table's cache gets
+  /// spare rows for its share of `staging_bytes` (tables in order, at most its capacity; in the
+  /// space's memory, so device memory in the cuda space, on top of the pinned staging), the
+  /// prefetch worker copies the rows it staged into them during the pass, and begin_pass moves
+  /// them into their slots by index (embedding_cache::install_rows) instead of copying them
+  /// there. The rows of cache(t) are then at rows() + row * row_width for the row indices
+  /// embedding_cache::row_indices() gives for the slots, no longer at slot * row_width.
+  bool move_staged_rows = false;
 };
 
 /// Counters of one table (over one pass, or in total).
@@ -151,6 +159,8 @@ struct table_counters {
   std::uint64_t keys_admitted = 0;  ///< sightings that admitted a key without a row (admission.hpp)
   std::uint64_t keys_refused = 0;   ///< sightings of keys without a row that were not admitted
   std::uint64_t rows_expired = 0;  ///< rows removed by expiry (expiry.hpp) at a pass boundary
+  /// Of rows_staged, those begin_pass moved into their slots by index (move_staged_rows)
+  std::uint64_t rows_moved = 0;
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };
@@ -204,7 +214,8 @@ struct load_options {
 ///
 /// Thread safety: one caller thread drives the cache; the only other threads are its own
 /// prefetch worker and write-behind flusher. Rows may be updated in place through cache(t)
-/// (lookup_slots, rows(), mark_updated) between begin_pass / lookup calls; in keyset mode, while
+/// (lookup_slots, rows() with row_indices() under move_staged_rows, mark_updated) between
+/// begin_pass / lookup calls; in keyset mode, while
 /// a prefetch is pending, only rows of the current pass's keyset (see prefetch()).
 ///
 /// Failures: every call that returns a status or a result reports through it whatever fails at
@@ -440,6 +451,8 @@ class training_cache {
   status set_run_id(const std::string& id);
 
  private:
+  static std::size_t spare_rows_of(const training_cache_options& options, std::size_t capacity,
+                                   std::size_t row_bytes, std::size_t* left);
   std::unique_ptr<detail::training_cache_core<Key, Space>> core_;
 };
 

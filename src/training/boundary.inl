@@ -130,8 +130,17 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
   auto& synced = tb.scratch.synced;
   synced.resize(n);
   for (std::size_t i = 0; i < n; ++i) synced[i] = st.found[i] ? st.versions[i] : 0;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(
-      missing.data(), n, st.rows.data(), st.versions.data(), synced.data(), tb.book.mark_epoch));
+  if (st.moved) {
+    // The worker wrote them into the free rows too: moved in by index, no copy.
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_moved(missing.data(), n, tb.free_rows.data(),
+                                                     st.versions.data(), synced.data(),
+                                                     tb.book.mark_epoch));
+    c.rows_moved += n;
+  } else {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_alone(missing.data(), n, st.rows.data(),
+                                                     st.versions.data(), synced.data(),
+                                                     tb.book.mark_epoch));
+  }
   c.seconds_swap_in += seconds_since(t0);
   return {};
 }

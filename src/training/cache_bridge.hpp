@@ -5,6 +5,7 @@
 // instantiating translation units through training_cache_definitions.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -15,8 +16,8 @@
 #include <vector>
 
 #include "embcache/buffer.hpp"
-#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/embedding_cache.hpp"
+#include "embcache/embedding_cache_ref.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 
@@ -288,6 +289,31 @@ class device_cache_bridge {
       if (n == 0) return {};
       const install_inputs a(*this, keys, n, rows, versions, synced);
       return cache_->install(a.keys, n, a.rows, a.versions, a.synced, mark);
+    });
+  }
+  // install_alone with rows already in the cache's free rows `rows` (n, the space's memory),
+  // moved in by index (embedding_cache::install_rows), which leaves the rows it freed in `rows`.
+  status install_moved(const Key* keys, std::size_t n, std::int64_t* rows,
+                       const std::uint64_t* versions, const std::uint64_t* synced,
+                       std::uint32_t mark) {
+    return guarded([&]() -> status {
+      if (n == 0) return {};
+      const install_inputs a(*this, keys, n, nullptr, versions, synced);
+      return cache_->install_rows(a.keys, n, rows, a.versions, a.synced, mark);
+    });
+  }
+  // Host rows `src` (n rows) into the cache's rows `rows` (n, the space's memory; rows no slot
+  // holds), in chunks of at most `chunk` rows through the space's memory.
+  status write_rows(const std::int64_t* rows, std::size_t n, const float* src, std::size_t chunk) {
+    return guarded([&]() -> status {
+      const std::size_t w = cache_->row_width();
+      chunk = std::max<std::size_t>(1, chunk);
+      for (std::size_t b = 0; b < n; b += chunk) {
+        const std::size_t m = std::min(chunk, n - b);
+        const auto r = in(src + b * w, m * w);
+        EMBCACHE_RETURN_IF_ERROR(cache_->write_rows(rows + b, m, arg(src + b * w, r)));
+      }
+      return {};
     });
   }
   // lookup_slots, then the found keys marked with `mark`.

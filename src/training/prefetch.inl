@@ -251,6 +251,15 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
                                    st.fresh.end(), st.missing.begin());
     std::copy(st.unstaged.begin(), st.unstaged.end(), pulled);
   }
+  // move_staged_rows: every missing key staged, and room for them in the free rows: the rows
+  // go into the first free rows now, so that begin_pass moves them in by index. (Only that case:
+  // the others take begin_pass's pulls and copies, from the staging, which keeps the rows.)
+  const std::size_t n_staged = st.keys.size();
+  if (n_staged > 0 && n_staged <= tb.free_rows.size() && st.unstaged.empty() && st.fresh.empty()) {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.write_rows(tb.free_rows.data(), n_staged, st.rows.data(),
+                                                  options.prefetch_batch));
+    st.moved = true;
+  }
   // The keys the last boundary and this worker logged for the export, compacted off the
   // boundary's path, under the lock an export takes (it may run beside the worker).
   {

@@ -109,6 +109,9 @@ struct staged_pass {
   std::vector<Key> unstaged;
   std::vector<Key> fresh;
   std::vector<Key> missing;
+  // move_staged_rows: the staged rows are also in the cache's free rows free_rows[0, keys.size())
+  // (table_state), for begin_pass to move in.
+  bool moved = false;
   double seconds = 0;
 };
 
@@ -192,6 +195,10 @@ struct table_state {
   residency_book book;
   store_sync<Key> sync;
   staged_pass<Key, Space> staged;
+  // move_staged_rows: indices of the cache's rows no slot holds (its spare rows at first), in the
+  // space's memory; embedding_cache::install_rows replaces the ones it moves in by the ones it
+  // frees, so this stays the list of free rows. Empty while the option is off.
+  buffer<std::int64_t, Space> free_rows;
   write_behind_rows<Key, Space> wb;
   export_log<Key> exports;
   boundary_scratch<Key> scratch;

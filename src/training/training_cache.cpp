@@ -35,6 +35,9 @@ constexpr std::pair<const char*, std::uint64_t table_counters::*> admission_fiel
     {"keys_refused", &table_counters::keys_refused}};
 constexpr std::pair<const char*, std::uint64_t table_counters::*> expiry_fields[] = {
     {"rows_expired", &table_counters::rows_expired}};
+// move_staged_rows's, in the JSON only when not 0.
+constexpr std::pair<const char*, std::uint64_t table_counters::*> moved_fields[] = {
+    {"rows_moved", &table_counters::rows_moved}};
 }  // namespace
 
 table_counters& table_counters::operator+=(const table_counters& o) {
@@ -42,6 +45,7 @@ table_counters& table_counters::operator+=(const table_counters& o) {
   for (const auto& [name, field] : seconds_fields) this->*field += o.*field;
   for (const auto& [name, field] : admission_fields) this->*field += o.*field;
   for (const auto& [name, field] : expiry_fields) this->*field += o.*field;
+  for (const auto& [name, field] : moved_fields) this->*field += o.*field;
   return *this;
 }
 
@@ -52,6 +56,9 @@ void to_json(nlohmann::json& j, const table_counters& c) {
   if (c.keys_admitted != 0 || c.keys_refused != 0)
     for (const auto& [name, field] : admission_fields) j[name] = c.*field;
   for (const auto& [name, field] : expiry_fields) {
+    if (c.*field != 0) j[name] = c.*field;
+  }
+  for (const auto& [name, field] : moved_fields) {
     if (c.*field != 0) j[name] = c.*field;
   }
 }

@@ -46,6 +46,7 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
   }
   if (tables.empty()) throw error(status_code::invalid_argument, "training_cache: no tables");
   std::unordered_set<std::string> names;
+  std::size_t unshared = options.staging_bytes;  // move_staged_rows: spare rows still to share
   for (std::size_t t = 0; t < tables.size(); ++t) {
     auto& o = tables[t];
     const std::string who = "training_cache: table " + std::to_string(t) + " '" + o.name + "'";
@@ -81,7 +82,15 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     co.init.seed = detail::fold_seed(o.init.seed, t);
     co.init.state_value = initial_state_value(o.optimizer);
     co.scores = o.scores;
+    co.spare_rows = spare_rows_of(options, o.capacity, tb.row_width * sizeof(float), &unshared);
     tb.cache = std::make_unique<cache_type>(co, space);
+    if (co.spare_rows > 0) {
+      std::vector<std::int64_t> free(co.spare_rows);
+      for (std::size_t r = 0; r < free.size(); ++r)
+        free[r] = static_cast<std::int64_t>(tb.cache->slots() + r);
+      tb.free_rows = buffer<std::int64_t, Space>(free.size(), space);
+      tb.free_rows.copy_from_host(free.data(), free.size());
+    }
     tb.bridge = detail::device_cache_bridge<Key, Space>(tb.cache.get());
     const std::size_t slots = tb.cache->slots();
     // Default: the slack of the default slots (capacity / 8 above capacity, 90% of capacity * 5 /
@@ -120,6 +129,18 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
   }
   core_->counters.last.resize(tables.size());
   core_->counters.total.resize(tables.size());
+}
+
+// move_staged_rows: the spare rows of table `t`'s cache, its share of staging_bytes (tables in
+// order, as prefetch() shares the staging), at most its capacity; `*left` the bytes still unshared.
+template <class Key, class Space>
+std::size_t training_cache<Key, Space>::spare_rows_of(const training_cache_options& options,
+                                                      std::size_t capacity, std::size_t row_bytes,
+                                                      std::size_t* left) {
+  if (!options.move_staged_rows || options.mode != cache_mode::keyset) return 0;
+  const std::size_t rows = std::min(capacity, *left / row_bytes);
+  *left -= rows * row_bytes;
+  return rows;
 }
 
 template <class Key, class Space>

@@ -1051,9 +1051,10 @@ TYPED_TEST_P(cache_conformance, spare_rows_move_in_and_out_without_a_copy) {
   // a: the rows written into the spare rows [slots, slots + n); b: install() of the same rows.
   std::vector<std::int64_t> given(n);
   std::iota(given.begin(), given.end(), static_cast<std::int64_t>(slots));
-  detail::copy(a.cache.space(), a.cache.rows() + slots * w, rows.data(), rows.size() * 4);
   auto k = a.to_space(batch);
   auto g = a.to_space(given);
+  auto r = a.to_space(rows);
+  EMBCACHE_ASSERT_OK(a.cache.write_rows(g.data(), n, r.data()));
   auto v = a.to_space(vers);
   auto y = a.to_space(synced);
   EMBCACHE_ASSERT_OK(a.cache.install_rows(k.data(), n, g.data(), v.data(), y.data(), 4));

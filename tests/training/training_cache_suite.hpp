@@ -1324,6 +1324,50 @@ TYPED_TEST_P(conformance, a_keyset_larger_than_the_staging_trains_like_an_unboun
   EXPECT_EQ(std::get<2>(chunked), std::get<2>(bounded));
 }
 
+// move_staged_rows: the worker writes the staged rows into the caches' spare rows and begin_pass
+// moves them in by index; the model is the one of copied rows, with the slack's early install
+// and without, and with a staging too small for a keyset (then begin_pass copies, as before).
+TYPED_TEST_P(conformance, staged_rows_moved_in_train_like_copied_ones) {
+  using Space = TypeParam;
+  const auto passes = script<std::int64_t>(400, 120, 8);
+  const std::size_t row_a = dim * 3 * sizeof(float);
+  auto run = [&](bool moved, bool tight, std::size_t staging_bytes) {
+    training_cache_options opts;
+    opts.move_staged_rows = moved;
+    opts.staging_bytes = staging_bytes;
+    auto tables = two_tables<std::int64_t>(150, 130);
+    for (auto& o : tables) o.max_resident = tight ? o.capacity : 0;
+    training_cache<std::int64_t, Space> tc(opts, tables);
+    const std::size_t spare_a = moved ? std::min<std::size_t>(150, staging_bytes / row_a) : 0;
+    EXPECT_EQ(tc.cache(0).row_count(), tc.cache(0).slots() + spare_a);
+    for (std::size_t p = 0; p < passes.size(); ++p) {
+      EMBCACHE_EXPECT_OK(tc.begin_pass(passes[p]));
+      if (p + 1 < passes.size()) EMBCACHE_EXPECT_OK(tc.prefetch(passes[p + 1]));
+      train_pass(tc, passes[p], int(p));
+    }
+    EMBCACHE_EXPECT_OK(tc.end_training());
+    const auto& total = tc.counters().total;
+    return std::make_tuple(store_model(tc, 0), store_model(tc, 1), total[0].rows_moved,
+                           total[0].rows_staged);
+  };
+  const std::size_t all = training_cache_options{}.staging_bytes;
+  for (bool tight : {true, false}) {
+    const auto copied = run(false, tight, all);
+    const auto moved = run(true, tight, all);
+    EXPECT_TRUE(std::get<0>(moved) == std::get<0>(copied)) << tight;
+    EXPECT_TRUE(std::get<1>(moved) == std::get<1>(copied)) << tight;
+    EXPECT_EQ(std::get<2>(copied), 0u);
+    EXPECT_GT(std::get<2>(moved), 0u) << tight;
+    EXPECT_EQ(std::get<3>(moved), std::get<3>(copied)) << tight;
+  }
+  // Spare rows for 30 rows of table "a" and none of "b": the keysets that do not fit are copied.
+  const auto copied = run(false, true, 30 * row_a);
+  const auto small = run(true, true, 30 * row_a);
+  EXPECT_TRUE(std::get<0>(small) == std::get<0>(copied));
+  EXPECT_TRUE(std::get<1>(small) == std::get<1>(copied));
+  EXPECT_LT(std::get<2>(small), std::get<3>(small));
+}
+
 // Exactly the rows that fit in staging_bytes are staged (the first missing keys); begin_pass
 // pulls the others, and every row comes in with the store's values.
 TYPED_TEST_P(conformance, staging_never_exceeds_its_bound) {
@@ -2123,6 +2167,7 @@ REGISTER_TYPED_TEST_SUITE_P(
     loads_a_plain_hugectr_folder, keyset_errors_are_clear_and_change_nothing,
     begin_pass_moves_only_the_difference, prefetch_stages_in_the_background_while_the_caller_trains,
     a_keyset_larger_than_the_staging_trains_like_an_unbounded_one, staging_never_exceeds_its_bound,
+    staged_rows_moved_in_train_like_copied_ones,
     a_short_staging_holds_the_stored_rows_and_leaves_new_keys_to_the_boundary,
     staged_rows_are_never_older_than_a_write_back,
     a_key_staged_again_after_its_write_back_comes_back_with_it,

@@ -170,6 +170,19 @@ struct detach_row_fn {
   }
 };
 
+// write_rows: row i of `src` into the table's row rows[i].
+struct write_rows_fn {
+  float* table_rows;
+  std::size_t row_width;
+  const std::int64_t* rows;
+  const float* src;
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    float* dst = table_rows + static_cast<std::size_t>(rows[i]) * row_width;
+    const float* from = src + i * row_width;
+    for (std::size_t j = 0; j < row_width; ++j) dst[j] = from[j];
+  }
+};
+
 // row_indices: the row each slot holds (-1 stays -1).
 template <class Key>
 struct row_index_fn {

@@ -145,6 +145,19 @@ status embedding_cache<Key, Space>::detach_rows(const std::int64_t* slots, std::
 }
 
 template <class Key, class Space>
+status embedding_cache<Key, Space>::write_rows(const std::int64_t* rows, std::size_t n,
+                                               const float* src) {
+  const auto on_device = on_own_device();
+  const Space sp = call_space();
+  // Shared: the rows written are no slot's, so lookups and updates of the slots' rows may run.
+  std::shared_lock lock(*mutex_);
+  EMBCACHE_RETURN_IF_ERROR(check_row_indices(sp, rows, nullptr, n, "write_rows"));
+  detail::for_each_index(sp, n, detail::write_rows_fn{rows_.data(), row_width_, rows, src});
+  detail::synchronize(sp);
+  return {};
+}
+
+template <class Key, class Space>
 void embedding_cache<Key, Space>::row_indices(const std::int64_t* slots, std::size_t n,
                                               std::int64_t* rows_out) const {
   const auto on_device = on_own_device();
