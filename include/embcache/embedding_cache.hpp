@@ -225,6 +225,11 @@ class embedding_cache {
   /// (nothing written) without spare rows or for an index past row_count().
   status write_rows(const std::int64_t* rows, std::size_t n, const float* src);
 
+  /// Copies the table's rows `rows` (n, the space's memory; any index below row_count()) into
+  /// `dst` (n * row_width floats, the space's memory): rows detach_rows moved out, say.
+  /// invalid_argument (nothing copied) without spare rows or for an index past row_count().
+  status read_rows(const std::int64_t* rows, std::size_t n, float* dst) const;
+
   /// Index of the row each of `slots` holds (n, the space's memory; -1 gives -1) into `rows_out`:
   /// its floats are at rows() + index * row_width. The slot itself without spare rows. Cannot
   /// fail.

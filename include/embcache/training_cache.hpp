@@ -127,12 +127,14 @@ struct training_cache_options {
   /// the same whatever the size; a table holds at most three buffers of this size for its
   /// write-behind (the one being pushed, a recycled one, the prefetch's gather buffer).
   std::size_t write_back_bytes = std::size_t{256} << 20;
-  /// Staged rows moved in, not copied (keyset mode); default false. true: each table's cache gets
-  /// spare rows for its share of `staging_bytes` (tables in order, at most its capacity; in the
-  /// space's memory, so device memory in the cuda space, on top of the pinned staging), the
-  /// prefetch worker copies the rows it staged into them during the pass, and begin_pass moves
-  /// them into their slots by index (embedding_cache::install_rows) instead of copying them
-  /// there. The rows of cache(t) are then at rows() + row * row_width for the row indices
+  /// Rows moved at the pass boundary by index, not copied (keyset mode); default false. true:
+  /// each table's cache gets spare rows for its share of `staging_bytes` (tables in order, at
+  /// most twice its capacity; in the space's memory, so device memory in the cuda space, on top
+  /// of the pinned staging); the prefetch worker copies the rows it staged into them during the
+  /// pass, begin_pass moves them into their slots by index (embedding_cache::install_rows)
+  /// instead of copying them there, and, with write-behind, moves the dirty leaving rows out to
+  /// free rows the same way (embedding_cache::detach_rows) for the flusher to copy out and push.
+  /// The rows of cache(t) are then at rows() + row * row_width for the row indices
   /// embedding_cache::row_indices() gives for the slots, no longer at slot * row_width.
   bool move_staged_rows = false;
 };
@@ -161,6 +163,9 @@ struct table_counters {
   std::uint64_t rows_expired = 0;  ///< rows removed by expiry (expiry.hpp) at a pass boundary
   /// Of rows_staged, those begin_pass moved into their slots by index (move_staged_rows)
   std::uint64_t rows_moved = 0;
+  /// Of rows_pushed, the dirty leavers begin_pass moved out by index for the write-behind
+  /// (move_staged_rows) instead of gathering them
+  std::uint64_t rows_detached = 0;
   /// Adds every field of `o`.
   table_counters& operator+=(const table_counters& o);
 };

@@ -193,7 +193,20 @@ status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
     pushed += d;
   }
   std::size_t d = 0;
-  if (behind > 0) {
+  // move_staged_rows, with free rows past the staged ones for every leaver written behind: the
+  // dirty leavers are moved out into them by index (embedding_cache::detach_rows), not copied,
+  // and the flusher copies them out while the next pass trains. Else they are gathered here.
+  const std::size_t reserved = tb.staged.moved ? tb.staged.keys.size() : 0;
+  if (behind > 0 && tb.free_rows.size() >= reserved + behind) {
+    std::vector<std::int64_t> dirty_slots(behind);
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty_slots(
+        victims, 0, behind, dirty_keys.data(), dirty_vers.data(), dirty_slots.data(), &d));
+    tb.wb.detached.resize(d);
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.detach(dirty_slots.data(), d,
+                                              tb.free_rows.data() + reserved,
+                                              tb.wb.detached.data()));
+    c.rows_detached += d;
+  } else if (behind > 0) {
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.gather_dirty(victims, 0, behind, dirty_keys.data(),
                                                     rows.data(), dirty_vers.data(), &d));
   }

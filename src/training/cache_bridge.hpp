@@ -368,6 +368,45 @@ class device_cache_bridge {
       return {};
     });
   }
+  // The dirty rows among victims [begin, begin + n) without their floats: keys, versions and
+  // slots into host memory (room for n each); `*count` how many.
+  status gather_dirty_slots(const victim_slots<Space>& v, std::size_t begin, std::size_t n,
+                            Key* keys, std::uint64_t* versions, std::int64_t* slots_out,
+                            std::size_t* count) {
+    return guarded([&]() -> status {
+      gather_dirty_of(v.slots.data() + begin, n, slots_out, keys, nullptr, versions, count);
+      return {};
+    });
+  }
+  // The rows of host `slots` (n) moved out into the cache's free rows `rows` (n, the space's
+  // memory), which receive the indices of the rows the slots held (embedding_cache::detach_rows);
+  // `held` (host memory, n) a copy of those.
+  status detach(const std::int64_t* slots, std::size_t n, std::int64_t* rows, std::int64_t* held) {
+    return guarded([&]() -> status {
+      if (n == 0) return {};
+      auto s = in(slots, n);
+      EMBCACHE_RETURN_IF_ERROR(cache_->detach_rows(arg(slots, s), n, rows));
+      detail::copy(space(), held, rows, n * sizeof(std::int64_t));
+      detail::synchronize(space());
+      return {};
+    });
+  }
+  // The cache's rows `rows` (host memory, n) into host `dst`, in chunks of at most `chunk` rows.
+  status read_rows(const std::int64_t* rows, std::size_t n, float* dst, std::size_t chunk) {
+    return guarded([&]() -> status {
+      const std::size_t w = cache_->row_width();
+      chunk = std::max<std::size_t>(1, chunk);
+      for (std::size_t b = 0; b < n; b += chunk) {
+        const std::size_t m = std::min(chunk, n - b);
+        auto r = in(rows + b, m);
+        buffer<float, Space> out(is_host_space_v<Space> ? 0 : m * w, space());
+        float* to = is_host_space_v<Space> ? dst + b * w : out.data();
+        EMBCACHE_RETURN_IF_ERROR(cache_->read_rows(arg(rows + b, r), m, to));
+        if constexpr (!is_host_space_v<Space>) out.copy_to_host(dst + b * w, m * w);
+      }
+      return {};
+    });
+  }
   // The dirty rows among host `slots`: their slots, keys, rows and versions (room for n each).
   status gather_dirty(const std::int64_t* slots, std::size_t n, std::int64_t* slots_out,
                       Key* keys, float* rows, std::uint64_t* versions, std::size_t* count) {
@@ -400,13 +439,13 @@ class device_cache_bridge {
       const std::size_t w = cache_->row_width();
       buffer<std::int64_t, Space> so(slots_out ? n : 0, space());
       buffer<Key, Space> k(n, space());
-      buffer<float, Space> r(n * w, space());
+      buffer<float, Space> r(rows ? n * w : 0, space());
       buffer<std::uint64_t, Space> ver(n, space());
-      cache_->gather_dirty(slots, n, k.data(), r.data(), ver.data(),
+      cache_->gather_dirty(slots, n, k.data(), rows ? r.data() : nullptr, ver.data(),
                            slots_out ? so.data() : nullptr, count);
       if (slots_out) so.copy_to_host(slots_out, *count);
       k.copy_to_host(keys, *count);
-      r.copy_to_host(rows, *count * w);
+      if (rows) r.copy_to_host(rows, *count * w);
       ver.copy_to_host(versions, *count);
     }
   }

@@ -255,7 +255,9 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
   // go into the first free rows now, so that begin_pass moves them in by index. (Only that case:
   // the others take begin_pass's pulls and copies, from the staging, which keeps the rows.)
   const std::size_t n_staged = st.keys.size();
-  if (n_staged > 0 && n_staged <= tb.free_rows.size() && st.unstaged.empty() && st.fresh.empty()) {
+  // (Not while leavers moved out at the last boundary are still in free rows: their push failed.)
+  if (n_staged > 0 && n_staged <= tb.free_rows.size() && st.unstaged.empty() && st.fresh.empty() &&
+      tb.wb.detached.empty()) {
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.write_rows(tb.free_rows.data(), n_staged, st.rows.data(),
                                                   options.prefetch_batch));
     st.moved = true;

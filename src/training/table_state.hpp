@@ -126,6 +126,9 @@ struct write_behind_rows {
   double seconds = 0;              // the flusher's push time (set by the flusher)
   double seconds_done = 0;         // pushes over, not yet in a pass's counters
   staging_rows<Space> spare_rows;  // recycled gather buffer (its pages already touched)
+  // move_staged_rows: the cache's rows (indices) the leavers were moved out to instead of being
+  // gathered; whoever pushes copies them into `rows` first (then clears this).
+  std::vector<std::int64_t> detached;
 };
 
 // What the next incremental export must cover besides the resident rows changed since.

@@ -37,7 +37,7 @@ constexpr std::pair<const char*, std::uint64_t table_counters::*> expiry_fields[
     {"rows_expired", &table_counters::rows_expired}};
 // move_staged_rows's, in the JSON only when not 0.
 constexpr std::pair<const char*, std::uint64_t table_counters::*> moved_fields[] = {
-    {"rows_moved", &table_counters::rows_moved}};
+    {"rows_moved", &table_counters::rows_moved}, {"rows_detached", &table_counters::rows_detached}};
 }  // namespace
 
 table_counters& table_counters::operator+=(const table_counters& o) {

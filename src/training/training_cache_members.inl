@@ -132,13 +132,15 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
 }
 
 // move_staged_rows: the spare rows of table `t`'s cache, its share of staging_bytes (tables in
-// order, as prefetch() shares the staging), at most its capacity; `*left` the bytes still unshared.
+// order, as prefetch() shares the staging), at most twice its capacity (a keyset's rows moved in
+// and as many leavers moved out); `*left` the bytes still unshared.
 template <class Key, class Space>
 std::size_t training_cache<Key, Space>::spare_rows_of(const training_cache_options& options,
                                                       std::size_t capacity, std::size_t row_bytes,
                                                       std::size_t* left) {
   if (!options.move_staged_rows || options.mode != cache_mode::keyset) return 0;
-  const std::size_t rows = std::min(capacity, *left / row_bytes);
+  const std::size_t rows = std::min(capacity > SIZE_MAX / 2 ? capacity : 2 * capacity,
+                                    *left / row_bytes);
   *left -= rows * row_bytes;
   return rows;
 }

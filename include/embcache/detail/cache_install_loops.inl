@@ -170,16 +170,48 @@ struct detach_row_fn {
   }
 };
 
-// write_rows: row i of `src` into the table's row rows[i].
+// write_rows: row i of `src` into the table's row rows[i]. Host: a batch larger than the
+// caches is written with non-temporal stores (the destinations are scattered: no read for
+// ownership of their lines).
+template <class Key>
 struct write_rows_fn {
   float* table_rows;
   std::size_t row_width;
   const std::int64_t* rows;
   const float* src;
+  bool stream;
+  void run_range(std::size_t begin, std::size_t end) const {
+    for (std::size_t i = begin; i < end; ++i) {
+      float* dst = table_rows + static_cast<std::size_t>(rows[i]) * row_width;
+      if (!stream || !stream_row(dst, src + i * row_width, row_width)) (*this)(i);
+    }
+#if !EMBCACHE_ON_DEVICE && defined(__SSE2__)
+    if (stream) _mm_sfence();
+#endif
+  }
   EMBCACHE_HD void operator()(std::size_t i) const {
-    float* dst = table_rows + static_cast<std::size_t>(rows[i]) * row_width;
-    const float* from = src + i * row_width;
-    for (std::size_t j = 0; j < row_width; ++j) dst[j] = from[j];
+    embedding_cache_ref<Key>::copy_row(table_rows + static_cast<std::size_t>(rows[i]) * row_width,
+                                       src + i * row_width, row_width);
+  }
+};
+
+// read_rows: the table's row rows[i] into row i of `dst`; host: the scattered source rows a few
+// indices ahead are requested first.
+template <class Key>
+struct read_rows_fn {
+  const float* table_rows;
+  std::size_t row_width;
+  const std::int64_t* rows;
+  float* dst;
+  void prefetch(std::size_t i) const {
+    const char* r = reinterpret_cast<const char*>(table_rows + static_cast<std::size_t>(rows[i]) *
+                                                                   row_width);
+    for (std::size_t b = 0; b < row_width * sizeof(float); b += 64) __builtin_prefetch(r + b);
+  }
+  EMBCACHE_HD void operator()(std::size_t i) const {
+    embedding_cache_ref<Key>::copy_row(dst + i * row_width,
+                                       table_rows + static_cast<std::size_t>(rows[i]) * row_width,
+                                       row_width);
   }
 };
 

@@ -152,7 +152,21 @@ status embedding_cache<Key, Space>::write_rows(const std::int64_t* rows, std::si
   // Shared: the rows written are no slot's, so lookups and updates of the slots' rows may run.
   std::shared_lock lock(*mutex_);
   EMBCACHE_RETURN_IF_ERROR(check_row_indices(sp, rows, nullptr, n, "write_rows"));
-  detail::for_each_index(sp, n, detail::write_rows_fn{rows_.data(), row_width_, rows, src});
+  const bool stream = n * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
+  detail::for_each_index(sp, n,
+                         detail::write_rows_fn<Key>{rows_.data(), row_width_, rows, src, stream});
+  detail::synchronize(sp);
+  return {};
+}
+
+template <class Key, class Space>
+status embedding_cache<Key, Space>::read_rows(const std::int64_t* rows, std::size_t n,
+                                              float* dst) const {
+  const auto on_device = on_own_device();
+  const Space sp = call_space();
+  std::shared_lock lock(*mutex_);
+  EMBCACHE_RETURN_IF_ERROR(check_row_indices(sp, rows, nullptr, n, "read_rows"));
+  detail::for_each_index(sp, n, detail::read_rows_fn<Key>{rows_.data(), row_width_, rows, dst});
   detail::synchronize(sp);
   return {};
 }
