@@ -430,6 +430,9 @@ class embedding_cache {
                         const std::uint8_t* outcome, const float* rows,
                         const std::uint64_t* versions, std::uint64_t version,
                         std::uint64_t first_epoch, const std::int64_t* rows_of = nullptr);
+  status install_impl(const Key* keys, std::size_t n, const float* rows, std::int64_t* rows_io,
+                      const std::uint64_t* versions, const std::uint64_t* synced,
+                      std::uint32_t mark, std::int64_t* slots_out, const char* call);
   // invalid_argument unless the cache has spare rows and every index of `rows` (n; those beside
   // a slot of -1 in `slots`, when given, are not used) lies in [0, row_count()).
   status check_row_indices(const Space& sp, const std::int64_t* rows, const std::int64_t* slots,

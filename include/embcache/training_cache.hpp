@@ -456,8 +456,6 @@ class training_cache {
   status set_run_id(const std::string& id);
 
  private:
-  static std::size_t spare_rows_of(const training_cache_options& options, std::size_t capacity,
-                                   std::size_t row_bytes, std::size_t* left);
   std::unique_ptr<detail::training_cache_core<Key, Space>> core_;
 };
 

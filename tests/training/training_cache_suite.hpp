@@ -1365,6 +1365,37 @@ TYPED_TEST_P(conformance, staged_rows_moved_in_train_like_copied_ones) {
     EXPECT_LE(std::get<4>(moved), std::get<5>(moved));
     EXPECT_EQ(std::get<5>(moved), std::get<5>(copied)) << tight;
   }
+  // Interrupted: saved after pass 4 (a prefetch pending, leavers written behind), loaded into a
+  // new cache with the option, trained on: every row as in the uninterrupted run.
+  {
+    const auto whole = run(true, true, all);
+    temp_dir dir;
+    const std::string ckpt = dir.path() + "/ckpt";
+    training_cache_options opts;
+    opts.move_staged_rows = true;
+    auto tables = two_tables<std::int64_t>(150, 130);
+    for (auto& o : tables) o.max_resident = o.capacity;
+    {
+      training_cache<std::int64_t, Space> first(opts, tables);
+      for (std::size_t p = 0; p <= 4; ++p) {
+        EMBCACHE_ASSERT_OK(first.begin_pass(passes[p]));
+        EMBCACHE_ASSERT_OK(first.prefetch(passes[p + 1]));
+        train_pass(first, passes[p], int(p));
+      }
+      EMBCACHE_ASSERT_OK(first.save(ckpt));
+    }
+    training_cache<std::int64_t, Space> resumed(opts, tables);
+    EMBCACHE_ASSERT_OK(resumed.load(ckpt));
+    for (std::size_t p = 5; p < passes.size(); ++p) {
+      EMBCACHE_ASSERT_OK(resumed.begin_pass(passes[p]));
+      if (p + 1 < passes.size()) EMBCACHE_ASSERT_OK(resumed.prefetch(passes[p + 1]));
+      train_pass(resumed, passes[p], int(p));
+    }
+    EMBCACHE_ASSERT_OK(resumed.end_training());
+    EXPECT_GT(resumed.counters().total[0].rows_moved, 0u);
+    EXPECT_TRUE(store_model(resumed, 0) == std::get<0>(whole));
+    EXPECT_TRUE(store_model(resumed, 1) == std::get<1>(whole));
+  }
   // Spare rows for 30 rows of table "a" and none of "b": the keysets that do not fit are copied.
   const auto copied = run(false, true, 30 * row_a);
   const auto small = run(true, true, 30 * row_a);

@@ -21,9 +21,30 @@ status embedding_cache<Key, Space>::install(const Key* keys, std::size_t n, cons
                                             const std::uint64_t* versions,
                                             const std::uint64_t* synced, std::uint32_t mark,
                                             std::int64_t* slots_out) {
+  return install_impl(keys, n, rows, nullptr, versions, synced, mark, slots_out, "install");
+}
+
+template <class Key, class Space>
+status embedding_cache<Key, Space>::install_rows(const Key* keys, std::size_t n,
+                                                 std::int64_t* rows,
+                                                 const std::uint64_t* versions,
+                                                 const std::uint64_t* synced, std::uint32_t mark,
+                                                 std::int64_t* slots_out) {
+  return install_impl(keys, n, nullptr, rows, versions, synced, mark, slots_out, "install_rows");
+}
+
+// install (rows copied from `rows`) and install_rows (rows moved in from the table's rows
+// `rows_io`, which receives the rows freed): the same placement, metadata and clocks.
+template <class Key, class Space>
+status embedding_cache<Key, Space>::install_impl(const Key* keys, std::size_t n, const float* rows,
+                                                 std::int64_t* rows_io,
+                                                 const std::uint64_t* versions,
+                                                 const std::uint64_t* synced, std::uint32_t mark,
+                                                 std::int64_t* slots_out, const char* call) {
   const auto on_device = on_own_device();
   const Space sp = call_space();
   std::unique_lock lock(*mutex_);
+  if (rows_io) EMBCACHE_RETURN_IF_ERROR(check_row_indices(sp, rows_io, nullptr, n, call));
   if (n == 0) return {};
   buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, sp);
   std::int64_t* const slots = slots_out ? slots_out : slot_buffer.data();
@@ -35,16 +56,21 @@ status embedding_cache<Key, Space>::install(const Key* keys, std::size_t n, cons
                          detail::install_place_fn<Key>{ref(), keys, slots, outcome.data(), op});
   // Rows beyond what the processor's caches hold are streamed past them (host).
   const bool stream = n * row_width_ * sizeof(float) >= (std::size_t{4} << 20);
-  detail::for_each_index(sp, n,
-                         detail::install_fill_fn<Key>{ref(), slots, outcome.data(), rows, versions,
-                                                      synced, version, op, mark, stream});
+  const detail::install_fill_fn<Key> fill{ref(),    slots, outcome.data(), rows, versions,
+                                          synced,   version, op,           mark, stream};
+  if (rows_io) {
+    detail::for_each_index(sp, n, detail::install_swap_fn<Key>{fill, row_map_.data(), rows_io});
+  } else {
+    detail::for_each_index(sp, n, fill);
+  }
   const std::size_t inserted = detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
   const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
   size_ += inserted;
   if (inserted + failed < n) {
     // Keys already resident (or repeated): overwritten last occurrence wins, as insert_or_assign
-    // does, then synced and marked like the new ones. No other call holds claim tags: the epochs
-    // are re-based here when they run out.
+    // does (install_rows: copied from the given rows, which stay the caller's), then synced and
+    // marked like the new ones. No other call holds claim tags: the epochs are re-based here when
+    // they run out.
     std::uint64_t epoch = claim_epoch_.fetch_add(claim_chunks(n)) + 1;
     if (epoch + claim_chunks(n) > claim_epoch_end) {
       claims_.fill_bytes(0);
@@ -52,12 +78,12 @@ status embedding_cache<Key, Space>::install(const Key* keys, std::size_t n, cons
       claim_epoch_ = claim_chunks(n);
       epoch = 1;
     }
-    claim_and_assign(sp, slots, n, outcome.data(), rows, versions, version, epoch);
+    claim_and_assign(sp, slots, n, outcome.data(), rows, versions, version, epoch, rows_io);
     if (synced) detail::for_each_index(sp, n, detail::mark_synced_fn<Key>{ref(), slots, synced});
     detail::for_each_index(sp, n, detail::set_marks_fn<Key>{ref(), slots, mark});
   }
   detail::synchronize(sp);
-  if (failed) return check_no_failures(slots, keys, n, "install");
+  if (failed) return check_no_failures(slots, keys, n, call);
   return {};
 }
 
@@ -84,52 +110,6 @@ status embedding_cache<Key, Space>::check_row_indices(const Space& sp, const std
                                   " row indices outside [0, " + std::to_string(row_count()) +
                                   "), the first at position " + std::to_string(first) + ": " +
                                   std::to_string(r[first]));
-}
-
-template <class Key, class Space>
-status embedding_cache<Key, Space>::install_rows(const Key* keys, std::size_t n,
-                                                 std::int64_t* rows,
-                                                 const std::uint64_t* versions,
-                                                 const std::uint64_t* synced, std::uint32_t mark,
-                                                 std::int64_t* slots_out) {
-  const auto on_device = on_own_device();
-  const Space sp = call_space();
-  std::unique_lock lock(*mutex_);
-  EMBCACHE_RETURN_IF_ERROR(check_row_indices(sp, rows, nullptr, n, "install_rows"));
-  if (n == 0) return {};
-  buffer<std::int64_t, Space> slot_buffer(slots_out ? 0 : n, sp);
-  std::int64_t* const slots = slots_out ? slots_out : slot_buffer.data();
-  buffer<std::uint8_t, Space> outcome(n, sp);
-  // The clocks move as install() moves them.
-  const std::uint64_t version = next_version();
-  const std::uint64_t op = next_op();
-  detail::for_each_index(sp, n,
-                         detail::install_place_fn<Key>{ref(), keys, slots, outcome.data(), op});
-  detail::for_each_index(
-      sp, n,
-      detail::install_swap_fn<Key>{{ref(), slots, outcome.data(), nullptr, versions, synced,
-                                    version, op, mark, false},
-                                   row_map_.data(), rows});
-  const std::size_t inserted = detail::count_equal(sp, outcome.data(), n, detail::outcome_inserted);
-  const std::size_t failed = detail::count_equal(sp, outcome.data(), n, detail::outcome_failed);
-  size_ += inserted;
-  if (inserted + failed < n) {
-    // Keys already resident (or repeated): their given rows are copied in, last occurrence wins,
-    // then synced and marked, as install() does; the given rows stay the caller's.
-    std::uint64_t epoch = claim_epoch_.fetch_add(claim_chunks(n)) + 1;
-    if (epoch + claim_chunks(n) > claim_epoch_end) {
-      claims_.fill_bytes(0);
-      detail::synchronize(space_);
-      claim_epoch_ = claim_chunks(n);
-      epoch = 1;
-    }
-    claim_and_assign(sp, slots, n, outcome.data(), nullptr, versions, version, epoch, rows);
-    if (synced) detail::for_each_index(sp, n, detail::mark_synced_fn<Key>{ref(), slots, synced});
-    detail::for_each_index(sp, n, detail::set_marks_fn<Key>{ref(), slots, mark});
-  }
-  detail::synchronize(sp);
-  if (failed) return check_no_failures(slots, keys, n, "install_rows");
-  return {};
 }
 
 template <class Key, class Space>
