@@ -35,6 +35,8 @@
 #     --openblas-thread-timeout N   OPENBLAS_THREAD_TIMEOUT of both trainer runs: OpenBLAS's idle
 #                      threads spin 2^N cycles before they sleep (4 to 30; default: unset, OpenBLAS's
 #                      own, 2^28); docs/tuning.md, "OpenBLAS's idle threads"
+#     --train-move-staged-rows   move_staged_rows in both trainer runs: staged rows moved into
+#                      the caches by index (spare rows beside the slots, counted in the budget)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -65,6 +67,7 @@ train_dim=64
 train_cardinality=0.5
 train_cap_mib=1536
 train_blas_threads=0
+train_move=false
 train_budget_mib=1280
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -94,6 +97,7 @@ while [ $# -gt 0 ]; do
     --train-budget-mib) train_budget_mib=$2; shift 2 ;;
     --train-blas-threads) train_blas_threads=$2; shift 2 ;;
     --openblas-thread-timeout) export OPENBLAS_THREAD_TIMEOUT=$2; shift 2 ;;
+    --train-move-staged-rows) train_move=true; shift ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -233,7 +237,7 @@ config() {  # store budget staging write_back
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
  "embedding_device": "host", "memory_budget_bytes": $2, "staging_bytes": $3,
- "write_back_bytes": $4, "blas_threads": $train_blas_threads}
+ "write_back_bytes": $4, "blas_threads": $train_blas_threads, "move_staged_rows": $train_move}
 JSON
 }
 for store in rocksdb host; do
@@ -245,9 +249,9 @@ for store in rocksdb host; do
     config $store 0 0 0 > "$dir/train/$store.json"
   fi
 done
-say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}"
+say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
 capped "$train_cap_mib" /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/rocksdb.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
-say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}"
+say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
 capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/host.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true

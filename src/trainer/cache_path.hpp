@@ -246,9 +246,13 @@ class cache_path : public embedding_path {
     deep_batch_ = {n, ds, offsets_, slots_[1], n * ds};
     auto& wc = cache().cache(tables_.roles.wide);
     auto& dc = cache().cache(tables_.roles.deep);
-    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_batch_, combiner::sum, wide,
+    // The same bags over the rows the slots hold (the slots themselves without spare rows).
+    slot_batch wide_rows = wide_batch_, deep_rows = deep_batch_;
+    wide_rows.row_indices = batch_rows_[0].of(wc, slots_[0], n * ws, space_);
+    deep_rows.row_indices = batch_rows_[1].of(dc, slots_[1], n * ds, space_);
+    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_rows, combiner::sum, wide,
                    default_rows(0, ws));
-    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_batch_, combiner::sum, deep,
+    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_rows, combiner::sum, deep,
                    default_rows(1, ds));
     return {};
   }
@@ -299,14 +303,17 @@ class cache_path : public embedding_path {
         "since the last forward");
   }
 
-  // One table's sparse update: gradients per unique row, the optimizer in the rows, then the
-  // rows checked (no non-finite row may reach a store, an export or a save) and marked dirty.
+  // One table's sparse update: gradients per unique slot, the optimizer in the slots' rows, then
+  // the rows checked (no non-finite row may reach a store, an export or a save) and the slots
+  // marked dirty.
   status update(std::size_t t, const slot_batch& batch, const float* d_out, std::uint64_t step,
                 sparse_gradients<Space>& g, non_finite_rows* bad) {
     auto& c = cache().cache(t);
     aggregate_gradients(space_, batch, combiner::sum, d_out, config_.tables[t].dim, g);
     std::int8_t* f = flags(g.size);
-    apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g, step, f);
+    apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g.dim,
+                    updated_rows_.of(c, g.rows.data(), g.size, space_), g.values.data(), g.size,
+                    step, f);
     if (const std::size_t rows = count_equal(space_, f, g.size, std::int8_t{1})) {
       *bad = {config_.tables[t].name, rows};
       return {};
@@ -320,7 +327,8 @@ class cache_path : public embedding_path {
   // Wide, deep: the host arrays' twins (forward, backward) or the only copies (*_in_space).
   space_array<float, Space> pooled_[2], d_pooled_[2];
   space_pooled in_space_;  // what the last forward_in_space handed out (none: all null)
-  slot_batch wide_batch_, deep_batch_;
+  slot_batch wide_batch_, deep_batch_;  // over the slots (their rows: batch_rows_)
+  slot_rows<Space> batch_rows_[2], updated_rows_;
   sparse_gradients<Space> wide_grads_, deep_grads_;
   buffer<std::int8_t, Space> flags_;
   // Wide, deep: the default rows of refused keys (admission's default_row "slot").

@@ -198,6 +198,8 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
   tables.options.staging_bytes = static_cast<std::size_t>(memory.staging_bytes);
   tables.options.write_back_bytes = static_cast<std::size_t>(memory.write_back_bytes);
   tables.options.prefetch_batch = memory.prefetch_batch;
+  // (A save-only cache stages nothing: its tables are one bucket.)
+  tables.options.move_staged_rows = config.move_staged_rows && !save_only_cache;
   return tables;
 }
 

@@ -88,6 +88,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
     slots_.resize(n);
     EMBCACHE_RETURN_IF_ERROR(c.lookup_slots(keys, n, slots_.data()));
     const std::size_t dim = config_.dim, width = c.row_width();
+    const std::int64_t* rows = rows_.of(c, slots_.data(), n, space_);
     for (std::size_t i = 0; i < n; ++i) {
       if (slots_[i] < 0 && config_.admission.enabled()) {
         // Refused by admission: no row; zeros or the default row of the key's slot (its tag is
@@ -99,7 +100,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
         return status::not_found("key " + std::to_string(keys[i]) + " is not in rank " +
                                  std::to_string(rank_) + "'s part of the shard's keyset (table " +
                                  config_.name + ")");
-      const float* row = c.rows() + std::size_t(slots_[i]) * width;
+      const float* row = c.rows() + std::size_t(rows[i]) * width;
       std::copy(row, row + dim, out + i * dim);
     }
     offsets_.resize(n + 1);
@@ -112,7 +113,9 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
     const std::size_t n = slots_.size();
     const slot_batch batch{n, 1, offsets_.data(), slots_.data(), n};
     aggregate_gradients(space_, batch, combiner::sum, grads, config_.dim, grads_);
-    apply_optimizer(space_, config_.optimizer, c.rows(), c.row_width(), grads_, step);
+    apply_optimizer(space_, config_.optimizer, c.rows(), c.row_width(), grads_.dim,
+                    rows_.of(c, grads_.rows.data(), grads_.size, space_), grads_.values.data(),
+                    grads_.size, step);
     c.mark_updated(grads_.rows.data(), grads_.size);
     return {};
   }
@@ -128,6 +131,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
   host_space space_;
   int rank_;
   std::vector<std::int64_t> slots_, offsets_;
+  slot_rows<host_space> rows_;  // the rows of slots_ (config.move_staged_rows), then of grads_
   sparse_gradients<host_space> grads_;
 };
 

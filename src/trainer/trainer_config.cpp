@@ -117,6 +117,7 @@ const config_field<device_choice> device_fields[] = {
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
                                           {"shuffle", &trainer_config::shuffle},
                                           {"prefetch", &trainer_config::prefetch},
+                                          {"move_staged_rows", &trainer_config::move_staged_rows},
                                           {"export_with_state", &trainer_config::export_with_state},
                                           {"save_every_pass", &trainer_config::save_every_pass}};
 const ranged_field<std::size_t> count_fields[] = {
@@ -247,6 +248,11 @@ status validate(const trainer_config& c) {
     return status::invalid_argument(std::string("config.mode: \"") + to_string(c.mode) +
                                     "\" with config.world " + std::to_string(c.world) +
                                     ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
+  if (c.move_staged_rows && (c.mode != trainer_mode::keyset || !c.prefetch))
+    return status::invalid_argument(
+        std::string("config.move_staged_rows: moves the rows the prefetch stages, so it needs "
+                    "config.mode \"keyset\" with config.prefetch (got mode \"") +
+        to_string(c.mode) + "\", prefetch " + (c.prefetch ? "true" : "false") + ")");
   for (const auto& f : device_fields)
     EMBCACHE_RETURN_IF_ERROR(check_device_choice(c.*f.member, std::string("config.") + f.name));
   if (c.mode == trainer_mode::host_hybrid && c.embedding_device == device_choice::cuda)

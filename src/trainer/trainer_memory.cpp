@@ -113,7 +113,10 @@ run_parts parts_of(const trainer_config& c) {
     if (tc.name == "deep") dim = tc.dim;
 
   // The caches (host_hybrid keeps a one-row cache per table): the tables' real arrays
-  // (embedding_cache::bytes_per_slot, bytes_per_bucket).
+  // (embedding_cache::bytes_per_slot, bytes_per_bucket) and, with config.move_staged_rows, their
+  // spare rows as the training cache sizes them (training_cache_options::move_staged_rows: each
+  // table's share of staging_bytes, tables in order, at most twice its capacity).
+  std::uint64_t spare_left = c.move_staged_rows ? detail::cache_memory_of(c).staging_bytes : 0;
   if (c.mode != trainer_mode::host_hybrid)
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
@@ -129,16 +132,26 @@ run_parts parts_of(const trainer_config& c) {
       cache_options co;
       co.dim = tc.dim;
       co.state_width = state_width(tc.optimizer.kind, tc.dim);
+      const std::uint64_t row = (std::uint64_t{tc.dim} + co.state_width) * sizeof(float);
+      if (ok && spare_left >= row) {
+        co.spare_rows = std::min(tc.capacity > UINT64_MAX / 2 ? tc.capacity : 2 * tc.capacity,
+                                 spare_left / row);
+        spare_left -= co.spare_rows * row;  // <= spare_left
+      }
       const std::uint64_t per_slot = trainer_table::bytes_per_slot(co);
       std::uint64_t buckets = 0;
       ok = ok && checked_mul(slots, per_slot, p.bytes) &&
            checked_mul(slots / bucket, trainer_table::bytes_per_bucket, buckets) &&
-           checked_add(p.bytes, buckets, p.bytes);
+           checked_add(p.bytes, buckets, p.bytes) &&
+           checked_add(p.bytes, co.spare_rows * row, p.bytes);
       p.overflow = !ok;
       p.what = "the cache of table \"" + tc.name + "\" (" +
                (ok ? std::to_string(slots) + " slots of " + std::to_string(per_slot) + " bytes"
                    : std::to_string(tc.slots ? tc.slots : tc.capacity) +
                          (tc.slots ? " slots" : " rows")) +
+               (ok && co.spare_rows ? ", " + std::to_string(co.spare_rows) + " spare rows of " +
+                                          std::to_string(row) + " bytes"
+                                    : std::string()) +
                ")";
       // At a pass boundary the largest table's select_victims / export_if hold scratch per slot
       // beside the tables (one table at a time; the pool keeps it for the next boundary).

@@ -99,17 +99,22 @@ TEST(sharded_trainer, the_model_is_the_same_bits_on_every_number_of_ranks) {
 }
 
 // Keyset mode: each rank's training cache takes its part of every shard's keyset; the model is
-// the host-hybrid one, bit for bit, and the ranks' exports hold the rows one rank exports.
+// the host-hybrid one, bit for bit, and the ranks' exports hold the rows one rank exports. The
+// ranks move their staged rows by index (config.move_staged_rows), the single rank copies them.
 TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_rank) {
   const std::string dir = shared_temp_dir("trainer-keyset");
   trainer_config c = sharded_trainer_config(data_dir());
   c.mode = trainer_mode::keyset;
+  c.move_staged_rows = true;
   for (auto& t : c.tables) t.capacity_auto = true;
   c.export_dir = dir + "/export_world";
   c.save_dir = dir + "/keyset_world";
   auto t = run_sharded(c, world());
   EMBCACHE_ASSERT_OK(t);
   ASSERT_EQ(t.value()->history().size(), 2u);
+  table_counters moved;
+  for (const auto& tc : t.value()->cache().counters().total) moved += tc;
+  EXPECT_GT(moved.rows_moved, 0u);
   ASSERT_TRUE(world().barrier().ok());
   if (world().rank() == 0) {
     single_process_communicator one;
@@ -120,6 +125,7 @@ TEST(sharded_trainer, keyset_mode_gives_the_host_hybrid_model_and_exports_per_ra
     expect_same_sharded_model(c.save_dir, h.save_dir);
     expect_same_history(t.value()->history(), th.value()->history());
     trainer_config k1 = c;
+    k1.move_staged_rows = false;
     k1.export_dir = dir + "/export_one";
     k1.save_dir = dir + "/keyset_one";
     auto tk = run_sharded(k1, one);

@@ -209,6 +209,53 @@ TEST(trainer_memory_budget, the_staging_counted_is_what_the_cache_reserves) {
   EXPECT_EQ(stores.value().options.prefetch_batch, defaults.prefetch_batch);
 }
 
+// config.move_staged_rows: each cache's spare rows (its share of staging_bytes, tables in order,
+// at most twice its capacity) and its row index per slot count with the caches, as many bytes as
+// the training cache then allocates more.
+TEST(trainer_memory_budget, spare_rows_count_with_the_caches_as_the_cache_allocates_them) {
+  trainer_config c = rocksdb_config("/no/such/db");
+  c.tables[1].store = "host";  // build_embedding_tables below opens no database
+  c.tables[1].capacity = 20000;
+  c.memory_budget_bytes = 2048 * mib;
+  const auto cache_bytes = [](const trainer_config& config) {
+    auto plan = plan_trainer_memory(config);
+    EMBCACHE_EXPECT_OK(plan);
+    return plan.ok() ? plan.value().cache_bytes : 0;
+  };
+  const auto allocated = [](const trainer_config& config) {
+    auto tables = detail::build_embedding_tables(config, host_space{}, false);
+    EMBCACHE_EXPECT_OK(tables);
+    std::size_t bytes = 0;
+    if (tables.ok())
+      for (std::size_t t = 0; t < config.tables.size(); ++t)
+        bytes += tables.value().cache->cache(t).allocated_bytes();
+    return bytes;
+  };
+  const std::uint64_t planned = cache_bytes(c), held = allocated(c);
+  // Room for every spare row: wide 2 * 1,000 rows of 12 bytes, deep 2 * 20,000 of 192; a row
+  // index of 4 bytes per slot (1,280 and 25,088 slots).
+  c.move_staged_rows = true;
+  c.staging_bytes = 2000 * 12 + 40000 * 192 + 100;
+  const std::uint64_t spare = 2000 * 12 + 40000 * 192 + (1280 + 25088) * 4;
+  EXPECT_EQ(cache_bytes(c), planned + spare);
+  EXPECT_EQ(allocated(c), held + spare);
+  // Room for part of them: the wide table's 2,000 first, the deep table what is left.
+  c.staging_bytes = 2000 * 12 + 777 * 192 + 191;
+  const std::uint64_t part = 2000 * 12 + 777 * 192 + (1280 + 25088) * 4;
+  EXPECT_EQ(cache_bytes(c), planned + part);
+  EXPECT_EQ(allocated(c), held + part);
+  // The message of a cache too large names its spare rows.
+  c.memory_budget_bytes = 4 * mib;
+  // (241 bytes a slot: 192 of row, 45 of metadata, 4 of row index; 196 buckets of 4 bytes.)
+  const std::uint64_t deep = 25088 * 241 + 196 * 4 + 777 * 192;
+  EXPECT_EQ(plan_trainer_memory(c).get_status().message(),
+            "config.tables[1].capacity: the cache of table \"deep\" (25088 slots of 241 bytes, 777 "
+            "spare rows of 192 bytes) needs " +
+                std::to_string(deep) +
+                " bytes, more than the 4194304 bytes of "
+                "config.memory_budget_bytes");
+}
+
 // The shard reader holds a shard and the one it reads ahead: twice the run's largest shard (the
 // eval shard's included, with its shuffle order of 8 bytes a record) are counted with the dense
 // network and the batch, and named when they do not fit.

@@ -39,6 +39,21 @@ TEST(trainer_config, errors_name_the_field) {
   j["tables"] = {{{"name", "wide"}, {"capacity", 100}, {"slots", 90}}, {{"name", "deep"}}};
   EXPECT_EQ(err(j), "config.tables[0].slots: must be 0 (default) or >= capacity");
   j = base;
+  j["move_staged_rows"] = true;
+  EXPECT_EQ(err(j), "ok");
+  j["prefetch"] = false;
+  EXPECT_EQ(err(j),
+            "config.move_staged_rows: moves the rows the prefetch stages, so it needs config.mode "
+            "\"keyset\" with config.prefetch (got mode \"keyset\", prefetch false)");
+  j["prefetch"] = true;
+  j["mode"] = "on_demand";
+  EXPECT_EQ(err(j),
+            "config.move_staged_rows: moves the rows the prefetch stages, so it needs config.mode "
+            "\"keyset\" with config.prefetch (got mode \"on_demand\", prefetch true)");
+  j = base;
+  j["move_staged_rows"] = 1;
+  EXPECT_EQ(err(j), "config.move_staged_rows: wrong type (number)");
+  j = base;
   j["batch_sise"] = 4;
   EXPECT_EQ(err(j), "config.batch_sise: unknown field");
   j = base;

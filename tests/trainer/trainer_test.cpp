@@ -70,6 +70,39 @@ TEST(trainer, swapping_changes_no_bit_of_the_model) {
   expect_same_model(full.save_dir, od.save_dir);
 }
 
+// config.move_staged_rows: the staged rows move into the caches and the leaving rows out of them
+// by index, and the sparse ops read and update the rows the slots hold: the same bits as rows
+// copied, with spare rows for every staged row and for only part of them (a boundary without
+// enough copies them), over evicting passes with their saves and exports.
+TEST(trainer, staged_rows_moved_by_index_train_the_same_bits) {
+  trainer_config copied = small_config("copied");
+  copied.passes = {{{shard(0)}}, {{shard(1)}}, {{shard(2)}}, {{shard(3)}}};
+  copied.export_dir = temp_dir("copied") + "/export";
+  size_to_largest_shard(copied);
+  const run_result rc = run(copied);
+  EXPECT_GT(rc.totals.rows_pushed, 0u);
+  EXPECT_EQ(rc.totals.rows_moved, 0u);
+  for (const std::uint64_t staging : {std::uint64_t{0}, std::uint64_t{40000}}) {
+    SCOPED_TRACE("staging_bytes " + std::to_string(staging));
+    trainer_config moved = copied;
+    moved.move_staged_rows = true;
+    moved.staging_bytes = staging;  // 0: the cache's 1 GiB; 40000: spare rows for part of them
+    const std::string dir = temp_dir("moved_" + std::to_string(staging));
+    moved.save_dir = dir + "/save";
+    moved.export_dir = dir + "/export";
+    const run_result rm = run(moved);
+    if (staging == 0) {
+      EXPECT_GT(rm.totals.rows_moved, 0u);
+      EXPECT_GT(rm.totals.rows_detached, 0u);
+    }
+    EXPECT_EQ(rm.totals.rows_pushed, rc.totals.rows_pushed);
+    expect_same_history(rc.history, rm.history);
+    expect_same_model(copied.save_dir, moved.save_dir);
+    for (std::size_t p = 0; p < rc.history.size(); ++p)
+      EXPECT_EQ(rm.history[p].rows_exported, rc.history[p].rows_exported) << p;
+  }
+}
+
 // A dataset prepared with HugeCTR's raw keysets (its manifest says keyset_format hugectr_raw)
 // trains to the same bits as the same data with our keysets.
 TEST(trainer_data, a_hugectr_raw_keyset_dataset_trains_like_ours) {

@@ -124,6 +124,13 @@ struct trainer_config {
   bool shuffle = false;            ///< visit each shard in a seeded random order (default off)
   std::uint64_t seed = 0;          ///< embedding initialization and shuffling (default 0)
   bool prefetch = true;            ///< keyset mode: stage the next shard while training (on)
+  /// Keyset mode with prefetch: the staged rows move into the caches at a shard's start, and the
+  /// dirty leaving rows out of them, by index instead of by copy
+  /// (training_cache_options::move_staged_rows; default off). Each cache then holds spare rows for
+  /// its share of staging_bytes (at most twice its capacity) beside its slots, counted by
+  /// check_memory and plan_trainer_memory with the cache. The same model bit for bit; refused in
+  /// the other modes and without prefetch, naming this field.
+  bool move_staged_rows = false;
   std::size_t log_interval = 100;  ///< steps between progress lines (default 100; 0: none)
   std::string output_dir;          ///< metrics.jsonl, metrics.tsv, plots (default "": none)
   std::string export_dir;          ///< incremental export after each pass (default "": none)
@@ -223,7 +230,8 @@ struct memory_budget {
 /// cuda path is built (embedding_device "cuda").
 [[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
 /// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
-/// the caches (on the host unless `caches_on_device`), their pass boundary's scratch, in keyset
+/// the caches (on the host unless `caches_on_device`; with config.move_staged_rows their spare
+/// rows and row index too), their pass boundary's scratch, in keyset
 /// mode the prefetch staging (when config.prefetch: the rows the cache reserves within
 /// config.staging_bytes, and per table its keys) and the write-behind buffers (per table three
 /// buffers of config.write_back_bytes of rows, two without prefetch, with their keys), the dense
