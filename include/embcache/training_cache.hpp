@@ -129,9 +129,11 @@ struct training_cache_options {
   std::size_t write_back_bytes = std::size_t{256} << 20;
   /// Rows moved at the pass boundary by index, not copied (keyset mode); default false. true:
   /// each table's cache gets spare rows for its share of `staging_bytes` (tables in order, at
-  /// most twice its capacity; in the space's memory, so device memory in the cuda space, on top
-  /// of the pinned staging); the prefetch worker copies the rows it staged into them during the
-  /// pass, begin_pass moves them into their slots by index (embedding_cache::install_rows)
+  /// most twice its capacity; in the space's memory). In the host space they are the staging:
+  /// the prefetch worker writes each batch it pulls into them (one batch of rows beside them,
+  /// no staging of staging_bytes); in the cuda space they are device memory on top of the pinned
+  /// staging, and the worker copies the rows it staged into them during the pass. begin_pass
+  /// moves them into their slots by index (embedding_cache::install_rows)
   /// instead of copying them there, and, with write-behind, moves the dirty leaving rows out to
   /// free rows the same way (embedding_cache::detach_rows) for the flusher to copy out and push.
   /// The rows of cache(t) are then at rows() + row * row_width for the row indices

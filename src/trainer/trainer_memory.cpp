@@ -105,7 +105,7 @@ memory_part data_part(const trainer_config& c) {
   return p;
 }
 
-run_parts parts_of(const trainer_config& c) {
+run_parts parts_of(const trainer_config& c, bool caches_on_device) {
   run_parts r;
   std::uint64_t largest_slots = 0;
   std::uint64_t dim = 16;  // the deep table's
@@ -214,8 +214,12 @@ run_parts parts_of(const trainer_config& c) {
   // versions (the one pushed, a recycled one and, with prefetch, the worker's gather buffer), and
   // two batches of prefetch_batch rows: the worker's (its early eviction's and its early
   // insert's), then, once it is done, the boundary's chunk of missing rows and of those it pulls.
+  //
+  // With config.move_staged_rows and the caches on the host, the caches' spare rows are the
+  // staging (counted with the caches): the worker stages one batch at a time into them.
   if (c.mode == trainer_mode::keyset) {
     const detail::cache_memory_options m = detail::cache_memory_of(c);
+    const bool in_spare_rows = c.move_staged_rows && !caches_on_device;
     memory_part rows;
     rows.field = "config.staging_bytes";
     std::uint64_t left = m.staging_bytes, staged_rows = 0;
@@ -228,8 +232,10 @@ run_parts parts_of(const trainer_config& c) {
                 checked_add(tc.dim, state_width(tc.optimizer.kind, tc.dim), row) &&
                 checked_mul(row, sizeof(float), row);
       if (ok && c.prefetch) {
-        const std::uint64_t n = std::min<std::uint64_t>(tc.capacity, left / row);
-        left -= n * row;  // n * row <= left
+        const std::uint64_t n = in_spare_rows
+                                    ? std::min<std::uint64_t>(tc.capacity, m.prefetch_batch)
+                                    : std::min<std::uint64_t>(tc.capacity, left / row);
+        if (!in_spare_rows) left -= n * row;  // n * row <= left
         staged_rows += n;
         rows.bytes += n * row;
         ok = checked_mul(tc.capacity, 41, keys);
@@ -252,8 +258,9 @@ run_parts parts_of(const trainer_config& c) {
       r.staging.push_back(p);
     }
     if (c.prefetch) {
-      rows.what = "the prefetch staging's " + std::to_string(staged_rows) + " rows (at most " +
-                  std::to_string(m.staging_bytes) + " bytes)";
+      rows.what = "the prefetch staging's " + std::to_string(staged_rows) + " rows " +
+                  (in_spare_rows ? "(a batch per table, the rest in the caches' spare rows)"
+                                 : "(at most " + std::to_string(m.staging_bytes) + " bytes)");
       r.staging.insert(r.staging.begin(), rows);
     }
   }
@@ -324,7 +331,7 @@ status check_memory(const trainer_config& c, std::uint64_t available_bytes) {
 }
 
 status check_memory(const trainer_config& c, const memory_budget& budget) {
-  const run_parts r = parts_of(c);
+  const run_parts r = parts_of(c, budget.caches_on_device);
   std::vector<memory_part> caches = r.caches;
   if (c.memory_budget_bytes != 0) {
     // The budget replaces the estimate: it must fit in the machine, and its plan must hold.
@@ -363,7 +370,7 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
 result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_device) {
   const std::string field = "config.memory_budget_bytes";
   if (c.memory_budget_bytes == 0) return status::invalid_argument(field + ": not set (0)");
-  const run_parts r = parts_of(c);
+  const run_parts r = parts_of(c, caches_on_device);
   std::vector<memory_part> caches, staging = r.staging, other = dram_tier_parts(c);
   other.push_back(r.model);
   other.push_back(r.batch);

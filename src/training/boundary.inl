@@ -14,6 +14,17 @@
 
 namespace embcache::detail {
 
+// Staged row j: in the staging or, move_staged_rows in the host space, in the cache's free row
+// free_rows[j] (stage()).
+template <class Key, class Space>
+const float* staged_row(const table_state<Key, Space>& tb, std::size_t j) {
+  if constexpr (is_host_space_v<Space>) {
+    if (tb.staged.moved)
+      return tb.cache->rows() + static_cast<std::size_t>(tb.free_rows.data()[j]) * tb.row_width;
+  }
+  return tb.staged.rows.data() + j * tb.row_width;
+}
+
 template <class Key, class Space>
 status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vector<Key>& missing,
                                                 bool use_staging, table_counters& c) {
@@ -56,7 +67,7 @@ status training_cache_core<Key, Space>::swap_in(table_type& tb, const std::vecto
       const bool fresh = use_staging && f < st.fresh.size() && st.fresh[f] == k;
       const bool logged = (staged || fresh) && std::binary_search(log.begin(), log.end(), k);
       if (staged && !logged) {
-        std::memcpy(rows.data() + i * w, st.rows.data() + j * w, w * sizeof(float));
+        std::memcpy(rows.data() + i * w, staged_row(tb, j), w * sizeof(float));
         vers[i] = st.versions[j];
         found[i] = st.found[j] != 0;
         ++c.rows_staged;

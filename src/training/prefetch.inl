@@ -114,6 +114,7 @@ status training_cache_core<Key, Space>::early_evict(table_type& tb, bool* go_on)
 // the key does not exist). A store write since staging began (erase, write-back) stops it.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t b, std::size_t m,
+                                                     const float* rows,
                                                      std::vector<std::uint8_t>& taken,
                                                      bool* go_on) {
   std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
@@ -145,12 +146,11 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
     keys[i] = st.keys[pick[i]];
     vers[i] = st.versions[pick[i]];
     if (!whole) {
-      std::memcpy(gathered.data() + i * w, st.rows.data() + pick[i] * w, w * sizeof(float));
+      std::memcpy(gathered.data() + i * w, rows + (pick[i] - b) * w, w * sizeof(float));
     }
   }
   // Rows from the store, in sync with it, keys of the next pass: they carry its mark.
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(keys.data(), k,
-                                             whole ? st.rows.data() + b * w : gathered.data(),
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(keys.data(), k, whole ? rows : gathered.data(),
                                              vers.data(), vers.data(), st.mark));
   for (std::size_t i = 0; i < k; ++i) taken[pick[i]] = 1;
   st.hits += k;
@@ -168,15 +168,23 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
 // on through the keys, keeps only the rows found, and leaves the keys the store lacks to begin_pass
 // to initialize (`fresh`), so that begin_pass pulls only the stored rows past the room
 // (`unstaged`), not stored rows the initializer's rows took the room of.
+//
+// move_staged_rows in the host space: the staging is the cache's free rows themselves. Each batch
+// is pulled into a buffer of one batch and written into the next free rows right away (while it
+// is in the processor's caches), so the staged rows are in free_rows[0, keys.size()) and nowhere
+// else: one batch of rows beside the spare rows, not a staging buffer beside them.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> keys,
                                               std::size_t max_rows, std::size_t spare_floats) {
   const auto t0 = clock_type::now();
   auto& st = tb.staged;
   st.keys = std::move(keys);
+  const bool into_free = is_host_space_v<Space> && tb.free_rows.size() > 0;
+  if (into_free && !tb.wb.detached.empty()) max_rows = 0;  // see the end: nothing staged
   const std::size_t all = st.keys.size(), n = std::min(all, max_rows), w = tb.row_width;
   const bool found_only = all > n;
-  st.rows.resize(n * w);
+  const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
+  st.rows.resize((into_free ? std::min(batch, n) : n) * w);
   st.versions.assign(n, 0);
   st.found.assign(n, 0);
   bool early = false;
@@ -192,14 +200,13 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
     if (spare_floats < leaving * w) st.gather.resize(leaving * w);
   }
   std::vector<std::uint8_t> taken(early ? n : 0, 0);
-  const std::size_t batch = std::max<std::size_t>(1, options.prefetch_batch);
   std::unique_ptr<bool[]> found(new bool[std::min(batch, std::max<std::size_t>(n, 1))]);
   // Keys [0, next) pulled; rows [0, staged) kept, in key order. Kept rows move down over the
   // fresh keys' (found_only), so a key or row is written only where one was already read.
   std::size_t next = 0, staged = 0;
   while (next < all && staged < n) {
     const std::size_t m = std::min({batch, all - next, n - staged});
-    float* const rows = st.rows.data() + staged * w;
+    float* const rows = st.rows.data() + (into_free ? 0 : staged * w);
     std::uint64_t* const vers = st.versions.data() + staged;
     EMBCACHE_RETURN_IF_ERROR(pull(tb, st.keys.data() + next, m, rows, found.get(), vers));
     std::size_t kept = 0;
@@ -218,7 +225,13 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
       if (!found[i]) initialize_row(tb, k, rows + kept * w);
       ++kept;
     }
-    if (early && kept > 0) EMBCACHE_RETURN_IF_ERROR(early_insert(tb, staged, kept, taken, &early));
+    if (into_free && kept > 0) {
+      EMBCACHE_RETURN_IF_ERROR(
+          tb.bridge.write_rows(tb.free_rows.data() + staged, kept, rows, options.prefetch_batch));
+    }
+    if (early && kept > 0) {
+      EMBCACHE_RETURN_IF_ERROR(early_insert(tb, staged, kept, rows, taken, &early));
+    }
     staged += kept;
     next += m;
   }
@@ -227,17 +240,32 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
   st.versions.resize(staged);
   st.found.resize(staged);
   if (st.early_inserted > 0) {
-    // Keep in the staging only the rows still missing, in key order.
+    // Keep in the staging only the rows still missing, in key order. Staged into the free rows,
+    // their indices move instead (those of the rows inserted early stay free, after them).
+    std::vector<std::int64_t> taken_rows;
     std::size_t out = 0;
     for (std::size_t i = 0; i < staged; ++i) {
-      if (taken[i]) continue;
+      if (taken[i]) {
+        if constexpr (is_host_space_v<Space>) {
+          if (into_free) taken_rows.push_back(tb.free_rows.data()[i]);
+        }
+        continue;
+      }
       if (out != i) {
         st.keys[out] = st.keys[i];
         st.versions[out] = st.versions[i];
         st.found[out] = st.found[i];
-        std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
+        if constexpr (is_host_space_v<Space>) {
+          if (into_free) tb.free_rows.data()[out] = tb.free_rows.data()[i];
+        }
+        if (!into_free) {
+          std::memmove(st.rows.data() + out * w, st.rows.data() + i * w, w * sizeof(float));
+        }
       }
       ++out;
+    }
+    if constexpr (is_host_space_v<Space>) {
+      std::copy(taken_rows.begin(), taken_rows.end(), tb.free_rows.data() + out);
     }
     st.keys.resize(out);
     st.versions.resize(out);
@@ -251,13 +279,18 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
                                    st.fresh.end(), st.missing.begin());
     std::copy(st.unstaged.begin(), st.unstaged.end(), pulled);
   }
-  // move_staged_rows: every missing key staged, and room for them in the free rows: the rows
-  // go into the first free rows now, so that begin_pass moves them in by index. (Only that case:
-  // the others take begin_pass's pulls and copies, from the staging, which keeps the rows.)
+  // move_staged_rows. Host space: the staged rows are in the first free rows (written batch by
+  // batch above), which begin_pass moves in by index when every missing key was staged, and reads
+  // them from otherwise. (Not while leavers moved out at the last boundary are still in free rows,
+  // their push having failed: then nothing was staged, and begin_pass pulls every row.)
+  // Cuda space: every missing key staged, and room for them in the free rows: the rows go into the
+  // first free rows now, so that begin_pass moves them in by index. (Only that case: the others
+  // take begin_pass's pulls and copies, from the staging, which keeps the rows.)
   const std::size_t n_staged = st.keys.size();
-  // (Not while leavers moved out at the last boundary are still in free rows: their push failed.)
-  if (n_staged > 0 && n_staged <= tb.free_rows.size() && st.unstaged.empty() && st.fresh.empty() &&
-      tb.wb.detached.empty()) {
+  if (into_free) {
+    st.moved = n_staged > 0;
+  } else if (n_staged > 0 && n_staged <= tb.free_rows.size() && st.unstaged.empty() &&
+             st.fresh.empty() && tb.wb.detached.empty()) {
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.write_rows(tb.free_rows.data(), n_staged, st.rows.data(),
                                                   options.prefetch_batch));
     st.moved = true;
@@ -325,25 +358,35 @@ status training_cache_core<Key, Space>::prefetch(const std::vector<std::vector<K
   }
   // The staging's room, within staging_bytes over all tables, is reserved here so that the worker
   // never grows it mid-pass (and a failure to get it is this call's).
+  // move_staged_rows in the host space: the free rows are the staging (stage()), sized from
+  // staging_bytes when the cache was built; only one batch of rows is reserved here.
   std::vector<std::size_t> max_rows(im.tables.size(), 0);
   std::size_t left = im.options.staging_bytes;
   for (std::size_t t = 0; t < im.tables.size(); ++t) {
     auto& tb = im.tables[t];
     const std::size_t row_bytes = tb.row_width * sizeof(float);
-    max_rows[t] = std::min(todo[t].size(), left / row_bytes);
-    left -= max_rows[t] * row_bytes;
+    const bool into_free = is_host_space_v<Space> && tb.free_rows.size() > 0;
+    std::size_t reserved = 0;
+    if (into_free) {
+      max_rows[t] = std::min(todo[t].size(), tb.free_rows.size());
+      reserved = std::min(max_rows[t], std::max<std::size_t>(1, im.options.prefetch_batch));
+    } else {
+      max_rows[t] = std::min(todo[t].size(), left / row_bytes);
+      left -= max_rows[t] * row_bytes;
+      reserved = max_rows[t];
+    }
     const status s = guarded([&] {
       // A buffer too small goes before the larger one comes (reserve would hold both at once,
       // twice the bound, and copy the old rows). One large enough keeps its rows, so that the
       // worker's resize does not zero what its pulls overwrite.
-      if (tb.staged.rows.capacity() < max_rows[t] * tb.row_width)
+      if (tb.staged.rows.capacity() < reserved * tb.row_width)
         staging_rows<Space>().swap(tb.staged.rows);
-      tb.staged.rows.reserve(max_rows[t] * tb.row_width);
+      tb.staged.rows.reserve(reserved * tb.row_width);
       return status{};
     });
     if (!s.ok()) {
       im.drop_staging();  // nothing staged: begin_pass pulls every row itself
-      return s.with_context("prefetch: reserving " + std::to_string(max_rows[t] * row_bytes) +
+      return s.with_context("prefetch: reserving " + std::to_string(reserved * row_bytes) +
                             " bytes of staging for table '" + tb.opt.name + "'");
     }
   }

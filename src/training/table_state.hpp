@@ -109,8 +109,9 @@ struct staged_pass {
   std::vector<Key> unstaged;
   std::vector<Key> fresh;
   std::vector<Key> missing;
-  // move_staged_rows: the staged rows are also in the cache's free rows free_rows[0, keys.size())
-  // (table_state), for begin_pass to move in.
+  // move_staged_rows: the staged rows are in the cache's free rows free_rows[0, keys.size())
+  // (table_state), for begin_pass to move in: in the host space instead of in `rows` (which then
+  // holds one batch, stage()), in the cuda space as well.
   bool moved = false;
   double seconds = 0;
 };

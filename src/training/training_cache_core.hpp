@@ -84,7 +84,8 @@ struct training_cache_core {
   // The worker changed the residency itself: count it and keep the staging's plan current.
   void note_worker_residency_change(table_type& tb);
   status early_evict(table_type& tb, bool* go_on);
-  status early_insert(table_type& tb, std::size_t b, std::size_t m,
+  // `rows`: the staged rows [b, b + m), row_width floats each.
+  status early_insert(table_type& tb, std::size_t b, std::size_t m, const float* rows,
                       std::vector<std::uint8_t>& taken, bool* go_on);
   void wait_worker();
   void drop_staging();

@@ -239,6 +239,18 @@ TEST(trainer_memory_budget, spare_rows_count_with_the_caches_as_the_cache_alloca
   const std::uint64_t spare = 2000 * 12 + 40000 * 192 + (1280 + 25088) * 4;
   EXPECT_EQ(cache_bytes(c), planned + spare);
   EXPECT_EQ(allocated(c), held + spare);
+  // On the host the spare rows are the staging: the staging counts one batch of 16384 rows per
+  // table (wide: its 1000 rows; deep 16384 of 192 bytes) instead of the 1000 + 20000 rows staged
+  // otherwise; on the device the staging stays in host memory.
+  const auto staging = [](const trainer_config& config, bool on_device) {
+    auto plan = plan_trainer_memory(config, on_device);
+    EMBCACHE_EXPECT_OK(plan);
+    return plan.ok() ? plan.value().staging_bytes : 0;
+  };
+  trainer_config copied = c;
+  copied.move_staged_rows = false;
+  EXPECT_EQ(staging(c, false) + 20000 * 192, staging(copied, false) + 16384 * 192);
+  EXPECT_EQ(staging(c, true), staging(copied, true));
   // Room for part of them: the wide table's 2,000 first, the deep table what is left.
   c.staging_bytes = 2000 * 12 + 777 * 192 + 191;
   const std::uint64_t part = 2000 * 12 + 777 * 192 + (1280 + 25088) * 4;

@@ -128,8 +128,9 @@ struct trainer_config {
   /// dirty leaving rows out of them, by index instead of by copy
   /// (training_cache_options::move_staged_rows; default off). Each cache then holds spare rows for
   /// its share of staging_bytes (at most twice its capacity) beside its slots, counted by
-  /// check_memory and plan_trainer_memory with the cache. The same model bit for bit; refused in
-  /// the other modes and without prefetch, naming this field.
+  /// check_memory and plan_trainer_memory with the cache; on the host they are the staging (one
+  /// batch of rows is staged beside them), on the device they come on top of it. The same model
+  /// bit for bit; refused in the other modes and without prefetch, naming this field.
   bool move_staged_rows = false;
   std::size_t log_interval = 100;  ///< steps between progress lines (default 100; 0: none)
   std::string output_dir;          ///< metrics.jsonl, metrics.tsv, plots (default "": none)
