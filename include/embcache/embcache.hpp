@@ -10,6 +10,7 @@
 #include "embcache/host_hybrid.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"
+#include "embcache/slot_rows.hpp"
 #include "embcache/space.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/status.hpp"

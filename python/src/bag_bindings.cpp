@@ -17,6 +17,7 @@
 #include "bindings.hpp"
 #include "embcache/admission.hpp"
 #include "embcache/optimizers.hpp"
+#include "embcache/slot_rows.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "errors.hpp"
 #include "names.hpp"
@@ -76,7 +77,7 @@ class embedding_bag {
         batch_ = {bags / slots, slots, offsets_.data(), slots_.data(), n};
         s = check_batch(batch_, c.slots());
         if (s.ok())
-          lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_,
+          lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, over_rows(c, batch_), comb_,
                          pooled.as<float>(), default_rows(bags == 0 ? 0 : slots));
       }
     }
@@ -107,8 +108,7 @@ class embedding_bag {
       auto& c = ref_->cache->cache(table_);
       aggregate_gradients(host_space{}, batch_, comb_, d, dim_, grads_);
       ++step_;
-      apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_, step_);
-      c.mark_updated(grads_.rows.data(), grads_.size);
+      update_rows(c, step_);
       rows = grads_.size;
     }
     batch_ = {};
@@ -139,11 +139,10 @@ class embedding_bag {
       const auto t0 = std::chrono::steady_clock::now();
       check(find_slots(k.as<Key>(), n));
       batch_ = {n, 1, offsets_.data(), slots_.data(), n};
-      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, batch_, comb_, pooled.data(),
-                     default_rows(1));
+      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, over_rows(c, batch_), comb_,
+                     pooled.data(), default_rows(1));
       aggregate_gradients(host_space{}, batch_, comb_, grad.data(), dim_, grads_);
-      apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_, ++step_);
-      c.mark_updated(grads_.rows.data(), grads_.size);
+      update_rows(c, ++step_);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r == 0 || s < best) best = s;
     }
@@ -157,6 +156,24 @@ class embedding_bag {
   std::size_t table() const noexcept { return table_; }
 
  private:
+  using cache_type = embedding_cache<Key, host_space>;
+
+  // The batch over the rows its slots hold (the slots themselves unless the cache moves rows by
+  // index: TrainingCache(move_staged_rows=True)).
+  slot_batch over_rows(const cache_type& c, const slot_batch& b) {
+    slot_batch r = b;
+    r.row_indices = batch_rows_.of(c, b.row_indices, b.num_indices, host_space{});
+    return r;
+  }
+
+  // The optimizer in the rows of grads_'s unique slots, which are then marked updated.
+  void update_rows(cache_type& c, std::uint64_t step) {
+    apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_.dim,
+                    updated_rows_.of(c, grads_.rows.data(), grads_.size, host_space{}),
+                    grads_.values.data(), grads_.size, step);
+    c.mark_updated(grads_.rows.data(), grads_.size);
+  }
+
   // Keyset mode: the pass's keyset must hold every key, except that with the table's admission on
   // a key without a row is one the pass refused (slot -1), as the trainer's keyset path takes it;
   // on-demand: misses are fetched, refused keys get slot -1.
@@ -197,6 +214,7 @@ class embedding_bag {
   combiner comb_;
   optimizer_options optimizer_;
   std::vector<std::int64_t> offsets_, slots_;
+  slot_rows<Key> batch_rows_, updated_rows_;  // the rows of slots_, of grads_.rows
   std::vector<float> default_rows_;  // slot s's default row at s * dim (default_rows())
   slot_batch batch_;
   sparse_gradients<host_space> grads_;

@@ -79,12 +79,14 @@ template <class Key>
 std::unique_ptr<training_ref_of<Key>> make_training(std::vector<table_options<Key>> tables,
                                                     const std::string& mode,
                                                     const std::string& keyset_fmt,
-                                                    std::size_t prefetch_batch, bool write_behind) {
+                                                    std::size_t prefetch_batch, bool write_behind,
+                                                    bool move_staged_rows) {
   training_cache_options o;
   o.mode = cache_mode_of(mode);
   o.keyset_fmt = keyset_format_of(keyset_fmt);
   o.prefetch_batch = prefetch_batch;
   o.write_behind = write_behind;
+  o.move_staged_rows = move_staged_rows;
   auto r = std::make_unique<training_ref_of<Key>>();
   py::gil_scoped_release nogil;
   r->cache = std::make_unique<typename training_ref_of<Key>::cache_type>(o, std::move(tables));
@@ -122,9 +124,9 @@ py::object lookup_slots(training_ref_of<Key>& r, py::handle t, py::handle keys, 
   return slots.object;
 }
 
+// `slots` as an int64 array of slots of table ti (or -1); ValueError naming the first that is not.
 template <class Key>
-void mark_updated(training_ref_of<Key>& r, py::handle t, py::handle slots) {
-  const std::size_t ti = r.index_of(t);
+array_arg borrow_slots(training_ref_of<Key>& r, std::size_t ti, py::handle slots) {
   auto s = array_arg::borrow(slots, "slots", dtype::int64, 1, false);
   const std::int64_t cap = std::int64_t(r.cache->cache(ti).slots());
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -133,8 +135,25 @@ void mark_updated(training_ref_of<Key>& r, py::handle t, py::handle slots) {
       throw py::value_error("slots[" + std::to_string(i) + "]: " + std::to_string(v) +
                             " is not a slot of table " + std::to_string(ti));
   }
+  return s;
+}
+
+template <class Key>
+void mark_updated(training_ref_of<Key>& r, py::handle t, py::handle slots) {
+  const std::size_t ti = r.index_of(t);
+  array_arg s = borrow_slots(r, ti, slots);
   training_call call(r);
   r.cache->cache(ti).mark_updated(s.as<std::int64_t>(), s.size());
+}
+
+template <class Key>
+py::array_t<std::int64_t> row_indices(training_ref_of<Key>& r, py::handle t, py::handle slots) {
+  const std::size_t ti = r.index_of(t);
+  array_arg s = borrow_slots(r, ti, slots);
+  py::array_t<std::int64_t> out(py::ssize_t(s.size()));
+  training_call call(r);
+  r.cache->cache(ti).row_indices(s.as<std::int64_t>(), s.size(), out.mutable_data());
+  return out;
 }
 
 template <class Key>
@@ -300,11 +319,14 @@ export.)doc")
   py::class_<training_ref>(m, ("TrainingCache" + sfx).c_str(), cache_doc.c_str())
       .def(py::init(&make_training<Key>), py::arg("tables"), py::arg("mode") = "keyset",
            py::arg("keyset_format") = "embcache", py::arg("prefetch_batch") = 65536,
-           py::arg("write_behind") = true,
+           py::arg("write_behind") = true, py::arg("move_staged_rows") = false,
            R"doc(Builds the caches and, where none is given, the host stores
 (training_cache_options: `mode` 'keyset' | 'on_demand'; `keyset_format` 'embcache' |
 'hugectr_raw' for the *_files calls; `prefetch_batch` keys per store pull while staging (65536);
-`write_behind` pushes the rows leaving at a boundary in the background (True)).
+`write_behind` pushes the rows leaving at a boundary in the background (True);
+`move_staged_rows` moves staged rows in and leaving rows out at a keyset boundary by index
+instead of copying them (False): the row of slot s is then rows(t)[row_indices(t, s)], not
+rows(t)[s]; EmbeddingBag translates by itself).
 InvalidArgumentError for an empty or repeated name, a zero dim or capacity, bad optimizer options
 or a store of another row width.)doc")
       .def_property_readonly("num_tables",
@@ -381,11 +403,15 @@ mode: a key outside the pass's keyset). Nothing is fetched.)doc")
           [](py::object self, py::handle t) {
             auto& r = self.cast<training_ref&>();
             auto& c = r.cache->cache(r.index_of(t));
-            return rows_view(c.rows(), c.slots(), c.row_width(), self);
+            return rows_view(c.rows(), c.row_count(), c.row_width(), self);
           },
           py::arg("t"),
-          R"doc(Table t's device rows as a (slots, row_width) float32 array without a copy. After
-an in-place update call mark_updated(t, slots).)doc")
+          R"doc(Table t's device rows as a (rows, row_width) float32 array without a copy: one row
+per slot, the row of slot s at s; with move_staged_rows also the spare rows, the row of slot s at
+row_indices(t, s). After an in-place update call mark_updated(t, slots).)doc")
+      .def("row_indices", &row_indices<Key>, py::arg("t"), py::arg("slots"),
+           R"doc(The index in rows(t) of the row each slot holds (int64; -1 stays -1): the slot
+itself unless the cache was built with move_staged_rows. Valid until the next begin_pass.)doc")
       .def("mark_updated", &mark_updated<Key>, py::arg("t"), py::arg("slots"),
            "Marks rows updated in place through rows(t) (they become dirty, exported, written "
            "back).")

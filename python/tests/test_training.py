@@ -240,6 +240,50 @@ def test_embedding_bag_pools_refused_keys_as_their_slots_default_row(mode):
         bag.forward(ks, offsets, num_slots=0)
 
 
+def test_staged_rows_moved_by_index_train_as_copied_rows():
+    """move_staged_rows: rows move in and out at a keyset boundary by index; EmbeddingBag and
+    rows(t)[row_indices(t, slots)] find them, and training gives the copied run's rows bit for bit."""
+    rng = np.random.default_rng(5)
+    passes = [np.unique(rng.integers(0, 600, 300)).astype(np.int64) for _ in range(6)]
+    every = keys(0, 600)
+
+    def run(moved):
+        tc = embcache.TrainingCache(tables(capacity=320), move_staged_rows=moved)
+        bags = [embcache.EmbeddingBag(tc, t, "sum") for t in ("wide", "deep")]
+        pooled = []
+        for p, ks in enumerate(passes):
+            tc.begin_pass([ks, ks])
+            if p + 1 < len(passes):
+                tc.prefetch([passes[p + 1], passes[p + 1]])
+            for bag in bags:
+                batch = ks[(np.arange(len(ks)) * 7) % len(ks)]  # repeated keys, batch order
+                out = bag.forward(batch)
+                pooled.append(out.copy())
+                grad = np.linspace(-1, 1, out.size, dtype=np.float32).reshape(out.shape)
+                bag.backward(grad * np.float32(p + 1))
+            slots = tc.lookup_slots("deep", ks)
+            rows, found = tc.read("deep", ks)
+            assert found.all()
+            assert np.array_equal(tc.rows("deep")[tc.row_indices("deep", slots)], rows)
+        tc.end_training()
+        return [tc.read(t, every) for t in ("wide", "deep")], tc.counters["total"]["deep"], pooled
+
+    copied, copied_counters, copied_pooled = run(False)
+    moved, moved_counters, moved_pooled = run(True)
+    assert all(np.array_equal(a, b) for a, b in zip(copied_pooled, moved_pooled))
+    assert "rows_moved" not in copied_counters and moved_counters["rows_moved"] > 0
+    assert moved_counters["rows_pushed"] == copied_counters["rows_pushed"]
+    for (a, found_a), (b, found_b) in zip(copied, moved):
+        assert np.array_equal(found_a, found_b) and found_a.any()
+        assert np.array_equal(a[found_a], b[found_b])
+    plain = embcache.TrainingCache(tables())
+    plain.begin_pass([keys(0, 10), keys(0, 10)])
+    slots = plain.lookup_slots("deep", keys(0, 10))
+    assert np.array_equal(plain.row_indices("deep", slots), slots)
+    with pytest.raises(ValueError, match="slots\\[0\\]: -2 is not a slot of table 1"):
+        plain.row_indices("deep", np.array([-2], np.int64))
+
+
 def test_rows_untouched_for_ttl_steps_expire_at_the_next_boundary():
     t = embcache.TableOptions("deep", dim=4, capacity=64, expiry={"ttl_steps": 2})
     assert t.expiry["ttl_steps"] == 2

@@ -328,7 +328,7 @@ class cache_path : public embedding_path {
   space_array<float, Space> pooled_[2], d_pooled_[2];
   space_pooled in_space_;  // what the last forward_in_space handed out (none: all null)
   slot_batch wide_batch_, deep_batch_;  // over the slots (their rows: batch_rows_)
-  slot_rows<Space> batch_rows_[2], updated_rows_;
+  slot_rows<trainer_key, Space> batch_rows_[2], updated_rows_;
   sparse_gradients<Space> wide_grads_, deep_grads_;
   buffer<std::int8_t, Space> flags_;
   // Wide, deep: the default rows of refused keys (admission's default_row "slot").

@@ -16,12 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "embcache/buffer.hpp"
 #include "embcache/distributed/communicator.hpp"
-#include "embcache/embedding_cache.hpp"
 #include "embcache/host_hybrid.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/param_store.hpp"
+#include "embcache/slot_rows.hpp"
 #include "embcache/space.hpp"
 #include "embcache/status.hpp"
 #include "embcache/trainer/criteo_model.hpp"
@@ -301,25 +300,6 @@ struct cache_tables {
 };
 /// The tables of every host path.
 using embedding_tables = cache_tables<host_space>;
-
-/// Where a cache's sparse ops find the rows of slots: at the slots themselves, or, in a cache
-/// with spare rows (config.move_staged_rows), at the rows the slots hold
-/// (embedding_cache::row_indices), translated into a buffer kept from batch to batch.
-template <class Space>
-class slot_rows {
- public:
-  /// The row of each of `slots` (n, the space's memory; -1 stays -1), valid until the next call.
-  const std::int64_t* of(const embedding_cache<trainer_key, Space>& cache,
-                         const std::int64_t* slots, std::size_t n, const Space& space) {
-    if (cache.row_count() == cache.slots()) return slots;
-    if (rows_.size() < n) rows_ = buffer<std::int64_t, Space>(n, space);
-    cache.row_indices(slots, n, rows_.data());
-    return rows_.data();
-  }
-
- private:
-  buffer<std::int64_t, Space> rows_;
-};
 
 /// Builds the training cache over `stores` in `space`; a failure (a device that cannot be used,
 /// its memory exhausted) is a status starting with "config.tables: ", host memory that runs out

@@ -131,7 +131,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
   host_space space_;
   int rank_;
   std::vector<std::int64_t> slots_, offsets_;
-  slot_rows<host_space> rows_;  // the rows of slots_ (config.move_staged_rows), then of grads_
+  slot_rows<trainer_key> rows_;  // the rows of slots_ (config.move_staged_rows), then of grads_
   sparse_gradients<host_space> grads_;
 };
 
