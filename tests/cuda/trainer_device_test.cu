@@ -184,20 +184,24 @@ table_counters totals(const cache_counters& c) {
   return sum;
 }
 
-// Keyset mode twice and on-demand mode with caches too small for the tables (rows evicted and
-// written back), all with the tables in the cuda space and the dense network on the host: the
-// same metrics and model bytes. The sparse ops sum in batch order on the device as on the host,
-// and each row's optimizer step depends on that row alone.
+// Keyset mode twice, once more with the staged rows moved by index (config.move_staged_rows),
+// and on-demand mode with caches too small for the tables (rows evicted and written back), all
+// with the tables in the cuda space and the dense network on the host: the same metrics and model
+// bytes. The sparse ops sum in batch order on the device as on the host, and each row's optimizer
+// step depends on that row alone, wherever the row lies in the pool.
 TEST(trainer_embedding_device, device_tables_give_the_same_bits_run_to_run_and_in_both_modes) {
   EMBCACHE_NEED_CUDA_DEVICE();
   const std::pair<trainer_mode, const char*> runs[] = {{trainer_mode::keyset, "emb_keyset_a"},
                                                        {trainer_mode::keyset, "emb_keyset_b"},
+                                                       {trainer_mode::keyset, "emb_keyset_moved"},
                                                        {trainer_mode::on_demand, "emb_on_demand"}};
   std::vector<std::string> saves;
   std::vector<std::vector<pass_metrics>> histories;
   for (const auto& [mode, name] : runs) {
     SCOPED_TRACE(name);
     trainer_config c = config("host", mode, "cuda");
+    const bool moved = std::string(name) == "emb_keyset_moved";
+    c.move_staged_rows = moved;
     if (mode == trainer_mode::on_demand) {
       c.tables[0].capacity = 4096;  // a batch holds at most 128 * 26 distinct keys
       c.tables[1].capacity = 4096;
@@ -213,6 +217,7 @@ TEST(trainer_embedding_device, device_tables_give_the_same_bits_run_to_run_and_i
     const table_counters sum = totals(t.value()->counters());
     EXPECT_GT(sum.hits, 0u);
     if (mode == trainer_mode::on_demand) EXPECT_GT(sum.rows_evicted, 0u);
+    if (moved) EXPECT_GT(sum.rows_moved, 0u);
     saves.push_back(c.save_dir);
     histories.push_back(t.value()->history());
   }
