@@ -2,13 +2,16 @@
 // model over hashed feature keys, one dim-4 table with lazy Adam, trained pass by pass. Each
 // pass: the keyset (the pass's unique keys) is made resident, the next pass's is prefetched,
 // the loop looks rows up by slot, updates them in place and marks them updated; after each pass
-// the rows changed are exported, and the model is saved at the end.
+// the rows changed are exported, and the model is saved at the end. The staged rows move into the
+// cache by index at each pass's start (move_staged_rows), so the loop finds the row a slot holds
+// through slot_rows (embcache/slot_rows.hpp) instead of at slot * row_width.
 //
 // Usage: my_trainer [OUT_DIR]   (default ./my_trainer_out; it is replaced)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <embcache/embcache.hpp>
+#include <embcache/slot_rows.hpp>
 #include <embcache/training_cache.hpp>
 #include <filesystem>
 #include <random>
@@ -36,7 +39,10 @@ int main(int argc, char** argv) {
   t.optimizer.kind = optimizer_kind::adam;
   t.optimizer.learning_rate = 0.01f;
   t.capacity = 1024;  // one pass's keys; the table grows beyond it in the store
-  training_cache<std::int64_t> cache({}, {t});
+  training_cache_options options;
+  options.move_staged_rows = true;
+  training_cache<std::int64_t> cache(options, {t});
+  slot_rows<std::int64_t> rows_of;  // the row each slot holds
 
   // Pass p uses keys from its own range (plus a shared head): the table outgrows the cache.
   std::mt19937_64 rng(42);
@@ -71,8 +77,9 @@ int main(int argc, char** argv) {
       // The label: whether the sample's first key is even; the logit sums every embedding.
       const float y = keys[0] % 2 == 0 ? 1.0f : 0.0f;
       double z = 0;
-      for (auto s : slots)
-        for (std::size_t d = 0; d < dim; ++d) z += c.rows()[s * c.row_width() + d];
+      const std::int64_t* rows = rows_of.of(c, slots.data(), slots.size(), host_space{});
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        for (std::size_t d = 0; d < dim; ++d) z += c.rows()[rows[i] * c.row_width() + d];
       const double prob = 1.0 / (1.0 + std::exp(-z));
       loss += -(y * std::log(prob + 1e-9) + (1 - y) * std::log(1 - prob + 1e-9));
       const float g = float(prob - y);
@@ -84,9 +91,10 @@ int main(int argc, char** argv) {
         const auto n = std::count(slots.begin(), slots.end(), unique[u]);
         for (std::size_t d = 0; d < dim; ++d) grads[u * dim + d] = g * float(n);
       }
-      apply_optimizer(host_space{}, t.optimizer, c.rows(), c.row_width(), dim, unique.data(),
-                      grads.data(), unique.size(), ++step);
-      c.mark_updated(unique.data(), unique.size());
+      apply_optimizer(host_space{}, t.optimizer, c.rows(), c.row_width(), dim,
+                      rows_of.of(c, unique.data(), unique.size(), host_space{}), grads.data(),
+                      unique.size(), ++step);
+      c.mark_updated(unique.data(), unique.size());  // marks go by slot
     }
     auto delta = cache.export_incremental_to(out + "/exports");
     if (!delta.ok()) {
