@@ -139,19 +139,35 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
   const std::size_t k = pick.size();
   if (k == 0) return {};
   const bool whole = k == m;  // the batch as it lies in the staging
+  // Staged into the free rows (move_staged_rows, host space): moved in by index, no copy.
+  const bool by_index = is_host_space_v<Space> && tb.free_rows.size() > 0;
   std::vector<Key> keys(k);
   std::vector<std::uint64_t> vers(k);
-  std::vector<float> gathered(whole ? 0 : k * w);
+  std::vector<float> gathered(whole || by_index ? 0 : k * w);
   for (std::size_t i = 0; i < k; ++i) {
     keys[i] = st.keys[pick[i]];
     vers[i] = st.versions[pick[i]];
-    if (!whole) {
+    if (!whole && !by_index) {
       std::memcpy(gathered.data() + i * w, rows + (pick[i] - b) * w, w * sizeof(float));
     }
   }
-  // Rows from the store, in sync with it, keys of the next pass: they carry its mark.
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(keys.data(), k, whole ? rows : gathered.data(),
-                                             vers.data(), vers.data(), st.mark));
+  // Rows from the store, in sync with it, keys of the next pass: they carry its mark. Moved in by
+  // index, the rows the new slots give back take their places in free_rows.
+  if constexpr (is_host_space_v<Space>) {
+    if (by_index) {
+      std::int64_t* const free = tb.free_rows.data();
+      std::vector<std::int64_t> io(k);
+      for (std::size_t i = 0; i < k; ++i) io[i] = free[pick[i]];
+      EMBCACHE_RETURN_IF_ERROR(tb.bridge.install_moved(keys.data(), k, io.data(), vers.data(),
+                                                       vers.data(), st.mark));
+      for (std::size_t i = 0; i < k; ++i) free[pick[i]] = io[i];
+      tb.worker_counters.rows_moved += k;
+    }
+  }
+  if (!by_index) {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.install(keys.data(), k, whole ? rows : gathered.data(),
+                                               vers.data(), vers.data(), st.mark));
+  }
   for (std::size_t i = 0; i < k; ++i) taken[pick[i]] = 1;
   st.hits += k;
   st.early_inserted += k;
