@@ -395,11 +395,12 @@ class device_cache_bridge {
   status read_rows(const std::int64_t* rows, std::size_t n, float* dst, std::size_t chunk) {
     return guarded([&]() -> status {
       const std::size_t w = cache_->row_width();
-      chunk = std::max<std::size_t>(1, chunk);
+      chunk = std::max<std::size_t>(1, std::min(chunk, n));
+      // The cuda space's rows come back through one chunk of device memory.
+      buffer<float, Space> out(is_host_space_v<Space> ? 0 : chunk * w, space());
       for (std::size_t b = 0; b < n; b += chunk) {
         const std::size_t m = std::min(chunk, n - b);
         auto r = in(rows + b, m);
-        buffer<float, Space> out(is_host_space_v<Space> ? 0 : m * w, space());
         float* to = is_host_space_v<Space> ? dst + b * w : out.data();
         EMBCACHE_RETURN_IF_ERROR(cache_->read_rows(arg(rows + b, r), m, to));
         if constexpr (!is_host_space_v<Space>) out.copy_to_host(dst + b * w, m * w);

@@ -60,6 +60,9 @@ struct training_cache_core {
   // Waits for the write-behind and retires its rows (pushing what the flusher did not).
   status finish_write_behind();
   void discard_write_behind();
+  // move_staged_rows: the leavers moved out by index (wb.detached) copied into wb.rows, before a
+  // push of them (the flusher's or finish_write_behind's); nothing when none are.
+  status copy_out_detached(table_type& tb);
   void initialize_row(const table_type& tb, Key k, float* dst) const;
   std::uint64_t fresh_version(table_type& tb);
   status residents(table_type& tb, std::vector<Key>* keys, std::vector<std::uint64_t>* vers);

@@ -38,8 +38,8 @@ auto public_call(const char* call, F&& body) -> decltype(body()) {
 inline std::size_t spare_rows_of(const training_cache_options& options, std::size_t capacity,
                                  std::size_t row_bytes, std::size_t* left) {
   if (!options.move_staged_rows || options.mode != cache_mode::keyset) return 0;
-  const std::size_t rows = std::min(capacity > SIZE_MAX / 2 ? capacity : 2 * capacity,
-                                    *left / row_bytes);
+  const std::size_t rows =
+      std::min(capacity > SIZE_MAX / 2 ? capacity : 2 * capacity, *left / row_bytes);
   *left -= rows * row_bytes;
   return rows;
 }
@@ -94,7 +94,8 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     co.init.seed = detail::fold_seed(o.init.seed, t);
     co.init.state_value = initial_state_value(o.optimizer);
     co.scores = o.scores;
-    co.spare_rows = detail::spare_rows_of(options, o.capacity, tb.row_width * sizeof(float), &unshared);
+    co.spare_rows =
+        detail::spare_rows_of(options, o.capacity, tb.row_width * sizeof(float), &unshared);
     tb.cache = std::make_unique<cache_type>(co, space);
     if (co.spare_rows > 0) {
       std::vector<std::int64_t> free(co.spare_rows);
@@ -142,7 +143,6 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
   core_->counters.last.resize(tables.size());
   core_->counters.total.resize(tables.size());
 }
-
 
 template <class Key, class Space>
 training_cache<Key, Space>::~training_cache() {

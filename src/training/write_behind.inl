@@ -43,13 +43,8 @@ void training_cache_core<Key, Space>::start_flusher() {
       if (tb.wb.keys.empty()) continue;
       const auto t0 = clock_type::now();
       try {
-        if (!tb.wb.detached.empty()) {
-          // Leavers moved out by index (move_staged_rows): copied out of the cache first.
-          s = tb.bridge.read_rows(tb.wb.detached.data(), tb.wb.detached.size(), tb.wb.rows.data(),
-                                  options.prefetch_batch);
-          if (!s.ok()) break;
-          tb.wb.detached.clear();
-        }
+        s = copy_out_detached(tb);
+        if (!s.ok()) break;
         // Not logged for the prefetch hazard: staging starts pulling only after this push is
         // over (flusher.wait_idle()), so no staged row can predate it.
         std::lock_guard<std::mutex> lock(*tb.sync.store_mutex);
@@ -83,14 +78,8 @@ status training_cache_core<Key, Space>::finish_write_behind() {
   for (auto& tb : tables) {
     if (!tb.wb.keys.empty()) {
       if (!tb.wb.pushed) {
-        if (!tb.wb.detached.empty()) {
-          EMBCACHE_RETURN_IF_ERROR(tb.bridge
-                                       .read_rows(tb.wb.detached.data(), tb.wb.detached.size(),
-                                                  tb.wb.rows.data(), options.prefetch_batch)
-                                       .with_context("write-behind of table '" + tb.opt.name +
-                                                     "'"));
-          tb.wb.detached.clear();
-        }
+        EMBCACHE_RETURN_IF_ERROR(
+            copy_out_detached(tb).with_context("write-behind of table '" + tb.opt.name + "'"));
         EMBCACHE_RETURN_IF_ERROR(push(tb, tb.wb.keys.data(), tb.wb.keys.size(),
                                       tb.wb.rows.data(), tb.wb.versions.data())
                                      .with_context("write-behind of table '" + tb.opt.name + "'"));
@@ -104,6 +93,15 @@ status training_cache_core<Key, Space>::finish_write_behind() {
     // The larger free buffer is the next eviction's (prefetch() counted on it).
     if (tb.wb.rows.size() > tb.wb.spare_rows.size()) tb.wb.spare_rows.swap(tb.wb.rows);
   }
+  return {};
+}
+
+template <class Key, class Space>
+status training_cache_core<Key, Space>::copy_out_detached(table_type& tb) {
+  if (tb.wb.detached.empty()) return {};
+  EMBCACHE_RETURN_IF_ERROR(tb.bridge.read_rows(tb.wb.detached.data(), tb.wb.detached.size(),
+                                               tb.wb.rows.data(), options.prefetch_batch));
+  tb.wb.detached.clear();
   return {};
 }
 
