@@ -68,6 +68,17 @@ TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
       << bad.get_status().to_string();
 }
 
+// config.move_staged_rows: a save taken while rows sit in the caches' spare rows (staged for the
+// next pass, leavers moved out) resumes into the model and deltas of an uninterrupted run.
+TEST(trainer_checkpoint, a_resume_with_staged_rows_moved_equals_an_uninterrupted_run) {
+  trainer_config whole = small_config("moved_whole");
+  whole.move_staged_rows = true;
+  run_result rw;
+  expect_resume_equals_whole(whole, "moved", &rw);
+  EXPECT_GT(rw.totals.rows_moved, 0u);
+  EXPECT_GT(rw.totals.rows_detached, 0u);
+}
+
 // Host-hybrid saves are written from the stores directly (no training cache involved): resuming
 // from one gives the model of an uninterrupted host-hybrid run, which is the cache's model.
 TEST(trainer_checkpoint, a_host_hybrid_resume_equals_an_uninterrupted_run) {
