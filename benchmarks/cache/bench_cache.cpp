@@ -187,7 +187,7 @@ void bm_install(benchmark::State& state, std::size_t dim, bool moved) {
   std::unique_ptr<float, void (*)(float*)> pinned(nullptr, [](float*) {});
   float* staging = nullptr;
   if (moved) {
-    embcache::detail::fill_bytes(space, cache.rows() + cache.slots() * dim, 0, n * dim * 4);
+    embcache::detail::fill_bytes(space, cache.row_pool() + cache.slots() * dim, 0, n * dim * 4);
   } else if constexpr (embcache::is_host_space_v<Space>) {
     host_staging.assign(n * dim, 0.0f);
     staging = host_staging.data();

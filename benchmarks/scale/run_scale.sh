@@ -35,8 +35,9 @@
 #     --openblas-thread-timeout N   OPENBLAS_THREAD_TIMEOUT of both trainer runs: OpenBLAS's idle
 #                      threads spin 2^N cycles before they sleep (4 to 30; default: unset, OpenBLAS's
 #                      own, 2^28); docs/tuning.md, "OpenBLAS's idle threads"
-#     --train-move-staged-rows   move_staged_rows in both trainer runs: staged rows moved into
-#                      the caches by index (spare rows beside the slots, counted in the budget)
+#     --train-copy-staged-rows   move_staged_rows false in both trainer runs: staged rows copied
+#                      into the caches (default: the trainer's, moved by index into spare rows
+#                      beside the slots, counted in the budget)
 #     --keep           keep the tables afterwards (default: removed)
 # Output: the fio floor, then one JSON line per run (bench_scale's summary), then a table in
 # Markdown on stdout; everything also goes to DIR/results.txt.
@@ -67,7 +68,7 @@ train_dim=64
 train_cardinality=0.5
 train_cap_mib=1536
 train_blas_threads=0
-train_move=false
+train_move=default
 train_budget_mib=1280
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -97,7 +98,7 @@ while [ $# -gt 0 ]; do
     --train-budget-mib) train_budget_mib=$2; shift 2 ;;
     --train-blas-threads) train_blas_threads=$2; shift 2 ;;
     --openblas-thread-timeout) export OPENBLAS_THREAD_TIMEOUT=$2; shift 2 ;;
-    --train-move-staged-rows) train_move=true; shift ;;
+    --train-copy-staged-rows) train_move=false; shift ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -227,6 +228,8 @@ passes_json=$(python3 -c "
 import json, sys
 s = sys.argv[2:]; per = int(sys.argv[1])
 print(json.dumps([{'shards': s[i * per:(i + 1) * per]} for i in range(len(s) // per)]))" "$per" "$@")
+move_field=""  # the trainer's default unless --train-copy-staged-rows
+[ "$train_move" = false ] && move_field=', "move_staged_rows": false'
 config() {  # store budget staging write_back
   cat <<JSON
 {"mode": "keyset", "data_dir": "$data", "passes": $passes_json,
@@ -237,7 +240,7 @@ config() {  # store budget staging write_back
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
  "embedding_device": "host", "memory_budget_bytes": $2, "staging_bytes": $3,
- "write_back_bytes": $4, "blas_threads": $train_blas_threads, "move_staged_rows": $train_move}
+ "write_back_bytes": $4, "blas_threads": $train_blas_threads$move_field}
 JSON
 }
 for store in rocksdb host; do

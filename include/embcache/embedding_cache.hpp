@@ -231,7 +231,7 @@ class embedding_cache {
   status read_rows(const std::int64_t* rows, std::size_t n, float* dst) const;
 
   /// Index of the row each of `slots` holds (n, the space's memory; -1 gives -1) into `rows_out`:
-  /// its floats are at rows() + index * row_width. The slot itself without spare rows. Cannot
+  /// its floats are at row_pool() + index * row_width. The slot itself without spare rows. Cannot
   /// fail.
   void row_indices(const std::int64_t* slots, std::size_t n, std::int64_t* rows_out) const;
 
@@ -401,10 +401,14 @@ class embedding_cache {
     }
   }
 
-  /// The row pool (row_count() * row_width floats in the space's memory). Without spare rows
-  /// slot s holds row s; with them, row_indices() says which row a slot holds.
-  float* rows() noexcept { return rows_.data(); }
-  const float* rows() const noexcept { return rows_.data(); }
+  /// The row pool: row_count() * row_width floats in the space's memory, row r at
+  /// row_pool() + r * row_width. Indexed by row, not by slot: the row a slot holds is the one
+  /// row_indices() names (slot_rows.hpp translates a batch of slots). Without spare rows
+  /// (cache_options::spare_rows) slot s holds row s; with them (a training cache moving its
+  /// staged rows by index, training_cache_options::move_staged_rows) rows move between slots at
+  /// every install_rows / detach_rows, and a slot's row is anywhere in the pool.
+  float* row_pool() noexcept { return rows_.data(); }
+  const float* row_pool() const noexcept { return rows_.data(); }
 
   /// A non-owning read-write view carrying the single-key operations, for the caller's loops
   /// and kernels (embedding_cache_ref.hpp). Valid while the cache lives; clear() keeps it valid.

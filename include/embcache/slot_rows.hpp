@@ -1,7 +1,7 @@
 /// Where the sparse ops find the rows of a cache's slots.
 ///
 /// lookup_combine reads, and apply_optimizer updates, rows by index in a cache's row pool
-/// (embedding_cache::rows()). Without spare rows the row of slot s is row s. A cache with spare
+/// (embedding_cache::row_pool()). Without spare rows the row of slot s is row s. A cache with spare
 /// rows (cache_options::spare_rows, which training_cache_options::move_staged_rows gives every
 /// table) moves rows between slots by index, so the row of slot s is the one
 /// embedding_cache::row_indices() names. A batch's slots (from lookup_slots) become the sparse
@@ -11,9 +11,9 @@
 ///   slot_batch b = batch_over_slots;           // aggregate_gradients runs over slots
 ///   slot_batch r = b;
 ///   r.row_indices = batch_rows.of(cache, b.row_indices, b.num_indices, space);
-///   lookup_combine(space, cache.rows(), cache.row_width(), dim, r, comb, out);
+///   lookup_combine(space, cache.row_pool(), cache.row_width(), dim, r, comb, out);
 ///   aggregate_gradients(space, b, comb, d_out, dim, grads);   // grads.rows: unique slots
-///   apply_optimizer(space, opt, cache.rows(), cache.row_width(), grads.dim,
+///   apply_optimizer(space, opt, cache.row_pool(), cache.row_width(), grads.dim,
 ///                   updated_rows.of(cache, grads.rows.data(), grads.size, space),
 ///                   grads.values.data(), grads.size, step);
 ///   cache.mark_updated(grads.rows.data(), grads.size);

@@ -14,7 +14,7 @@
 /// embcache); training_cache<Key, cuda_space> keeps them in GPU memory (library embcache::cuda),
 /// with the staging and write-behind rows in pinned host memory. Either way the orchestration runs
 /// on the host and every pointer argument of this class is host memory; only the rows of cache(t)
-/// (cache(t).rows(), the slots of lookup) live in the space's memory. The orchestration keeps
+/// (cache(t).row_pool(), the slots of lookup) live in the space's memory. The orchestration keeps
 /// nothing per slot: dirtiness, keyset membership and victim choice are the device cache's own
 /// bookkeeping (embedding_cache::mark_synced, set_marks, select_victims, gather_dirty), so a
 /// boundary moves the keyset's keys and the rows that leave or arrive, not the slots' metadata.
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -127,19 +128,30 @@ struct training_cache_options {
   /// the same whatever the size; a table holds at most three buffers of this size for its
   /// write-behind (the one being pushed, a recycled one, the prefetch's gather buffer).
   std::size_t write_back_bytes = std::size_t{256} << 20;
-  /// Rows moved at the pass boundary by index, not copied (keyset mode); default false. true:
-  /// each table's cache gets spare rows for its share of `staging_bytes` (tables in order, at
-  /// most twice its capacity; in the space's memory). In the host space they are the staging:
-  /// the prefetch worker writes each batch it pulls into them (one batch of rows beside them,
-  /// no staging of staging_bytes); in the cuda space they are device memory on top of the pinned
-  /// staging, and the worker copies the rows it staged into them during the pass. begin_pass
-  /// moves them into their slots by index (embedding_cache::install_rows)
-  /// instead of copying them there, and, with write-behind, moves the dirty leaving rows out to
-  /// free rows the same way (embedding_cache::detach_rows) for the flusher to copy out and push.
-  /// The rows of cache(t) are then at rows() + row * row_width for the row indices
-  /// embedding_cache::row_indices() gives for the slots, no longer at slot * row_width.
-  bool move_staged_rows = false;
+  /// Rows moved at the pass boundary by index, not copied (keyset mode). Unset (the default):
+  /// true in the host space, false in the cuda space (resolved_move_staged_rows()). true: each
+  /// table's cache gets spare rows for its share of `staging_bytes` (tables in order, at most
+  /// twice its capacity; in the space's memory). In the host space they are the staging: the
+  /// prefetch worker writes each batch it pulls into them (one batch of rows beside them, no
+  /// staging of staging_bytes), so they cost no memory the staging would not. In the cuda space
+  /// they are device memory on top of the pinned staging (hence off there unless asked for), and
+  /// the worker copies the rows it staged into them during the pass. begin_pass moves them into
+  /// their slots by index (embedding_cache::install_rows) instead of copying them there, and,
+  /// with write-behind, moves the dirty leaving rows out to free rows the same way
+  /// (embedding_cache::detach_rows) for the flusher to copy out and push. The row a slot holds
+  /// is then the one embedding_cache::row_indices() names (slot_rows.hpp), anywhere in
+  /// row_pool(). The same rows, versions, saves and exports bit for bit either way.
+  std::optional<bool> move_staged_rows;
 };
+
+/// Whether a training cache in `Space` with `options` moves its staged rows by index: the
+/// option when set, else the space's default (true in the host space, false in the cuda space);
+/// false outside keyset mode.
+template <class Space>
+bool resolved_move_staged_rows(const training_cache_options& options) {
+  if (options.mode != cache_mode::keyset) return false;
+  return options.move_staged_rows.value_or(!is_cuda_space_v<Space>);
+}
 
 /// Counters of one table (over one pass, or in total).
 struct table_counters {
@@ -221,7 +233,7 @@ struct load_options {
 ///
 /// Thread safety: one caller thread drives the cache; the only other threads are its own
 /// prefetch worker and write-behind flusher. Rows may be updated in place through cache(t)
-/// (lookup_slots, rows() with row_indices() under move_staged_rows, mark_updated) between
+/// (lookup_slots, row_pool() at the slots' row_indices(), mark_updated) between
 /// begin_pass / lookup calls; in keyset mode, while
 /// a prefetch is pending, only rows of the current pass's keyset (see prefetch()).
 ///
@@ -298,7 +310,8 @@ class training_cache {
   bool prefetch_pending() const noexcept;
 
   /// On-demand mode: makes the keys of the batch resident and writes each key's slot into
-  /// `slots_out` (n, may be nullptr; rows at cache(t).rows() + slot * row_width). Misses are
+  /// `slots_out` (n, may be nullptr; on-demand caches have no spare rows, so slot s holds row s of
+  /// cache(t).row_pool()). Misses are
   /// pulled or initialized and inserted with eviction by score; dirty victims are written back.
   /// More distinct keys than the capacity gives capacity_exceeded before anything changes. When
   /// some keys find no room (more keys of the batch share a home bucket than it holds), the

@@ -77,8 +77,8 @@ class embedding_bag {
         batch_ = {bags / slots, slots, offsets_.data(), slots_.data(), n};
         s = check_batch(batch_, c.slots());
         if (s.ok())
-          lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, over_rows(c, batch_), comb_,
-                         pooled.as<float>(), default_rows(bags == 0 ? 0 : slots));
+          lookup_combine(host_space{}, c.row_pool(), c.row_width(), dim_, over_rows(c, batch_),
+                         comb_, pooled.as<float>(), default_rows(bags == 0 ? 0 : slots));
       }
     }
     if (!s.ok()) {
@@ -139,7 +139,7 @@ class embedding_bag {
       const auto t0 = std::chrono::steady_clock::now();
       check(find_slots(k.as<Key>(), n));
       batch_ = {n, 1, offsets_.data(), slots_.data(), n};
-      lookup_combine(host_space{}, c.rows(), c.row_width(), dim_, over_rows(c, batch_), comb_,
+      lookup_combine(host_space{}, c.row_pool(), c.row_width(), dim_, over_rows(c, batch_), comb_,
                      pooled.data(), default_rows(1));
       aggregate_gradients(host_space{}, batch_, comb_, grad.data(), dim_, grads_);
       update_rows(c, ++step_);
@@ -168,7 +168,7 @@ class embedding_bag {
 
   // The optimizer in the rows of grads_'s unique slots, which are then marked updated.
   void update_rows(cache_type& c, std::uint64_t step) {
-    apply_optimizer(host_space{}, optimizer_, c.rows(), c.row_width(), grads_.dim,
+    apply_optimizer(host_space{}, optimizer_, c.row_pool(), c.row_width(), grads_.dim,
                     updated_rows_.of(c, grads_.rows.data(), grads_.size, host_space{}),
                     grads_.values.data(), grads_.size, step);
     c.mark_updated(grads_.rows.data(), grads_.size);

@@ -262,7 +262,7 @@ the rows whose version is greater (export_filter::changed_since).)doc")
           "rows",
           [](py::object self) {
             auto& c = self.cast<cache&>();
-            return rows_view(c.rows(), c.slots(), c.row_width(), self);
+            return rows_view(c.row_pool(), c.slots(), c.row_width(), self);
           },
           R"doc(The row pool as a (slots, row_width) float32 array without a copy; row i
 belongs to slot i. Write through it, then call mark_updated(slots).)doc")

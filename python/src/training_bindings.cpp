@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,7 +81,7 @@ std::unique_ptr<training_ref_of<Key>> make_training(std::vector<table_options<Ke
                                                     const std::string& mode,
                                                     const std::string& keyset_fmt,
                                                     std::size_t prefetch_batch, bool write_behind,
-                                                    bool move_staged_rows) {
+                                                    std::optional<bool> move_staged_rows) {
   training_cache_options o;
   o.mode = cache_mode_of(mode);
   o.keyset_fmt = keyset_format_of(keyset_fmt);
@@ -319,14 +320,14 @@ export.)doc")
   py::class_<training_ref>(m, ("TrainingCache" + sfx).c_str(), cache_doc.c_str())
       .def(py::init(&make_training<Key>), py::arg("tables"), py::arg("mode") = "keyset",
            py::arg("keyset_format") = "embcache", py::arg("prefetch_batch") = 65536,
-           py::arg("write_behind") = true, py::arg("move_staged_rows") = false,
+           py::arg("write_behind") = true, py::arg("move_staged_rows") = py::none(),
            R"doc(Builds the caches and, where none is given, the host stores
 (training_cache_options: `mode` 'keyset' | 'on_demand'; `keyset_format` 'embcache' |
 'hugectr_raw' for the *_files calls; `prefetch_batch` keys per store pull while staging (65536);
 `write_behind` pushes the rows leaving at a boundary in the background (True);
 `move_staged_rows` moves staged rows in and leaving rows out at a keyset boundary by index
-instead of copying them (False): the row of slot s is then rows(t)[row_indices(t, s)], not
-rows(t)[s]; EmbeddingBag translates by itself).
+instead of copying them (None: the library's default, True for these host caches): the row of
+slot s is row_pool(t)[row_indices(t, s)]; EmbeddingBag translates by itself).
 InvalidArgumentError for an empty or repeated name, a zero dim or capacity, bad optimizer options
 or a store of another row width.)doc")
       .def_property_readonly("num_tables",
@@ -392,28 +393,29 @@ place only rows of the current pass's keyset.)doc")
           "Whether a prefetch is staged or running.")
       .def("lookup", &lookup<Key>, py::arg("t"), py::arg("keys"), py::arg("out") = py::none(),
            R"doc(On-demand mode: makes the keys resident and returns each key's slot (int64; its
-row is rows(t)[slot]). Misses are pulled or initialized, victims written back.
+row is row_pool(t)[slot]: on-demand caches move no rows). Misses are pulled or initialized, victims written back.
 CapacityExceededError for more distinct keys than the capacity.)doc")
       .def("lookup_slots", &lookup_slots<Key>, py::arg("t"), py::arg("keys"),
            py::arg("out") = py::none(),
            R"doc(Slot of each key in table t's device cache, -1 for a key not resident (keyset
 mode: a key outside the pass's keyset). Nothing is fetched.)doc")
       .def(
-          "rows",
+          "row_pool",
           [](py::object self, py::handle t) {
             auto& r = self.cast<training_ref&>();
             auto& c = r.cache->cache(r.index_of(t));
-            return rows_view(c.rows(), c.row_count(), c.row_width(), self);
+            return rows_view(c.row_pool(), c.row_count(), c.row_width(), self);
           },
           py::arg("t"),
-          R"doc(Table t's device rows as a (rows, row_width) float32 array without a copy: one row
-per slot, the row of slot s at s; with move_staged_rows also the spare rows, the row of slot s at
-row_indices(t, s). After an in-place update call mark_updated(t, slots).)doc")
+          R"doc(Table t's row pool as a (rows, row_width) float32 array without a copy, indexed by
+row, not by slot: the row of slot s is row_pool(t)[row_indices(t, s)] (rows move between slots
+at keyset boundaries, move_staged_rows). After an in-place update call mark_updated(t, slots).)doc")
       .def("row_indices", &row_indices<Key>, py::arg("t"), py::arg("slots"),
-           R"doc(The index in rows(t) of the row each slot holds (int64; -1 stays -1): the slot
-itself unless the cache was built with move_staged_rows. Valid until the next begin_pass.)doc")
+           R"doc(The index in row_pool(t) of the row each slot holds (int64; -1 stays -1): the
+slot itself when the cache moves no rows (move_staged_rows=False, on-demand mode). Valid until the
+next begin_pass.)doc")
       .def("mark_updated", &mark_updated<Key>, py::arg("t"), py::arg("slots"),
-           "Marks rows updated in place through rows(t) (they become dirty, exported, written "
+           "Marks rows updated in place through row_pool(t) (they become dirty, exported, written "
            "back).")
       .def("assign", &assign<Key>, py::arg("t"), py::arg("keys"), py::arg("rows"),
            R"doc(Overwrites the rows of resident keys and marks them updated; NotFoundError for a

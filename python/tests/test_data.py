@@ -80,7 +80,7 @@ def test_apply_deltas_matches_a_later_save(tmp_path):
     for step in range(2):
         part = ks[step * 100:(step + 1) * 100]
         slots = tc.lookup_slots("deep", part)
-        tc.rows("deep")[slots, :4] += 0.25
+        tc.row_pool("deep")[tc.row_indices("deep", slots), :4] += 0.25
         tc.mark_updated("deep", slots)
         tc.erase("wide", part[:3])
         tc.export_incremental_to(str(tmp_path / "deltas"), with_state=True)

@@ -46,9 +46,10 @@ def test_wide_deep_sample_trains_exports_and_saves(tmp_path, synth_dataset):
 
 
 def test_wide_deep_sample_moves_staged_rows_to_the_same_model(tmp_path, synth_dataset):
-    """--move-staged-rows: the rows move into the caches by index; the same losses and model."""
+    """The rows move into the caches by index (the default) or are copied (--copy-staged-rows);
+    the same losses and model."""
     runs = [run_sample(tmp_path, synth_dataset, name, *extra)
-            for name, extra in (("copied", ()), ("moved", ("--move-staged-rows",)))]
+            for name, extra in (("copied", ("--copy-staged-rows",)), ("moved", ()))]
     for out in runs:
         assert out.returncode == 0, out.stdout
     passes = [[l for l in out.stdout.splitlines() if l.startswith("pass ")] for out in runs]

@@ -49,8 +49,8 @@ def test_keyset_passes_with_prefetch_export_and_counters():
     slots = tc.lookup_slots("deep", keys(0, 10))
     assert np.all(slots >= 0)
     assert tc.lookup_slots("deep", keys(250, 251))[0] == -1
-    rows = tc.rows("deep")
-    rows[slots, :4] += 1.0
+    rows = tc.row_pool("deep")  # by row: the row a slot holds is row_indices() (rows move)
+    rows[tc.row_indices("deep", slots), :4] += 1.0
     tc.mark_updated("deep", slots)
     tc.begin_pass([keys(100, 300), keys(100, 300)])
     c = tc.counters
@@ -95,7 +95,7 @@ def test_on_demand_lookup_and_rows_view():
     tc = embcache.TrainingCache(tables(capacity=128), mode="on_demand")
     assert tc.mode == "on_demand"
     slots = tc.lookup("deep", keys(0, 100))
-    view = tc.rows("deep")
+    view = tc.row_pool("deep")  # on demand no rows move: the row of slot s is row s
     got, found = tc.read("deep", keys(0, 100))
     np.testing.assert_array_equal(view[slots], got)
     for lo in (1000, 2000, 3000):  # more rows than the table's 256 slots: evictions to the store
@@ -241,8 +241,9 @@ def test_embedding_bag_pools_refused_keys_as_their_slots_default_row(mode):
 
 
 def test_staged_rows_moved_by_index_train_as_copied_rows():
-    """move_staged_rows: rows move in and out at a keyset boundary by index; EmbeddingBag and
-    rows(t)[row_indices(t, slots)] find them, and training gives the copied run's rows bit for bit."""
+    """move_staged_rows (the default for these host caches): rows move in and out at a keyset
+    boundary by index; EmbeddingBag and row_pool(t)[row_indices(t, slots)] find them, and training
+    gives the copied run's rows bit for bit."""
     rng = np.random.default_rng(5)
     passes = [np.unique(rng.integers(0, 600, 300)).astype(np.int64) for _ in range(6)]
     every = keys(0, 600)
@@ -264,19 +265,19 @@ def test_staged_rows_moved_by_index_train_as_copied_rows():
             slots = tc.lookup_slots("deep", ks)
             rows, found = tc.read("deep", ks)
             assert found.all()
-            assert np.array_equal(tc.rows("deep")[tc.row_indices("deep", slots)], rows)
+            assert np.array_equal(tc.row_pool("deep")[tc.row_indices("deep", slots)], rows)
         tc.end_training()
         return [tc.read(t, every) for t in ("wide", "deep")], tc.counters["total"]["deep"], pooled
 
     copied, copied_counters, copied_pooled = run(False)
-    moved, moved_counters, moved_pooled = run(True)
+    moved, moved_counters, moved_pooled = run(None)  # the default
     assert all(np.array_equal(a, b) for a, b in zip(copied_pooled, moved_pooled))
     assert "rows_moved" not in copied_counters and moved_counters["rows_moved"] > 0
     assert moved_counters["rows_pushed"] == copied_counters["rows_pushed"]
     for (a, found_a), (b, found_b) in zip(copied, moved):
         assert np.array_equal(found_a, found_b) and found_a.any()
         assert np.array_equal(a[found_a], b[found_b])
-    plain = embcache.TrainingCache(tables())
+    plain = embcache.TrainingCache(tables(), move_staged_rows=False)
     plain.begin_pass([keys(0, 10), keys(0, 10)])
     slots = plain.lookup_slots("deep", keys(0, 10))
     assert np.array_equal(plain.row_indices("deep", slots), slots)

@@ -3,8 +3,9 @@
 // pass: the keyset (the pass's unique keys) is made resident, the next pass's is prefetched,
 // the loop looks rows up by slot, updates them in place and marks them updated; after each pass
 // the rows changed are exported, and the model is saved at the end. The staged rows move into the
-// cache by index at each pass's start (move_staged_rows), so the loop finds the row a slot holds
-// through slot_rows (embcache/slot_rows.hpp) instead of at slot * row_width.
+// cache by index at each pass's start (training_cache_options::move_staged_rows, the host space's
+// default), so the loop finds the row a slot holds through slot_rows (embcache/slot_rows.hpp) in
+// the cache's row_pool(), not at slot * row_width.
 //
 // Usage: my_trainer [OUT_DIR]   (default ./my_trainer_out; it is replaced)
 #include <algorithm>
@@ -39,9 +40,7 @@ int main(int argc, char** argv) {
   t.optimizer.kind = optimizer_kind::adam;
   t.optimizer.learning_rate = 0.01f;
   t.capacity = 1024;  // one pass's keys; the table grows beyond it in the store
-  training_cache_options options;
-  options.move_staged_rows = true;
-  training_cache<std::int64_t> cache(options, {t});
+  training_cache<std::int64_t> cache(training_cache_options{}, {t});
   slot_rows<std::int64_t> rows_of;  // the row each slot holds
 
   // Pass p uses keys from its own range (plus a shared head): the table outgrows the cache.
@@ -79,7 +78,7 @@ int main(int argc, char** argv) {
       double z = 0;
       const std::int64_t* rows = rows_of.of(c, slots.data(), slots.size(), host_space{});
       for (std::size_t i = 0; i < slots.size(); ++i)
-        for (std::size_t d = 0; d < dim; ++d) z += c.rows()[rows[i] * c.row_width() + d];
+        for (std::size_t d = 0; d < dim; ++d) z += c.row_pool()[rows[i] * c.row_width() + d];
       const double prob = 1.0 / (1.0 + std::exp(-z));
       loss += -(y * std::log(prob + 1e-9) + (1 - y) * std::log(1 - prob + 1e-9));
       const float g = float(prob - y);
@@ -91,7 +90,7 @@ int main(int argc, char** argv) {
         const auto n = std::count(slots.begin(), slots.end(), unique[u]);
         for (std::size_t d = 0; d < dim; ++d) grads[u * dim + d] = g * float(n);
       }
-      apply_optimizer(host_space{}, t.optimizer, c.rows(), c.row_width(), dim,
+      apply_optimizer(host_space{}, t.optimizer, c.row_pool(), c.row_width(), dim,
                       rows_of.of(c, unique.data(), unique.size(), host_space{}), grads.data(),
                       unique.size(), ++step);
       c.mark_updated(unique.data(), unique.size());  // marks go by slot

@@ -40,7 +40,7 @@ def trainer_config(args, hidden, passes):
     """The embcache-train configuration of this model (docs/trainer.md), written to trainer.json."""
     return {
         "mode": "keyset", "batch_size": args.batch_size, "crossed": False, "seed": args.seed,
-        "move_staged_rows": args.move_staged_rows,
+        "move_staged_rows": not args.copy_staged_rows,
         "num_dense": DENSE, "num_slots": SLOTS, "shuffle": False,
         "passes": [{"shards": shards} for shards in passes],
         "eval_shard": args.eval, "eval_max_samples": args.eval_max_samples,
@@ -63,7 +63,9 @@ def make_cache(args):
     deep = embcache.TableOptions(
         "deep", dim=args.dim, capacity=args.capacity, init_scale=0.01, seed=args.seed,
         optimizer={"kind": "adam", "learning_rate": args.sparse_lr})
-    return embcache.TrainingCache([wide, deep], move_staged_rows=args.move_staged_rows)
+    # Unset: the library's default, rows moved by index for these host caches.
+    return embcache.TrainingCache([wide, deep],
+                                  move_staged_rows=False if args.copy_staged_rows else None)
 
 
 class Dropout(torch.nn.Module):
@@ -177,9 +179,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.001, help="dense Adam")
     ap.add_argument("--sparse-lr", type=float, default=0.001, help="deep table's Adam")
     ap.add_argument("--capacity", type=int, default=1 << 20, help="cache rows per table")
-    ap.add_argument("--move-staged-rows", action="store_true",
-                    help="move staged rows into the caches by index at each shard's start "
-                         "(docs/tuning.md); the same model")
+    ap.add_argument("--copy-staged-rows", action="store_true",
+                    help="copy staged rows into the caches at each shard's start instead of "
+                         "moving them by index (docs/tuning.md); the same model")
     ap.add_argument("--seed", type=int, default=0, help="seed of the tables' initial rows")
     ap.add_argument("--model-seed", type=int, default=0, help="seed of the MLP and dropout")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -250,7 +252,7 @@ def main(argv=None):
             line += f", export {os.path.basename(export_path)}"
         c = cache.counters["last"]["deep"]
         line += f", last swap: {c['rows_staged']} staged, {c['rows_pushed']} written back"
-        if "rows_moved" in c:  # --move-staged-rows
+        if "rows_moved" in c:  # not --copy-staged-rows
             line += f", {c['rows_moved']} moved in"
         print(line, flush=True)
         total = cache.counters["total"]

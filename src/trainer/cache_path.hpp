@@ -250,9 +250,9 @@ class cache_path : public embedding_path {
     slot_batch wide_rows = wide_batch_, deep_rows = deep_batch_;
     wide_rows.row_indices = batch_rows_[0].of(wc, slots_[0], n * ws, space_);
     deep_rows.row_indices = batch_rows_[1].of(dc, slots_[1], n * ds, space_);
-    lookup_combine(space_, wc.rows(), wc.row_width(), 1, wide_rows, combiner::sum, wide,
+    lookup_combine(space_, wc.row_pool(), wc.row_width(), 1, wide_rows, combiner::sum, wide,
                    default_rows(0, ws));
-    lookup_combine(space_, dc.rows(), dc.row_width(), dim, deep_rows, combiner::sum, deep,
+    lookup_combine(space_, dc.row_pool(), dc.row_width(), dim, deep_rows, combiner::sum, deep,
                    default_rows(1, ds));
     return {};
   }
@@ -311,7 +311,7 @@ class cache_path : public embedding_path {
     auto& c = cache().cache(t);
     aggregate_gradients(space_, batch, combiner::sum, d_out, config_.tables[t].dim, g);
     std::int8_t* f = flags(g.size);
-    apply_optimizer(space_, config_.tables[t].optimizer, c.rows(), c.row_width(), g.dim,
+    apply_optimizer(space_, config_.tables[t].optimizer, c.row_pool(), c.row_width(), g.dim,
                     updated_rows_.of(c, g.rows.data(), g.size, space_), g.values.data(), g.size,
                     step, f);
     if (const std::size_t rows = count_equal(space_, f, g.size, std::int8_t{1})) {

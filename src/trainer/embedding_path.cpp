@@ -198,8 +198,13 @@ result<embedding_stores> build_embedding_stores(const trainer_config& config, ho
   tables.options.staging_bytes = static_cast<std::size_t>(memory.staging_bytes);
   tables.options.write_back_bytes = static_cast<std::size_t>(memory.write_back_bytes);
   tables.options.prefetch_batch = memory.prefetch_batch;
-  // (A save-only cache stages nothing: its tables are one bucket.)
-  tables.options.move_staged_rows = config.move_staged_rows && !save_only_cache;
+  // config.move_staged_rows when set, else unset: the training cache's default for its space
+  // (moves_staged_rows() counts the same). A save-only cache stages nothing (its tables are one
+  // bucket); without prefetch nothing is staged to move.
+  if (save_only_cache || config.mode != trainer_mode::keyset || !config.prefetch)
+    tables.options.move_staged_rows = false;
+  else
+    tables.options.move_staged_rows = config.move_staged_rows;
   return tables;
 }
 

@@ -100,7 +100,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
         return status::not_found("key " + std::to_string(keys[i]) + " is not in rank " +
                                  std::to_string(rank_) + "'s part of the shard's keyset (table " +
                                  config_.name + ")");
-      const float* row = c.rows() + std::size_t(rows[i]) * width;
+      const float* row = c.row_pool() + std::size_t(rows[i]) * width;
       std::copy(row, row + dim, out + i * dim);
     }
     offsets_.resize(n + 1);
@@ -113,7 +113,7 @@ class cache_owner_rows final : public owner_rows<trainer_key> {
     const std::size_t n = slots_.size();
     const slot_batch batch{n, 1, offsets_.data(), slots_.data(), n};
     aggregate_gradients(space_, batch, combiner::sum, grads, config_.dim, grads_);
-    apply_optimizer(space_, config_.optimizer, c.rows(), c.row_width(), grads_.dim,
+    apply_optimizer(space_, config_.optimizer, c.row_pool(), c.row_width(), grads_.dim,
                     rows_.of(c, grads_.rows.data(), grads_.size, space_), grads_.values.data(),
                     grads_.size, step);
     c.mark_updated(grads_.rows.data(), grads_.size);

@@ -117,7 +117,6 @@ const config_field<device_choice> device_fields[] = {
 const config_field<bool> flag_fields[] = {{"crossed", &trainer_config::crossed},
                                           {"shuffle", &trainer_config::shuffle},
                                           {"prefetch", &trainer_config::prefetch},
-                                          {"move_staged_rows", &trainer_config::move_staged_rows},
                                           {"export_with_state", &trainer_config::export_with_state},
                                           {"save_every_pass", &trainer_config::save_every_pass}};
 const ranged_field<std::size_t> count_fields[] = {
@@ -248,7 +247,7 @@ status validate(const trainer_config& c) {
     return status::invalid_argument(std::string("config.mode: \"") + to_string(c.mode) +
                                     "\" with config.world " + std::to_string(c.world) +
                                     ": a sharded run trains in mode \"keyset\" or \"host_hybrid\"");
-  if (c.move_staged_rows && (c.mode != trainer_mode::keyset || !c.prefetch))
+  if (c.move_staged_rows.value_or(false) && (c.mode != trainer_mode::keyset || !c.prefetch))
     return status::invalid_argument(
         std::string("config.move_staged_rows: moves the rows the prefetch stages, so it needs "
                     "config.mode \"keyset\" with config.prefetch (got mode \"") +
@@ -411,6 +410,11 @@ result<trainer_config> trainer_config_from_json(const json& j) {
       r.fail(r.path(f.name), "\"" + name + "\" is not a device (host, cuda, auto)");
   }
   for (const auto& f : flag_fields) r.get(f.name, c.*f.member);
+  if (r.has("move_staged_rows")) {  // absent: the default, which depends on where the caches are
+    bool moved = false;
+    r.get("move_staged_rows", moved);
+    c.move_staged_rows = moved;
+  }
   for (const auto& f : count_fields) r.get_int(f.name, c.*f.member, f.range);
   for (const auto& f : thread_fields) r.get_int(f.name, c.*f.member, f.range);
   read_memory_fields(r, c);
@@ -477,6 +481,7 @@ void to_json(json& j, const trainer_config& c) {
   for (const auto& f : text_fields) j[f.name] = c.*f.member;
   for (const auto& f : device_fields) j[f.name] = to_string(c.*f.member);
   for (const auto& f : flag_fields) j[f.name] = c.*f.member;
+  if (c.move_staged_rows) j["move_staged_rows"] = *c.move_staged_rows;
   for (const auto& f : count_fields) j[f.name] = c.*f.member;
   for (const auto& f : thread_fields) j[f.name] = c.*f.member;
   memory_fields_json(c, j);

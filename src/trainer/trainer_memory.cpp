@@ -105,6 +105,15 @@ memory_part data_part(const trainer_config& c) {
   return p;
 }
 
+}  // namespace
+
+bool moves_staged_rows(const trainer_config& c, bool caches_on_device) {
+  if (c.mode != trainer_mode::keyset || !c.prefetch) return false;
+  return c.move_staged_rows.value_or(!caches_on_device);
+}
+
+namespace {
+
 run_parts parts_of(const trainer_config& c, bool caches_on_device) {
   run_parts r;
   std::uint64_t largest_slots = 0;
@@ -113,10 +122,11 @@ run_parts parts_of(const trainer_config& c, bool caches_on_device) {
     if (tc.name == "deep") dim = tc.dim;
 
   // The caches (host_hybrid keeps a one-row cache per table): the tables' real arrays
-  // (embedding_cache::bytes_per_slot, bytes_per_bucket) and, with config.move_staged_rows, their
+  // (embedding_cache::bytes_per_slot, bytes_per_bucket) and, when moves_staged_rows(), their
   // spare rows as the training cache sizes them (training_cache_options::move_staged_rows: each
   // table's share of staging_bytes, tables in order, at most twice its capacity).
-  std::uint64_t spare_left = c.move_staged_rows ? detail::cache_memory_of(c).staging_bytes : 0;
+  const bool moved = moves_staged_rows(c, caches_on_device);
+  std::uint64_t spare_left = moved ? detail::cache_memory_of(c).staging_bytes : 0;
   if (c.mode != trainer_mode::host_hybrid)
     for (std::size_t t = 0; t < c.tables.size(); ++t) {
       const trainer_table_config& tc = c.tables[t];
@@ -215,11 +225,11 @@ run_parts parts_of(const trainer_config& c, bool caches_on_device) {
   // two batches of prefetch_batch rows: the worker's (its early eviction's and its early
   // insert's), then, once it is done, the boundary's chunk of missing rows and of those it pulls.
   //
-  // With config.move_staged_rows and the caches on the host, the caches' spare rows are the
+  // When moves_staged_rows() with the caches on the host, the caches' spare rows are the
   // staging (counted with the caches): the worker stages one batch at a time into them.
   if (c.mode == trainer_mode::keyset) {
     const detail::cache_memory_options m = detail::cache_memory_of(c);
-    const bool in_spare_rows = c.move_staged_rows && !caches_on_device;
+    const bool in_spare_rows = moved && !caches_on_device;
     memory_part rows;
     rows.field = "config.staging_bytes";
     std::uint64_t left = m.staging_bytes, staged_rows = 0;

@@ -20,7 +20,7 @@ template <class Key, class Space>
 const float* staged_row(const table_state<Key, Space>& tb, std::size_t j) {
   if constexpr (is_host_space_v<Space>) {
     if (tb.staged.moved)
-      return tb.cache->rows() + static_cast<std::size_t>(tb.free_rows.data()[j]) * tb.row_width;
+      return tb.cache->row_pool() + static_cast<std::size_t>(tb.free_rows.data()[j]) * tb.row_width;
   }
   return tb.staged.rows.data() + j * tb.row_width;
 }

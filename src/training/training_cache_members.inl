@@ -35,9 +35,9 @@ auto public_call(const char* call, F&& body) -> decltype(body()) {
 // move_staged_rows: the spare rows of a table's cache, its share of staging_bytes (tables in
 // order, as prefetch() shares the staging), at most twice its capacity (a keyset's rows moved in
 // and as many leavers moved out); `*left` the bytes still unshared.
-inline std::size_t spare_rows_of(const training_cache_options& options, std::size_t capacity,
-                                 std::size_t row_bytes, std::size_t* left) {
-  if (!options.move_staged_rows || options.mode != cache_mode::keyset) return 0;
+inline std::size_t spare_rows_of(bool moved, std::size_t capacity, std::size_t row_bytes,
+                                 std::size_t* left) {
+  if (!moved) return 0;
   const std::size_t rows =
       std::min(capacity > SIZE_MAX / 2 ? capacity : 2 * capacity, *left / row_bytes);
   *left -= rows * row_bytes;
@@ -95,7 +95,7 @@ training_cache<Key, Space>::training_cache(training_cache_options options,
     co.init.state_value = initial_state_value(o.optimizer);
     co.scores = o.scores;
     co.spare_rows =
-        detail::spare_rows_of(options, o.capacity, tb.row_width * sizeof(float), &unshared);
+        detail::spare_rows_of(resolved_move_staged_rows<Space>(options), o.capacity, tb.row_width * sizeof(float), &unshared);
     tb.cache = std::make_unique<cache_type>(co, space);
     if (co.spare_rows > 0) {
       std::vector<std::int64_t> free(co.spare_rows);

@@ -1118,7 +1118,7 @@ TYPED_TEST_P(cache_conformance, spare_rows_move_in_and_out_without_a_copy) {
   std::vector<float> moved(victims.size() * w);
   for (std::size_t i = 0; i < victims.size(); ++i) {
     detail::copy(a.cache.space(), moved.data() + i * w,
-                 a.cache.rows() + static_cast<std::size_t>(detached[i]) * w, w * 4);
+                 a.cache.row_pool() + static_cast<std::size_t>(detached[i]) * w, w * 4);
   }
   detail::synchronize(a.cache.space());
   EXPECT_EQ(moved, before);

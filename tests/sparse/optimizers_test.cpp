@@ -610,14 +610,14 @@ void check_hybrid_equals_cache(optimizer_kind kind, combiner comb) {
       cache.assign_slots(&slots[i], 1, row.data());
     }
     const slot_batch sb{b.batch_size, b.num_slots, b.offsets.data(), slots.data(), n};
-    lookup_combine(host_space{}, cache.rows(), cache.row_width(), dim, sb, comb, out_c.data());
+    lookup_combine(host_space{}, cache.row_pool(), cache.row_width(), dim, sb, comb, out_c.data());
     ASSERT_EQ(0, std::memcmp(out_h.data(), out_c.data(), out_h.size() * sizeof(float)))
         << "step " << t;
 
     const auto d_out = random_floats(rng, bags * dim, -1, 1);
     EMBCACHE_ASSERT_OK(table.backward(d_out.data()));
     aggregate_gradients(host_space{}, sb, comb, d_out.data(), dim, grads);
-    apply_optimizer(host_space{}, ho.optimizer, cache.rows(), cache.row_width(), grads,
+    apply_optimizer(host_space{}, ho.optimizer, cache.row_pool(), cache.row_width(), grads,
                     static_cast<std::uint64_t>(t));
     cache.mark_updated(grads.rows.data(), grads.size);
   }

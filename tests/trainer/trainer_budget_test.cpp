@@ -53,6 +53,8 @@ trainer_config rocksdb_config(const std::string& path) {
   c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes
   c.tables[1].store = "rocksdb";
   c.tables[1].store_path = path;
+  // Staged rows copied: the counts below. Moved (the host's default): spare_rows_count_with_...
+  c.move_staged_rows = false;
   return c;
 }
 
@@ -251,6 +253,15 @@ TEST(trainer_memory_budget, spare_rows_count_with_the_caches_as_the_cache_alloca
   copied.move_staged_rows = false;
   EXPECT_EQ(staging(c, false) + 20000 * 192, staging(copied, false) + 16384 * 192);
   EXPECT_EQ(staging(c, true), staging(copied, true));
+  // Unset, the plan moves them with the caches on the host and copies them on the device.
+  trainer_config unset = c;
+  unset.move_staged_rows.reset();
+  EXPECT_EQ(cache_bytes(unset), cache_bytes(c));
+  EXPECT_EQ(allocated(unset), allocated(c));
+  EXPECT_EQ(staging(unset, false), staging(c, false));
+  EXPECT_EQ(staging(unset, true), staging(copied, true));
+  EXPECT_EQ(plan_trainer_memory(unset, true).value().cache_bytes,
+            plan_trainer_memory(copied, true).value().cache_bytes);
   // Room for part of them: the wide table's 2,000 first, the deep table what is left.
   c.staging_bytes = 2000 * 12 + 777 * 192 + 191;
   const std::uint64_t part = 2000 * 12 + 777 * 192 + (1280 + 25088) * 4;

@@ -69,14 +69,22 @@ TEST(trainer_checkpoint, resume_equals_an_uninterrupted_run) {
 }
 
 // config.move_staged_rows: a save taken while rows sit in the caches' spare rows (staged for the
-// next pass, leavers moved out) resumes into the model and deltas of an uninterrupted run.
-TEST(trainer_checkpoint, a_resume_with_staged_rows_moved_equals_an_uninterrupted_run) {
+// next pass, leavers moved out; the default on the host) resumes into the model and deltas of an
+// uninterrupted run, and so does one with the staged rows copied.
+TEST(trainer_checkpoint, a_resume_with_staged_rows_moved_or_copied_equals_an_uninterrupted_run) {
   trainer_config whole = small_config("moved_whole");
-  whole.move_staged_rows = true;
+  ASSERT_FALSE(whole.move_staged_rows.has_value());
   run_result rw;
   expect_resume_equals_whole(whole, "moved", &rw);
   EXPECT_GT(rw.totals.rows_moved, 0u);
   EXPECT_GT(rw.totals.rows_detached, 0u);
+  trainer_config copied = small_config("copied_whole");
+  copied.move_staged_rows = false;
+  run_result rc;
+  expect_resume_equals_whole(copied, "copied", &rc);
+  EXPECT_EQ(rc.totals.rows_moved, 0u);
+  EXPECT_EQ(rc.totals.rows_detached, 0u);
+  EXPECT_GT(rc.totals.rows_staged, 0u);
 }
 
 // Host-hybrid saves are written from the stores directly (no training cache involved): resuming

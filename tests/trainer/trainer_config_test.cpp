@@ -50,6 +50,8 @@ TEST(trainer_config, errors_name_the_field) {
   EXPECT_EQ(err(j),
             "config.move_staged_rows: moves the rows the prefetch stages, so it needs config.mode "
             "\"keyset\" with config.prefetch (got mode \"on_demand\", prefetch true)");
+  j["move_staged_rows"] = false;  // false is taken in any mode
+  EXPECT_EQ(err(j), "ok");
   j = base;
   j["move_staged_rows"] = 1;
   EXPECT_EQ(err(j), "config.move_staged_rows: wrong type (number)");
@@ -154,6 +156,36 @@ TEST(trainer_config, errors_name_the_field) {
   EXPECT_EQ(reread.value().model.dropout, 0.9f);
   EXPECT_EQ(reread.value().tables[1].init_scale, 0.03f);
   EXPECT_EQ(json(reread.value()), json(floats.value()));
+}
+
+// config.move_staged_rows: absent, a run moves its staged rows when its caches are on the host
+// and copies them when they are on the device; set, it does what it says; only keyset mode with
+// prefetch moves anything. The field round-trips absent, true and false.
+TEST(trainer_config, move_staged_rows_defaults_to_where_the_caches_are_and_round_trips) {
+  json j = json::parse(R"({"data_dir": "d", "passes": [["a.bin"]]})");
+  auto c = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(c);
+  EXPECT_FALSE(c.value().move_staged_rows.has_value());
+  EXPECT_FALSE(json(c.value()).contains("move_staged_rows"));
+  EXPECT_TRUE(moves_staged_rows(c.value(), /*caches_on_device=*/false));
+  EXPECT_FALSE(moves_staged_rows(c.value(), /*caches_on_device=*/true));
+  for (const bool set : {true, false}) {
+    j["move_staged_rows"] = set;
+    auto s = trainer_config_from_json(j);
+    EMBCACHE_ASSERT_OK(s);
+    EXPECT_EQ(s.value().move_staged_rows, std::optional<bool>(set));
+    EXPECT_EQ(json(s.value())["move_staged_rows"], set);
+    EXPECT_EQ(moves_staged_rows(s.value(), false), set);
+    EXPECT_EQ(moves_staged_rows(s.value(), true), set);
+  }
+  trainer_config other = c.value();
+  other.prefetch = false;
+  EXPECT_FALSE(moves_staged_rows(other, false));
+  other = c.value();
+  other.mode = trainer_mode::on_demand;
+  EXPECT_FALSE(moves_staged_rows(other, false));
+  other.mode = trainer_mode::host_hybrid;
+  EXPECT_FALSE(moves_staged_rows(other, false));
 }
 
 // A stand-in for the cuda backend: the host model under another device name, counting its builds.
@@ -720,6 +752,7 @@ TEST(trainer_config, admission_default_row_is_checked_and_round_trips) {
 TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
+  c.move_staged_rows = false;  // no spare rows: the counts below
   // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes, and 4 bytes per bucket of 128 slots
   c.tables[1].capacity = 1 << 20;
   EMBCACHE_EXPECT_OK(check_memory(c, std::uint64_t{1} << 30));
@@ -741,6 +774,7 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
 
   // Through trainer::create, against this machine's memory: a clear error, not std::bad_alloc.
   ASSERT_GT(physical_memory_bytes(), 0u);
+  // (The default moves staged rows: spare rows for the 1 GiB staging, a row index per slot.)
   c = trainer_config{};
   c.passes = {{{"a.bin"}}};
   c.tables[1].capacity = std::size_t{1} << 40;
@@ -749,7 +783,8 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
   EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
   EXPECT_EQ(t.get_status().message().rfind(
                 "config.tables[1].capacity: the cache of table \"deep\" (1374389534720 slots of "
-                "237 bytes) needs 325773269401600 bytes, more than the ",
+                "241 bytes, 5461333 spare rows of 192 bytes) needs 331271876116416 bytes, more "
+                "than the ",
                 0),
             0u)
       << t.get_status().to_string();
@@ -781,6 +816,7 @@ TEST(trainer_memory, too_large_for_memory_names_the_field_and_the_bytes) {
 TEST(trainer_memory, caches_on_the_device_count_against_the_device) {
   trainer_config c;
   c.passes = {{{"a.bin"}}};
+  c.move_staged_rows = false;      // no spare rows on the host either: the counts below
   c.tables[0].capacity = 1 << 20;  // wide: 1,310,720 slots of (1 + 2) * 4 + 45 bytes
   c.tables[1].capacity = 1 << 20;  // deep: 1,310,720 slots of (16 + 32) * 4 + 45 bytes
   memory_budget b;

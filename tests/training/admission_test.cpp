@@ -20,6 +20,7 @@
 #include "common/status_assertions.hpp"
 #include "common/temp_dir.hpp"
 #include "embcache/json.hpp"
+#include "embcache/slot_rows.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/training_cache.hpp"
 #include "test_util.hpp"
@@ -273,7 +274,10 @@ void train_step(training_cache<key>& tc, const std::vector<key>& keys) {
   const slot_batch b{keys.size(), 1, offsets.data(), slots.data(), keys.size()};
   EMBCACHE_EXPECT_OK(check_batch(b, c.slots()));
   std::vector<float> pooled(keys.size() * 2, 5.0f), grads(keys.size() * 2, 1.0f);
-  lookup_combine(host_space{}, c.rows(), c.row_width(), 2, b, combiner::sum, pooled.data());
+  slot_rows<key> batch_rows, updated_rows;  // rows move between slots by index
+  slot_batch r = b;
+  r.row_indices = batch_rows.of(c, b.row_indices, b.num_indices, host_space{});
+  lookup_combine(host_space{}, c.row_pool(), c.row_width(), 2, r, combiner::sum, pooled.data());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (slots[i] < 0) {  // refused: reads zeros
       EXPECT_EQ(pooled[2 * i], 0.0f);
@@ -284,7 +288,9 @@ void train_step(training_cache<key>& tc, const std::vector<key>& keys) {
   aggregate_gradients(host_space{}, b, combiner::sum, grads.data(), 2, g);
   optimizer_options sgd;
   sgd.learning_rate = 0.5f;
-  apply_optimizer(host_space{}, sgd, c.rows(), c.row_width(), g, 1);
+  apply_optimizer(host_space{}, sgd, c.row_pool(), c.row_width(), g.dim,
+                  updated_rows.of(c, g.rows.data(), g.size, host_space{}), g.values.data(), g.size,
+                  1);
   c.mark_updated(g.rows.data(), g.size);
 }
 

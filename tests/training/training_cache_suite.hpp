@@ -109,7 +109,7 @@ class cache_access {
     s.copy_to_host(slots_out->data(), keys.size());
     return st;
   }
-  /// A copy of the row at cache(t).rows() + slot * row_width.
+  /// A copy of the row `slot` holds (cache(t).row_pool() at its row_indices()).
   std::vector<float> row(std::int64_t slot) {
     std::vector<float> r(width_);
     copy_to_host(cache_.space(), r.data(), at(slot), width_);
@@ -127,7 +127,14 @@ class cache_access {
   }
 
  private:
-  float* at(std::int64_t slot) { return cache_.rows() + std::size_t(slot) * width_; }
+  float* at(std::int64_t slot) {  // the row the slot holds (rows move between slots by index)
+    buffer<std::int64_t, Space> s(1, cache_.space()), r(1, cache_.space());
+    s.copy_from_host(&slot, 1);
+    cache_.row_indices(s.data(), 1, r.data());
+    std::int64_t row = 0;
+    r.copy_to_host(&row, 1);
+    return cache_.row_pool() + std::size_t(row) * width_;
+  }
 
   embedding_cache<Key, Space>& cache_;
   std::size_t width_;
@@ -1350,6 +1357,17 @@ TYPED_TEST_P(conformance, staged_rows_moved_in_train_like_copied_ones) {
     return std::make_tuple(store_model(tc, 0), store_model(tc, 1), total[0].rows_moved,
                            total[0].rows_staged, total[0].rows_detached, total[0].rows_pushed);
   };
+  {  // Unset, the option moves in the host space and copies in the cuda space; never on demand.
+    const auto tables = two_tables<std::int64_t>(150, 130);
+    training_cache<std::int64_t, Space> by_default(training_cache_options{}, tables);
+    EXPECT_EQ(by_default.cache(0).row_count() > by_default.cache(0).slots(),
+              !is_cuda_space_v<Space>);
+    training_cache_options od;
+    od.mode = cache_mode::on_demand;
+    od.move_staged_rows = true;
+    training_cache<std::int64_t, Space> on_demand(od, tables);
+    EXPECT_EQ(on_demand.cache(0).row_count(), on_demand.cache(0).slots());
+  }
   const std::size_t all = training_cache_options{}.staging_bytes;
   for (bool tight : {true, false}) {
     const auto copied = run(false, tight, all);

@@ -22,6 +22,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -126,12 +127,14 @@ struct trainer_config {
   bool prefetch = true;            ///< keyset mode: stage the next shard while training (on)
   /// Keyset mode with prefetch: the staged rows move into the caches at a shard's start, and the
   /// dirty leaving rows out of them, by index instead of by copy
-  /// (training_cache_options::move_staged_rows; default off). Each cache then holds spare rows for
-  /// its share of staging_bytes (at most twice its capacity) beside its slots, counted by
-  /// check_memory and plan_trainer_memory with the cache; on the host they are the staging (one
-  /// batch of rows is staged beside them), on the device they come on top of it. The same model
-  /// bit for bit; refused in the other modes and without prefetch, naming this field.
-  bool move_staged_rows = false;
+  /// (training_cache_options::move_staged_rows). Unset (the default): moved when the caches are
+  /// on the host, where their spare rows are the staging (one batch of rows is staged beside
+  /// them), copied when they are on the device, where spare rows would be device memory on top
+  /// of the staging (moves_staged_rows()). Each cache that moves holds spare rows for its share
+  /// of staging_bytes (at most twice its capacity) beside its slots, counted by check_memory and
+  /// plan_trainer_memory with the cache. The same model bit for bit either way; true is refused
+  /// in the other modes and without prefetch, naming this field.
+  std::optional<bool> move_staged_rows;
   std::size_t log_interval = 100;  ///< steps between progress lines (default 100; 0: none)
   std::string output_dir;          ///< metrics.jsonl, metrics.tsv, plots (default "": none)
   std::string export_dir;          ///< incremental export after each pass (default "": none)
@@ -230,9 +233,13 @@ struct memory_budget {
 /// anything; the caches in the cuda space are checked against the device's free memory when the
 /// cuda path is built (embedding_device "cuda").
 [[nodiscard]] status check_memory(const trainer_config& config, const memory_budget& budget);
+/// Whether a run of `config` moves its staged rows by index (config.move_staged_rows): only in
+/// mode "keyset" with prefetch; there the field when set, else true when the caches are on the
+/// host (not `caches_on_device`).
+[[nodiscard]] bool moves_staged_rows(const trainer_config& config, bool caches_on_device);
 /// How config.memory_budget_bytes is spent (plan_memory with field "config.memory_budget_bytes"):
-/// the caches (on the host unless `caches_on_device`; with config.move_staged_rows their spare
-/// rows and row index too), their pass boundary's scratch, in keyset
+/// the caches (on the host unless `caches_on_device`; when moves_staged_rows() their spare rows
+/// and row index too), their pass boundary's scratch, in keyset
 /// mode the prefetch staging (when config.prefetch: the rows the cache reserves within
 /// config.staging_bytes, and per table its keys) and the write-behind buffers (per table three
 /// buffers of config.write_back_bytes of rows, two without prefetch, with their keys), the dense
