@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds, on a machine with the CUDA toolkit but no GPU, a self-contained kit for a bare GPU machine
 # that has the CUDA driver and libraries but none of embcache's Debian dependencies: the GPU test
-# binary, the cache and training-cache benchmarks, the trainer and the synthetic-data tool, for
-# one architecture, plus the shared libraries they need that are not the C/C++ runtime or CUDA's.
+# binary, the cache and training-cache benchmarks, the trainer (with the RocksDB store) and the
+# synthetic-data tool, for one architecture, plus the shared libraries they need that are not the
+# C/C++ runtime or CUDA's, and benchmarks/scale/run_scale.sh for the trainer's store ratio.
 # Output: .gpu-kit/ (git-ignored): kit.tar.xz (bin/ and lib/, about 14 MiB against 83 MB
 # unpacked) and run.sh, which unpacks it on first use; it must stay under the device tool's carry
 # limit (64 MiB with the working tree), which this script checks.
@@ -10,7 +11,8 @@
 #   scripts/gpu_kit.sh            # sm_90 (H100, H200); EMBCACHE_KIT_ARCH=80 for an A100;
 #                                 # EMBCACHE_KIT_JOBS: build jobs (default: every core)
 #   .gpu-kit/run.sh STEP          # there; logs to $OUT. STEP: tests, memcheck, synccheck,
-#                                 # initcheck, bench, trainer, or all (tests, bench, trainer).
+#                                 # initcheck, bench, trainer, python, scale, or all (tests,
+#                                 # bench, trainer).
 #                                 # Exits with the worst status of its steps (run.sh's header).
 #   EMBCACHE_KIT_CHECK=1 scripts/gpu_kit.sh   # also checks here that every binary loads with the
 #                                 # kit's libraries alone (the system's copies hidden), by running
@@ -31,7 +33,7 @@ fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DEMBCACHE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
   -DCMAKE_CUDA_FLAGS=-lineinfo "${launcher[@]}" \
-  -DEMBCACHE_ROCKSDB=OFF "-DEMBCACHE_PARTS=cache;cuda;training"
+  -DEMBCACHE_ROCKSDB=ON "-DEMBCACHE_PARTS=cache;cuda;training"
 cmake --build "$build" --target cuda_tests bench_cache bench_training_cache embcache-train \
   embcache-synth -j"${EMBCACHE_KIT_JOBS:-$(nproc)}"
 
@@ -43,7 +45,7 @@ cp "$build/tests/cuda/cuda_tests" "$build/benchmarks/cache/bench_cache" \
   "$build/src/tools/embcache-synth" "$kit/bin/"
 # Debug sections go; the symbol table stays, so sanitizer backtraces name host functions.
 strip --strip-debug "$kit"/bin/*
-cp scripts/bench_trainer_device.sh "$kit/bin/"
+cp scripts/bench_trainer_device.sh benchmarks/scale/run_scale.sh "$kit/bin/"
 # The C and C++ runtimes and CUDA's libraries come from the GPU machine; everything else travels.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+\.|libcudart|libcublas|libcuda\.)'
 for bin in "$kit"/bin/*; do
@@ -91,6 +93,10 @@ cat >.gpu-kit/run.sh <<'RUN'
 #   trainer    the trainer with device embeddings against host-hybrid and all-resident
 #   python     builds the Python bindings for this machine's python3 and runs the Python tests,
 #              the cuda space's among them (must pass, not skip)
+#   scale      the trainer over a RocksDB store (under a memory budget and, where a memory cgroup
+#              is writable, its cap) against a host store: run_scale.sh --trainer-only on every
+#              core, then on two (taskset -c 0,1: the development VM's count); each prints the
+#              RocksDB / host samples/s ratio of passes 2 and 3 (#31's 0.7 target). CPU only.
 #   all        tests, bench, trainer
 # GTEST_FILTER replaces the suite groups by one run of that filter; SANITIZER_FLAGS adds options
 # to compute-sanitizer (e.g. --print-limit 5000). Exit status: the worst of
@@ -221,6 +227,20 @@ run_trainer() {
   done
   return 0
 }
+run_scale() {
+  # Data and databases stay outside $OUT (about 2.5 GB); the logs come back.
+  local work=${TMPDIR:-/tmp}/embcache_scale rc=0 cores
+  for cores in "" 0,1; do
+    # shellcheck disable=SC2086  # --cores LIST only when set
+    timeout -k 10 "$limit" "$here/bin/run_scale.sh" --trainer-only --keep --dir "$work" \
+      --tools "$here/bin" --train-exe "$here/bin/embcache-train" --openblas-thread-timeout 4 \
+      ${cores:+--cores $cores} >"$out/scale${cores:+_cores_$cores}.log" 2>&1 || rc=$?
+    grep -E '^#|^## |pass [0-9]+ done|max_rss|cgroup|ratio|rror' \
+      "$out/scale${cores:+_cores_$cores}.log" | cut -c1-220
+  done
+  rm -rf "$work"
+  note scale "$rc"
+}
 run_python() {
   # The bindings built for this machine's python3 (its headers, this machine's g++), then the
   # Python tests of the cuda space and of the host classes, under its numpy and torch.
@@ -261,6 +281,7 @@ case $step in
   memcheck | synccheck | initcheck) run_tests "$step" ;;
   bench) run_bench ;;
   trainer) run_trainer ;;
+  scale) run_scale ;;
   all) run_tests ""; run_bench; run_trainer ;;
   *) echo "unknown step '$step'" >&2; exit 2 ;;
 esac

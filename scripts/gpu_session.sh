@@ -28,7 +28,7 @@ steps=("$@")
 # What a step needs at most, in seconds, from its number of processes and their limit.
 need() {
   case $1 in
-    tests | memcheck | synccheck | initcheck) echo $((TIMEOUT_S * 2)) ;;
+    tests | memcheck | synccheck | initcheck | scale) echo $((TIMEOUT_S * 2)) ;;
     *) echo "$TIMEOUT_S" ;;
   esac
 }

@@ -35,6 +35,8 @@
 #     --openblas-thread-timeout N   OPENBLAS_THREAD_TIMEOUT of both trainer runs: OpenBLAS's idle
 #                      threads spin 2^N cycles before they sleep (4 to 30; default: unset, OpenBLAS's
 #                      own, 2^28); docs/tuning.md, "OpenBLAS's idle threads"
+#     --cores LIST     run both trainer runs on these cores only (taskset -c LIST, e.g. 0,1: this
+#                      VM's two cores on a larger machine; default: every core)
 #     --train-copy-staged-rows   move_staged_rows false in both trainer runs: staged rows copied
 #                      into the caches (default: the trainer's, moved by index into spare rows
 #                      beside the slots, counted in the budget)
@@ -70,6 +72,7 @@ train_cap_mib=1536
 train_blas_threads=0
 train_move=default
 train_budget_mib=1280
+cores=
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -99,19 +102,23 @@ while [ $# -gt 0 ]; do
     --train-blas-threads) train_blas_threads=$2; shift 2 ;;
     --openblas-thread-timeout) export OPENBLAS_THREAD_TIMEOUT=$2; shift 2 ;;
     --train-copy-staged-rows) train_move=false; shift ;;
+    --cores) cores=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "run_scale.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [ -n "$budget_mib" ] || budget_mib=$((cap_mib - 256))
 exe="$bin/bench_scale"
-[ -x "$exe" ] || { echo "run_scale.sh: no $exe (build target bench_scale)" >&2; exit 1; }
+if [ "$trainer_only" = 0 ] && [ ! -x "$exe" ]; then
+  echo "run_scale.sh: no $exe (build target bench_scale)" >&2
+  exit 1
+fi
 mkdir -p "$dir"
 out="$dir/results.txt"
 : > "$out"
 say() { echo "$@" | tee -a "$out"; }
 
-say "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB," \
+say "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores${cores:+ (the trainer on cores $cores)}, $(free -g | awk '/Mem:/{print $2}') GiB," \
     "load $(cut -d' ' -f1-3 /proc/loadavg), disk: $(df -h "$dir" | awk 'NR==2{print $1, $4 " free"}')"
 
 # --- The memory cap: cgroup v1 (memory.limit_in_bytes also charges the page cache) or v2.
@@ -252,9 +259,22 @@ for store in rocksdb host; do
     config $store 0 0 0 > "$dir/train/$store.json"
   fi
 done
+# The trainer's command: on --cores only, with its peak RSS where GNU time is there.
+trainer_cmd=()
+[ -n "$cores" ] && trainer_cmd+=(taskset -c "$cores")
+[ -x /usr/bin/time ] && trainer_cmd+=(/usr/bin/time -f '{"max_rss_kib": %M}')
+trainer_cmd+=("$train")
 say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
-capped "$train_cap_mib" /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/rocksdb.json" 2>&1 \
+capped "$train_cap_mib" "${trainer_cmd[@]}" --config "$dir/train/rocksdb.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
 say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
-capped 0 /usr/bin/time -f '{"max_rss_kib": %M}' "$train" --config "$dir/train/host.json" 2>&1 \
+capped 0 "${trainer_cmd[@]}" --config "$dir/train/host.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true
+# Samples/s of the passes after the first, each store's mean, and their ratio (the 0.7 target).
+awk '/^## embcache-train, RocksDB/ {s = "rocksdb"} /^## embcache-train, host/ {s = "host"}
+     s && /pass [0-9]+ done/ && !/pass 1 done/ {
+       x = $0; sub(/.*\(/, "", x); sub(/ samples\/s\).*/, "", x); sum[s] += x; n[s]++ }
+     END { if (n["rocksdb"] && n["host"]) {
+             r = sum["rocksdb"] / n["rocksdb"]; h = sum["host"] / n["host"]
+             printf "{\"trainer_samples_per_s\": {\"rocksdb\": %.0f, \"host\": %.0f}, \"ratio\": %.3f}\n", r, h, r / h } }' \
+  "$out" | tee -a "$out"
