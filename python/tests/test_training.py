@@ -277,6 +277,9 @@ def test_staged_rows_moved_by_index_train_as_copied_rows():
     for (a, found_a), (b, found_b) in zip(copied, moved):
         assert np.array_equal(found_a, found_b) and found_a.any()
         assert np.array_equal(a[found_a], b[found_b])
+    # The row pool is row_pool(t): rows(t), which code indexed by slot, is gone, so such code fails.
+    assert not hasattr(embcache.TrainingCache, "rows")
+    assert not hasattr(embcache.TrainingCacheU32, "rows")
     plain = embcache.TrainingCache(tables(), move_staged_rows=False)
     plain.begin_pass([keys(0, 10), keys(0, 10)])
     slots = plain.lookup_slots("deep", keys(0, 10))

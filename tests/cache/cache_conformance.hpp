@@ -12,8 +12,10 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_device.hpp"
@@ -1011,6 +1013,16 @@ TYPED_TEST_P(cache_conformance, install_equals_insert_or_assign_then_sync_and_ma
       << st.message();
   EXPECT_EQ(full.cache.size(), 256u);
 }
+
+// The row pool is row_pool(), indexed by row: a rows() accessor, which code wrote `rows() + slot *
+// row_width` against before rows moved between slots by default, must not come back, so that such
+// code fails to compile rather than read the wrong rows (slot_rows.hpp translates).
+template <class T, class = void>
+struct has_rows_accessor : std::false_type {};
+template <class T>
+struct has_rows_accessor<T, std::void_t<decltype(std::declval<T&>().rows())>> : std::true_type {};
+static_assert(!has_rows_accessor<embedding_cache<std::int64_t, host_space>>::value);
+static_assert(!has_rows_accessor<embedding_cache<std::uint32_t, host_space>>::value);
 
 // With spare rows, install_rows moves rows written into rows no slot holds into the table without
 // a copy, giving back the rows the new keys' slots held, with what install() of the same rows
