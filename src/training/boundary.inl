@@ -161,13 +161,20 @@ status training_cache_core<Key, Space>::swap_in_staged(table_type& tb,
 // write-behind is on. The victims never leave the cache's memory: only their dirty rows do. At
 // most write_back_bytes of them are written behind: the victims past that are pushed here first,
 // in chunks of that size, through the same buffer.
+//
+// `chosen`: the victims the worker chose already (choose_victims_early), taken instead.
 template <class Key, class Space>
 status training_cache_core<Key, Space>::evict(table_type& tb, std::size_t need,
-                                              std::uint32_t keep_mark, table_counters& c) {
+                                              std::uint32_t keep_mark, table_counters& c,
+                                              victim_slots<Space>* chosen) {
   const auto t0 = clock_type::now();
   const std::size_t w = tb.row_width;
   victim_slots<Space> victims;
-  EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(keep_mark, need, &victims));
+  if (chosen) {
+    victims = std::move(*chosen);
+  } else {
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(keep_mark, need, &victims));
+  }
   const std::size_t m = victims.count;
   const std::size_t chunk = std::min(write_back_chunk_rows(tb), std::max<std::size_t>(m, 1));
   // Victims [0, behind) are written behind; [behind, m) are pushed now.
@@ -290,8 +297,12 @@ status training_cache_core<Key, Space>::move_table_to_keyset(table_type& tb,
   c.hits = n - c.misses;
   const std::size_t resident = tb.cache->size();
   if (resident + missing.size() > tb.max_resident) {
+    const std::size_t need = resident + missing.size() - tb.max_resident;
+    // The worker's choice holds while nothing entered or left since (expiry, a caller's erase).
+    const bool chosen = as_staged && st.victims_ready && st.victims_resident == resident &&
+                        st.victims_need == need;
     EMBCACHE_RETURN_IF_ERROR(
-        evict(tb, resident + missing.size() - tb.max_resident, tb.book.mark_epoch, c));
+        evict(tb, need, tb.book.mark_epoch, c, chosen ? &st.victims : nullptr));
   }
   EMBCACHE_RETURN_IF_ERROR(swap_in(tb, missing, use_staging, c));
   if (!use_staging) tb.exports.compact_if_grown();  // else the next prefetch's worker does

@@ -177,6 +177,38 @@ status training_cache_core<Key, Space>::early_insert(table_type& tb, std::size_t
   return {};
 }
 
+// Runs in the worker, last: the residents the next boundary evicts, when that choice is already
+// certain. The pass changes no residency and no mark, only rows and versions; so when every
+// resident outside the next keyset must leave (no more of them than the boundary needs room
+// for), which ones go depends on nothing the pass does, and the boundary takes them from here
+// instead of a pass over every slot. With more candidates than that the boundary picks the
+// oldest versions, which the pass changes: it chooses them itself. Host space only (in the cuda
+// space the choice is a kernel on the boundary's stream).
+template <class Key, class Space>
+status training_cache_core<Key, Space>::choose_victims_early(table_type& tb) {
+  auto& st = tb.staged;
+  st.victims_ready = false;
+  if constexpr (!is_host_space_v<Space>) {
+    return {};
+  } else {
+    if (options.mode != cache_mode::keyset || !staging_matches_residency(tb)) return {};
+    const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
+    const std::size_t missing =
+        st.unstaged.empty() && st.fresh.empty() ? st.keys.size() : st.missing.size();
+    if (resident + missing <= cap || resident == 0) return {};
+    const std::size_t need = resident + missing - cap;
+    // Every candidate (at most every resident), in slot order as the boundary would take them.
+    victim_slots<Space> all;
+    EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(st.mark, resident, &all));
+    if (all.count > need) return {};
+    st.victims = std::move(all);
+    st.victims_resident = resident;
+    st.victims_need = need;
+    st.victims_ready = true;
+    return {};
+  }
+}
+
 // Runs in the worker: stages the rows of `keys` (sorted, not resident at prefetch time) within
 // `max_rows` (prefetch() reserved their room), with the early install in keyset mode. When every
 // key fits, each gets its row: the store's, or the initializer's for a key the store lacks. When
@@ -311,6 +343,7 @@ status training_cache_core<Key, Space>::stage(table_type& tb, std::vector<Key> k
                                                   options.prefetch_batch));
     st.moved = true;
   }
+  EMBCACHE_RETURN_IF_ERROR(choose_victims_early(tb));
   // The keys the last boundary and this worker logged for the export, compacted off the
   // boundary's path, under the lock an export takes (it may run beside the worker).
   {

@@ -113,6 +113,13 @@ struct staged_pass {
   // (table_state), for begin_pass to move in: in the host space instead of in `rows` (which then
   // holds one batch, stage()), in the cuda space as well.
   bool moved = false;
+  // Host space: the residents the boundary evicts, chosen by the worker once it is done, when
+  // every eviction candidate (a resident outside the keyset) leaves, so that the choice depends
+  // on no version the pass changes: valid while the cache holds `victims_resident` rows and the
+  // boundary needs `victims_need` of them (choose_victims_early).
+  victim_slots<Space> victims;
+  bool victims_ready = false;
+  std::size_t victims_resident = 0, victims_need = 0;
   double seconds = 0;
 };
 

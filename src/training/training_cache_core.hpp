@@ -104,7 +104,9 @@ struct training_cache_core {
   status swap_in(table_type& tb, const std::vector<Key>& missing, bool use_staging,
                  table_counters& c);
   status swap_in_staged(table_type& tb, const std::vector<Key>& missing, table_counters& c);
-  status evict(table_type& tb, std::size_t need, std::uint32_t keep_mark, table_counters& c);
+  status evict(table_type& tb, std::size_t need, std::uint32_t keep_mark, table_counters& c,
+               victim_slots<Space>* chosen = nullptr);
+  status choose_victims_early(table_type& tb);
   result<std::uint32_t> next_mark(table_type& tb);
 
   // --- on-demand mode (on_demand.inl) ---

@@ -142,6 +142,35 @@ TYPED_TEST_P(expiry_cases, rows_below_the_norm_expire_unless_in_the_keyset) {
   EXPECT_EQ(d.value()[0].erased, key_list({1, 3}));
 }
 
+// The prefetch worker chooses the next boundary's victims when every resident outside the next
+// keyset leaves (host space). A row that expires at that boundary is no longer resident when the
+// boundary evicts, so the boundary chooses again: the expired row is neither evicted nor written
+// back, the other leaver is.
+TYPED_TEST_P(expiry_cases, a_row_expiring_at_a_prefetched_boundary_is_not_evicted_as_well) {
+  expiry_options e;
+  e.min_l2_norm = 0.5f;
+  auto tc = make_cache<TypeParam>(4, e);
+  const key_list k1 = {1, 2, 3, 4}, k2 = {3, 4, 5, 6};
+  EMBCACHE_ASSERT_OK(tc->begin_pass({k1}));
+  // Norms: key 1 0.1 (expires at the next boundary), the others 1 or more; keys 1 and 2 leave.
+  const std::vector<float> rows = {0.1f, 0.0f, 1.0f, 0.0f, 3.0f, 0.0f, 4.0f, 0.0f};
+  EMBCACHE_ASSERT_OK(tc->assign(0, k1.data(), k1.size(), rows.data()));
+  EMBCACHE_ASSERT_OK(tc->prefetch({k2}));
+  EMBCACHE_ASSERT_OK(tc->begin_pass({k2}));
+  const auto& c = tc->counters().last[0];
+  EXPECT_EQ(c.rows_expired, 1u);
+  EXPECT_EQ(c.rows_evicted, 1u);
+  EXPECT_EQ(c.rows_pushed, 1u);
+  EXPECT_EQ(c.rows_staged, 2u);
+  EXPECT_EQ(tc->cache(0).size(), 4u);
+  EXPECT_FALSE(exists(*tc, 1));
+  EMBCACHE_ASSERT_OK(tc->end_training());
+  const auto m = store_model(*tc, 0);
+  EXPECT_EQ(m.count(1), 0u);
+  ASSERT_EQ(m.count(2), 1u);
+  EXPECT_EQ(m.at(2), (std::vector<float>{1.0f, 0.0f}));
+}
+
 TYPED_TEST_P(expiry_cases, on_demand_mode_expires_at_each_expire_call) {
   expiry_options e;
   e.ttl_passes = 1;
@@ -216,6 +245,7 @@ TYPED_TEST_P(expiry_cases, rows_untouched_for_ttl_steps_leave_at_the_next_bounda
 REGISTER_TYPED_TEST_SUITE_P(expiry_cases, untouched_rows_leave_at_the_right_boundary_as_tombstones,
                             off_by_default_removes_nothing_and_counts_nothing_in_json,
                             rows_below_the_norm_expire_unless_in_the_keyset,
+                            a_row_expiring_at_a_prefetched_boundary_is_not_evicted_as_well,
                             on_demand_mode_expires_at_each_expire_call,
                             rows_untouched_for_ttl_steps_leave_at_the_next_boundary);
 
