@@ -191,6 +191,8 @@ status training_cache_core<Key, Space>::choose_victims_early(table_type& tb) {
   if constexpr (!is_host_space_v<Space>) {
     return {};
   } else {
+    // As the early install: the caller's erase changes the residency under this lock.
+    std::lock_guard<std::mutex> lock(*tb.sync.install_mutex);
     if (options.mode != cache_mode::keyset || !staging_matches_residency(tb)) return {};
     const std::size_t resident = tb.cache->size(), cap = tb.max_resident;
     const std::size_t missing =
