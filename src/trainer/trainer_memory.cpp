@@ -109,7 +109,11 @@ memory_part data_part(const trainer_config& c) {
 
 bool moves_staged_rows(const trainer_config& c, bool caches_on_device) {
   if (c.mode != trainer_mode::keyset || !c.prefetch) return false;
-  return c.move_staged_rows.value_or(!caches_on_device);
+  // The training cache's own default for the space the caches are in (one home for the rule).
+  training_cache_options o;
+  o.move_staged_rows = c.move_staged_rows;
+  return caches_on_device ? resolved_move_staged_rows<cuda_space>(o)
+                          : resolved_move_staged_rows<host_space>(o);
 }
 
 namespace {

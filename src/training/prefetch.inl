@@ -199,6 +199,10 @@ status training_cache_core<Key, Space>::choose_victims_early(table_type& tb) {
         st.unstaged.empty() && st.fresh.empty() ? st.keys.size() : st.missing.size();
     if (resident + missing <= cap || resident == 0) return {};
     const std::size_t need = resident + missing - cap;
+    // The residents carrying the next keyset's mark: its hits and the rows inserted early. With
+    // more candidates than the room needed (the slack's case) no pass over the slots is made.
+    const std::size_t marked = st.hits + st.early_inserted;
+    if (resident - std::min(resident, marked) > need) return {};
     // Every candidate (at most every resident), in slot order as the boundary would take them.
     victim_slots<Space> all;
     EMBCACHE_RETURN_IF_ERROR(tb.bridge.select_victims(st.mark, resident, &all));
