@@ -1,7 +1,10 @@
 // bench_store_ssd: pulls from a RocksDB table larger than its caches, with direct reads so that
 // the page cache does not serve it either: what a table larger than memory costs per row.
-//   store_pull_ssd/rocksdb/read_threads:N   the store's batched pull (sorted MultiGets, N in
-//                                           flight; 0 = one per core) of a uniform sample of keys
+//   store_pull_ssd/rocksdb/read_threads:N/batched:B   the store's batched pull (sorted
+//                                           MultiGets, N in flight; 0 = one per core) of a uniform
+//                                           sample of keys; B = batched_direct_reads (the blocks
+//                                           a MultiGet reads from one file in one io_uring
+//                                           submission; only where rocksdb_batched_reads_available)
 //   baseline_pull_ssd/rocksdb_get_loop      one Get per key, in the sample's order, over the same
 //                                           database and options (read-only open)
 // Every case opens the database afresh (empty block and row caches) and reads the same keys;
@@ -22,6 +25,7 @@
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -161,18 +165,33 @@ void report(benchmark::State& state, std::size_t rows) {
   state.counters["table_rows"] = static_cast<double>(g_rows);
 }
 
+// CPU seconds the process has used (every thread), user and system.
+double process_cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 void store_pull_ssd(benchmark::State& state) {
   auto o = ssd_options();
   o.read_threads = static_cast<int>(state.range(0));
+  o.batched_direct_reads = state.range(1) != 0;
   auto s = open_store(o);
   const auto& keys = pull_keys();
   std::vector<float> out(keys.size() * g_width);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
+  double cpu = 0;
   for (auto _ : state) {
     const auto t0 = clock_type::now();
+    const double c0 = process_cpu_s();
     check(s->pull(keys.data(), keys.size(), out.data(), found.get()));
+    cpu += process_cpu_s() - c0;
     state.SetIterationTime(std::chrono::duration<double>(clock_type::now() - t0).count());
   }
+  // CPU microseconds per row pulled: what the reads cost the cores beside their wait.
+  state.counters["cpu_us_per_row"] =
+      cpu * 1e6 / static_cast<double>(state.iterations() * keys.size());
   verify(keys, out.data(), found.get());
   report(state, keys.size());
 }
@@ -266,10 +285,11 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   build_table();
   std::vector<benchmark::internal::Benchmark*> all;
-  for (int threads : {0, 8, 32, 64})
-    all.push_back(benchmark::RegisterBenchmark("store_pull_ssd/rocksdb", store_pull_ssd)
-                      ->ArgName("read_threads")
-                      ->Arg(threads));
+  for (int batched : {0, 1})
+    for (int threads : {0, 8, 32, 64})
+      all.push_back(benchmark::RegisterBenchmark("store_pull_ssd/rocksdb", store_pull_ssd)
+                        ->ArgNames({"read_threads", "batched"})
+                        ->Args({threads, batched}));
   all.push_back(benchmark::RegisterBenchmark("baseline_pull_ssd/rocksdb_get_loop",
                                              baseline_pull_ssd_get_loop));
   all.push_back(benchmark::RegisterBenchmark("store_pull_hot/tiered_store", store_pull_hot, true));

@@ -79,6 +79,11 @@ struct rocksdb_store_options {
   /// Writes flushes and compactions with direct I/O, database-wide (compaction reads ahead
   /// 2 MiB then); default false.
   bool use_direct_io_for_flush_and_compaction = false;
+  /// Submits the blocks a MultiGet reads from one SST file together (io_uring: one system call
+  /// and one wake-up for up to 32 blocks) instead of one pread each, database-wide; used with
+  /// use_direct_reads where rocksdb_batched_reads_available() (else RocksDB reads them one by
+  /// one, as with false). Default true.
+  bool batched_direct_reads = true;
   /// Partitioned (two-level) index and partitioned bloom filters, database-wide: only the top
   /// level stays in memory, the partitions go through the block cache, so the index of a table
   /// far larger than memory does not have to fit in it; default false.
@@ -130,6 +135,11 @@ struct rocksdb_store_options {
   /// Threads used by bulk calls; default: oneTBB's default (all cores).
   host_space space{};
 };
+
+/// Whether batched_direct_reads can take effect in this process: the library was built with
+/// liburing and the kernel lets the process set up an io_uring (a seccomp filter, e.g. a
+/// container's, or the kernel.io_uring_disabled sysctl may forbid it). Asked once.
+bool rocksdb_batched_reads_available() noexcept;
 
 /// An open RocksDB database that may hold several tables. Shared by the stores opened on it
 /// (std::shared_ptr); the database closes when the last of them goes.

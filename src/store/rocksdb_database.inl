@@ -3,8 +3,9 @@
 // includes it.
 #pragma once
 
-#include "rocksdb_encoding.inl"
 #include "format/checked_io.hpp"
+#include "rocksdb_direct_reads.inl"
+#include "rocksdb_encoding.inl"
 
 namespace embcache {
 namespace {
@@ -128,6 +129,9 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
   opt.use_direct_io_for_flush_and_compaction = o.use_direct_io_for_flush_and_compaction;
   // Direct I/O reads only what is asked for: compaction's sequential reads need readahead.
   if (o.use_direct_io_for_flush_and_compaction) opt.compaction_readahead_size = 2 << 20;
+  // The blocks of a MultiGet batch in one submission (rocksdb_direct_reads.inl).
+  if (o.use_direct_reads && o.batched_direct_reads && io_uring_usable())
+    opt.env = batched_reads_env();
   if (o.row_cache_bytes) opt.row_cache = rocksdb::NewLRUCache(o.row_cache_bytes);
   opt.max_subcompactions = static_cast<std::uint32_t>(o.max_subcompactions);
   if (o.compaction == rocksdb_compaction::universal) {

@@ -31,6 +31,7 @@
 #include "format/checked_io.hpp"
 // The store's parts, in the order they build on each other.
 #include "rocksdb_database.inl"
+#include "rocksdb_direct_reads.inl"
 #include "rocksdb_encoding.inl"
 #include "rocksdb_table.inl"
 

@@ -4,6 +4,7 @@
 #include <sys/vfs.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 
 #include "common/status_assertions.hpp"
@@ -59,18 +60,21 @@ TEST(rocksdb_tuning, bad_values_are_invalid_arguments_naming_the_field) {
   EXPECT_FALSE(std::filesystem::exists(dir.sub("db")));  // refused before anything was created
 }
 
-// Writes 20000 rows in two flushed rounds (so reads go to SST files of more than one run),
-// reads them back in shuffled order with absent keys between, reopens and reads again.
-void round_trip(const rocksdb_store_options& o) {
-  auto keys = make_keys<key>(20000);
+// Writes n rows in two flushed rounds (so reads go to SST files of more than one run), the
+// second rewriting half of them, reads them back in shuffled order with absent keys between,
+// reopens and reads again.
+void round_trip(const rocksdb_store_options& o, std::size_t n = 20000) {
+  const std::size_t width = o.row_width;
+  const std::size_t half_n = n / 2;
+  auto keys = make_keys<key>(n);
   {
     auto r = rocksdb_store<key>::open(o);
     EMBCACHE_ASSERT_OK(r);
     auto& s = *r.value();
-    EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, tuning_width, 1).data()));
+    EMBCACHE_ASSERT_OK(s.push(keys.data(), keys.size(), make_rows(keys, width, 1).data()));
     EMBCACHE_ASSERT_OK(s.flush());
-    std::vector<key> half(keys.begin(), keys.begin() + 10000);
-    EMBCACHE_ASSERT_OK(s.push(half.data(), half.size(), make_rows(half, tuning_width, 2).data()));
+    std::vector<key> half(keys.begin(), keys.begin() + half_n);
+    EMBCACHE_ASSERT_OK(s.push(half.data(), half.size(), make_rows(half, width, 2).data()));
     EMBCACHE_ASSERT_OK(s.flush());
   }
   auto ro = o;
@@ -83,18 +87,18 @@ void round_trip(const rocksdb_store_options& o) {
   auto absent = make_keys<key>(500, 3);
   query.insert(query.end(), absent.begin(), absent.end());
   std::shuffle(query.begin(), query.end(), std::mt19937_64(7));
-  std::vector<float> out(query.size() * tuning_width);
+  std::vector<float> out(query.size() * width);
   std::unique_ptr<bool[]> found(new bool[query.size()]);
   EMBCACHE_ASSERT_OK(s.pull(query.data(), query.size(), out.data(), found.get()));
   std::size_t bad = 0;
   for (std::size_t i = 0; i < query.size(); ++i) {
-    const auto at = std::find(keys.begin(), keys.begin() + 10000, query[i]);
-    const bool rewritten = at != keys.begin() + 10000;
+    const auto rewritten_end = keys.begin() + static_cast<std::ptrdiff_t>(half_n);
+    const bool rewritten = std::find(keys.begin(), rewritten_end, query[i]) != rewritten_end;
     const bool present = std::find(absent.begin(), absent.end(), query[i]) == absent.end();
     bad += found[i] != present;
     if (present)
-      for (std::size_t j = 0; j < tuning_width; ++j)
-        bad += out[i * tuning_width + j] != row_value(query[i], j, rewritten ? 2 : 1);
+      for (std::size_t j = 0; j < width; ++j)
+        bad += out[i * width + j] != row_value(query[i], j, rewritten ? 2 : 1);
   }
   EXPECT_EQ(bad, 0u);
   std::size_t erased = 0;
@@ -120,6 +124,29 @@ TEST(rocksdb_tuning, ssd_bound_options_read_back_every_row) {
   o.dynamic_level_bytes = true;
   o.max_subcompactions = 2;
   round_trip(o);
+}
+
+// Rows of 900 floats: one row per 4 KiB block, so each MultiGet batch reads up to 32 blocks of
+// a file, which batched_direct_reads submits in windows of 16 (several per MultiRead). Both ways
+// read back every row; so does a table of small rows (many per block, one block per read).
+TEST(rocksdb_tuning, batched_direct_reads_read_back_every_row) {
+  scratch_dir dir;
+  if (on_tmpfs(dir.path())) GTEST_SKIP() << "tmpfs has no direct I/O";
+  if (!rocksdb_batched_reads_available())
+    std::printf("io_uring is not available here: both runs read one block at a time\n");
+  for (const bool batched : {true, false})
+    for (const std::size_t width : {std::size_t{900}, tuning_width}) {
+      SCOPED_TRACE(std::string(batched ? "batched" : "one by one") + ", width " +
+                   std::to_string(width));
+      auto o =
+          base_options(dir.sub(std::string("db") + (batched ? "b" : "s") + std::to_string(width)));
+      o.row_width = width;
+      o.use_direct_reads = true;
+      o.batched_direct_reads = batched;
+      o.batch_keys = 256;
+      o.read_threads = 4;
+      round_trip(o, width == tuning_width ? 20000 : 3000);
+    }
 }
 
 TEST(rocksdb_tuning, universal_compaction_and_a_set_block_size_read_back_every_row) {

@@ -1,0 +1,252 @@
+// Direct reads of a MultiGet's blocks submitted together: RocksDB's own file system reads the
+// blocks of a MultiRead one pread at a time unless the library was built with io_uring, which
+// Debian's is not. Each pread of an O_DIRECT file is a system call, a wake-up of the reading
+// thread and, on a virtual disk, a doorbell (an exit to the hypervisor); a MultiGet batch reads up
+// to 32 blocks of one SST file. `batched_reads_file_system` opens SST files for direct reads
+// itself and submits a MultiRead's blocks as one io_uring submission, then reaps them. Part of
+// rocksdb_store.cpp, which includes it.
+#pragma once
+
+#include <fcntl.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#ifdef EMBCACHE_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+namespace embcache {
+namespace {
+
+// Reads [offset, offset + n) into `scratch` with pread until n bytes or the end of the file.
+rocksdb::IOStatus pread_fully(int fd, const std::string& name, std::uint64_t offset, std::size_t n,
+                              char* scratch, std::size_t* got) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, scratch + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      *got = done;
+      return rocksdb::IOStatus::IOError("while reading " + std::to_string(n - done) +
+                                        " bytes at offset " + std::to_string(offset + done) +
+                                        " of " + name + ": " + std::strerror(errno));
+    }
+    if (r == 0) break;  // the end of the file
+    done += static_cast<std::size_t>(r);
+  }
+  *got = done;
+  return rocksdb::IOStatus::OK();
+}
+
+#ifdef EMBCACHE_HAVE_LIBURING
+
+// One ring per thread: a MultiRead is synchronous, so a thread has at most one in flight.
+// kRingDepth bounds the reads submitted at once; a longer MultiRead goes in windows of it (a
+// MultiGet batch reads at most 32 blocks of a file: two windows).
+constexpr unsigned kRingDepth = 16;
+
+struct thread_ring {
+  io_uring ring{};
+  bool ready = false;
+  thread_ring() { ready = io_uring_queue_init(kRingDepth, &ring, 0) == 0; }
+  ~thread_ring() {
+    if (ready) io_uring_queue_exit(&ring);
+  }
+  thread_ring(const thread_ring&) = delete;
+  thread_ring& operator=(const thread_ring&) = delete;
+};
+
+thread_ring& this_thread_ring() {
+  thread_local thread_ring ring;
+  return ring;
+}
+
+// Whether this process may use io_uring (the kernel has it, no seccomp filter or sysctl forbids
+// it): asked once, by setting up a ring of one entry.
+bool io_uring_usable() {
+  static const bool usable = [] {
+    io_uring probe{};
+    if (io_uring_queue_init(1, &probe, 0) != 0) return false;
+    io_uring_queue_exit(&probe);
+    return true;
+  }();
+  return usable;
+}
+
+#else
+
+bool io_uring_usable() { return false; }
+
+#endif
+
+// An SST file opened with O_DIRECT whose MultiRead submits its blocks together.
+class batched_reads_file final : public rocksdb::FSRandomAccessFile {
+ public:
+  batched_reads_file(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+  ~batched_reads_file() override { ::close(fd_); }
+  batched_reads_file(const batched_reads_file&) = delete;
+  batched_reads_file& operator=(const batched_reads_file&) = delete;
+
+  rocksdb::IOStatus Read(std::uint64_t offset, std::size_t n, const rocksdb::IOOptions&,
+                         rocksdb::Slice* result, char* scratch,
+                         rocksdb::IODebugContext*) const override {
+    std::size_t got = 0;
+    rocksdb::IOStatus st = pread_fully(fd_, name_, offset, n, scratch, &got);
+    *result = rocksdb::Slice(scratch, got);
+    return st;
+  }
+
+  rocksdb::IOStatus MultiRead(rocksdb::FSReadRequest* reqs, std::size_t num_reqs,
+                              const rocksdb::IOOptions& options,
+                              rocksdb::IODebugContext* dbg) override {
+#ifdef EMBCACHE_HAVE_LIBURING
+    thread_ring& tr = this_thread_ring();
+    if (num_reqs > 1 && tr.ready) {
+      if (submit_together(tr.ring, reqs, num_reqs)) return rocksdb::IOStatus::OK();
+      // The ring failed (not a read: a read's own error is in its status). Its reads are
+      // reaped; the thread reads with pread from now on, starting with these.
+      tr.ready = false;
+    }
+#endif
+    for (std::size_t i = 0; i < num_reqs; ++i)
+      reqs[i].status = Read(reqs[i].offset, reqs[i].len, options, &reqs[i].result,
+                            reqs[i].scratch, dbg);
+    return rocksdb::IOStatus::OK();
+  }
+
+  bool use_direct_io() const override { return true; }
+  // A multiple of every device's logical block size (what O_DIRECT aligns to).
+  std::size_t GetRequiredBufferAlignment() const override { return 4096; }
+  // Direct I/O: the page cache holds nothing of the file.
+  rocksdb::IOStatus InvalidateCache(std::size_t, std::size_t) override {
+    return rocksdb::IOStatus::OK();
+  }
+
+ private:
+#ifdef EMBCACHE_HAVE_LIBURING
+  // Submits up to kRingDepth reads at a time and reaps them; false when the ring itself fails
+  // (every read it took is reaped first: their buffers are the caller's).
+  bool submit_together(io_uring& ring, rocksdb::FSReadRequest* reqs, std::size_t num_reqs) {
+    for (std::size_t base = 0; base < num_reqs; base += kRingDepth) {
+      const std::size_t count = std::min<std::size_t>(kRingDepth, num_reqs - base);
+      for (std::size_t i = 0; i < count; ++i) {
+        rocksdb::FSReadRequest& r = reqs[base + i];
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);  // the ring is empty: never null
+        io_uring_prep_read(sqe, fd_, r.scratch, static_cast<unsigned>(r.len), r.offset);
+        io_uring_sqe_set_data64(sqe, base + i);
+      }
+      // Submitted (retried while the kernel takes them only in part), then waited for in one
+      // call: the completions are then all in the ring.
+      std::size_t submitted = 0;
+      for (int tries = 0; submitted < count; ++tries) {
+        const int sub = io_uring_submit(&ring);
+        if (sub > 0) submitted += static_cast<std::size_t>(sub);
+        else if (tries > 100 || (sub < 0 && sub != -EINTR && sub != -EAGAIN && sub != -EBUSY))
+          return reap(ring, submitted);
+      }
+      io_uring_cqe* first = nullptr;
+      int w;
+      do w = io_uring_wait_cqe_nr(&ring, &first, static_cast<unsigned>(count));
+      while (w == -EINTR);
+      if (w < 0) return reap(ring, count);
+      for (std::size_t left = count; left > 0; --left) {
+        io_uring_cqe* cqe = nullptr;
+        do w = io_uring_wait_cqe(&ring, &cqe);
+        while (w == -EINTR);
+        if (w < 0) return reap(ring, left);
+        rocksdb::FSReadRequest& r = reqs[io_uring_cqe_get_data64(cqe)];
+        const int res = cqe->res;
+        io_uring_cqe_seen(&ring, cqe);
+        finish(r, res);
+      }
+    }
+    return true;
+  }
+
+  // Sets a request's result from its completion `res` (bytes read or -errno).
+  void finish(rocksdb::FSReadRequest& r, int res) const {
+    if (res < 0) {
+      if (res == -EINTR || res == -EAGAIN) {  // not read: read it now
+        std::size_t got = 0;
+        r.status = pread_fully(fd_, name_, r.offset, r.len, r.scratch, &got);
+        r.result = rocksdb::Slice(r.scratch, got);
+        return;
+      }
+      r.result = rocksdb::Slice(r.scratch, 0);
+      r.status = rocksdb::IOStatus::IOError("while reading " + std::to_string(r.len) +
+                                            " bytes at offset " + std::to_string(r.offset) +
+                                            " of " + name_ + ": " + std::strerror(-res));
+      return;
+    }
+    std::size_t got = static_cast<std::size_t>(res);
+    r.status = rocksdb::IOStatus::OK();
+    if (got > 0 && got < r.len) {  // short: the end of the file, or the rest still to read
+      std::size_t more = 0;
+      r.status = pread_fully(fd_, name_, r.offset + got, r.len - got, r.scratch + got, &more);
+      got += more;
+    }
+    r.result = rocksdb::Slice(r.scratch, got);
+  }
+
+  // Waits for the `in_flight` reads the kernel still owns; false.
+  static bool reap(io_uring& ring, std::size_t in_flight) {
+    for (; in_flight > 0; --in_flight) {
+      io_uring_cqe* cqe = nullptr;
+      int w;
+      do w = io_uring_wait_cqe(&ring, &cqe);
+      while (w == -EINTR);
+      if (w < 0) break;
+      io_uring_cqe_seen(&ring, cqe);
+    }
+    return false;
+  }
+#endif
+
+  int fd_;
+  std::string name_;
+};
+
+// RocksDB's default file system, but SST files opened for direct reads are batched_reads_files.
+class batched_reads_file_system final : public rocksdb::FileSystemWrapper {
+ public:
+  batched_reads_file_system() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "embcache-batched-reads"; }
+
+  rocksdb::IOStatus NewRandomAccessFile(const std::string& fname,
+                                        const rocksdb::FileOptions& file_opts,
+                                        std::unique_ptr<rocksdb::FSRandomAccessFile>* result,
+                                        rocksdb::IODebugContext* dbg) override {
+    if (!file_opts.use_direct_reads || file_opts.use_mmap_reads)
+      return target()->NewRandomAccessFile(fname, file_opts, result, dbg);
+    int fd;
+    do fd = ::open(fname.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    while (fd < 0 && errno == EINTR);
+    // RocksDB's own file system names what went wrong (a missing file, a file system without
+    // O_DIRECT) as the rest of the database expects it.
+    if (fd < 0) return target()->NewRandomAccessFile(fname, file_opts, result, dbg);
+    result->reset(new batched_reads_file(fd, fname));
+    return rocksdb::IOStatus::OK();
+  }
+};
+
+// The environment of databases whose direct reads are batched: Env::Default()'s threads, clock
+// and compaction pools with the file system above. One per process, never destroyed (RocksDB's
+// background threads may use it until exit).
+rocksdb::Env* batched_reads_env() {
+  static rocksdb::Env* env =
+      rocksdb::NewCompositeEnv(std::make_shared<batched_reads_file_system>()).release();
+  return env;
+}
+
+}  // namespace
+
+bool rocksdb_batched_reads_available() noexcept { return io_uring_usable(); }
+
+}  // namespace embcache
