@@ -95,8 +95,9 @@ struct rocksdb_store_options {
   std::size_t row_cache_bytes = 0;
   /// Concurrent MultiGet batches of one pull, contains or erase: each batch blocks on its
   /// reads, so more batches in flight than cores keep the SSD's queue full when reads miss
-  /// the caches; default 0 = the space's threads. Set: 0 to 256. (This RocksDB build has
-  /// no io_uring and no coroutines, so RocksDB's own async MultiGet is not available.)
+  /// the caches; default 0 = the space's threads. Set: 0 to 256. (Debian's RocksDB has no
+  /// io_uring and no coroutines, so its own async MultiGet is not available;
+  /// batched_direct_reads gives each batch's reads of one file a queue of their own.)
   int read_threads = 0;
   /// Compaction style, database-wide; default level.
   rocksdb_compaction compaction = rocksdb_compaction::level;
