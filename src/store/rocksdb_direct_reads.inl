@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -25,21 +27,34 @@
 namespace embcache {
 namespace {
 
-// Reads [offset, offset + n) into `scratch` with pread until n bytes or the end of the file.
+// A multiple of every device's logical block size (what O_DIRECT aligns offsets, lengths and
+// buffers to).
+constexpr std::size_t kDirectAlignment = 4096;
+
+rocksdb::IOStatus read_error(const std::string& name, std::uint64_t offset, std::size_t n,
+                             int err) {
+  return rocksdb::IOStatus::IOError("while reading " + std::to_string(n) + " bytes at offset " +
+                                    std::to_string(offset) + " of " + name + ": " +
+                                    std::strerror(err));
+}
+
+// Reads [offset, offset + n) of an O_DIRECT file into `scratch` with pread until n bytes or the
+// end of the file: a read that ends short of an aligned length has reached it (asking again at
+// the unaligned offset would read nothing).
 rocksdb::IOStatus pread_fully(int fd, const std::string& name, std::uint64_t offset, std::size_t n,
                               char* scratch, std::size_t* got) {
   std::size_t done = 0;
   while (done < n) {
     const ssize_t r = ::pread(fd, scratch + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
-      if (errno == EINTR) continue;
+      const int err = errno;
+      if (err == EINTR) continue;
       *got = done;
-      return rocksdb::IOStatus::IOError("while reading " + std::to_string(n - done) +
-                                        " bytes at offset " + std::to_string(offset + done) +
-                                        " of " + name + ": " + std::strerror(errno));
+      return read_error(name, offset + done, n - done, err);
     }
     if (r == 0) break;  // the end of the file
     done += static_cast<std::size_t>(r);
+    if (done < n && done % kDirectAlignment != 0) break;
   }
   *got = done;
   return rocksdb::IOStatus::OK();
@@ -52,30 +67,50 @@ rocksdb::IOStatus pread_fully(int fd, const std::string& name, std::uint64_t off
 // MultiGet batch reads at most 32 blocks of a file: two windows).
 constexpr unsigned kRingDepth = 16;
 
+// A ring belongs to the process that set it up: after fork() the child's copy shares the
+// parent's kernel ring with its own copy of the ring's private indexes, so each process would
+// overrun the other's entries. A thread whose ring was set up by another process sets up its own.
 struct thread_ring {
   io_uring ring{};
   bool ready = false;
-  thread_ring() { ready = io_uring_queue_init(kRingDepth, &ring, 0) == 0; }
-  ~thread_ring() {
-    if (ready) io_uring_queue_exit(&ring);
-  }
+  pid_t owner = 0;
+  thread_ring() { set_up(); }
+  ~thread_ring() { tear_down(); }
   thread_ring(const thread_ring&) = delete;
   thread_ring& operator=(const thread_ring&) = delete;
+  void set_up() {
+    owner = ::getpid();
+    ready = io_uring_queue_init(kRingDepth, &ring, 0) == 0;
+  }
+  // Unmaps this process's view of the ring and closes its descriptor.
+  void tear_down() {
+    if (ready) io_uring_queue_exit(&ring);
+    ready = false;
+  }
 };
 
 thread_ring& this_thread_ring() {
   thread_local thread_ring ring;
+  if (ring.owner != ::getpid()) {
+    // A copy from before a fork(); its reads were the parent's, none is this process's.
+    ring.tear_down();
+    ring.set_up();
+  }
   return ring;
 }
 
-// Whether this process may use io_uring (the kernel has it, no seccomp filter or sysctl forbids
-// it): asked once, by setting up a ring of one entry.
+// Whether this process may use io_uring for reads: the kernel has it, no seccomp filter or
+// sysctl forbids it, and it knows IORING_OP_READ (5.6 on; rings set up on older kernels fail
+// every such read). Asked once.
 bool io_uring_usable() {
   static const bool usable = [] {
-    io_uring probe{};
-    if (io_uring_queue_init(1, &probe, 0) != 0) return false;
-    io_uring_queue_exit(&probe);
-    return true;
+    io_uring probe_ring{};
+    if (io_uring_queue_init(1, &probe_ring, 0) != 0) return false;
+    io_uring_probe* probe = io_uring_get_probe_ring(&probe_ring);
+    const bool reads = probe && io_uring_opcode_supported(probe, IORING_OP_READ);
+    if (probe) io_uring_free_probe(probe);
+    io_uring_queue_exit(&probe_ring);
+    return reads;
   }();
   return usable;
 }
@@ -122,8 +157,7 @@ class batched_reads_file final : public rocksdb::FSRandomAccessFile {
   }
 
   bool use_direct_io() const override { return true; }
-  // A multiple of every device's logical block size (what O_DIRECT aligns to).
-  std::size_t GetRequiredBufferAlignment() const override { return 4096; }
+  std::size_t GetRequiredBufferAlignment() const override { return kDirectAlignment; }
   // Direct I/O: the page cache holds nothing of the file.
   rocksdb::IOStatus InvalidateCache(std::size_t, std::size_t) override {
     return rocksdb::IOStatus::OK();
@@ -134,13 +168,15 @@ class batched_reads_file final : public rocksdb::FSRandomAccessFile {
   // Submits up to kRingDepth reads at a time and reaps them; false when the ring itself fails
   // (every read it took is reaped first: their buffers are the caller's).
   bool submit_together(io_uring& ring, rocksdb::FSReadRequest* reqs, std::size_t num_reqs) {
+    int res[kRingDepth];
     for (std::size_t base = 0; base < num_reqs; base += kRingDepth) {
       const std::size_t count = std::min<std::size_t>(kRingDepth, num_reqs - base);
       for (std::size_t i = 0; i < count; ++i) {
         rocksdb::FSReadRequest& r = reqs[base + i];
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring);  // the ring is empty: never null
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        if (!sqe) return false;  // not expected of an empty ring; nothing is submitted yet
         io_uring_prep_read(sqe, fd_, r.scratch, static_cast<unsigned>(r.len), r.offset);
-        io_uring_sqe_set_data64(sqe, base + i);
+        io_uring_sqe_set_data64(sqe, i);
       }
       // Submitted (retried while the kernel takes them only in part), then waited for in one
       // call: the completions are then all in the ring.
@@ -156,54 +192,57 @@ class batched_reads_file final : public rocksdb::FSRandomAccessFile {
       do w = io_uring_wait_cqe_nr(&ring, &first, static_cast<unsigned>(count));
       while (w == -EINTR);
       if (w < 0) return reap(ring, count);
+      // The whole window is reaped before any result is set (which allocates): the ring is
+      // empty again whatever happens next.
       for (std::size_t left = count; left > 0; --left) {
         io_uring_cqe* cqe = nullptr;
         do w = io_uring_wait_cqe(&ring, &cqe);
         while (w == -EINTR);
         if (w < 0) return reap(ring, left);
-        rocksdb::FSReadRequest& r = reqs[io_uring_cqe_get_data64(cqe)];
-        const int res = cqe->res;
+        res[io_uring_cqe_get_data64(cqe)] = cqe->res;
         io_uring_cqe_seen(&ring, cqe);
-        finish(r, res);
       }
+      for (std::size_t i = 0; i < count; ++i) finish(reqs[base + i], res[i]);
     }
     return true;
   }
 
-  // Sets a request's result from its completion `res` (bytes read or -errno).
+  // Sets a request's result from its completion `res` (bytes read or -errno). A read the ring
+  // could not do (an interrupted one, or a file system that refuses it there) is done with
+  // pread, whose error, if any, is the one reported.
   void finish(rocksdb::FSReadRequest& r, int res) const {
+    std::size_t got = 0;
     if (res < 0) {
-      if (res == -EINTR || res == -EAGAIN) {  // not read: read it now
-        std::size_t got = 0;
-        r.status = pread_fully(fd_, name_, r.offset, r.len, r.scratch, &got);
-        r.result = rocksdb::Slice(r.scratch, got);
-        return;
+      r.status = pread_fully(fd_, name_, r.offset, r.len, r.scratch, &got);
+    } else {
+      got = static_cast<std::size_t>(res);
+      r.status = rocksdb::IOStatus::OK();
+      // Short of an aligned length: the end of the file. Short but aligned: the rest is read.
+      if (got > 0 && got < r.len && got % kDirectAlignment == 0) {
+        std::size_t more = 0;
+        r.status = pread_fully(fd_, name_, r.offset + got, r.len - got, r.scratch + got, &more);
+        got += more;
       }
-      r.result = rocksdb::Slice(r.scratch, 0);
-      r.status = rocksdb::IOStatus::IOError("while reading " + std::to_string(r.len) +
-                                            " bytes at offset " + std::to_string(r.offset) +
-                                            " of " + name_ + ": " + std::strerror(-res));
-      return;
-    }
-    std::size_t got = static_cast<std::size_t>(res);
-    r.status = rocksdb::IOStatus::OK();
-    if (got > 0 && got < r.len) {  // short: the end of the file, or the rest still to read
-      std::size_t more = 0;
-      r.status = pread_fully(fd_, name_, r.offset + got, r.len - got, r.scratch + got, &more);
-      got += more;
     }
     r.result = rocksdb::Slice(r.scratch, got);
   }
 
-  // Waits for the `in_flight` reads the kernel still owns; false.
+  // Waits for the `in_flight` reads the kernel still owns; false. It does not return before
+  // they are done: their buffers are the caller's, freed once MultiRead returns.
   static bool reap(io_uring& ring, std::size_t in_flight) {
-    for (; in_flight > 0; --in_flight) {
+    for (int failures = 0; in_flight > 0;) {
       io_uring_cqe* cqe = nullptr;
-      int w;
-      do w = io_uring_wait_cqe(&ring, &cqe);
-      while (w == -EINTR);
-      if (w < 0) break;
-      io_uring_cqe_seen(&ring, cqe);
+      const int w = io_uring_wait_cqe(&ring, &cqe);
+      if (w == 0) {
+        io_uring_cqe_seen(&ring, cqe);
+        --in_flight;
+      } else if (w != -EINTR && ++failures > 10000) {
+        std::fprintf(stderr, "embcache: io_uring fails to return %zu reads (%s)\n", in_flight,
+                     std::strerror(-w));
+        std::abort();  // returning would let the kernel write into freed buffers
+      } else if (w != -EINTR) {
+        ::usleep(1000);
+      }
     }
     return false;
   }
@@ -231,7 +270,12 @@ class batched_reads_file_system final : public rocksdb::FileSystemWrapper {
     // RocksDB's own file system names what went wrong (a missing file, a file system without
     // O_DIRECT) as the rest of the database expects it.
     if (fd < 0) return target()->NewRandomAccessFile(fname, file_opts, result, dbg);
-    result->reset(new batched_reads_file(fd, fname));
+    try {
+      result->reset(new batched_reads_file(fd, fname));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
     return rocksdb::IOStatus::OK();
   }
 };
