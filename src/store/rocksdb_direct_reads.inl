@@ -8,11 +8,13 @@
 #pragma once
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -69,17 +71,20 @@ constexpr unsigned kRingDepth = 16;
 
 // A ring belongs to the process that set it up: after fork() the child's copy shares the
 // parent's kernel ring with its own copy of the ring's private indexes, so each process would
-// overrun the other's entries. A thread whose ring was set up by another process sets up its own.
+// overrun the other's entries. fork() counts itself (pthread_atfork, registered before the first
+// ring), and a ring set up before the last fork is set up again.
+std::atomic<unsigned> g_forks{0};
+
 struct thread_ring {
   io_uring ring{};
   bool ready = false;
-  pid_t owner = 0;
+  unsigned forks = 0;
   thread_ring() { set_up(); }
   ~thread_ring() { tear_down(); }
   thread_ring(const thread_ring&) = delete;
   thread_ring& operator=(const thread_ring&) = delete;
   void set_up() {
-    owner = ::getpid();
+    forks = g_forks.load(std::memory_order_relaxed);
     ready = io_uring_queue_init(kRingDepth, &ring, 0) == 0;
   }
   // Unmaps this process's view of the ring and closes its descriptor.
@@ -91,7 +96,7 @@ struct thread_ring {
 
 thread_ring& this_thread_ring() {
   thread_local thread_ring ring;
-  if (ring.owner != ::getpid()) {
+  if (ring.forks != g_forks.load(std::memory_order_relaxed)) {
     // A copy from before a fork(); its reads were the parent's, none is this process's.
     ring.tear_down();
     ring.set_up();
@@ -104,6 +109,9 @@ thread_ring& this_thread_ring() {
 // every such read). Asked once.
 bool io_uring_usable() {
   static const bool usable = [] {
+    if (::pthread_atfork(nullptr, nullptr,
+                         [] { g_forks.fetch_add(1, std::memory_order_relaxed); }) != 0)
+      return false;
     io_uring probe_ring{};
     if (io_uring_queue_init(1, &probe_ring, 0) != 0) return false;
     io_uring_probe* probe = io_uring_get_probe_ring(&probe_ring);
@@ -142,12 +150,14 @@ class batched_reads_file final : public rocksdb::FSRandomAccessFile {
                               const rocksdb::IOOptions& options,
                               rocksdb::IODebugContext* dbg) override {
 #ifdef EMBCACHE_HAVE_LIBURING
-    thread_ring& tr = this_thread_ring();
-    if (num_reqs > 1 && tr.ready) {
-      if (submit_together(tr.ring, reqs, num_reqs)) return rocksdb::IOStatus::OK();
-      // The ring failed (not a read: a read's own error is in its status). Its reads are
-      // reaped; the thread reads with pread from now on, starting with these.
-      tr.ready = false;
+    if (num_reqs > 1) {
+      thread_ring& tr = this_thread_ring();
+      if (tr.ready) {
+        if (submit_together(tr.ring, reqs, num_reqs)) return rocksdb::IOStatus::OK();
+        // The ring failed (not a read: a read's own error is in its status). Its reads are
+        // reaped; the thread reads with pread from now on, starting with these.
+        tr.ready = false;
+      }
     }
 #endif
     for (std::size_t i = 0; i < num_reqs; ++i)
