@@ -182,6 +182,7 @@ void store_pull_ssd(benchmark::State& state) {
   std::vector<float> out(keys.size() * g_width);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
   double cpu = 0;
+  const auto batched_before = embcache::rocksdb_batched_reads_done();
   for (auto _ : state) {
     const auto t0 = clock_type::now();
     const double c0 = process_cpu_s();
@@ -192,6 +193,13 @@ void store_pull_ssd(benchmark::State& state) {
   // CPU microseconds per row pulled: what the reads cost the cores beside their wait.
   state.counters["cpu_us_per_row"] =
       cpu * 1e6 / static_cast<double>(state.iterations() * keys.size());
+  // Reads each batched submission put in flight (0: none was batched).
+  const auto batched = embcache::rocksdb_batched_reads_done();
+  const auto multi_reads = batched.multi_reads - batched_before.multi_reads;
+  state.counters["blocks_per_submission"] =
+      multi_reads ? static_cast<double>(batched.blocks - batched_before.blocks) /
+                        static_cast<double>(multi_reads)
+                  : 0.0;
   verify(keys, out.data(), found.get());
   report(state, keys.size());
 }

@@ -142,6 +142,16 @@ struct rocksdb_store_options {
 /// container's, or the kernel.io_uring_disabled sysctl may forbid it). Asked once.
 bool rocksdb_batched_reads_available() noexcept;
 
+/// What batched_direct_reads has read in this process (since it started, or in a forked child
+/// since the parent started): the MultiReads of more than one block that went through a ring,
+/// and their blocks (after RocksDB merged neighbouring blocks into one read). blocks /
+/// multi_reads is how many reads each submission put in flight.
+struct rocksdb_batched_read_counts {
+  std::uint64_t multi_reads = 0;
+  std::uint64_t blocks = 0;
+};
+rocksdb_batched_read_counts rocksdb_batched_reads_done() noexcept;
+
 /// An open RocksDB database that may hold several tables. Shared by the stores opened on it
 /// (std::shared_ptr); the database closes when the last of them goes.
 class rocksdb_database {

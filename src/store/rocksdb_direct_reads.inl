@@ -129,6 +129,10 @@ bool io_uring_usable() { return false; }
 
 #endif
 
+// rocksdb_batched_reads_done()'s counts.
+std::atomic<std::uint64_t> g_batched_multi_reads{0};
+std::atomic<std::uint64_t> g_batched_blocks{0};
+
 // An SST file opened with O_DIRECT whose MultiRead submits its blocks together.
 class batched_reads_file final : public rocksdb::FSRandomAccessFile {
  public:
@@ -153,7 +157,11 @@ class batched_reads_file final : public rocksdb::FSRandomAccessFile {
     if (num_reqs > 1) {
       thread_ring& tr = this_thread_ring();
       if (tr.ready) {
-        if (submit_together(tr.ring, reqs, num_reqs)) return rocksdb::IOStatus::OK();
+        if (submit_together(tr.ring, reqs, num_reqs)) {
+          g_batched_multi_reads.fetch_add(1, std::memory_order_relaxed);
+          g_batched_blocks.fetch_add(num_reqs, std::memory_order_relaxed);
+          return rocksdb::IOStatus::OK();
+        }
         // The ring failed (not a read: a read's own error is in its status). Its reads are
         // reaped; the thread reads with pread from now on, starting with these.
         tr.ready = false;
@@ -302,5 +310,12 @@ rocksdb::Env* batched_reads_env() {
 }  // namespace
 
 bool rocksdb_batched_reads_available() noexcept { return io_uring_usable(); }
+
+rocksdb_batched_read_counts rocksdb_batched_reads_done() noexcept {
+  rocksdb_batched_read_counts c;
+  c.multi_reads = g_batched_multi_reads.load(std::memory_order_relaxed);
+  c.blocks = g_batched_blocks.load(std::memory_order_relaxed);
+  return c;
+}
 
 }  // namespace embcache

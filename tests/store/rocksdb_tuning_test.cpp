@@ -140,6 +140,7 @@ TEST(rocksdb_tuning, batched_direct_reads_read_back_every_row) {
     for (const std::size_t width : {std::size_t{900}, tuning_width}) {
       SCOPED_TRACE(std::string(batched ? "batched" : "one by one") + ", width " +
                    std::to_string(width));
+      const auto before = rocksdb_batched_reads_done();
       auto o =
           base_options(dir.sub(std::string("db") + (batched ? "b" : "s") + std::to_string(width)));
       o.row_width = width;
@@ -148,6 +149,14 @@ TEST(rocksdb_tuning, batched_direct_reads_read_back_every_row) {
       o.batch_keys = 256;
       o.read_threads = 4;
       round_trip(o, width == tuning_width ? 20000 : 3000);
+      const auto after = rocksdb_batched_reads_done();
+      // The wide rows' reads went through the ring, several blocks at a time, where it can
+      // be used; nothing did when the option is off.
+      if (batched && width != tuning_width && rocksdb_batched_reads_available()) {
+        EXPECT_GT(after.multi_reads, before.multi_reads);
+        EXPECT_GT(after.blocks - before.blocks, 2 * (after.multi_reads - before.multi_reads));
+      }
+      if (!batched) EXPECT_EQ(after.blocks, before.blocks);
     }
 }
 
@@ -196,16 +205,22 @@ TEST(rocksdb_tuning, batched_direct_reads_work_in_a_forked_child_and_after_it) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   constexpr int pulls = 8;
+  const auto before = rocksdb_batched_reads_done();
   if (child == 0) {
     ::alarm(60);  // a child stuck on a lock another thread held at the fork ends, and fails
     std::size_t bad = 0;
     for (int i = 0; i < pulls; ++i) bad += wrong_rows(s, keys, width);
-    ::_exit(bad == 0 ? 0 : 1);
+    // Every pull of the child batched its reads: it had a ring of its own.
+    const auto after = rocksdb_batched_reads_done();
+    const bool batched = after.multi_reads - before.multi_reads >= pulls;
+    ::_exit(bad != 0 ? 1 : batched ? 0 : 2);
   }
   std::size_t bad = 0;
   for (int i = 0; i < pulls; ++i) bad += wrong_rows(s, keys, width);
+  EXPECT_GE(rocksdb_batched_reads_done().multi_reads - before.multi_reads, std::uint64_t{pulls});
   int wstatus = 0;
   ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  // Exit code 1: wrong rows; 2: the child's pulls did not all batch.
   EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
   EXPECT_EQ(bad, 0u);
   EXPECT_EQ(wrong_rows(s, keys, width), 0u);
