@@ -5,6 +5,11 @@
 //                                           sample of keys; B = batched_direct_reads (the blocks
 //                                           a MultiGet reads from one file in one io_uring
 //                                           submission; only where rocksdb_batched_reads_available)
+//                                           /read_path:P  0 automatic (the default), 1
+//                                           multi_get, 2 scan (rocksdb_store_options::read_path)
+//   store_pull_dense_ssd/rocksdb/read_path:P  the same pull of a dense sample: about every other
+//                                           row of a range of the table, as a keyset pass over a
+//                                           table it mostly covers asks for (8 read threads)
 //   baseline_pull_ssd/rocksdb_get_loop      one Get per key, in the sample's order, over the same
 //                                           database and options (read-only open)
 // Every case opens the database afresh (empty block and row caches) and reads the same keys;
@@ -173,12 +178,32 @@ double process_cpu_s() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
-void store_pull_ssd(benchmark::State& state) {
+// About every other row of a range of the table, in random order: g_pull keys.
+const std::vector<key>& dense_keys() {
+  static const std::vector<key> keys = [] {
+    std::mt19937_64 rng(43);
+    const std::size_t span = std::min(g_rows, 2 * g_pull), first = (g_rows - span) / 3;
+    std::vector<key> out;
+    for (std::size_t r = first; r < first + span && out.size() < g_pull; ++r)
+      if (rng() & 1) out.push_back(key_of(r));
+    std::shuffle(out.begin(), out.end(), rng);
+    return out;
+  }();
+  return keys;
+}
+
+embcache::rocksdb_read_path read_path_arg(std::int64_t p) {
+  return p == 1   ? embcache::rocksdb_read_path::multi_get
+         : p == 2 ? embcache::rocksdb_read_path::scan
+                  : embcache::rocksdb_read_path::automatic;
+}
+
+void pull_ssd(benchmark::State& state, const std::vector<key>& keys) {
   auto o = ssd_options();
   o.read_threads = static_cast<int>(state.range(0));
   o.batched_direct_reads = state.range(1) != 0;
+  o.read_path = read_path_arg(state.range(2));
   auto s = open_store(o);
-  const auto& keys = pull_keys();
   std::vector<float> out(keys.size() * g_width);
   std::unique_ptr<bool[]> found(new bool[keys.size()]);
   double cpu = 0;
@@ -200,9 +225,17 @@ void store_pull_ssd(benchmark::State& state) {
       multi_reads ? static_cast<double>(batched.blocks - batched_before.blocks) /
                         static_cast<double>(multi_reads)
                   : 0.0;
+  // Of the keys, those read by scans (the rest by point lookups).
+  const auto reads = s->read_counts();
+  state.counters["scanned_fraction"] =
+      static_cast<double>(reads.keys_scanned) /
+      static_cast<double>(std::max<std::uint64_t>(1, reads.keys_scanned + reads.keys_looked_up));
   verify(keys, out.data(), found.get());
   report(state, keys.size());
 }
+
+void store_pull_ssd(benchmark::State& state) { pull_ssd(state, pull_keys()); }
+void store_pull_dense_ssd(benchmark::State& state) { pull_ssd(state, dense_keys()); }
 
 // The same database, options and keys, read with one Get per key.
 void baseline_pull_ssd_get_loop(benchmark::State& state) {
@@ -295,9 +328,15 @@ int main(int argc, char** argv) {
   std::vector<benchmark::internal::Benchmark*> all;
   for (int batched : {0, 1})
     for (int threads : {0, 8, 32, 64})
-      all.push_back(benchmark::RegisterBenchmark("store_pull_ssd/rocksdb", store_pull_ssd)
-                        ->ArgNames({"read_threads", "batched"})
-                        ->Args({threads, batched}));
+      for (int path : {0, 1, 2})
+        if (path == 0 || (threads == 8 && batched == 1))
+          all.push_back(benchmark::RegisterBenchmark("store_pull_ssd/rocksdb", store_pull_ssd)
+                            ->ArgNames({"read_threads", "batched", "read_path"})
+                            ->Args({threads, batched, path}));
+  for (int path : {0, 1, 2})
+    all.push_back(benchmark::RegisterBenchmark("store_pull_dense_ssd/rocksdb", store_pull_dense_ssd)
+                      ->ArgNames({"read_threads", "batched", "read_path"})
+                      ->Args({8, 1, path}));
   all.push_back(benchmark::RegisterBenchmark("baseline_pull_ssd/rocksdb_get_loop",
                                              baseline_pull_ssd_get_loop));
   all.push_back(benchmark::RegisterBenchmark("store_pull_hot/tiered_store", store_pull_hot, true));

@@ -37,6 +37,33 @@ enum class rocksdb_compaction : std::uint8_t {
               ///< twice the space and more runs for a lookup to probe (bloom filters help)
 };
 
+/// How pull() and contains() read a table (rocksdb_store_options::read_path).
+enum class rocksdb_read_path : std::uint8_t {
+  /// Each call chooses: a scan where the table holds few rows between the keys asked for, point
+  /// lookups elsewhere, from what its scans have cost so far (rocksdb_store::read_counts). The
+  /// first call, and while point lookups win one call in rocksdb_scan_probe_interval, scans its
+  /// first rocksdb_scan_probe_keys keys alone to find out.
+  automatic,
+  /// Point lookups: sorted MultiGet batches, each key through every sorted run's bloom filter
+  /// and index, one block read per row found. Best where the keys are sparse in the table.
+  multi_get,
+  /// Scans: the sorted keys are merged with an iterator over their range, which reads the
+  /// range's blocks in large sequential reads (scan_readahead_bytes) and skips to a key
+  /// with a seek only after rocksdb_scan_steps_per_lookup rows. Best where the keys are a
+  /// large part of the rows in their range, as a keyset pass's are in a table it mostly covers.
+  scan,
+};
+
+/// A point lookup costs about as much CPU as this many steps of a scan's iterator
+/// (docs/stores.md, "Scans"): a scan moves on by a seek after this many rows without the key it
+/// wants, and read_path automatic scans while its steps and seeks (each counted as this many
+/// steps) come to fewer per key.
+inline constexpr std::uint32_t rocksdb_scan_steps_per_lookup = 16;
+/// With read_path automatic, while point lookups win, one call in this many tries a scan of
+/// its first rocksdb_scan_probe_keys keys.
+inline constexpr std::uint32_t rocksdb_scan_probe_keys = 256;
+inline constexpr std::uint32_t rocksdb_scan_probe_interval = 16;
+
 /// Options of a RocksDB store and of the database behind it. Fields marked database-wide are
 /// taken from the options the database is opened with (the first store, or
 /// rocksdb_database::open); docs/stores.md ("Tuning for a table larger than memory") gives the
@@ -99,6 +126,15 @@ struct rocksdb_store_options {
   /// io_uring and no coroutines, so its own async MultiGet is not available;
   /// batched_direct_reads gives each batch's reads of one file a queue of their own.)
   int read_threads = 0;
+  /// How pull() and contains() read: point lookups, scans, or each call's choice; default
+  /// automatic.
+  rocksdb_read_path read_path = rocksdb_read_path::automatic;
+  /// Keys per batch of a scan (each batch one iterator over its keys' range, batches in parallel
+  /// as read_threads allows); default 8192. Set: 1 to 2^24.
+  std::size_t scan_batch_keys = 8192;
+  /// Bytes a scan reads ahead in each sorted run it passes through (one buffer per run and
+  /// batch in flight); default 256 KiB. Set: 0 (RocksDB's own, growing from 8 KiB) to 64 MiB.
+  std::size_t scan_readahead_bytes = std::size_t{256} << 10;
   /// Compaction style, database-wide; default level.
   rocksdb_compaction compaction = rocksdb_compaction::level;
   /// Level sizes derived from the last level's (leveled compaction only), database-wide: keeps
@@ -152,6 +188,14 @@ struct rocksdb_batched_read_counts {
 };
 rocksdb_batched_read_counts rocksdb_batched_reads_done() noexcept;
 
+/// What a store's pull() and contains() have read since it opened (rocksdb_store::read_counts).
+struct rocksdb_read_counts {
+  std::uint64_t keys_looked_up = 0;  ///< keys read by point lookups (MultiGet)
+  std::uint64_t keys_scanned = 0;    ///< keys read by scans
+  std::uint64_t scan_steps = 0;      ///< iterator steps of those scans (rows passed over)
+  std::uint64_t scan_seeks = 0;      ///< seeks of those scans past the first of each batch
+};
+
 /// An open RocksDB database that may hold several tables. Shared by the stores opened on it
 /// (std::shared_ptr); the database closes when the last of them goes.
 class rocksdb_database {
@@ -204,7 +248,8 @@ class rocksdb_store final : public scanning_param_store<Key> {
 
   std::size_t row_width() const noexcept override;
   const std::string& table_name() const noexcept override;
-  /// Sorted MultiGet in batches of `batch_keys`, batches in parallel (`read_threads` at once).
+  /// Sorts the keys, then reads them as `read_path` says: sorted MultiGet batches of
+  /// `batch_keys`, or scans of `scan_batch_keys`; batches in parallel (`read_threads` at once).
   status pull(const Key* keys, std::size_t n, float* rows_out, bool* found_out,
               std::uint64_t* versions_out = nullptr) override;
   /// Sorted, deduplicated WriteBatches of `push_batch_keys` rows written in parallel, or SST
@@ -224,6 +269,9 @@ class rocksdb_store final : public scanning_param_store<Key> {
   /// flush(), then a RocksDB checkpoint of the whole database into `dir` (every table of a
   /// shared database is in it); open it with open() and `path = dir`.
   status checkpoint(const std::string& dir) override;
+
+  /// What pull() and contains() have read, by which path.
+  rocksdb_read_counts read_counts() const noexcept;
 
   /// The database the table lives in.
   const std::shared_ptr<rocksdb_database>& database() const noexcept { return db_; }

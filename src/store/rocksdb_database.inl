@@ -50,6 +50,15 @@ status check_tuning(const rocksdb_store_options& o, const std::string& who) {
     return bad("max_subcompactions", std::to_string(o.max_subcompactions), "1 to 64");
   if (o.compaction != rocksdb_compaction::level && o.compaction != rocksdb_compaction::universal)
     return bad("compaction", std::to_string(static_cast<int>(o.compaction)), "level or universal");
+  if (o.read_path != rocksdb_read_path::automatic && o.read_path != rocksdb_read_path::multi_get &&
+      o.read_path != rocksdb_read_path::scan)
+    return bad("read_path", std::to_string(static_cast<int>(o.read_path)),
+               "automatic, multi_get or scan");
+  if (o.scan_batch_keys < 1 || o.scan_batch_keys > (std::size_t{1} << 24))
+    return bad("scan_batch_keys", std::to_string(o.scan_batch_keys), "1 to 2^24");
+  if (o.scan_readahead_bytes > (std::size_t{64} << 20))
+    return bad("scan_readahead_bytes", std::to_string(o.scan_readahead_bytes),
+               "0 (RocksDB's own) to 64 MiB");
   if (o.bloom_bits_per_key < 0 || o.bloom_bits_per_key > 100)
     return bad("bloom_bits_per_key", std::to_string(o.bloom_bits_per_key), "0 (none) to 100");
   return {};

@@ -75,6 +75,17 @@ std::size_t rocksdb_store<Key>::size() const noexcept {
 }
 
 template <class Key>
+rocksdb_read_counts rocksdb_store<Key>::read_counts() const noexcept {
+  const auto& s = *state_;
+  rocksdb_read_counts c;
+  c.keys_looked_up = s.keys_looked_up.load();
+  c.keys_scanned = s.keys_scanned.load();
+  c.scan_steps = s.scan_steps.load();
+  c.scan_seeks = s.scan_seeks.load();
+  return c;
+}
+
+template <class Key>
 std::uint64_t rocksdb_store<Key>::max_version() const noexcept {
   return state_->max_version;
 }
@@ -93,9 +104,8 @@ status rocksdb_store<Key>::pull(const Key* keys, std::size_t n, float* rows_out,
   const std::size_t row_bytes = s.options.row_width * sizeof(float);
   const std::size_t vbytes = s.value_bytes();
   first_error err;
-  s.for_read_batches(n, [&](std::size_t b, std::size_t e) {
-    s.multi_get(su.data(), b, e,
-                [&](std::size_t j, const rocksdb::Status& st, const rocksdb::PinnableSlice& v) {
+  s.read_sorted(su.data(), n,
+                [&](std::size_t j, const rocksdb::Status& st, const rocksdb::Slice& v) {
                   const std::size_t i = pos[j];
                   if (st.ok()) {
                     if (v.size() != vbytes) {
@@ -115,7 +125,6 @@ status rocksdb_store<Key>::pull(const Key* keys, std::size_t n, float* rows_out,
                       err.set(from_rocksdb(st, s.who + ": reading key " + key_text(keys[i])));
                   }
                 });
-  });
   return err.st;
 }
 
@@ -130,13 +139,10 @@ status rocksdb_store<Key>::contains(const Key* keys, std::size_t n, bool* found_
   std::vector<std::uint32_t> pos;
   s.sort_keys(keys, n, su, pos);
   first_error err;
-  s.for_read_batches(n, [&](std::size_t b, std::size_t e) {
-    s.multi_get(su.data(), b, e,
-                [&](std::size_t j, const rocksdb::Status& st, const rocksdb::PinnableSlice&) {
-                  found_out[pos[j]] = st.ok();
-                  if (!st.ok() && !st.IsNotFound())
-                    err.set(from_rocksdb(st, s.who + ": reading key " + key_text(keys[pos[j]])));
-                });
+  s.read_sorted(su.data(), n, [&](std::size_t j, const rocksdb::Status& st, const rocksdb::Slice&) {
+    found_out[pos[j]] = st.ok();
+    if (!st.ok() && !st.IsNotFound())
+      err.set(from_rocksdb(st, s.who + ": reading key " + key_text(keys[pos[j]])));
   });
   return err.st;
 }
@@ -329,7 +335,7 @@ status rocksdb_store<Key>::erase(const Key* keys, std::size_t n, std::size_t* er
   std::atomic<std::size_t> removed{0};
   first_error err;
   const auto wo = s.write_options();
-  s.for_read_batches(m, [&](std::size_t b, std::size_t e) {
+  s.for_read_batches(m, s.options.batch_keys, [&](std::size_t b, std::size_t e) {
     if (err.failed) return;
     rocksdb::WriteBatch batch;
     std::size_t c = 0;

@@ -139,11 +139,11 @@ struct rocksdb_store<Key>::state {
     });
   }
 
-  // Like for_batches over batch_keys, for reads: with read_threads set, that many threads take
-  // batches in turn (they block on the disk, not on the cores).
+  // Like for_batches over batches of `batch` keys, for reads: with read_threads set, that many
+  // threads take batches in turn (they block on the disk, not on the cores).
   template <class F>
-  void for_read_batches(std::size_t n, const F& f) const {
-    const std::size_t b = std::max<std::size_t>(1, options.batch_keys);
+  void for_read_batches(std::size_t n, std::size_t batch, const F& f) const {
+    const std::size_t b = std::max<std::size_t>(1, batch);
     const std::size_t batches = (n + b - 1) / b;
     if (options.read_threads <= 0 || batches <= 1) return for_batches(n, b, f);
     std::atomic<std::size_t> next{0};
@@ -174,6 +174,128 @@ struct rocksdb_store<Key>::state {
     rocksdb::ReadOptions ro;
     db->db->MultiGet(ro, cf, k, slices.data(), values.data(), sts.data(), true);
     for (std::size_t j = 0; j < k; ++j) g(begin + j, sts[j], values[j]);
+  }
+
+  // The scan of sorted keys su[begin, end): an iterator over their range, which moves to each
+  // key by steps, or by a seek after rocksdb_scan_steps_per_lookup steps; g as multi_get's.
+  template <class G>
+  void scan_get(const std::uint64_t* su, std::size_t begin, std::size_t end, const G& g,
+                bool probe = false) {
+    constexpr std::uint64_t top =
+        sizeof(Key) >= 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * sizeof(Key))) - 1;
+    char bound[sizeof(Key)];
+    rocksdb::Slice bound_slice(bound, sizeof(Key));
+    rocksdb::ReadOptions ro;
+    ro.fill_cache = false;  // the range's blocks would push the index and filters out
+    ro.readahead_size = probe ? 0 : options.scan_readahead_bytes;
+    if (su[end - 1] != top) {
+      encode_key<Key>(su[end - 1] + 1, bound);
+      ro.iterate_upper_bound = &bound_slice;
+    }
+    std::unique_ptr<rocksdb::Iterator> it(db->db->NewIterator(ro, cf));
+    const rocksdb::Slice none;
+    const rocksdb::Status missing = rocksdb::Status::NotFound();
+    std::uint64_t steps = 0, seeks = 0;
+    // The iterator's key, as a sortable key; a key of another size is the table's corruption.
+    std::uint64_t at = 0;
+    bool valid = false;
+    rocksdb::Status bad;
+    const auto settle = [&] {
+      valid = it->Valid();
+      if (!valid) return;
+      if (it->key().size() != sizeof(Key)) {
+        bad = rocksdb::Status::Corruption("a key of " + std::to_string(it->key().size()) +
+                                          " bytes, expected " + std::to_string(sizeof(Key)));
+        valid = false;
+        return;
+      }
+      at = decode_key<Key>(it->key().data());
+    };
+    char kb[sizeof(Key)];
+    for (std::size_t j = begin; j < end; ++j) {
+      const std::uint64_t want = su[j];
+      if (j == begin) {
+        encode_key<Key>(want, kb);
+        it->Seek(rocksdb::Slice(kb, sizeof(Key)));
+        settle();
+      }
+      for (std::uint32_t k = 0; valid && at < want; ++k) {
+        if (k == rocksdb_scan_steps_per_lookup) {
+          encode_key<Key>(want, kb);
+          it->Seek(rocksdb::Slice(kb, sizeof(Key)));
+          ++seeks;
+        } else {
+          it->Next();
+          ++steps;
+        }
+        settle();
+      }
+      if (!bad.ok())
+        g(j, bad, none);
+      else if (!it->status().ok())
+        g(j, it->status(), none);
+      else if (valid && at == want)
+        g(j, rocksdb::Status::OK(), it->value());
+      else
+        g(j, missing, none);
+    }
+    note_scan(end - begin, steps, seeks, probe);
+  }
+
+  // What pull() and contains() read (read_counts()), and the scans' cost per key in thousandths
+  // of a step (each seek counted as rocksdb_scan_steps_per_lookup steps): an average that
+  // weighs the latest batch by a quarter, or a probe's alone; unknown until the first scan.
+  static constexpr std::uint32_t scan_cost_unknown = 0xFFFFFFFFu;
+  std::atomic<std::uint32_t> scan_cost{scan_cost_unknown};
+  std::atomic<std::uint32_t> calls_since_probe{0};
+  std::atomic<std::uint64_t> keys_looked_up{0}, keys_scanned{0}, scan_steps{0}, scan_seeks{0};
+
+  void note_scan(std::size_t keys, std::uint64_t steps, std::uint64_t seeks, bool probe) {
+    keys_scanned += keys;
+    scan_steps += steps;
+    scan_seeks += seeks;
+    const double per_key =
+        (double(steps) + double(seeks) * rocksdb_scan_steps_per_lookup) / double(keys);
+    const auto now = static_cast<std::uint32_t>(std::min(per_key * 1000.0, 4.0e9));
+    std::uint32_t old = scan_cost.load();
+    std::uint32_t next;
+    do {
+      next = old == scan_cost_unknown || probe
+                 ? now
+                 : static_cast<std::uint32_t>((std::uint64_t{old} * 3 + now) / 4);
+    } while (!scan_cost.compare_exchange_weak(old, next));
+  }
+
+  // Whether scans have cost less than point lookups.
+  bool scan_pays() const { return scan_cost.load() < rocksdb_scan_steps_per_lookup * 1000u; }
+
+  // Reads the sorted keys su[0, n) as read_path says; g(j, status, value) for each j, on any
+  // thread. With read_path automatic, the first call, and once in rocksdb_scan_probe_interval
+  // calls one that would look its keys up, scans its first rocksdb_scan_probe_keys keys alone (a
+  // probe, without readahead: a sparse probe's seeks would each read a window ahead) and reads
+  // the rest by what that cost: a table that became dense, or sparse, is noticed.
+  template <class G>
+  void read_sorted(const std::uint64_t* su, std::size_t n, const G& g) {
+    std::size_t done = 0;
+    if (options.read_path == rocksdb_read_path::automatic &&
+        (scan_cost.load() == scan_cost_unknown ||
+         (!scan_pays() && calls_since_probe.fetch_add(1) + 1 >= rocksdb_scan_probe_interval))) {
+      calls_since_probe = 0;
+      done = std::min<std::size_t>(n, rocksdb_scan_probe_keys);
+      scan_get(su, 0, done, g, true);
+    }
+    const bool scan = options.read_path == rocksdb_read_path::scan ||
+                      (options.read_path == rocksdb_read_path::automatic && scan_pays());
+    if (scan) {
+      for_read_batches(n - done, options.scan_batch_keys, [&](std::size_t b, std::size_t e) {
+        scan_get(su, done + b, done + e, g);
+      });
+    } else {
+      for_read_batches(n - done, options.batch_keys, [&](std::size_t b, std::size_t e) {
+        multi_get(su, done + b, done + e, g);
+      });
+      keys_looked_up += n - done;
+    }
   }
 };
 

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
+#include <map>
+#include <numeric>
 #include <random>
 
 #include "common/status_assertions.hpp"
@@ -59,6 +62,15 @@ TEST(rocksdb_tuning, bad_values_are_invalid_arguments_naming_the_field) {
   o = base_options(dir.sub("db"));
   o.bloom_bits_per_key = -3;
   expect_invalid(o, "bloom_bits_per_key");
+  o = base_options(dir.sub("db"));
+  o.read_path = static_cast<rocksdb_read_path>(9);
+  expect_invalid(o, "read_path");
+  o = base_options(dir.sub("db"));
+  o.scan_batch_keys = 0;
+  expect_invalid(o, "scan_batch_keys");
+  o = base_options(dir.sub("db"));
+  o.scan_readahead_bytes = std::size_t{65} << 20;
+  expect_invalid(o, "scan_readahead_bytes");
   EXPECT_FALSE(std::filesystem::exists(dir.sub("db")));  // refused before anything was created
 }
 
@@ -146,6 +158,7 @@ TEST(rocksdb_tuning, batched_direct_reads_read_back_every_row) {
       o.row_width = width;
       o.use_direct_reads = true;
       o.batched_direct_reads = batched;
+      o.read_path = rocksdb_read_path::multi_get;  // the blocks a MultiGet reads
       o.batch_keys = 256;
       o.read_threads = 4;
       round_trip(o, width == tuning_width ? 20000 : 3000);
@@ -188,6 +201,7 @@ TEST(rocksdb_tuning, batched_direct_reads_work_in_a_forked_child_and_after_it) {
   auto o = base_options(dir.sub("db"));
   o.row_width = width;
   o.use_direct_reads = true;
+  o.read_path = rocksdb_read_path::multi_get;  // the blocks a MultiGet reads
   o.read_threads = 1;
   auto r = rocksdb_store<key>::open(o);
   EMBCACHE_ASSERT_OK(r);
@@ -235,6 +249,130 @@ TEST(rocksdb_tuning, universal_compaction_and_a_set_block_size_read_back_every_r
   o.bloom_bits_per_key = 0;
   o.read_threads = 3;
   round_trip(o);
+}
+
+// Rows in three sorted runs and the memtable (rewritten, erased and new keys among them), read
+// by each path: dense pulls with absent keys between, a sparse pull, repeated keys, keys past
+// both ends. Every path gives the rows of a map kept beside the table.
+TEST(rocksdb_tuning, every_read_path_reads_the_rows_written) {
+  scratch_dir dir;
+  const std::size_t width = tuning_width, n = 6000;
+  auto keys = make_keys<key>(n);
+  std::map<key, int> salt;  // the model: each present key's rows salt
+  for (const auto path :
+       {rocksdb_read_path::multi_get, rocksdb_read_path::scan, rocksdb_read_path::automatic}) {
+    SCOPED_TRACE("read path " + std::to_string(static_cast<int>(path)));
+    auto o = base_options(dir.sub("db" + std::to_string(static_cast<int>(path))));
+    o.read_path = path;
+    o.scan_batch_keys = 100;
+    o.scan_readahead_bytes = 8192;
+    o.block_bytes = 1024;
+    o.read_threads = 3;
+    o.ingest_bytes = SIZE_MAX;
+    auto r = rocksdb_store<key>::open(o);
+    EMBCACHE_ASSERT_OK(r);
+    auto& s = *r.value();
+    salt.clear();
+    const auto write = [&](std::size_t b, std::size_t e, std::size_t step, int v) {
+      std::vector<key> k;
+      for (std::size_t i = b; i < e; i += step) k.push_back(keys[i]);
+      EMBCACHE_ASSERT_OK(s.push(k.data(), k.size(), make_rows(k, width, v).data()));
+      for (key x : k) salt[x] = v;
+    };
+    write(0, n / 2, 1, 1);
+    EMBCACHE_ASSERT_OK(s.flush());
+    write(n / 4, n, 1, 2);
+    EMBCACHE_ASSERT_OK(s.flush());
+    write(0, n, 3, 3);
+    EMBCACHE_ASSERT_OK(s.flush());
+    write(1, n, 5, 4);  // in the memtable only
+    std::vector<key> gone;
+    for (std::size_t i = 2; i < n; i += 7) gone.push_back(keys[i]);
+    EMBCACHE_ASSERT_OK(s.erase(gone.data(), gone.size()));
+    for (key x : gone) salt.erase(x);
+    auto absent = make_keys<key>(400, 3);
+    std::vector<key> dense = keys;
+    dense.insert(dense.end(), absent.begin(), absent.end());
+    std::shuffle(dense.begin(), dense.end(), std::mt19937_64(7));
+    std::vector<key> sparse;
+    for (std::size_t i = 0; i < n; i += 301) sparse.push_back(keys[i]);
+    std::vector<key> edges = {std::numeric_limits<key>::min(),
+                              std::numeric_limits<key>::max(),
+                              keys[10],
+                              keys[10],
+                              keys[11],
+                              absent[0],
+                              absent[0]};
+    for (const auto* q : {&dense, &sparse, &edges}) {
+      std::vector<float> out(q->size() * width, -1.0f);
+      std::vector<std::uint64_t> vers(q->size());
+      std::unique_ptr<bool[]> found(new bool[q->size()]);
+      EMBCACHE_ASSERT_OK(s.pull(q->data(), q->size(), out.data(), found.get(), vers.data()));
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < q->size(); ++i) {
+        const auto it = salt.find((*q)[i]);
+        bad += found[i] != (it != salt.end());
+        if (it != salt.end())
+          for (std::size_t j = 0; j < width; ++j)
+            bad += out[i * width + j] != row_value((*q)[i], j, it->second);
+      }
+      EXPECT_EQ(bad, 0u) << q->size() << " keys";
+      std::unique_ptr<bool[]> there(new bool[q->size()]);
+      EMBCACHE_ASSERT_OK(s.contains(q->data(), q->size(), there.get()));
+      for (std::size_t i = 0; i < q->size(); ++i) bad += there[i] != found[i];
+      EXPECT_EQ(bad, 0u) << "contains, " << q->size() << " keys";
+    }
+    const rocksdb_read_counts c = s.read_counts();
+    if (path == rocksdb_read_path::multi_get) EXPECT_EQ(c.keys_scanned, 0u);
+    if (path == rocksdb_read_path::scan) {
+      EXPECT_EQ(c.keys_looked_up, 0u);
+      EXPECT_GT(c.scan_seeks, 0u);  // the sparse pull moves on by seeks
+    }
+  }
+}
+
+// read_path automatic: a dense pull scans; pulls whose keys lie far apart in the table turn to
+// point lookups once the scans' cost says so, with a scanned probe batch once in
+// rocksdb_scan_probe_interval calls; dense pulls again are scanned again after a probe.
+TEST(rocksdb_tuning, automatic_reads_scan_dense_pulls_and_look_up_sparse_ones) {
+  scratch_dir dir;
+  auto o = base_options(dir.sub("db"));
+  o.scan_batch_keys = 8;
+  std::vector<key> all(20000);
+  std::iota(all.begin(), all.end(), key{0});
+  auto r = rocksdb_store<key>::open(o);
+  EMBCACHE_ASSERT_OK(r);
+  auto& s = *r.value();
+  EMBCACHE_ASSERT_OK(s.push(all.data(), all.size(), make_rows(all, tuning_width, 1).data()));
+  EMBCACHE_ASSERT_OK(s.flush());
+  std::vector<float> out(all.size() * tuning_width);
+  std::unique_ptr<bool[]> found(new bool[all.size()]);
+  const auto pull = [&](const std::vector<key>& q) {
+    EMBCACHE_ASSERT_OK(s.pull(q.data(), q.size(), out.data(), found.get()));
+    for (std::size_t i = 0; i < q.size(); ++i) ASSERT_TRUE(found[i]) << q[i];
+  };
+  pull(all);
+  rocksdb_read_counts c = s.read_counts();
+  EXPECT_EQ(c.keys_scanned, all.size());
+  EXPECT_EQ(c.keys_looked_up, 0u);
+  std::vector<key> sparse;  // 999 rows between neighbours: each key costs 16 steps and a seek
+  for (key k = 0; k < 20000; k += 1000) sparse.push_back(k);
+  for (int i = 0; i < 8; ++i) pull(sparse);
+  const rocksdb_read_counts turned = s.read_counts();
+  EXPECT_GT(turned.keys_looked_up, 0u) << "sparse pulls never turned to point lookups";
+  for (std::uint32_t i = 0; i < 2 * rocksdb_scan_probe_interval; ++i) pull(sparse);
+  c = s.read_counts();
+  // Two probes of (at most rocksdb_scan_probe_keys) keys each, every other key looked up.
+  const std::size_t probe = std::min<std::size_t>(sparse.size(), rocksdb_scan_probe_keys);
+  EXPECT_EQ(c.keys_scanned - turned.keys_scanned, 2 * probe);
+  EXPECT_EQ(c.keys_looked_up - turned.keys_looked_up,
+            2 * rocksdb_scan_probe_interval * sparse.size() - 2 * probe);
+  std::vector<key> dense(all.begin(), all.begin() + 4000);
+  for (std::uint32_t i = 0; i < rocksdb_scan_probe_interval; ++i) pull(dense);
+  c = s.read_counts();
+  pull(dense);
+  EXPECT_EQ(s.read_counts().keys_scanned - c.keys_scanned, dense.size())
+      << "dense pulls were not scanned again";
 }
 
 }  // namespace

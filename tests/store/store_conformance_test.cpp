@@ -52,8 +52,9 @@ struct host_traits {
 
 #if EMBCACHE_TEST_ROCKSDB
 // With `Ingest`, every push, however small, is written as SST files and ingested
-// (rocksdb_store_options::ingest_bytes): the other way rows reach the table.
-template <class Key, bool Ingest = false>
+// (rocksdb_store_options::ingest_bytes): the other way rows reach the table. `Path` is how
+// pulls read (rocksdb_store_options::read_path): the suite runs each one.
+template <class Key, bool Ingest = false, rocksdb_read_path Path = rocksdb_read_path::automatic>
 struct rocksdb_traits {
   using key_type = Key;
   static constexpr bool is_host = false;
@@ -67,6 +68,8 @@ struct rocksdb_traits {
     o.write_buffer_bytes = 4 << 20;
     o.batch_keys = 64;  // several MultiGet / WriteBatch per test batch
     if (Ingest) o.ingest_bytes = 1;
+    o.read_path = Path;
+    o.scan_batch_keys = 64;  // several scans per test batch
     return o;
   }
   static std::unique_ptr<param_store<Key>> make(const std::string& dir, const std::string& table,
@@ -190,15 +193,15 @@ class store_conformance : public ::testing::Test {
   std::unique_ptr<param_store<Key>> store_;
 };
 
-using store_types =
-    ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
-                     tiered_traits<host_traits<std::uint32_t>>
+using store_types = ::testing::Types<
+    host_traits<std::int64_t>, host_traits<std::uint32_t>, tiered_traits<host_traits<std::uint32_t>>
 #if EMBCACHE_TEST_ROCKSDB
-                     ,
-                     rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t>,
-                     rocksdb_traits<std::int64_t, true>, tiered_traits<rocksdb_traits<std::int64_t>>
+    ,
+    rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t, false, rocksdb_read_path::scan>,
+    rocksdb_traits<std::int64_t, true, rocksdb_read_path::multi_get>,
+    tiered_traits<rocksdb_traits<std::int64_t>>
 #endif
-                     >;
+    >;
 TYPED_TEST_SUITE(store_conformance, store_types);
 
 TYPED_TEST(store_conformance, round_trip_with_missing_keys) {
