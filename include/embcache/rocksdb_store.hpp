@@ -133,7 +133,8 @@ struct rocksdb_store_options {
   /// as read_threads allows); default 8192. Set: 1 to 2^24.
   std::size_t scan_batch_keys = 8192;
   /// Bytes a scan reads ahead in each sorted run it passes through (one buffer per run and
-  /// batch in flight); default 256 KiB. Set: 0 (RocksDB's own, growing from 8 KiB) to 64 MiB.
+  /// batch in flight; a probe reads at most 32 KiB ahead); default 256 KiB. Set: 0 (RocksDB's
+  /// own, growing from 8 KiB: far slower with direct reads, docs/stores.md) to 64 MiB.
   std::size_t scan_readahead_bytes = std::size_t{256} << 10;
   /// Compaction style, database-wide; default level.
   rocksdb_compaction compaction = rocksdb_compaction::level;
