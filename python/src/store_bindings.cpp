@@ -170,8 +170,18 @@ rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::strin
                                        std::size_t row_width, std::size_t dim,
                                        const std::string& optimizer,
                                        const std::string& existing_rows, bool create_if_missing,
-                                       std::size_t block_cache_bytes, int max_threads) {
+                                       std::size_t block_cache_bytes, int max_threads,
+                                       const std::string& read_path) {
   rocksdb_store_options o;
+  if (read_path == "automatic")
+    o.read_path = rocksdb_read_path::automatic;
+  else if (read_path == "multi_get")
+    o.read_path = rocksdb_read_path::multi_get;
+  else if (read_path == "scan")
+    o.read_path = rocksdb_read_path::scan;
+  else
+    throw py::value_error("read_path: expected one of 'automatic', 'multi_get', 'scan', got '" +
+                          read_path + "'");
   o.path = path;
   o.table_name = table_name;
   o.row_width = row_width;
@@ -293,10 +303,27 @@ when row_width is 0.)doc")
            py::arg("row_width"), py::arg("dim") = 0, py::arg("optimizer") = "",
            py::arg("existing_rows") = "refuse", py::arg("create_if_missing") = true,
            py::arg("block_cache_bytes") = std::size_t{1} << 30, py::arg("max_threads") = 0,
+           py::arg("read_path") = "automatic",
            R"doc(Opens (or creates) the table `table_name` in the database at `path`
 (rocksdb_store_options). `dim` and `optimizer` are part of the table's schema (a table recorded with
 another schema is InvalidArgumentError naming both); `existing_rows` 'refuse' (default: a table
-that already holds rows is InvalidArgumentError) or 'reuse' (resume).)doc");
+that already holds rows is InvalidArgumentError) or 'reuse' (resume). `read_path` is how pull and
+contains read: 'automatic' (default: scans where the keys are dense in the table, point lookups
+elsewhere), 'multi_get' or 'scan'.)doc")
+      .def_property_readonly(
+          "read_counts",
+          [](const rocksdb_store_ref_of<Key>& s) {
+            const rocksdb_read_counts c =
+                static_cast<const rocksdb_store<Key>&>(*s.store).read_counts();
+            py::dict d;
+            d["keys_looked_up"] = c.keys_looked_up;
+            d["keys_scanned"] = c.keys_scanned;
+            d["scan_steps"] = c.scan_steps;
+            d["scan_seeks"] = c.scan_seeks;
+            return d;
+          },
+          "What pull and contains have read: {'keys_looked_up', 'keys_scanned', 'scan_steps', "
+          "'scan_seeks'}.");
 #endif
 }
 

@@ -106,6 +106,29 @@ def test_rocksdb_store_basics_schema_and_reuse(tmp_path):
                               create_if_missing=False)
 
 
+@pytest.mark.skipif(not embcache.HAVE_ROCKSDB, reason="built without RocksDB")
+def test_rocksdb_store_read_paths_read_the_same_rows(tmp_path):
+    keys = np.arange(0, 40000, 2, dtype=np.int64)
+    rows = np.random.default_rng(3).random((keys.size, 6), dtype=np.float32)
+    want = np.arange(0, 40000, dtype=np.int64)  # every other key absent
+    seen = {}
+    for path in ("multi_get", "scan", "automatic"):
+        s = embcache.RocksDBStore(str(tmp_path / path), "t", row_width=6, read_path=path)
+        s.push(keys, rows)
+        s.flush()
+        out, found, _ = s.pull(want)
+        assert np.array_equal(found, want % 2 == 0)
+        assert np.array_equal(out[found], rows)
+        c = s.read_counts
+        seen[path] = c
+        assert c["keys_scanned"] + c["keys_looked_up"] == want.size
+    assert seen["multi_get"]["keys_scanned"] == 0
+    assert seen["scan"]["keys_looked_up"] == 0
+    assert seen["automatic"]["keys_scanned"] == want.size  # dense: scanned
+    with pytest.raises(ValueError, match="read_path: expected one of"):
+        embcache.RocksDBStore(str(tmp_path / "x"), "t", row_width=1, read_path="fast")
+
+
 def test_calls_from_threads_on_one_store_neither_overlap_nor_deadlock():
     import threading
     s = embcache.HostStore(row_width=4)
