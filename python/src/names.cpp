@@ -46,6 +46,19 @@ optimizer_kind optimizer_kind_of(const std::string& s) {
   return k;
 }
 
+existing_rows_policy existing_rows_policy_of(const std::string& s) {
+  if (s == "refuse") return existing_rows_policy::refuse;
+  if (s == "reuse") return existing_rows_policy::reuse;
+  bad_choice("existing_rows", "'refuse', 'reuse'", s);
+}
+
+rocksdb_read_path rocksdb_read_path_of(const std::string& s) {
+  if (s == "automatic") return rocksdb_read_path::automatic;
+  if (s == "multi_get") return rocksdb_read_path::multi_get;
+  if (s == "scan") return rocksdb_read_path::scan;
+  bad_choice("read_path", "'automatic', 'multi_get', 'scan'", s);
+}
+
 const char* to_string(init_kind k) noexcept {
   switch (k) {
     case init_kind::uniform:

@@ -10,6 +10,7 @@
 #include "embcache/expiry.hpp"
 #include "embcache/keyset.hpp"
 #include "embcache/optimizers.hpp"
+#include "embcache/rocksdb_store.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embcache/training_cache.hpp"
 
@@ -26,6 +27,8 @@ combiner combiner_of(const std::string& s);
 cache_mode cache_mode_of(const std::string& s);
 keyset_format keyset_format_of(const std::string& s);
 optimizer_kind optimizer_kind_of(const std::string& s);
+existing_rows_policy existing_rows_policy_of(const std::string& s);
+rocksdb_read_path rocksdb_read_path_of(const std::string& s);
 
 const char* to_string(init_kind k) noexcept;
 const char* to_string(score_policy p) noexcept;

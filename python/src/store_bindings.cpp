@@ -15,6 +15,7 @@
 #include "bindings.hpp"
 #include "embcache/host_store.hpp"
 #include "errors.hpp"
+#include "names.hpp"
 #include "store_ref.hpp"
 #ifdef EMBCACHE_PYTHON_ROCKSDB
 #include "embcache/rocksdb_store.hpp"
@@ -173,27 +174,13 @@ rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::strin
                                        std::size_t block_cache_bytes, int max_threads,
                                        const std::string& read_path) {
   rocksdb_store_options o;
-  if (read_path == "automatic")
-    o.read_path = rocksdb_read_path::automatic;
-  else if (read_path == "multi_get")
-    o.read_path = rocksdb_read_path::multi_get;
-  else if (read_path == "scan")
-    o.read_path = rocksdb_read_path::scan;
-  else
-    throw py::value_error("read_path: expected one of 'automatic', 'multi_get', 'scan', got '" +
-                          read_path + "'");
   o.path = path;
   o.table_name = table_name;
   o.row_width = row_width;
   o.dim = dim;
   o.optimizer = optimizer;
-  if (existing_rows == "refuse")
-    o.existing_rows = existing_rows_policy::refuse;
-  else if (existing_rows == "reuse")
-    o.existing_rows = existing_rows_policy::reuse;
-  else
-    throw py::value_error("existing_rows: expected one of 'refuse', 'reuse', got '" +
-                          existing_rows + "'");
+  o.existing_rows = existing_rows_policy_of(existing_rows);
+  o.read_path = rocksdb_read_path_of(read_path);
   o.create_if_missing = create_if_missing;
   o.block_cache_bytes = block_cache_bytes;
   o.space.max_threads = max_threads;
