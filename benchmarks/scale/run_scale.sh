@@ -30,6 +30,10 @@
 #                      the RocksDB trainer run (defaults 192 and 0; 0: from its memory budget,
 #                      whose quarter for the staging no longer fits 1280 MiB once the shard
 #                      reader's two 66 MB shards are counted)
+#     --train-block-bytes N   store_block_bytes of the RocksDB run's deep table (default 0:
+#                      derived from the row, a 4 KiB page; its shards' keysets cover a tenth of
+#                      it or more, read by scans, which larger blocks make cheaper: see
+#                      docs/stores.md, "Block size")
 #     --train-blas-threads N   blas_threads of both trainer runs (default 0: OpenBLAS's own
 #                      setting, a thread per core; 1 leaves the other cores to the background work)
 #     --openblas-thread-timeout N   OPENBLAS_THREAD_TIMEOUT of both trainer runs: OpenBLAS's idle
@@ -63,6 +67,7 @@ skip_passes=0
 trainer_only=0
 train_staging_mib=192
 train_write_back_mib=0
+train_block_bytes=0
 train_samples=3000000
 train_shard_samples=250000
 train_passes=3
@@ -82,6 +87,7 @@ while [ $# -gt 0 ]; do
     --trainer-only) trainer_only=1; trainer=1; skip_passes=1; fio_seconds=0; shift ;;
     --train-staging-mib) train_staging_mib=$2; shift 2 ;;
     --train-write-back-mib) train_write_back_mib=$2; shift 2 ;;
+    --train-block-bytes) train_block_bytes=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --width) width=$2; shift 2 ;;
@@ -237,13 +243,14 @@ s = sys.argv[2:]; per = int(sys.argv[1])
 print(json.dumps([{'shards': s[i * per:(i + 1) * per]} for i in range(len(s) // per)]))" "$per" "$@")
 move_field=""  # the trainer's default unless --train-copy-staged-rows
 [ "$train_move" = false ] && move_field=', "move_staged_rows": false'
-config() {  # store budget staging write_back
+config() {  # store budget staging write_back deep_block_bytes
   cat <<JSON
 {"mode": "keyset", "data_dir": "$data", "passes": $passes_json,
  "tables": [
    {"name": "wide", "capacity": "auto", "store": "$1", "store_path": "$dir/train/db-$1"},
    {"name": "deep", "dim": $train_dim, "capacity": "auto", "store": "$1",
-    "store_path": "$dir/train/db-$1", "optimizer": {"kind": "adam", "learning_rate": 0.001}}],
+    "store_path": "$dir/train/db-$1", "store_block_bytes": $5,
+    "optimizer": {"kind": "adam", "learning_rate": 0.001}}],
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
  "embedding_device": "host", "memory_budget_bytes": $2, "staging_bytes": $3,
@@ -254,9 +261,9 @@ for store in rocksdb host; do
   rm -rf "$dir/train/db-$store"
   if [ $store = rocksdb ]; then
     config $store $((train_budget_mib << 20)) $((train_staging_mib << 20)) \
-      $((train_write_back_mib << 20)) > "$dir/train/$store.json"
+      $((train_write_back_mib << 20)) "$train_block_bytes" > "$dir/train/$store.json"
   else
-    config $store 0 0 0 > "$dir/train/$store.json"
+    config $store 0 0 0 0 > "$dir/train/$store.json"
   fi
 done
 # The trainer's command: on --cores only, with its peak RSS where GNU time is there.
@@ -264,7 +271,7 @@ trainer_cmd=()
 [ -n "$cores" ] && trainer_cmd+=(taskset -c "$cores")
 [ -x /usr/bin/time ] && trainer_cmd+=(/usr/bin/time -f '{"max_rss_kib": %M}')
 trainer_cmd+=("$train")
-say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
+say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB, deep table's blocks ${train_block_bytes} bytes (0: derived)${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
 capped "$train_cap_mib" "${trainer_cmd[@]}" --config "$dir/train/rocksdb.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
 say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"

@@ -22,7 +22,8 @@
 // at the default width), EMBCACHE_BENCH_SSD_WIDTH floats per row (default 96: dim 32 with Adam),
 // EMBCACHE_BENCH_SSD_PULL keys per pull (default 100k), EMBCACHE_BENCH_SSD_LOOP keys of the loop
 // (default 20k), EMBCACHE_BENCH_SSD_HOT hot rows (default 100k), EMBCACHE_BENCH_SSD_CACHE_MB the
-// block cache of every case, in MiB (default 64), EMBCACHE_BENCH_SSD_DIR folder of
+// block cache of every case, in MiB (default 64), EMBCACHE_BENCH_SSD_BLOCK_BYTES the table's
+// data blocks (default 0: derived from the row, a 4 KiB page), EMBCACHE_BENCH_SSD_DIR folder of
 // the table, kept and reused by later runs (default: a temporary folder, removed at the end).
 #include <benchmark/benchmark.h>
 #include <rocksdb/cache.h>
@@ -64,6 +65,8 @@ const std::size_t g_pull = std::min(g_rows, env_size("EMBCACHE_BENCH_SSD_PULL", 
 const std::size_t g_loop = std::min(g_pull, env_size("EMBCACHE_BENCH_SSD_LOOP", 20'000));
 const std::size_t g_hot = std::min(g_rows, env_size("EMBCACHE_BENCH_SSD_HOT", 100'000));
 const std::size_t block_cache_bytes = env_size("EMBCACHE_BENCH_SSD_CACHE_MB", 64) << 20;
+// The table's data blocks (rocksdb_store_options::block_bytes; 0: derived from the row).
+const std::size_t g_block_bytes = env_size("EMBCACHE_BENCH_SSD_BLOCK_BYTES", 0);
 std::string g_dir;
 bool g_remove_dir = false;
 
@@ -92,6 +95,7 @@ embcache::rocksdb_store_options ssd_options() {
   o.row_width = g_width;
   o.existing_rows = embcache::existing_rows_policy::reuse;
   o.block_cache_bytes = block_cache_bytes;
+  o.block_bytes = g_block_bytes;
   o.write_buffer_bytes = std::size_t{64} << 20;
   o.max_write_buffers = 2;
   o.use_direct_reads = true;
@@ -110,7 +114,8 @@ std::unique_ptr<embcache::rocksdb_store<key>> open_store(const embcache::rocksdb
 // Builds the table once (a marker file records its size), in ascending key order.
 void build_table() {
   const std::string marker = g_dir + "/built";
-  const std::string want = std::to_string(g_rows) + " " + std::to_string(g_width);
+  std::string want = std::to_string(g_rows) + " " + std::to_string(g_width);
+  if (g_block_bytes) want += " " + std::to_string(g_block_bytes);
   std::string have;
   std::getline(std::ifstream(marker), have);
   if (have == want) return;

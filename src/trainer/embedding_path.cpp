@@ -78,6 +78,7 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
   ro.existing_rows = tc.reuse_store || !config.resume_from.empty() ? existing_rows_policy::reuse
                                                                    : existing_rows_policy::refuse;
   ro.space = space;
+  ro.block_bytes = tc.store_block_bytes;
   // With a memory budget, the databases' block caches and memtables and the "auto" DRAM tiers
   // are what the budget leaves (plan_trainer_memory, the caches counted on the host wherever
   // they are).

@@ -9,6 +9,13 @@
 #include "embcache/training_cache.hpp"
 
 namespace embcache::detail {
+namespace {
+
+// tables[i].store_block_bytes: 0 (derived) or RocksDB's block sizes (rocksdb_store_options).
+constexpr std::size_t min_store_block_bytes = 1024;
+const int_range store_block_bytes_range{0, std::uint64_t{256} << 20};
+
+}  // namespace
 
 void read_store_fields(object_reader& r, trainer_table_config& tc) {
   r.get("store", tc.store);
@@ -24,6 +31,7 @@ void read_store_fields(object_reader& r, trainer_table_config& tc) {
   } else {
     r.get_int("dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget});
   }
+  r.get_int("store_block_bytes", tc.store_block_bytes, store_block_bytes_range);
 }
 
 status validate_store_fields(const trainer_table_config& tc, const std::string& at,
@@ -39,6 +47,16 @@ status validate_store_fields(const trainer_table_config& tc, const std::string& 
     return status::invalid_argument(at + ".dram_tier_bytes: a DRAM tier sits in front of a " +
                                     "RocksDB store (store \"rocksdb\"), not store \"" + tc.store +
                                     "\"");
+  EMBCACHE_RETURN_IF_ERROR(
+      check_int(at + ".store_block_bytes", tc.store_block_bytes, store_block_bytes_range));
+  if (tc.store_block_bytes != 0 && tc.store_block_bytes < min_store_block_bytes)
+    return status::invalid_argument(
+        at + ".store_block_bytes: " + std::to_string(tc.store_block_bytes) +
+        " is under a block's least, " + std::to_string(min_store_block_bytes) +
+        " bytes (0 derives it from the row)");
+  if (tc.store_block_bytes != 0 && tc.store != "rocksdb")
+    return status::invalid_argument(at + ".store_block_bytes: blocks are those of a RocksDB " +
+                                    "store (store \"rocksdb\"), not store \"" + tc.store + "\"");
   if (tc.dram_tier_auto && budget == 0)
     return status::invalid_argument(at + ".dram_tier_bytes: \"auto\" takes a share of " +
                                     "config.memory_budget_bytes, which is not set");
@@ -50,6 +68,7 @@ void store_fields_json(const trainer_table_config& tc, json& j) {
   j["store_path"] = tc.store_path;
   j["reuse_store"] = tc.reuse_store;
   j["dram_tier_bytes"] = tc.dram_tier_auto ? json("auto") : json(tc.dram_tier_bytes);
+  j["store_block_bytes"] = tc.store_block_bytes;
 }
 
 std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c) {

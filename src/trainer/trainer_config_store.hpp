@@ -19,7 +19,8 @@ namespace embcache::detail {
 /// The largest memory budget a configuration may set: 2^50 bytes (1 PiB).
 inline constexpr std::uint64_t max_memory_budget = std::uint64_t{1} << 50;
 
-/// Reads a table's "store", "store_path", "reuse_store" and "dram_tier_bytes".
+/// Reads a table's "store", "store_path", "reuse_store", "dram_tier_bytes" and
+/// "store_block_bytes".
 void read_store_fields(object_reader& r, trainer_table_config& tc);
 /// Checks them; `at` is the table's path ("config.tables[1]"); `budget` is the run's memory
 /// budget (an "auto" DRAM tier needs one).

@@ -461,6 +461,64 @@ TEST(trainer_memory_budget, a_dram_tier_is_checked_and_trains_the_same_model) {
   expect_same_model(train("tier_off", false), train("tier_on", true));
 }
 
+TEST(trainer_store_block_bytes,
+     the_field_is_checked_sets_the_tables_blocks_and_trains_the_same_model) {
+  json j = {{"passes", {{"a.bin"}}},
+            {"tables",
+             {{{"name", "wide"}},
+              {{"name", "deep"},
+               {"store", "rocksdb"},
+               {"store_path", "/db"},
+               {"store_block_bytes", 16384}}}}};
+  auto r = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(r);
+  EXPECT_EQ(r.value().tables[1].store_block_bytes, 16384u);
+  json back;
+  to_json(back, r.value());
+  EXPECT_EQ(back["tables"][1]["store_block_bytes"], 16384);
+  EXPECT_EQ(back["tables"][0]["store_block_bytes"], 0);
+  j["tables"][1]["store_block_bytes"] = 512;
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store_block_bytes: 512 is under a block's least, 1024 bytes (0 "
+            "derives it from the row)");
+  j["tables"][1]["store_block_bytes"] = (1 << 28) + 1;
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store_block_bytes: expected an integer in [0, 268435456], got "
+            "268435457");
+  j["tables"][1]["store_block_bytes"] = 4096;
+  j["tables"][1]["store"] = "host";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store_block_bytes: blocks are those of a RocksDB store (store "
+            "\"rocksdb\"), not store \"host\"");
+
+  // Three passes (rows written back, then read again across many blocks) with the deep table's
+  // blocks at their least and at 64 KiB give the model of the derived size; each column family
+  // is written with its own size.
+  const auto train = [](const std::string& name, std::size_t block_bytes) {
+    trainer_config c = small_config(name);
+    const std::string db = temp_dir(name) + "/db";
+    for (auto& tc : c.tables) {
+      tc.store = "rocksdb";
+      tc.store_path = db;
+      tc.capacity = 40000;
+    }
+    c.tables[1].store_block_bytes = block_bytes;
+    c.tables[1].capacity = 8000;  // under the keys of a pass: rows leave and come back
+    run(c);
+    const std::string options = rocksdb_options_text(db);
+    const std::string section = "[TableOptions/BlockBasedTable \"deep\"]";
+    const std::size_t at = options.find(section);
+    EXPECT_NE(at, std::string::npos) << section;
+    const std::string rest = options.substr(at, options.find("\n[", at + 1) - at);
+    const std::size_t want = block_bytes ? block_bytes : 4096;  // rows under 4 KiB: a page
+    EXPECT_NE(rest.find("block_size=" + std::to_string(want) + "\n"), std::string::npos) << rest;
+    return c.save_dir;
+  };
+  const std::string derived = train("block_derived", 0);
+  expect_same_model(derived, train("block_least", 1024));
+  expect_same_model(derived, train("block_64k", 65536));
+}
+
 // The free bytes of the file system at `dir`.
 std::uint64_t free_bytes(const std::string& dir) {
   struct statvfs v {};

@@ -77,6 +77,12 @@ struct trainer_table_config {
   std::uint64_t dram_tier_bytes = 0;
   /// `"dram_tier_bytes": "auto"` (default false): the tier is sized from the memory budget.
   bool dram_tier_auto = false;
+  /// The SST data block size of the table's RocksDB column family (rocksdb_store_options::
+  /// block_bytes): default 0 derives it from the row (a 4 KiB page per block for rows under
+  /// about 4 KiB); else 1024 to 268435456. Larger blocks suit a table whose shards' keysets
+  /// cover a large part of it, read by scans (docs/stores.md, "Block size"). Needs store
+  /// "rocksdb"; files written before keep their blocks.
+  std::size_t store_block_bytes = 0;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
   /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
   /// A refused key gets no gradient and reads zeros, or with `"default_row": "slot"` the fixed
