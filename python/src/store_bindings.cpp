@@ -172,7 +172,7 @@ rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::strin
                                        const std::string& optimizer,
                                        const std::string& existing_rows, bool create_if_missing,
                                        std::size_t block_cache_bytes, int max_threads,
-                                       const std::string& read_path) {
+                                       const std::string& read_path, std::size_t block_bytes) {
   rocksdb_store_options o;
   o.path = path;
   o.table_name = table_name;
@@ -183,6 +183,7 @@ rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::strin
   o.read_path = rocksdb_read_path_of(read_path);
   o.create_if_missing = create_if_missing;
   o.block_cache_bytes = block_cache_bytes;
+  o.block_bytes = block_bytes;
   o.space.max_threads = max_threads;
   result<std::unique_ptr<rocksdb_store<Key>>> r = [&] {
     py::gil_scoped_release nogil;
@@ -290,13 +291,15 @@ when row_width is 0.)doc")
            py::arg("row_width"), py::arg("dim") = 0, py::arg("optimizer") = "",
            py::arg("existing_rows") = "refuse", py::arg("create_if_missing") = true,
            py::arg("block_cache_bytes") = std::size_t{1} << 30, py::arg("max_threads") = 0,
-           py::arg("read_path") = "automatic",
+           py::arg("read_path") = "automatic", py::arg("block_bytes") = 0,
            R"doc(Opens (or creates) the table `table_name` in the database at `path`
 (rocksdb_store_options). `dim` and `optimizer` are part of the table's schema (a table recorded with
 another schema is InvalidArgumentError naming both); `existing_rows` 'refuse' (default: a table
 that already holds rows is InvalidArgumentError) or 'reuse' (resume). `read_path` is how pull and
 contains read: 'automatic' (default: scans where the keys are dense in the table, point lookups
-elsewhere), 'multi_get' or 'scan'.)doc")
+elsewhere), 'multi_get' or 'scan'. `block_bytes` is the size of the table's SST data blocks: 0
+(default) derives it from the row (a 4 KiB page for rows under about 4 KiB), else 1024 to 2**28;
+larger blocks suit a table read mostly by dense passes (docs/stores.md, "Block size").)doc")
       .def_property_readonly(
           "read_counts",
           [](const rocksdb_store_ref_of<Key>& s) {

@@ -129,6 +129,26 @@ def test_rocksdb_store_read_paths_read_the_same_rows(tmp_path):
         embcache.RocksDBStore(str(tmp_path / "x"), "t", row_width=1, read_path="fast")
 
 
+def test_rocksdb_store_block_bytes_sets_the_tables_blocks(tmp_path):
+    keys = np.arange(0, 20000, 2, dtype=np.int64)
+    rows = np.random.default_rng(4).random((keys.size, 6), dtype=np.float32)
+    want = np.arange(0, 20000, dtype=np.int64)
+    for block in (1024, 65536):
+        db = tmp_path / str(block)
+        s = embcache.RocksDBStore(str(db), "t", row_width=6, block_bytes=block)
+        s.push(keys, rows)
+        s.flush()
+        out, found, _ = s.pull(want)
+        assert np.array_equal(found, want % 2 == 0)
+        assert np.array_equal(out[found], rows)
+        del s
+        options = max(db.glob("OPTIONS-*")).read_text()
+        section = options[options.index('[TableOptions/BlockBasedTable "t"]'):]
+        assert f"block_size={block}\n" in section.split("\n[")[0]
+    with pytest.raises(embcache.Error, match="block_bytes is 512, expected 0"):
+        embcache.RocksDBStore(str(tmp_path / "x"), "t", row_width=1, block_bytes=512)
+
+
 def test_calls_from_threads_on_one_store_neither_overlap_nor_deadlock():
     import threading
     s = embcache.HostStore(row_width=4)
