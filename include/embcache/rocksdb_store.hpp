@@ -94,9 +94,11 @@ struct rocksdb_store_options {
   int max_write_buffers = 4;
   /// Bits per key of the bloom filter; default 10 (about 1% false positives); 0 = no filter.
   int bloom_bits_per_key = 10;
-  /// Size of an SST data block, database-wide; default 0 = derived from the row width: the
-  /// smallest multiple of 4 KiB that holds one row's entry (key, value, per-entry overhead),
-  /// so that a point read of a row costs one aligned read of the disk. Set: 1 KiB to 256 MiB.
+  /// Size of the table's SST data blocks (its column family's); default 0 = derived from the
+  /// row width: the smallest multiple of 4 KiB that holds one row's entry (key, value,
+  /// per-entry overhead), so that a point read of a row costs one aligned read of the disk.
+  /// Set: 1 KiB to 256 MiB. Fixed when the table is created: a reopened table keeps its size
+  /// whatever table opens the database (0), and another nonzero size is invalid_argument.
   std::size_t block_bytes = 0;
   /// Reads SST files with direct I/O (O_DIRECT), database-wide: the page cache neither serves
   /// nor holds the rows, only the block and row caches do, so the process's memory stays

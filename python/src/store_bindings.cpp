@@ -299,7 +299,8 @@ that already holds rows is InvalidArgumentError) or 'reuse' (resume). `read_path
 contains read: 'automatic' (default: scans where the keys are dense in the table, point lookups
 elsewhere), 'multi_get' or 'scan'. `block_bytes` is the size of the table's SST data blocks: 0
 (default) derives it from the row (a 4 KiB page for rows under about 4 KiB), else 1024 to 2**28;
-larger blocks suit a table read mostly by dense passes (docs/stores.md, "Block size").)doc")
+larger blocks suit a table read mostly by dense passes (docs/stores.md, "Block size"). The size is
+the table's from its creation: 0 keeps a reopened table's, another size is an error.)doc")
       .def_property_readonly(
           "read_counts",
           [](const rocksdb_store_ref_of<Key>& s) {

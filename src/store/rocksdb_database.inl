@@ -75,6 +75,9 @@ struct rocksdb_database::impl {
   rocksdb::DB* db = nullptr;
   mutable std::mutex mutex;
   std::map<std::string, rocksdb::ColumnFamilyHandle*> cfs;
+  // Each column family's SST data block size: set when its table is created, kept by the
+  // database's OPTIONS file across reopens (open()).
+  std::map<std::string, std::size_t> block_bytes;
   std::set<std::string> open_tables;
 
   ~impl() {
@@ -181,8 +184,31 @@ result<std::shared_ptr<rocksdb_database>> rocksdb_database::open(const rocksdb_s
     EMBCACHE_RETURN_IF_ERROR(
         from_rocksdb(rocksdb::DB::ListColumnFamilies(opt, o.path, &names), who));
   }
+  // Each existing column family opens with the blocks it was created with (the latest OPTIONS
+  // file records them), not those of the table that opens the database.
+  std::map<std::string, std::size_t> recorded;
+  if (names.size() > 1) {
+    rocksdb::ConfigOptions co;
+    co.ignore_unknown_options = true;
+    co.env = opt.env;
+    rocksdb::DBOptions loaded_db;
+    std::vector<rocksdb::ColumnFamilyDescriptor> loaded;
+    if (rocksdb::LoadLatestOptions(co, o.path, &loaded_db, &loaded, &p->cache).ok()) {
+      for (const auto& c : loaded) {
+        const auto* t = c.options.table_factory
+                            ? c.options.table_factory->GetOptions<rocksdb::BlockBasedTableOptions>()
+                            : nullptr;
+        if (t) recorded[c.name] = t->block_size;
+      }
+    }
+  }
   std::vector<rocksdb::ColumnFamilyDescriptor> descs;
-  for (auto& n : names) descs.emplace_back(n, rocksdb::ColumnFamilyOptions(opt));
+  for (auto& n : names) {
+    const auto r = recorded.find(n);
+    const std::size_t block = r != recorded.end() ? r->second : table.block_size;
+    descs.emplace_back(n, p->cf_options(block));
+    p->block_bytes[n] = block;
+  }
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   if (o.low_priority_compaction) {
     // Each compaction thread lowers its own priority when it next takes a job. An Env without

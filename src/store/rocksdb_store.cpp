@@ -9,6 +9,7 @@
 #include <rocksdb/sst_file_writer.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
+#include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 #include <tbb/parallel_for.h>
 
@@ -272,8 +273,7 @@ struct push_job {
                              std::to_string(s.ingests.fetch_add(1)) + "-";
     std::vector<std::string> paths(files);
     for (std::size_t f = 0; f < files; ++f) paths[f] = stem + std::to_string(f) + ".sst";
-    const rocksdb::Options file_options(
-        s.db->options, s.db->cf_options(derived_block_bytes(s.options, s.options.row_width)));
+    const rocksdb::Options file_options(s.db->options, s.db->cf_options(s.block_bytes));
     s.for_batches(m, per_file, [&](std::size_t b, std::size_t e) {
       write_file(b, e, paths[b / per_file], file_options);
     });

@@ -24,6 +24,8 @@ struct rocksdb_store<Key>::state {
   bool meta_dirty = false;
   // Numbers the SST files of ingested pushes (ingest_folder).
   std::atomic<std::uint64_t> ingests{0};
+  // The column family's SST data block size (rocksdb_database::impl::block_bytes).
+  std::size_t block_bytes = 0;
   std::string who;
   table_schema schema;  // the caller's, recorded in the metadata entry
 
@@ -361,11 +363,12 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
                                (have.empty() ? std::string("none") : have) + ")");
     }
     rocksdb::ColumnFamilyHandle* h = nullptr;
-    EMBCACHE_RETURN_IF_ERROR(from_rocksdb(
-        d.db->CreateColumnFamily(d.cf_options(derived_block_bytes(options, options.row_width)),
-                                 options.table_name, &h),
-        who + ": creating the column family"));
+    st->block_bytes = derived_block_bytes(options, options.row_width);
+    EMBCACHE_RETURN_IF_ERROR(
+        from_rocksdb(d.db->CreateColumnFamily(d.cf_options(st->block_bytes), options.table_name, &h),
+                     who + ": creating the column family"));
     d.cfs.emplace(options.table_name, h);
+    d.block_bytes[options.table_name] = st->block_bytes;
     st->cf = h;
     EMBCACHE_RETURN_IF_ERROR(st->write_meta(false));
   } else {
@@ -443,6 +446,12 @@ result<std::unique_ptr<rocksdb_store<Key>>> rocksdb_store<Key>::open(
           who + ": the table already holds rows (the first is key " + first_key +
           "), from an earlier run; set existing_rows = reuse to use them (the trainer: "
           "resume_from, or tables[i].reuse_store), or open another path");
+    st->block_bytes = d.block_bytes.at(options.table_name);
+    if (options.block_bytes != 0 && options.block_bytes != st->block_bytes)
+      return status::invalid_argument(
+          who + ": the table's SST data blocks are " + std::to_string(st->block_bytes) +
+          " bytes, set when it was created; block_bytes " + std::to_string(options.block_bytes) +
+          " cannot change them (0 keeps them)");
     st->count = m["count"].get<std::size_t>();
     st->max_version = m["max_version"].get<std::uint64_t>();
     st->count_stale = !m.value("count_exact", true);

@@ -15,6 +15,8 @@
 #include "common/status_assertions.hpp"
 #include "store_test_util.hpp"
 #if EMBCACHE_TEST_ROCKSDB
+#include <rocksdb/db.h>
+
 #include "embcache/rocksdb_store.hpp"
 
 namespace embcache::test {
@@ -249,6 +251,78 @@ TEST(rocksdb_tuning, universal_compaction_and_a_set_block_size_read_back_every_r
   o.bloom_bits_per_key = 0;
   o.read_threads = 3;
   round_trip(o);
+}
+
+// The mean data block of the SST files of `table` in the closed database at `path`.
+double mean_block_bytes(const std::string& path, const std::string& table) {
+  rocksdb::Options opt;
+  std::vector<rocksdb::ColumnFamilyDescriptor> descs{
+      {rocksdb::kDefaultColumnFamilyName, opt}, {"a", opt}, {"b", opt}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  EXPECT_TRUE(rocksdb::DB::OpenForReadOnly(opt, path, descs, &handles, &raw).ok());
+  if (!raw) return 0;
+  std::unique_ptr<rocksdb::DB> db(raw);
+  rocksdb::TablePropertiesCollection props;
+  EXPECT_TRUE(db->GetPropertiesOfAllTables(handles[table == "a" ? 1 : 2], &props).ok());
+  double bytes = 0, blocks = 0;
+  for (const auto& [file, p] : props) {
+    bytes += static_cast<double>(p->data_size);
+    blocks += static_cast<double>(p->num_data_blocks);
+  }
+  for (auto* h : handles) EXPECT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  return blocks > 0 ? bytes / blocks : 0;
+}
+
+// Two tables of one database, one with 16 KiB blocks, one derived (4 KiB): reopened through the
+// other's options, each keeps its blocks, for flushed and ingested rows alike; another nonzero
+// size on reopening is refused naming both.
+TEST(rocksdb_tuning, each_table_keeps_its_blocks_across_reopens) {
+  scratch_dir dir;
+  auto oa = base_options(dir.sub("db"));
+  oa.table_name = "a";
+  oa.block_bytes = 16384;
+  auto ob = oa;
+  ob.table_name = "b";
+  ob.block_bytes = 0;
+  auto keys = make_keys<key>(4000);
+  const auto write = [&](std::shared_ptr<rocksdb_database> db, const rocksdb_store_options& o,
+                         int stamp) {
+    auto r = rocksdb_store<key>::open(db, o);
+    EMBCACHE_ASSERT_OK(r);
+    EMBCACHE_ASSERT_OK(
+        r.value()->push(keys.data(), keys.size(), make_rows(keys, tuning_width, stamp).data()));
+    EMBCACHE_ASSERT_OK(r.value()->flush());
+  };
+  {
+    auto db = rocksdb_database::open(oa);
+    EMBCACHE_ASSERT_OK(db);
+    write(db.value(), oa, 1);
+    write(db.value(), ob, 1);
+  }
+  EXPECT_GT(mean_block_bytes(dir.sub("db"), "a"), 8192.0);
+  EXPECT_LT(mean_block_bytes(dir.sub("db"), "b"), 4096.0);
+  // Reopened through b's options, with a's block size left to the table; a push past the
+  // write buffer is ingested as SST files of a's blocks.
+  for (auto* o : {&oa, &ob}) o->existing_rows = existing_rows_policy::reuse;
+  oa.block_bytes = 0;
+  keys = make_keys<key>(30000, 5);  // 30000 rows of 104 bytes: past the 1 MiB write buffer
+  {
+    auto db = rocksdb_database::open(ob);
+    EMBCACHE_ASSERT_OK(db);
+    write(db.value(), oa, 2);
+    write(db.value(), ob, 2);
+  }
+  EXPECT_GT(mean_block_bytes(dir.sub("db"), "a"), 8192.0);
+  EXPECT_LT(mean_block_bytes(dir.sub("db"), "b"), 4096.0);
+  oa.block_bytes = 8192;
+  auto refused = rocksdb_store<key>::open(oa);
+  EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
+  EXPECT_NE(refused.get_status().message().find(
+                "the table's SST data blocks are 16384 bytes, set when it was created; "
+                "block_bytes 8192 cannot change them (0 keeps them)"),
+            std::string::npos)
+      << refused.get_status().message();
 }
 
 // Rows in three sorted runs and the memtable (rewritten, erased and new keys among them), read

@@ -81,7 +81,8 @@ struct trainer_table_config {
   /// block_bytes): default 0 derives it from the row (a 4 KiB page per block for rows under
   /// about 4 KiB); else 1024 to 268435456. Larger blocks suit a table whose shards' keysets
   /// cover a large part of it, read by scans (docs/stores.md, "Block size"). Needs store
-  /// "rocksdb"; files written before keep their blocks.
+  /// "rocksdb". The size is the table's from its creation: reopened (resume_from, reuse_store)
+  /// it keeps it, and another nonzero size is refused.
   std::size_t store_block_bytes = 0;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
   /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
