@@ -285,36 +285,30 @@ TEST(rocksdb_tuning, each_table_keeps_its_blocks_across_reopens) {
   auto ob = oa;
   ob.table_name = "b";
   ob.block_bytes = 0;
-  auto keys = make_keys<key>(4000);
-  const auto write = [&](std::shared_ptr<rocksdb_database> db, const rocksdb_store_options& o,
-                         int stamp) {
-    auto r = rocksdb_store<key>::open(db, o);
-    EMBCACHE_ASSERT_OK(r);
-    EMBCACHE_ASSERT_OK(
-        r.value()->push(keys.data(), keys.size(), make_rows(keys, tuning_width, stamp).data()));
-    EMBCACHE_ASSERT_OK(r.value()->flush());
+  // Opens the database through `opener`'s options, writes `n` rows into both tables, closes it;
+  // then each table's files have its blocks.
+  const auto write_both = [&](const rocksdb_store_options& opener, std::size_t n, int stamp) {
+    const auto keys = make_keys<key>(n, stamp);
+    {
+      auto db = rocksdb_database::open(opener);
+      EMBCACHE_ASSERT_OK(db);
+      for (const auto* o : {&oa, &ob}) {
+        auto r = rocksdb_store<key>::open(db.value(), *o);
+        EMBCACHE_ASSERT_OK(r);
+        EMBCACHE_ASSERT_OK(
+            r.value()->push(keys.data(), keys.size(), make_rows(keys, tuning_width, stamp).data()));
+        EMBCACHE_ASSERT_OK(r.value()->flush());
+      }
+    }
+    EXPECT_GT(mean_block_bytes(dir.sub("db"), "a"), 8192.0);
+    EXPECT_LT(mean_block_bytes(dir.sub("db"), "b"), 4096.0);
   };
-  {
-    auto db = rocksdb_database::open(oa);
-    EMBCACHE_ASSERT_OK(db);
-    write(db.value(), oa, 1);
-    write(db.value(), ob, 1);
-  }
-  EXPECT_GT(mean_block_bytes(dir.sub("db"), "a"), 8192.0);
-  EXPECT_LT(mean_block_bytes(dir.sub("db"), "b"), 4096.0);
+  write_both(oa, 4000, 1);
   // Reopened through b's options, with a's block size left to the table; a push past the
-  // write buffer is ingested as SST files of a's blocks.
+  // write buffer (30000 rows of 104 bytes, 1 MiB) is ingested as SST files of a's blocks.
   for (auto* o : {&oa, &ob}) o->existing_rows = existing_rows_policy::reuse;
   oa.block_bytes = 0;
-  keys = make_keys<key>(30000, 5);  // 30000 rows of 104 bytes: past the 1 MiB write buffer
-  {
-    auto db = rocksdb_database::open(ob);
-    EMBCACHE_ASSERT_OK(db);
-    write(db.value(), oa, 2);
-    write(db.value(), ob, 2);
-  }
-  EXPECT_GT(mean_block_bytes(dir.sub("db"), "a"), 8192.0);
-  EXPECT_LT(mean_block_bytes(dir.sub("db"), "b"), 4096.0);
+  write_both(ob, 30000, 2);
   oa.block_bytes = 8192;
   auto refused = rocksdb_store<key>::open(oa);
   EXPECT_EQ(refused.get_status().code(), status_code::invalid_argument);
