@@ -64,6 +64,10 @@ inline constexpr std::uint32_t rocksdb_scan_steps_per_lookup = 16;
 inline constexpr std::uint32_t rocksdb_scan_probe_keys = 256;
 inline constexpr std::uint32_t rocksdb_scan_probe_interval = 16;
 
+/// The SST data block sizes rocksdb_store_options::block_bytes may set (0 derives it).
+inline constexpr std::size_t rocksdb_min_block_bytes = 1024;
+inline constexpr std::size_t rocksdb_max_block_bytes = std::size_t{256} << 20;
+
 /// Options of a RocksDB store and of the database behind it. Fields marked database-wide are
 /// taken from the options the database is opened with (the first store, or
 /// rocksdb_database::open); docs/stores.md ("Tuning for a table larger than memory") gives the

@@ -42,7 +42,8 @@ status check_tuning(const rocksdb_store_options& o, const std::string& who) {
     return status::invalid_argument(who + ": rocksdb_store_options::" + field + " is " + value +
                                     ", expected " + range);
   };
-  if (o.block_bytes && (o.block_bytes < 1024 || o.block_bytes > (std::size_t{256} << 20)))
+  if (o.block_bytes &&
+      (o.block_bytes < rocksdb_min_block_bytes || o.block_bytes > rocksdb_max_block_bytes))
     return bad("block_bytes", std::to_string(o.block_bytes), "0 (derived) or 1 KiB to 256 MiB");
   if (o.read_threads < 0 || o.read_threads > 256)
     return bad("read_threads", std::to_string(o.read_threads), "0 (the space's threads) to 256");

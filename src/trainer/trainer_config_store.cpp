@@ -5,15 +5,15 @@
 
 #include <algorithm>
 
+#include "embcache/rocksdb_store.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/training_cache.hpp"
 
 namespace embcache::detail {
 namespace {
 
-// tables[i].store_block_bytes: 0 (derived) or RocksDB's block sizes (rocksdb_store_options).
-constexpr std::size_t min_store_block_bytes = 1024;
-const int_range store_block_bytes_range{0, std::uint64_t{256} << 20};
+// tables[i].store_block_bytes: 0 (derived) or the RocksDB store's block sizes.
+const int_range store_block_bytes_range{0, rocksdb_max_block_bytes};
 
 }  // namespace
 
@@ -49,10 +49,10 @@ status validate_store_fields(const trainer_table_config& tc, const std::string& 
                                     "\"");
   EMBCACHE_RETURN_IF_ERROR(
       check_int(at + ".store_block_bytes", tc.store_block_bytes, store_block_bytes_range));
-  if (tc.store_block_bytes != 0 && tc.store_block_bytes < min_store_block_bytes)
+  if (tc.store_block_bytes != 0 && tc.store_block_bytes < rocksdb_min_block_bytes)
     return status::invalid_argument(
         at + ".store_block_bytes: " + std::to_string(tc.store_block_bytes) +
-        " is under a block's least, " + std::to_string(min_store_block_bytes) +
+        " is under a block's least, " + std::to_string(rocksdb_min_block_bytes) +
         " bytes (0 derives it from the row)");
   if (tc.store_block_bytes != 0 && tc.store != "rocksdb")
     return status::invalid_argument(at + ".store_block_bytes: blocks are those of a RocksDB " +
