@@ -8,6 +8,7 @@
 #include "embcache/embedding_cache.hpp"
 #include "embcache/embedding_cache_ref.hpp"
 #include "embcache/host_hybrid.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/optimizers.hpp"
 #include "embcache/param_store.hpp"
 #include "embcache/slot_rows.hpp"

@@ -10,6 +10,7 @@
 
 #include "common/sanitizers.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/tiered_store.hpp"
 #include "store_test_util.hpp"
 #if EMBCACHE_TEST_ROCKSDB
@@ -47,6 +48,49 @@ struct host_traits {
   static void corrupt(const std::string& dir) { flip_byte(dir + "/rows.bin", 5); }
   static void truncate(const std::string& dir) {
     fs::resize_file(dir + "/rows.bin", fs::file_size(dir + "/rows.bin") - 3);
+  }
+};
+
+// The log store with small segments, buffers and reads: the suite's batches span several
+// segments, writes and preads, and cleaning runs (max_space_amplification at its least).
+template <class Key>
+struct log_traits {
+  using key_type = Key;
+  static constexpr bool is_host = false;
+  static log_store_options options(const std::string& path, const std::string& table,
+                                   std::size_t width) {
+    log_store_options o;
+    o.path = path;
+    o.table_name = table;
+    o.row_width = width;
+    o.segment_bytes = 1 << 20;
+    o.max_space_amplification = 1.25;
+    o.write_buffer_bytes = 4096;
+    o.max_read_bytes = 2048;
+    o.read_gap_bytes = 256;
+    o.read_threads = 3;
+    return o;
+  }
+  static std::unique_ptr<param_store<Key>> make(const std::string& dir, const std::string& table,
+                                                std::size_t width) {
+    auto r = log_store<Key>::open(options(dir + "/live_log", table, width));
+    r.get_status().throw_if_error();
+    return std::move(r).value();
+  }
+  static result<std::unique_ptr<param_store<Key>>> reopen(const std::string& dir,
+                                                          const std::string& table,
+                                                          std::size_t width) {
+    auto o = options(dir, table, width);
+    o.create_if_missing = false;
+    auto r = log_store<Key>::open(o);
+    if (!r.ok()) return r.get_status();
+    return std::unique_ptr<param_store<Key>>(std::move(r).value());
+  }
+  // A byte of a row inside the durable part: only the checksum can tell.
+  static void corrupt(const std::string& dir) { flip_byte(dir + "/seg-00000001.log", 45); }
+  static void truncate(const std::string& dir) {
+    const std::string seg = dir + "/seg-00000001.log";
+    fs::resize_file(seg, fs::file_size(seg) - 3);
   }
 };
 
@@ -193,15 +237,18 @@ class store_conformance : public ::testing::Test {
   std::unique_ptr<param_store<Key>> store_;
 };
 
-using store_types = ::testing::Types<
-    host_traits<std::int64_t>, host_traits<std::uint32_t>, tiered_traits<host_traits<std::uint32_t>>
+using store_types =
+    ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
+                     tiered_traits<host_traits<std::uint32_t>>, log_traits<std::int64_t>,
+                     log_traits<std::uint32_t>, tiered_traits<log_traits<std::int64_t>>
 #if EMBCACHE_TEST_ROCKSDB
-    ,
-    rocksdb_traits<std::int64_t>, rocksdb_traits<std::uint32_t, false, rocksdb_read_path::scan>,
-    rocksdb_traits<std::int64_t, true, rocksdb_read_path::multi_get>,
-    tiered_traits<rocksdb_traits<std::int64_t>>
+                     ,
+                     rocksdb_traits<std::int64_t>,
+                     rocksdb_traits<std::uint32_t, false, rocksdb_read_path::scan>,
+                     rocksdb_traits<std::int64_t, true, rocksdb_read_path::multi_get>,
+                     tiered_traits<rocksdb_traits<std::int64_t>>
 #endif
-    >;
+                     >;
 TYPED_TEST_SUITE(store_conformance, store_types);
 
 TYPED_TEST(store_conformance, round_trip_with_missing_keys) {
