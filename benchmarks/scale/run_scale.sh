@@ -30,6 +30,8 @@
 #                      the RocksDB trainer run (defaults 192 and 0; 0: from its memory budget,
 #                      whose quarter for the staging no longer fits 1280 MiB once the shard
 #                      reader's two 66 MB shards are counted)
+#     --train-store S  the store of the capped trainer run: rocksdb (default) or log (a
+#                      log_store: segment files and an index in memory; docs/stores.md)
 #     --train-block-bytes N   store_block_bytes of the RocksDB run's deep table (default 0:
 #                      derived from the row, a 4 KiB page; its shards' keysets cover a tenth of
 #                      it or more, read by scans, which larger blocks make cheaper: see
@@ -68,6 +70,7 @@ trainer_only=0
 train_staging_mib=192
 train_write_back_mib=0
 train_block_bytes=0
+train_store=rocksdb
 train_samples=3000000
 train_shard_samples=250000
 train_passes=3
@@ -88,6 +91,7 @@ while [ $# -gt 0 ]; do
     --train-staging-mib) train_staging_mib=$2; shift 2 ;;
     --train-write-back-mib) train_write_back_mib=$2; shift 2 ;;
     --train-block-bytes) train_block_bytes=$2; shift 2 ;;
+    --train-store) train_store=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --width) width=$2; shift 2 ;;
@@ -244,12 +248,14 @@ print(json.dumps([{'shards': s[i * per:(i + 1) * per]} for i in range(len(s) // 
 move_field=""  # the trainer's default unless --train-copy-staged-rows
 [ "$train_move" = false ] && move_field=', "move_staged_rows": false'
 config() {  # store budget staging write_back deep_block_bytes
+  local blocks=""
+  [ "$1" = rocksdb ] && blocks=" \"store_block_bytes\": $5,"
   cat <<JSON
 {"mode": "keyset", "data_dir": "$data", "passes": $passes_json,
  "tables": [
    {"name": "wide", "capacity": "auto", "store": "$1", "store_path": "$dir/train/db-$1"},
    {"name": "deep", "dim": $train_dim, "capacity": "auto", "store": "$1",
-    "store_path": "$dir/train/db-$1", "store_block_bytes": $5,
+    "store_path": "$dir/train/db-$1",$blocks
     "optimizer": {"kind": "adam", "learning_rate": 0.001}}],
  "model": {"hidden": [64, 32], "dropout": 0, "learning_rate": 0.001, "seed": 0},
  "batch_size": 2048, "prefetch": true, "log_interval": 0, "dense_device": "host",
@@ -257,9 +263,10 @@ config() {  # store budget staging write_back deep_block_bytes
  "write_back_bytes": $4, "blas_threads": $train_blas_threads$move_field}
 JSON
 }
-for store in rocksdb host; do
+case "$train_store" in rocksdb|log) ;; *) echo "--train-store: rocksdb or log, not $train_store" >&2; exit 2 ;; esac
+for store in "$train_store" host; do
   rm -rf "$dir/train/db-$store"
-  if [ $store = rocksdb ]; then
+  if [ $store != host ]; then
     config $store $((train_budget_mib << 20)) $((train_staging_mib << 20)) \
       $((train_write_back_mib << 20)) "$train_block_bytes" > "$dir/train/$store.json"
   else
@@ -271,17 +278,17 @@ trainer_cmd=()
 [ -n "$cores" ] && trainer_cmd+=(taskset -c "$cores")
 [ -x /usr/bin/time ] && trainer_cmd+=(/usr/bin/time -f '{"max_rss_kib": %M}')
 trainer_cmd+=("$train")
-say "## embcache-train, RocksDB store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB, deep table's blocks ${train_block_bytes} bytes (0: derived)${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
-capped "$train_cap_mib" "${trainer_cmd[@]}" --config "$dir/train/rocksdb.json" 2>&1 \
+say "## embcache-train, $train_store store, budget ${train_budget_mib} MiB, cap ${train_cap_mib} MiB, deep table's blocks ${train_block_bytes} bytes (0: derived)${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
+capped "$train_cap_mib" "${trainer_cmd[@]}" --config "$dir/train/$train_store.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "memory plan|pass [0-9]+ done|cgroup|max_rss|rror" | tee -a "$out" || true
 say "## embcache-train, host store, no cap${OPENBLAS_THREAD_TIMEOUT:+, OPENBLAS_THREAD_TIMEOUT $OPENBLAS_THREAD_TIMEOUT}, move_staged_rows $train_move"
 capped 0 "${trainer_cmd[@]}" --config "$dir/train/host.json" 2>&1 \
   | awk '{print; fflush()}' | grep --line-buffered -E "pass [0-9]+ done|max_rss|rror" | tee -a "$out"  || true
 # Samples/s of the passes after the first, each store's mean, and their ratio (the 0.7 target).
-awk '/^## embcache-train, RocksDB/ {s = "rocksdb"} /^## embcache-train, host/ {s = "host"}
+awk -v disk="$train_store" '$0 ~ "^## embcache-train, " disk " store" {s = "disk"} /^## embcache-train, host/ {s = "host"}
      s && /pass [0-9]+ done/ && !/pass 1 done/ {
        x = $0; sub(/.*\(/, "", x); sub(/ samples\/s\).*/, "", x); sum[s] += x; n[s]++ }
-     END { if (n["rocksdb"] && n["host"]) {
-             r = sum["rocksdb"] / n["rocksdb"]; h = sum["host"] / n["host"]
-             printf "{\"trainer_samples_per_s\": {\"rocksdb\": %.0f, \"host\": %.0f}, \"ratio\": %.3f}\n", r, h, r / h } }' \
+     END { if (n["disk"] && n["host"]) {
+             r = sum["disk"] / n["disk"]; h = sum["host"] / n["host"]
+             printf "{\"trainer_samples_per_s\": {\"%s\": %.0f, \"host\": %.0f}, \"ratio\": %.3f}\n", disk, r, h, r / h } }' \
   "$out" | tee -a "$out"

@@ -14,6 +14,7 @@
 #include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/tiered_store.hpp"
 #include "trainer_config_store.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
@@ -66,6 +67,19 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     so.row_width = row_width;
     so.space = space;
     return std::shared_ptr<param_store<trainer_key>>(std::make_shared<host_store<trainer_key>>(so));
+  }
+  if (tc.store == "log") {
+    log_store_options lo;
+    lo.path = tc.store_path + "/" + tc.name;
+    lo.table_name = tc.name;
+    lo.row_width = row_width;
+    lo.dim = tc.dim;
+    lo.optimizer = to_string(tc.optimizer.kind);
+    // An earlier run's rows are used only when asked for; a resume replaces them anyway.
+    lo.reuse_rows = tc.reuse_store || !config.resume_from.empty();
+    auto s = log_store<trainer_key>::open(lo);
+    if (!s.ok()) return s.get_status().with_context(table_field(t) + ".store_path");
+    return std::shared_ptr<param_store<trainer_key>>(std::move(s).value());
   }
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
   rocksdb_store_options ro;
@@ -296,7 +310,7 @@ result<std::unique_ptr<embedding_path>> make_embedding_path(const trainer_config
     // Each rank its own stores: a RocksDB folder per rank under the configured one.
     trainer_config mine = config;
     for (auto& tc : mine.tables)
-      if (tc.store == "rocksdb") tc.store_path += "/" + rank_folder_name(comm->rank());
+      if (tc.store != "host") tc.store_path += "/" + rank_folder_name(comm->rank());
     const bool keyset = config.mode == trainer_mode::keyset;
     auto tables = build_embedding_tables(mine, space, /*save_only_cache=*/!keyset);
     if (!tables.ok()) return tables.get_status();

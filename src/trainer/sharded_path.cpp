@@ -18,6 +18,7 @@
 #include "common/durable_file.hpp"
 #include "embcache/criteo.hpp"
 #include "embcache/distributed/sharded_table.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/sparse_ops.hpp"
 #include "embedding_path.hpp"
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
@@ -29,30 +30,41 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Opens a part of a sharded save whatever store wrote it: a RocksDB checkpoint (it has a
-// CURRENT file) or a host_store checkpoint.
+// Opens a part of a sharded save whatever store wrote it: a log_store checkpoint (it has a
+// state.json), a RocksDB checkpoint (a CURRENT file) or a host_store checkpoint.
 part_opener<trainer_key> part_opener_for(const trainer_table_config& tc) {
   const part_opener<trainer_key> host = host_store_part_opener<trainer_key>();
-#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
   return [host, tc](const std::string& dir, const std::string& table,
                     std::size_t row_width) -> result<std::unique_ptr<param_store<trainer_key>>> {
     std::error_code ec;
-    if (!fs::exists(dir + "/CURRENT", ec)) return host(dir, table, row_width);
-    rocksdb_store_options ro;
-    ro.path = dir;
-    ro.table_name = table;
-    ro.row_width = row_width;
-    ro.dim = tc.dim;
-    ro.optimizer = to_string(tc.optimizer.kind);
-    ro.existing_rows = existing_rows_policy::reuse;
-    auto s = rocksdb_store<trainer_key>::open(ro);
-    if (!s.ok()) return s.get_status();
-    return std::unique_ptr<param_store<trainer_key>>(std::move(s).value());
-  };
-#else
-  (void)tc;
-  return host;
+    if (fs::exists(dir + "/state.json", ec)) {
+      log_store_options lo;
+      lo.path = dir;
+      lo.table_name = table;
+      lo.row_width = row_width;
+      lo.dim = tc.dim;
+      lo.optimizer = to_string(tc.optimizer.kind);
+      lo.create_if_missing = false;
+      auto s = log_store<trainer_key>::open(lo);
+      if (!s.ok()) return s.get_status();
+      return std::unique_ptr<param_store<trainer_key>>(std::move(s).value());
+    }
+#ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
+    if (fs::exists(dir + "/CURRENT", ec)) {
+      rocksdb_store_options ro;
+      ro.path = dir;
+      ro.table_name = table;
+      ro.row_width = row_width;
+      ro.dim = tc.dim;
+      ro.optimizer = to_string(tc.optimizer.kind);
+      ro.existing_rows = existing_rows_policy::reuse;
+      auto s = rocksdb_store<trainer_key>::open(ro);
+      if (!s.ok()) return s.get_status();
+      return std::unique_ptr<param_store<trainer_key>>(std::move(s).value());
+    }
 #endif
+    return host(dir, table, row_width);
+  };
 }
 
 // Every key of `store` (a load replaces the rows a rank holds, so they are removed first).

@@ -36,11 +36,12 @@ void read_store_fields(object_reader& r, trainer_table_config& tc) {
 
 status validate_store_fields(const trainer_table_config& tc, const std::string& at,
                              std::uint64_t budget) {
-  if (tc.store != "host" && tc.store != "rocksdb")
+  if (tc.store != "host" && tc.store != "rocksdb" && tc.store != "log")
     return status::invalid_argument(at + ".store: \"" + tc.store +
-                                    "\" is not a store (\"host\" or \"rocksdb\")");
-  if (tc.store == "rocksdb" && tc.store_path.empty())
-    return status::invalid_argument(at + ".store_path: required with store \"rocksdb\"");
+                                    "\" is not a store (\"host\", \"rocksdb\" or \"log\")");
+  if (tc.store != "host" && tc.store_path.empty())
+    return status::invalid_argument(at + ".store_path: required with store \"" + tc.store +
+                                    "\"");
   EMBCACHE_RETURN_IF_ERROR(
       check_int(at + ".dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget}));
   if ((tc.dram_tier_bytes != 0 || tc.dram_tier_auto) && tc.store != "rocksdb")

@@ -350,6 +350,50 @@ TEST(trainer_memory, a_part_out_of_memory_is_a_status_naming_it) {
             "1048576) and table \"deep\" (config.tables[1].capacity 4096)");
 }
 
+TEST(trainer_log_store, the_field_is_checked_and_trains_the_host_stores_model) {
+  json j = {{"passes", {{"a.bin"}}}, {"tables", {{{"name", "wide"}}, {{"name", "deep"}}}}};
+  j["tables"][1]["store"] = "log";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store_path: required with store \"log\"");
+  j["tables"][1]["store"] = "disk";
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store: \"disk\" is not a store (\"host\", \"rocksdb\" or \"log\")");
+  j["tables"][1]["store"] = "log";
+  j["tables"][1]["store_path"] = "/logs";
+  j["tables"][1]["store_block_bytes"] = 4096;
+  EXPECT_NE(trainer_config_from_json(j).get_status().message().find("not store \"log\""),
+            std::string::npos);
+
+  // Three passes with the deep table's cache under a pass's keys: rows leave, are appended to the
+  // log and come back. The model is the host store's; each table has its folder.
+  const auto train = [](const std::string& name, const std::string& store) {
+    trainer_config c = small_config(name);
+    for (auto& tc : c.tables) {
+      tc.store = store;
+      tc.store_path = store == "log" ? temp_dir(name) + "/logs" : "";
+      tc.capacity = 40000;
+    }
+    c.tables[1].capacity = 8000;
+    run(c);
+    return c;
+  };
+  const trainer_config host = train("log_host", "host");
+  trainer_config log = train("log_log", "log");
+  expect_same_model(host.save_dir, log.save_dir);
+  EXPECT_TRUE(fs::exists(log.tables[1].store_path + "/deep/state.json"));
+  EXPECT_TRUE(fs::exists(log.tables[0].store_path + "/wide/state.json"));
+  // A fresh run does not train from the rows left there, unless asked to.
+  log.save_dir += "2";
+  auto again = trainer::create(log);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.get_status().message().find("already holds"), std::string::npos)
+      << again.get_status().message();
+  EXPECT_NE(again.get_status().message().find("config.tables[0].store_path"), std::string::npos)
+      << again.get_status().message();
+  for (auto& tc : log.tables) tc.reuse_store = true;
+  EMBCACHE_EXPECT_OK(trainer::create(log));
+}
+
 #ifdef EMBCACHE_TEST_ROCKSDB
 // The RocksDB database's options as RocksDB wrote them (its latest OPTIONS file).
 std::string rocksdb_options_text(const std::string& db) {

@@ -65,10 +65,13 @@ struct trainer_table_config {
   /// Device table slots and the rows it may hold between passes (table_options::slots and
   /// max_resident); default 0 = the cache's defaults (capacity * 5 / 4 and capacity * 9 / 8).
   std::size_t slots = 0, max_resident = 0;
-  std::string store = "host";  ///< "host" (default) or "rocksdb" (needs store_path)
-  std::string store_path;      ///< RocksDB folder (default ""); tables may share one
-  /// Trains from the rows a RocksDB table at store_path already holds (default false: such a
-  /// table is refused unless resume_from is set, which replaces its rows).
+  /// "host" (default), "rocksdb" or "log" (a log_store; both need store_path)
+  std::string store = "host";
+  /// RocksDB folder, which tables may share, or the folder of the log stores, each table in
+  /// store_path/<name> (default "")
+  std::string store_path;
+  /// Trains from the rows a RocksDB or log table at store_path already holds (default false:
+  /// such a table is refused unless resume_from is set, which replaces its rows).
   bool reuse_store = false;
   /// A DRAM tier (tiered_store) of this many bytes in front of the RocksDB store: recently used
   /// rows stay in memory, evicted ones are demoted to it, dirty ones written down in key order
