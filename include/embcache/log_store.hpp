@@ -73,7 +73,17 @@ struct log_store_options {
   std::size_t max_read_bytes = std::size_t{1} << 20;
   /// Bytes a push gathers before each write; default 8 MiB (>= one record).
   std::size_t write_buffer_bytes = std::size_t{8} << 20;
+  /// Reads and writes the segments with O_DIRECT; default false. The page cache then holds none
+  /// of the table (a memory cgroup charges the process only for what it holds itself) and
+  /// writes cost no copy; each write is padded to 4 KiB with a pad record, and a pull reads
+  /// whole 4 KiB blocks. The folder's file system must accept O_DIRECT (direct_io_supported):
+  /// opening a segment fails otherwise, with the system's reason.
+  bool direct_io = false;
 };
+
+/// Whether the file system holding `path` (or its nearest existing parent folder) accepts
+/// O_DIRECT files (tmpfs before Linux 6.6 does not). Creates and removes a probe file there.
+bool direct_io_supported(const std::string& path);
 
 /// Counters of a log_store since it was opened.
 struct log_store_counters {

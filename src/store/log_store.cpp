@@ -37,7 +37,8 @@ namespace fs = std::filesystem;
 constexpr const char* state_format = "embcache.log_store";
 constexpr int state_format_version = 1;
 constexpr std::uint32_t record_magic = 0x524c4345u;  // "ECLR"
-constexpr std::uint32_t kind_row = 1, kind_tombstone = 2;
+constexpr std::uint32_t kind_row = 1, kind_tombstone = 2, kind_pad = 3;
+constexpr std::size_t direct_align = 4096;  // O_DIRECT: offsets, lengths and buffers
 constexpr unsigned offset_bits = 40;  // a location: segment id << 40 | offset
 constexpr std::uint64_t max_segment_id = (std::uint64_t{1} << 24) - 1;
 constexpr std::size_t scan_chunk_bytes = std::size_t{4} << 20;
@@ -64,6 +65,39 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
   x *= 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+// Bytes in memory aligned for O_DIRECT; the few calls of std::vector<char> the store uses.
+class aligned_bytes {
+ public:
+  aligned_bytes() = default;
+  aligned_bytes(const aligned_bytes&) = delete;
+  aligned_bytes& operator=(const aligned_bytes&) = delete;
+  ~aligned_bytes() { std::free(p_); }
+  char* data() { return p_; }
+  const char* data() const { return p_; }
+  std::size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  std::size_t capacity() const { return cap_; }
+  void clear() { n_ = 0; }
+  // Keeps the first min(n, size()) bytes; the rest are unspecified. Throws std::bad_alloc.
+  void resize(std::size_t n) {
+    if (n > cap_) {
+      std::size_t cap = std::max<std::size_t>(cap_ * 2, direct_align);
+      while (cap < n) cap *= 2;
+      void* q = std::aligned_alloc(direct_align, cap);
+      if (!q) throw std::bad_alloc();
+      if (n_) std::memcpy(q, p_, n_);
+      std::free(p_);
+      p_ = static_cast<char*>(q);
+      cap_ = cap;
+    }
+    n_ = n;
+  }
+
+ private:
+  char* p_ = nullptr;
+  std::size_t n_ = 0, cap_ = 0;
+};
 
 // key -> location, open addressing with linear probing; location 0 marks an empty slot (a
 // location's segment id is at least 1). Load at most 3/4; erase shifts back (no tombstones).
@@ -144,18 +178,16 @@ std::string segment_name(std::uint64_t id) {
   return b;
 }
 
-status pread_all(int fd, void* buf, std::size_t n, std::uint64_t off, const std::string& path) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
+// Reads up to `n` bytes at `off`, fewer only at the end of the file (*got says how many).
+status pread_upto(int fd, char* p, std::size_t n, std::uint64_t off, const std::string& path,
+                  std::size_t* got) {
+  *got = 0;
+  while (*got < n) {
+    const ssize_t r = ::pread(fd, p + *got, n - *got, static_cast<off_t>(off + *got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return detail::errno_status("log_store: cannot read", path, errno);
-    if (r == 0)
-      return status::corruption("log_store: segment '" + path + "' ends at byte " +
-                                std::to_string(off) + ", before a record it should hold");
-    p += r;
-    n -= static_cast<std::size_t>(r);
-    off += static_cast<std::uint64_t>(r);
+    if (r == 0) break;
+    *got += static_cast<std::size_t>(r);
   }
   return {};
 }
@@ -203,7 +235,7 @@ struct log_store<Key>::impl {
   std::deque<segment> segs;  // ascending ids; the last is appended to
   std::uint64_t live = 0, disk = 0, next_seq = 1, max_version = 0;
   bool folder_dirty = false;
-  std::vector<char> wbuf;
+  aligned_bytes wbuf;
   std::vector<pending> wpending;
   log_store_counters count;
 
@@ -212,6 +244,7 @@ struct log_store<Key>::impl {
       if (s.fd >= 0) ::close(s.fd);
   }
 
+  int direct_flag() const { return o.direct_io ? O_DIRECT : 0; }
   std::string path_of(std::uint64_t id) const { return o.path + "/" + segment_name(id); }
   std::string who() const { return "log_store of table '" + o.table_name + "'"; }
   segment& seg_of(std::uint64_t loc) { return segs[(loc >> offset_bits) - segs.front().id]; }
@@ -232,7 +265,11 @@ struct log_store<Key>::impl {
     std::memcpy(&h, p, sizeof h);
     if (h.magic != record_magic) return 0;
     if (h.kind == kind_row) return record_bytes;
-    return h.kind == kind_tombstone ? sizeof(record_header) : 0;
+    if (h.kind == kind_tombstone) return sizeof(record_header);
+    // A pad fills a direct write up to 4 KiB: 40 bytes to one block and 39 more.
+    const bool pad = h.kind == kind_pad && h.key >= sizeof(record_header) &&
+                     h.key < direct_align + sizeof(record_header) && h.key % 8 == 0;
+    return pad ? static_cast<std::size_t>(h.key) : 0;
   }
 
   // Checks the record at `p` (at most `avail` bytes); sets its size. An empty string when it is
@@ -250,6 +287,25 @@ struct log_store<Key>::impl {
     return {};
   }
 
+  // Reads [off, off + len) of segment `s` into `buf` and points *out at byte `off`: in direct
+  // mode the read is widened to 4 KiB boundaries. Counts the bytes read in *read_bytes.
+  status read_span(const segment& s, std::uint64_t off, std::size_t len, aligned_bytes& buf,
+                   const char** out, std::uint64_t* read_bytes = nullptr) const {
+    const std::uint64_t a = o.direct_io ? off / direct_align * direct_align : off;
+    const std::uint64_t e =
+        o.direct_io ? (off + len + direct_align - 1) / direct_align * direct_align : off + len;
+    buf.resize(static_cast<std::size_t>(e - a));
+    std::size_t got = 0;
+    const std::string path = path_of(s.id);
+    EMBCACHE_RETURN_IF_ERROR(
+        pread_upto(s.fd, buf.data(), static_cast<std::size_t>(e - a), a, path, &got));
+    if (read_bytes) *read_bytes += got;
+    if (got < off + len - a)
+      return corrupt(path, a + got, "the segment ends before a record it should hold");
+    *out = buf.data() + (off - a);
+    return {};
+  }
+
   // Reads the records of segment `s` in [from, to) in order: fn(loc, header, row) for each.
   // With `tolerant`, the first damaged or cut record ends the walk (*end = its offset);
   // otherwise it is corruption naming the file and offset.
@@ -257,22 +313,21 @@ struct log_store<Key>::impl {
   status walk(const segment& s, std::uint64_t from, std::uint64_t to, bool tolerant,
               std::uint64_t* end, const F& fn) const {
     const std::string path = path_of(s.id);
-    const std::size_t chunk = std::max(scan_chunk_bytes, 2 * record_bytes);
-    std::vector<char> buf;
+    const std::size_t chunk = std::max(scan_chunk_bytes, 2 * record_bytes + direct_align);
+    aligned_bytes buf;
     std::uint64_t off = from;
     while (off < to) {
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, to - off));
       const bool more = off + want < to;  // the chunk ends before `to`
-      buf.resize(want);
-      EMBCACHE_RETURN_IF_ERROR(pread_all(s.fd, buf.data(), want, off, path));
+      const char* p = nullptr;
+      EMBCACHE_RETURN_IF_ERROR(read_span(s, off, want, buf, &p));
       std::size_t at = 0;
       while (at < want) {
         const std::size_t avail = want - at;
         // A record the chunk cuts is read whole with the next chunk.
-        if (more && (avail < sizeof(record_header) || (record_size(buf.data() + at) > avail)))
-          break;
+        if (more && (avail < sizeof(record_header) || (record_size(p + at) > avail))) break;
         std::size_t size = 0;
-        const std::string why = check_record(buf.data() + at, avail, &size);
+        const std::string why = check_record(p + at, avail, &size);
         if (!why.empty()) {
           if (tolerant) {
             *end = off + at;
@@ -281,9 +336,9 @@ struct log_store<Key>::impl {
           return corrupt(path, off + at, why);
         }
         record_header h;
-        std::memcpy(&h, buf.data() + at, sizeof h);
-        EMBCACHE_RETURN_IF_ERROR(
-            fn((s.id << offset_bits) | (off + at), h, buf.data() + at + sizeof h));
+        std::memcpy(&h, p + at, sizeof h);
+        if (h.kind != kind_pad)
+          EMBCACHE_RETURN_IF_ERROR(fn((s.id << offset_bits) | (off + at), h, p + at + sizeof h));
         at += size;
       }
       off += at;
@@ -325,7 +380,7 @@ struct log_store<Key>::impl {
   status new_segment(std::uint64_t id) {
     if (id > max_segment_id) return status::capacity_exceeded(who() + ": segment ids run out");
     const std::string p = path_of(id);
-    const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | direct_flag(), 0644);
     if (fd < 0) return detail::errno_status(who() + ": cannot create segment", p, errno);
     segs.push_back({id, fd, 0, true});
     folder_dirty = true;
@@ -335,6 +390,17 @@ struct log_store<Key>::impl {
   // Writes the buffered records at the end of the last segment and applies their index changes.
   status write_buffer() {
     if (wbuf.empty()) return {};
+    if (o.direct_io && wbuf.size() % direct_align != 0) {
+      // A pad record up to the next 4 KiB (a whole block more when that is under a header).
+      std::size_t gap = direct_align - wbuf.size() % direct_align;
+      if (gap < sizeof(record_header)) gap += direct_align;
+      const std::size_t at = wbuf.size();
+      wbuf.resize(at + gap);
+      std::memset(wbuf.data() + at, 0, gap);
+      record_header h{record_magic, kind_pad, gap, 0, 0, 0};
+      h.checksum = record_checksum(h, nullptr, 0);
+      std::memcpy(wbuf.data() + at, &h, sizeof h);
+    }
     segment& s = segs.back();
     status st = pwrite_all(s.fd, wbuf.data(), wbuf.size(), s.bytes, path_of(s.id));
     if (!st.ok()) {
@@ -376,9 +442,10 @@ struct log_store<Key>::impl {
     const std::size_t payload = kind == kind_row ? row_bytes : 0;
     h.checksum = record_checksum(h, row, payload);
     const std::size_t at = wbuf.size();
-    wbuf.resize(at + size, 0);
+    wbuf.resize(at + size);
     std::memcpy(wbuf.data() + at, &h, sizeof h);
     if (payload) std::memcpy(wbuf.data() + at + sizeof h, row, payload);
+    std::memset(wbuf.data() + at + sizeof h + payload, 0, size - sizeof h - payload);
     const segment& s = segs.back();
     wpending.push_back({key, (s.id << offset_bits) | (s.bytes + at), kind, version});
     return {};
@@ -476,6 +543,19 @@ status state_field(const nlohmann::json& j, const char* name, const std::string&
 }
 
 }  // namespace
+
+bool direct_io_supported(const std::string& path) {
+  std::error_code ec;
+  fs::path dir = fs::absolute(path, ec);
+  while (!dir.empty() && !fs::is_directory(dir, ec) && dir != dir.parent_path())
+    dir = dir.parent_path();
+  const std::string probe = (dir / ".embcache_direct_io_probe").string();
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
 
 template <class Key>
 log_store<Key>::log_store(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -583,7 +663,7 @@ result<std::unique_ptr<log_store<Key>>> log_store<Key>::open(const log_store_opt
     const std::size_t k = static_cast<std::size_t>(id - durable.front().first);
     const std::uint64_t want = k < durable.size() ? durable[k].second : 0;
     const std::string path = s.path_of(id);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | s.direct_flag());
     if (fd < 0) {
       if (errno == ENOENT && k >= durable.size()) continue;  // a gap: refused below
       if (errno == ENOENT)
@@ -631,6 +711,9 @@ result<std::unique_ptr<log_store<Key>>> log_store<Key>::open(const log_store_opt
       return status::corruption(s.who() + ": segment '" + s.path_of(s.segs[k - 1].id + 1) +
                                 "' is missing");
   }
+  // Direct writes start on a 4 KiB boundary: a segment written otherwise is not appended to.
+  if (s.o.direct_io && s.segs.back().bytes % direct_align != 0)
+    EMBCACHE_RETURN_IF_ERROR(s.new_segment(s.segs.back().id + 1));
   s.next_seq = std::max(s.next_seq, next_seq);
   if (!s.o.reuse_rows && s.index.size() != 0)
     return status::invalid_argument(s.who() + ": the folder '" + s.o.path + "' already holds " +
@@ -678,9 +761,13 @@ std::size_t log_store<Key>::memory_bound(std::size_t rows,
                                          const log_store_options& options) noexcept {
   const std::size_t record = sizeof(record_header) + (options.row_width * 4 + 7) / 8 * 8;
   const std::size_t buffered = options.write_buffer_bytes / record + 1;
-  return flat_index::capacity_for(rows) * 16 + options.write_buffer_bytes +
+  // The write buffer with a pad; each read thread's run and a walk's chunk, with 4 KiB blocks on
+  // both sides.
+  const std::size_t blocks = 2 * direct_align;
+  return flat_index::capacity_for(rows) * 16 + options.write_buffer_bytes + blocks +
          buffered * sizeof(typename impl::pending) +
-         options.read_threads * (options.max_read_bytes + record);
+         options.read_threads * (options.max_read_bytes + record + blocks) +
+         std::max(scan_chunk_bytes, 2 * record + direct_align) + blocks;
 }
 
 template <class Key>
@@ -720,21 +807,28 @@ status log_store<Key>::pull(const Key* keys, std::size_t n, float* rows_out, boo
   status failed;
   std::atomic<bool> stop{false};
   auto work = [&] {
-    std::vector<char> buf;
+    aligned_bytes buf;
     for (std::size_t r; !stop && (r = next.fetch_add(1)) < runs.size();) {
       const auto [b, e] = runs[r];
       const std::uint64_t off0 = want[b].first & ((std::uint64_t{1} << offset_bits) - 1);
       const std::uint64_t last = want[e - 1].first & ((std::uint64_t{1} << offset_bits) - 1);
       const std::size_t len = static_cast<std::size_t>(last - off0) + s.record_bytes;
-      buf.resize(len);
       const auto& seg = s.seg_of(want[b].first);
       const std::string path = s.path_of(seg.id);
-      status st = pread_all(seg.fd, buf.data(), len, off0, path);
+      const char* base = nullptr;
+      std::uint64_t got = 0;
+      status st;
+      try {
+        st = s.read_span(seg, off0, len, buf, &base, &got);
+      } catch (const std::bad_alloc&) {
+        st = status::out_of_host_memory(s.who() + ": a read buffer of " + std::to_string(len) +
+                                        " bytes");
+      }
       ++reads;
-      bytes += len;
+      bytes += got;
       for (std::size_t k = b; st.ok() && k < e; ++k) {
         const std::uint64_t off = want[k].first & ((std::uint64_t{1} << offset_bits) - 1);
-        const char* p = buf.data() + (off - off0);
+        const char* p = base + (off - off0);
         std::size_t size = 0;
         std::string why = s.check_record(p, s.record_bytes, &size);
         record_header h;

@@ -34,22 +34,6 @@ constexpr bool has_cuda_path = false;
 #endif
 
 #ifdef EMBCACHE_TRAINER_WITH_ROCKSDB
-// Whether files in `path` (or its nearest existing parent) can be opened with O_DIRECT: tmpfs,
-// for one, refuses it.
-bool supports_direct_io(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path dir = fs::absolute(path, ec);
-  while (!dir.empty() && !fs::is_directory(dir, ec) && dir != dir.parent_path())
-    dir = dir.parent_path();
-  const std::string probe = (dir / ".embcache_direct_io_probe").string();
-  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return true;
-}
-
 // Tables that name the same store_path share one database.
 using database_map = std::map<std::string, std::shared_ptr<rocksdb_database>>;
 #else
@@ -77,6 +61,9 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     lo.optimizer = to_string(tc.optimizer.kind);
     // An earlier run's rows are used only when asked for; a resume replaces them anyway.
     lo.reuse_rows = tc.reuse_store || !config.resume_from.empty();
+    // Under a memory budget the table bypasses the page cache, which a memory cgroup charges to
+    // the process, as the RocksDB store's does.
+    lo.direct_io = config.memory_budget_bytes != 0 && direct_io_supported(tc.store_path);
     auto s = log_store<trainer_key>::open(lo);
     if (!s.ok()) return s.get_status().with_context(table_field(t) + ".store_path");
     return std::shared_ptr<param_store<trainer_key>>(std::move(s).value());
@@ -103,7 +90,7 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     apply_memory_plan(plan.value(), rocksdb_databases_of(config).size(), ro);
     // Under a budget the table goes through the block cache only: the page cache, which a
     // memory cgroup charges to the process and reclaims at its limit, holds none of it.
-    if (supports_direct_io(tc.store_path)) {
+    if (direct_io_supported(tc.store_path)) {
       ro.use_direct_reads = true;
       ro.use_direct_io_for_flush_and_compaction = true;
       // Every row that misses the block cache is then a read of the disk: MultiGets in flight

@@ -62,9 +62,18 @@ void expect_log_pulls(log64& s, const std::map<std::int64_t, std::vector<float>>
   }
 }
 
-TEST(log_store, cleaning_keeps_every_row_drops_erased_ones_and_bounds_the_disk) {
+// Both ways of writing: through the page cache, and with O_DIRECT (each write padded to 4 KiB)
+// where the scratch folder's file system allows it.
+std::vector<bool> io_modes(const scratch_dir& dir) {
+  if (direct_io_supported(dir.path())) return {false, true};
+  return {false};
+}
+
+void expect_cleaning_keeps_every_row(bool direct) {
+  SCOPED_TRACE(direct ? "direct_io" : "buffered");
   scratch_dir dir;
   auto o = log_options(dir.sub("t"));
+  o.direct_io = direct;
   auto s = open_log(o);
   std::map<std::int64_t, std::vector<float>> want;
   auto base = make_keys<std::int64_t>(3000);
@@ -95,11 +104,22 @@ TEST(log_store, cleaning_keeps_every_row_drops_erased_ones_and_bounds_the_disk) 
   auto r = open_log(o);
   EXPECT_EQ(r->size(), want.size());
   EXPECT_EQ(log_rows_of(*r), want);
+  if (direct) {
+    for (const auto& e : fs::directory_iterator(o.path))
+      if (e.path().extension() == ".log") EXPECT_EQ(fs::file_size(e.path()) % 4096, 0u);
+  }
 }
 
-TEST(log_store, what_reached_the_disk_after_the_last_flush_is_kept_up_to_its_damage) {
+TEST(log_store, cleaning_keeps_every_row_drops_erased_ones_and_bounds_the_disk) {
+  scratch_dir dir;
+  for (bool direct : io_modes(dir)) expect_cleaning_keeps_every_row(direct);
+}
+
+void expect_a_torn_tail_cut(bool direct) {
+  SCOPED_TRACE(direct ? "direct_io" : "buffered");
   scratch_dir dir;
   auto o = log_options(dir.sub("t"), 8);
+  o.direct_io = direct;
   auto keys = make_keys<std::int64_t>(500);
   {
     auto s = open_log(o);
@@ -127,6 +147,20 @@ TEST(log_store, what_reached_the_disk_after_the_last_flush_is_kept_up_to_its_dam
   EMBCACHE_ASSERT_OK(s->push(more.data(), more.size(), make_rows(more, 8, 2).data()));
   s.reset();
   EXPECT_EQ(open_log(o)->size(), keys.size() + more.size());
+  // Opened the other way, the folder holds the same rows.
+  o.direct_io = !direct && direct_io_supported(dir.path());
+  auto other = open_log(o);
+  EXPECT_EQ(other->size(), keys.size() + more.size());
+  expect_log_pulls(*other, want);
+  EMBCACHE_ASSERT_OK(other->push(more.data(), more.size(), make_rows(more, 8, 3).data()));
+  other.reset();
+  o.direct_io = direct;
+  EXPECT_EQ(open_log(o)->size(), keys.size() + more.size());
+}
+
+TEST(log_store, what_reached_the_disk_after_the_last_flush_is_kept_up_to_its_damage) {
+  scratch_dir dir;
+  for (bool direct : io_modes(dir)) expect_a_torn_tail_cut(direct);
 }
 
 TEST(log_store, damage_inside_the_durable_part_is_corruption_naming_file_and_offset) {

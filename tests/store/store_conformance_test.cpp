@@ -52,8 +52,9 @@ struct host_traits {
 };
 
 // The log store with small segments, buffers and reads: the suite's batches span several
-// segments, writes and preads, and cleaning runs (max_space_amplification at its least).
-template <class Key>
+// segments, writes and preads, and cleaning runs (max_space_amplification at its least). With
+// `Direct`, through O_DIRECT where the scratch folder's file system allows it.
+template <class Key, bool Direct = false>
 struct log_traits {
   using key_type = Key;
   static constexpr bool is_host = false;
@@ -69,6 +70,7 @@ struct log_traits {
     o.max_read_bytes = 2048;
     o.read_gap_bytes = 256;
     o.read_threads = 3;
+    o.direct_io = Direct && direct_io_supported(path);
     return o;
   }
   static std::unique_ptr<param_store<Key>> make(const std::string& dir, const std::string& table,
@@ -240,7 +242,7 @@ class store_conformance : public ::testing::Test {
 using store_types =
     ::testing::Types<host_traits<std::int64_t>, host_traits<std::uint32_t>,
                      tiered_traits<host_traits<std::uint32_t>>, log_traits<std::int64_t>,
-                     log_traits<std::uint32_t>, tiered_traits<log_traits<std::int64_t>>
+                     log_traits<std::uint32_t, true>, tiered_traits<log_traits<std::int64_t>>
 #if EMBCACHE_TEST_ROCKSDB
                      ,
                      rocksdb_traits<std::int64_t>,
