@@ -71,6 +71,8 @@ struct log_store_options {
   std::size_t read_gap_bytes = std::size_t{32} << 10;
   /// The most bytes one pread of a pull reads; default 1 MiB (>= one record).
   std::size_t max_read_bytes = std::size_t{1} << 20;
+  /// Rows the index is sized for when the store opens; default 0 (it grows on demand, doubling).
+  std::size_t expected_rows = 0;
   /// Bytes a push gathers before each write; default 8 MiB (>= one record).
   std::size_t write_buffer_bytes = std::size_t{8} << 20;
   /// Reads and writes the segments with O_DIRECT; default false. The page cache then holds none
@@ -135,7 +137,8 @@ class log_store final : public scanning_param_store<Key> {
   log_store_counters counters() const noexcept;
   /// Bytes of host memory the store holds (index, buffers).
   std::size_t memory_bytes() const noexcept;
-  /// The documented upper bound of memory_bytes() for `rows` rows with these options.
+  /// The documented upper bound of memory_bytes() for `rows` rows with these options (an index
+  /// presized with `expected_rows` counts as that many rows).
   static std::size_t memory_bound(std::size_t rows, const log_store_options& options) noexcept;
 
   struct impl;

@@ -103,12 +103,15 @@ class aligned_bytes {
 // location's segment id is at least 1). Load at most 3/4; erase shifts back (no tombstones).
 class flat_index {
  public:
-  flat_index() { reset(1024); }
+  explicit flat_index(std::size_t rows = 0) { reset(capacity_for(rows)); }
+  void presize(std::size_t rows) {
+    if (capacity_for(rows) > capacity() && size_ == 0) reset(capacity_for(rows));
+  }
   std::size_t size() const { return size_; }
   std::size_t capacity() const { return keys_.size(); }
   static std::size_t capacity_for(std::size_t rows) {
     std::size_t cap = 1024;
-    while (rows > cap / 4 * 3) cap *= 2;
+    while (rows > cap / 4 * 3 && cap < (std::size_t{1} << 60)) cap *= 2;
     return cap;
   }
   std::uint64_t find(std::uint64_t key) const {
@@ -518,6 +521,9 @@ status check_options(const log_store_options& o) {
   if (o.read_gap_bytes > o.max_read_bytes)
     return status::invalid_argument(at + ".read_gap_bytes: " + std::to_string(o.read_gap_bytes) +
                                     " is more than max_read_bytes");
+  if (o.expected_rows > (std::size_t{1} << 40))
+    return status::invalid_argument(at + ".expected_rows: " + std::to_string(o.expected_rows) +
+                                    " is more than 2^40");
   if (o.write_buffer_bytes < record || o.write_buffer_bytes > (std::size_t{1} << 30))
     return status::invalid_argument(at +
                                     ".write_buffer_bytes: " + std::to_string(o.write_buffer_bytes) +
@@ -572,6 +578,12 @@ result<std::unique_ptr<log_store<Key>>> log_store<Key>::open(const log_store_opt
   impl& s = *p;
   s.o = options;
   s.o.path = detail::strip_slashes(options.path);
+  try {
+    s.index.presize(options.expected_rows);
+  } catch (const std::bad_alloc&) {
+    return status::out_of_host_memory(s.who() + ": an index for " +
+                                      std::to_string(options.expected_rows) + " rows");
+  }
   s.row_bytes = s.o.row_width * sizeof(float);
   s.record_bytes = sizeof(record_header) + (s.row_bytes + 7) / 8 * 8;
   const std::string state_path = s.o.path + "/state.json";
@@ -764,8 +776,8 @@ std::size_t log_store<Key>::memory_bound(std::size_t rows,
   // The write buffer with a pad; each read thread's run and a walk's chunk, with 4 KiB blocks on
   // both sides.
   const std::size_t blocks = 2 * direct_align;
-  return flat_index::capacity_for(rows) * 16 + options.write_buffer_bytes + blocks +
-         buffered * sizeof(typename impl::pending) +
+  return flat_index::capacity_for(std::max(rows, options.expected_rows)) * 16 +
+         options.write_buffer_bytes + blocks + buffered * sizeof(typename impl::pending) +
          options.read_threads * (options.max_read_bytes + record + blocks) +
          std::max(scan_chunk_bytes, 2 * record + direct_align) + blocks;
 }

@@ -53,14 +53,7 @@ result<std::shared_ptr<param_store<trainer_key>>> make_store(const trainer_confi
     return std::shared_ptr<param_store<trainer_key>>(std::make_shared<host_store<trainer_key>>(so));
   }
   if (tc.store == "log") {
-    log_store_options lo;
-    lo.path = tc.store_path + "/" + tc.name;
-    lo.table_name = tc.name;
-    lo.row_width = row_width;
-    lo.dim = tc.dim;
-    lo.optimizer = to_string(tc.optimizer.kind);
-    // An earlier run's rows are used only when asked for; a resume replaces them anyway.
-    lo.reuse_rows = tc.reuse_store || !config.resume_from.empty();
+    log_store_options lo = log_options_of(config, t);
     // Under a memory budget the table bypasses the page cache, which a memory cgroup charges to
     // the process, as the RocksDB store's does.
     lo.direct_io = config.memory_budget_bytes != 0 && direct_io_supported(tc.store_path);

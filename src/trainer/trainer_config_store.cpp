@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "embcache/log_store.hpp"
+#include "embcache/optimizers.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/trainer/trainer.hpp"
 #include "embcache/training_cache.hpp"
@@ -14,6 +16,8 @@ namespace {
 
 // tables[i].store_block_bytes: 0 (derived) or the RocksDB store's block sizes.
 const int_range store_block_bytes_range{0, rocksdb_max_block_bytes};
+// tables[i].store_rows: a log store's rows (0: from the datasets).
+const int_range store_rows_range{0, std::uint64_t{1} << 40};
 
 }  // namespace
 
@@ -32,6 +36,7 @@ void read_store_fields(object_reader& r, trainer_table_config& tc) {
     r.get_int("dram_tier_bytes", tc.dram_tier_bytes, {0, max_memory_budget});
   }
   r.get_int("store_block_bytes", tc.store_block_bytes, store_block_bytes_range);
+  r.get_int("store_rows", tc.store_rows, store_rows_range);
 }
 
 status validate_store_fields(const trainer_table_config& tc, const std::string& at,
@@ -58,10 +63,28 @@ status validate_store_fields(const trainer_table_config& tc, const std::string& 
   if (tc.store_block_bytes != 0 && tc.store != "rocksdb")
     return status::invalid_argument(at + ".store_block_bytes: blocks are those of a RocksDB " +
                                     "store (store \"rocksdb\"), not store \"" + tc.store + "\"");
+  EMBCACHE_RETURN_IF_ERROR(check_int(at + ".store_rows", tc.store_rows, store_rows_range));
+  if (tc.store_rows != 0 && tc.store != "log")
+    return status::invalid_argument(at + ".store_rows: the rows a log store's index is sized " +
+                                    "for (store \"log\"), not store \"" + tc.store + "\"");
   if (tc.dram_tier_auto && budget == 0)
     return status::invalid_argument(at + ".dram_tier_bytes: \"auto\" takes a share of " +
                                     "config.memory_budget_bytes, which is not set");
   return {};
+}
+
+log_store_options log_options_of(const trainer_config& c, std::size_t t) {
+  const trainer_table_config& tc = c.tables[t];
+  log_store_options o;
+  o.path = tc.store_path + "/" + tc.name;
+  o.table_name = tc.name;
+  o.row_width = tc.dim + state_width(tc.optimizer.kind, tc.dim);
+  o.dim = tc.dim;
+  o.optimizer = to_string(tc.optimizer.kind);
+  o.expected_rows = static_cast<std::size_t>(tc.store_rows);
+  // An earlier run's rows are used only when asked for; a resume replaces them anyway.
+  o.reuse_rows = tc.reuse_store || !c.resume_from.empty();
+  return o;
 }
 
 void store_fields_json(const trainer_table_config& tc, json& j) {
@@ -70,6 +93,7 @@ void store_fields_json(const trainer_table_config& tc, json& j) {
   j["reuse_store"] = tc.reuse_store;
   j["dram_tier_bytes"] = tc.dram_tier_auto ? json("auto") : json(tc.dram_tier_bytes);
   j["store_block_bytes"] = tc.store_block_bytes;
+  j["store_rows"] = tc.store_rows;
 }
 
 std::vector<rocksdb_database_use> rocksdb_databases_of(const trainer_config& c) {

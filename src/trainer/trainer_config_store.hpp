@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config_reader.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/status.hpp"
 
 namespace embcache {
@@ -28,6 +29,10 @@ void read_store_fields(object_reader& r, trainer_table_config& tc);
                                            std::uint64_t budget);
 /// Writes them into the table's JSON object.
 void store_fields_json(const trainer_table_config& tc, json& j);
+
+/// The options the trainer opens table `t`'s log store with (store "log"; direct_io is decided
+/// where it is opened, from the memory budget and the file system).
+log_store_options log_options_of(const trainer_config& c, std::size_t t);
 
 /// One RocksDB database of a configuration: its folder, the first table on it and how many.
 struct rocksdb_database_use {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 
 #include "embcache/shard.hpp"
@@ -61,6 +62,35 @@ result<std::uint64_t> keyset_size(const trainer_config& c, std::size_t t, const 
   }
   return status::invalid_argument(at + ": \"auto\" needs the keyset size of shard '" +
                                   path.string() + "', which '" + manifest + "' does not list");
+}
+
+// The rows table `t`'s log store may come to hold (tables[i].store_rows 0): per dataset folder of
+// the passes' shards, its unique keys when its manifest counted them, else the sum of those
+// shards' keyset sizes; at most 2^40. 0 when a folder has neither.
+std::uint64_t log_rows_of(const trainer_config& c, std::size_t t, manifests& known) {
+  constexpr std::uint64_t most = std::uint64_t{1} << 40;
+  const bool wide_crossed = c.tables[t].name == "wide" && c.crossed;
+  std::set<std::string> counted;
+  std::uint64_t rows = 0;
+  const auto add = [&](std::uint64_t n) { rows = std::min(most, rows + std::min(most, n)); };
+  for (const trainer_pass_config& pass : c.passes) {
+    for (const std::string& shard : pass.shards) {
+      const fs::path path(resolve_data_path(c.data_dir, shard));
+      const std::string folder = path.parent_path().empty() ? "." : path.parent_path().string();
+      const result<dataset_summary>& m = known.of(folder);
+      if (!m.ok()) return 0;
+      if (m.value().has_unique_stats) {
+        if (!counted.insert(folder).second) continue;
+        for (const std::uint64_t n : m.value().unique_keys) add(n);
+        if (wide_crossed) add(m.value().unique_crossed_keys);
+        continue;
+      }
+      auto n = keyset_size(c, t, shard, known);
+      if (!n.ok()) return 0;
+      add(n.value());
+    }
+  }
+  return rows;
 }
 
 }  // namespace
@@ -124,6 +154,10 @@ result<trainer_config> resolve_trainer_config(const trainer_config& given) {
     }
     tc.capacity = largest;
     tc.capacity_auto = false;
+  }
+  for (std::size_t t = 0; t < c.tables.size(); ++t) {
+    if (c.tables[t].store == "log" && c.tables[t].store_rows == 0)
+      c.tables[t].store_rows = log_rows_of(c, t, known);
   }
   EMBCACHE_RETURN_IF_ERROR(validate(c));
   return c;

@@ -322,6 +322,23 @@ std::vector<memory_part> dram_tier_parts(const trainer_config& c) {
   return parts;
 }
 
+// The log stores' indexes, each sized for its tables[i].store_rows up front, with their write
+// and read buffers (log_store::memory_bound; the trainer's keys are int64).
+std::vector<memory_part> log_store_parts(const trainer_config& c) {
+  std::vector<memory_part> parts;
+  for (std::size_t t = 0; t < c.tables.size(); ++t) {
+    if (c.tables[t].store != "log") continue;
+    memory_part p;
+    p.field = "config.tables[" + std::to_string(t) + "].store_rows";
+    p.what = "the log store index of table \"" + c.tables[t].name + "\" (" +
+             std::to_string(c.tables[t].store_rows) + " rows)";
+    p.bytes = log_store<std::int64_t>::memory_bound(
+        static_cast<std::size_t>(c.tables[t].store_rows), detail::log_options_of(c, t));
+    parts.push_back(p);
+  }
+  return parts;
+}
+
 std::uint64_t sum_of(const std::vector<memory_part>& parts) {
   std::uint64_t sum = 0;
   for (const memory_part& p : parts) sum += p.bytes;  // checked against the budget first
@@ -365,6 +382,7 @@ status check_memory(const trainer_config& c, const memory_budget& budget) {
     const rocksdb_store_options defaults;
     const auto databases = detail::rocksdb_databases_of(c);
     for (const memory_part& p : dram_tier_parts(c)) parts.push_back(p);
+    for (const memory_part& p : log_store_parts(c)) parts.push_back(p);
     for (const auto& d : databases)
       parts.push_back(rocksdb_part(d, defaults.block_cache_bytes, defaults.write_buffer_bytes,
                                    defaults.max_write_buffers));
@@ -386,6 +404,7 @@ result<memory_plan> plan_trainer_memory(const trainer_config& c, bool caches_on_
   if (c.memory_budget_bytes == 0) return status::invalid_argument(field + ": not set (0)");
   const run_parts r = parts_of(c, caches_on_device);
   std::vector<memory_part> caches, staging = r.staging, other = dram_tier_parts(c);
+  for (const memory_part& p : log_store_parts(c)) other.push_back(p);
   other.push_back(r.model);
   other.push_back(r.batch);
   if (r.data.bytes != 0 || r.data.overflow) other.push_back(r.data);

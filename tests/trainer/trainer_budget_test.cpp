@@ -394,6 +394,52 @@ TEST(trainer_log_store, the_field_is_checked_and_trains_the_host_stores_model) {
   EMBCACHE_EXPECT_OK(trainer::create(log));
 }
 
+TEST(trainer_log_store, store_rows_comes_from_the_datasets_and_counts_in_the_budget) {
+  json j = {{"passes", {{"a.bin"}}}, {"tables", {{{"name", "wide"}}, {{"name", "deep"}}}}};
+  j["tables"][1]["store_rows"] = 1000;
+  EXPECT_EQ(trainer_config_from_json(j).get_status().message(),
+            "config.tables[1].store_rows: the rows a log store's index is sized for (store "
+            "\"log\"), not store \"host\"");
+  j["tables"][1]["store"] = "log";
+  j["tables"][1]["store_path"] = "/logs";
+  auto r = trainer_config_from_json(j);
+  EMBCACHE_ASSERT_OK(r);
+  json back;
+  to_json(back, r.value());
+  EXPECT_EQ(back["tables"][1]["store_rows"], 1000);
+  j["tables"][1]["store_rows"] = (std::uint64_t{1} << 40) + 1;
+  EXPECT_NE(trainer_config_from_json(j).get_status().message().find("store_rows"),
+            std::string::npos);
+
+  // 0: the unique keys the dataset's manifest counted (slot keys; the wide table's crossed keys
+  // too, as the run crosses).
+  trainer_config c = small_config("log_rows");
+  for (auto& tc : c.tables) {
+    tc.store = "log";
+    tc.store_path = temp_dir("log_rows") + "/logs";
+  }
+  auto m = read_dataset_manifest(dataset());
+  EMBCACHE_ASSERT_OK(m);
+  ASSERT_TRUE(m.value().has_unique_stats);
+  std::uint64_t slot_keys = 0;
+  for (auto n : m.value().unique_keys) slot_keys += n;
+  auto resolved = resolve_trainer_config(c);
+  EMBCACHE_ASSERT_OK(resolved);
+  EXPECT_EQ(resolved.value().tables[1].store_rows, slot_keys);
+  EXPECT_EQ(resolved.value().tables[0].store_rows, slot_keys + m.value().unique_crossed_keys);
+  // The index sized for them is part of the budget: too many rows is refused before any work.
+  c.memory_budget_bytes = 512 * mib;
+  c.tables[1].store_rows = std::uint64_t{1} << 30;
+  auto t = trainer::create(c);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.get_status().code(), status_code::capacity_exceeded);
+  EXPECT_NE(t.get_status().message().find("config.tables[1].store_rows: the log store index of "
+                                          "table \"deep\" (1073741824 rows) needs"),
+            std::string::npos)
+      << t.get_status().message();
+  EXPECT_FALSE(fs::exists(c.tables[1].store_path));
+}
+
 #ifdef EMBCACHE_TEST_ROCKSDB
 // The RocksDB database's options as RocksDB wrote them (its latest OPTIONS file).
 std::string rocksdb_options_text(const std::string& db) {

@@ -87,6 +87,13 @@ struct trainer_table_config {
   /// "rocksdb". The size is the table's from its creation: reopened (resume_from, reuse_store)
   /// it keeps it, and another nonzero size is refused.
   std::size_t store_block_bytes = 0;
+  /// The most rows the table's log store (store "log") holds: its index in memory is sized for
+  /// them up front and counted in memory_budget_bytes (log_store::memory_bound). Default 0:
+  /// resolve_trainer_config sets it to the unique keys of the datasets the passes' shards come
+  /// from (their manifest.json's unique counts: slot keys, plus crossed keys for the wide table
+  /// when `crossed`), or, for a dataset without them, the sum of its shards' keyset sizes; it
+  /// stays 0 (the index grows on demand, uncounted) only without a manifest. 0 to 2^40.
+  std::uint64_t store_rows = 0;
   float init_scale = 0.01f;  ///< new rows start uniform in [-scale, scale) (default 0.01)
   /// Feature admission of the table (`"admission": {...}`, embcache/admission.hpp); default off.
   /// A refused key gets no gradient and reads zeros, or with `"default_row": "slot"` the fixed
