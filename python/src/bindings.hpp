@@ -9,7 +9,7 @@ namespace py = pybind11;
 
 void bind_cache(py::module_& m);       // EmbeddingCache (cache_bindings.cpp)
 void bind_cuda_cache(py::module_& m);  // CudaEmbeddingCache (cuda_cache_bindings.cpp; CUDA builds)
-void bind_stores(py::module_& m);      // HostStore, RocksDBStore (store_bindings.cpp)
+void bind_stores(py::module_& m);      // HostStore, RocksDBStore, LogStore (store_bindings.cpp)
 void bind_training(py::module_& m);    // TrainingCache, TableOptions (training_bindings.cpp)
 void bind_bags(py::module_& m);  // EmbeddingBag: pooling and the in-row update (bag_bindings.cpp)
 void bind_data(py::module_& m);  // keysets, shards, dataset manifests (data_bindings.cpp)

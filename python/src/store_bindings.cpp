@@ -1,6 +1,6 @@
-// HostStore and RocksDBStore: param_store<int64> (param_store.hpp, host_store.hpp,
-// rocksdb_store.hpp), and the same classes over uint32 keys (HostStoreU32, ...). Calls release the
-// GIL and are serialized per store.
+// HostStore, RocksDBStore and LogStore: param_store<int64> (param_store.hpp, host_store.hpp,
+// rocksdb_store.hpp, log_store.hpp), and the same classes over uint32 keys (HostStoreU32, ...).
+// Calls release the GIL and are serialized per store.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -14,6 +14,7 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/log_store.hpp"
 #include "errors.hpp"
 #include "names.hpp"
 #include "store_ref.hpp"
@@ -195,7 +196,45 @@ rocksdb_store_ref_of<Key> open_rocksdb(const std::string& path, const std::strin
 }
 #endif
 
-// The classes of one key type: ParamStore, HostStore, RocksDBStore, with key_suffix<Key>().
+template <class Key>
+log_store_ref_of<Key> open_log(const std::string& path, const std::string& table_name,
+                               std::size_t row_width, std::size_t dim, const std::string& optimizer,
+                               bool create_if_missing, bool reuse_rows, std::uint64_t segment_bytes,
+                               double max_space_amplification, std::size_t read_threads,
+                               bool direct_io, std::size_t expected_rows) {
+  log_store_options o;
+  o.path = path;
+  o.table_name = table_name;
+  o.row_width = row_width;
+  o.dim = dim;
+  o.optimizer = optimizer;
+  o.create_if_missing = create_if_missing;
+  o.reuse_rows = reuse_rows;
+  o.segment_bytes = segment_bytes;
+  o.max_space_amplification = max_space_amplification;
+  o.read_threads = read_threads;
+  o.direct_io = direct_io;
+  o.expected_rows = expected_rows;
+  result<std::unique_ptr<log_store<Key>>> r = [&] {
+    py::gil_scoped_release nogil;
+    return log_store<Key>::open(o);
+  }();
+  log_store_ref_of<Key> ref;
+  ref.store = take(std::move(r));
+  return ref;
+}
+
+// fn(store) on the log store behind `s`, under the store's lock (a push from another thread
+// changes what the accessors read).
+template <class Key, class Fn>
+auto with_log_store(store_ref_of<Key>& s, Fn fn) {
+  py::gil_scoped_release nogil;  // before the lock: its holder may need the GIL back
+  std::lock_guard<std::mutex> lock(*s.calls);
+  return fn(static_cast<const log_store<Key>&>(*s.store));
+}
+
+// The classes of one key type: ParamStore, HostStore, RocksDBStore, LogStore, with
+// key_suffix<Key>().
 template <class Key>
 void bind_store_classes(py::module_& m) {
   using store_ref = store_ref_of<Key>;
@@ -316,6 +355,71 @@ the table's from its creation: 0 keeps a reopened table's, another size is an er
           "What pull and contains have read: {'keys_looked_up', 'keys_scanned', 'scan_steps', "
           "'scan_seeks'}.");
 #endif
+
+  using log_store_ref = log_store_ref_of<Key>;
+  const log_store_options log_defaults;
+  const std::string log_doc =
+      "\nParameter store of one table on disk (C++ log_store<" + k +
+      "_t>): rows appended to segment files in\na folder, found through an index of key to "
+      "location in memory; the oldest segment is cleaned\nwhen the segments outgrow the live "
+      "rows.\n";
+  py::class_<log_store_ref, store_ref>(m, ("LogStore" + sfx).c_str(), log_doc.c_str())
+      .def(py::init(&open_log<Key>), py::arg("path"), py::arg("table_name"), py::arg("row_width"),
+           py::arg("dim") = log_defaults.dim, py::arg("optimizer") = log_defaults.optimizer,
+           py::arg("create_if_missing") = log_defaults.create_if_missing,
+           py::arg("reuse_rows") = log_defaults.reuse_rows,
+           py::arg("segment_bytes") = log_defaults.segment_bytes,
+           py::arg("max_space_amplification") = log_defaults.max_space_amplification,
+           py::arg("read_threads") = log_defaults.read_threads,
+           py::arg("direct_io") = log_defaults.direct_io,
+           py::arg("expected_rows") = log_defaults.expected_rows,
+           R"doc(Opens (or creates) the table `table_name` in the folder `path` (log_store_options;
+a checkpoint() folder opens the same way). `dim` and `optimizer` are recorded when the folder is
+created and checked on open when set (another row width, dim or optimizer is InvalidArgumentError
+naming both; a folder of another table NotFoundError). `create_if_missing` False makes a folder
+without a table NotFoundError. `reuse_rows` False refuses a folder that already holds rows
+(InvalidArgumentError: a fresh run does not train from old rows). `segment_bytes` starts a new
+segment file at this size (256 MiB, 1 MiB to 1 TiB); `max_space_amplification` is how many times
+the live rows' bytes the segments may hold before the oldest is cleaned (2.0, 1.25 to 16);
+`read_threads` the threads of one pull (8, 1 to 256); `direct_io` reads and writes with O_DIRECT,
+bypassing the page cache (the folder's file system must accept it: direct_io_supported(path));
+`expected_rows` presizes the index (0: it grows on demand). A bad option is InvalidArgumentError
+naming the field. The folder is locked while the store is open: a second LogStore on it (in this
+process or another) is InvalidArgumentError.)doc")
+      .def_property_readonly(
+          "counters",
+          [](log_store_ref& s) {
+            const log_store_counters c =
+                with_log_store(s, [](const log_store<Key>& l) { return l.counters(); });
+            py::dict d;
+            d["rows_pulled"] = c.rows_pulled;
+            d["reads"] = c.reads;
+            d["bytes_read"] = c.bytes_read;
+            d["bytes_appended"] = c.bytes_appended;
+            d["bytes_cleaned"] = c.bytes_cleaned;
+            d["segments_cleaned"] = c.segments_cleaned;
+            return d;
+          },
+          "Counts since the store was opened: {'rows_pulled', 'reads', 'bytes_read', "
+          "'bytes_appended', 'bytes_cleaned', 'segments_cleaned'}.")
+      .def_property_readonly(
+          "disk_bytes",
+          [](log_store_ref& s) {
+            return with_log_store(s, [](const log_store<Key>& l) { return l.disk_bytes(); });
+          },
+          "Bytes of the segment files on disk.")
+      .def_property_readonly(
+          "live_bytes",
+          [](log_store_ref& s) {
+            return with_log_store(s, [](const log_store<Key>& l) { return l.live_bytes(); });
+          },
+          "Bytes of the live rows' records among the segments.")
+      .def_property_readonly(
+          "memory_bytes",
+          [](log_store_ref& s) {
+            return with_log_store(s, [](const log_store<Key>& l) { return l.memory_bytes(); });
+          },
+          "Bytes of host memory the store holds (index, buffers).");
 }
 
 }  // namespace
@@ -328,6 +432,14 @@ void bind_stores(py::module_& m) {
 #else
   m.attr("HAVE_ROCKSDB") = false;
 #endif
+  m.def(
+      "direct_io_supported",
+      [](const std::string& path) {
+        return without_gil([&] { return direct_io_supported(path); });
+      },
+      py::arg("path"),
+      R"doc(Whether the file system holding `path` (or its nearest existing parent folder) accepts
+O_DIRECT files, as LogStore(direct_io=True) needs. Creates and removes a probe file there.)doc");
 }
 
 }  // namespace embcache::python

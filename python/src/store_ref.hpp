@@ -18,11 +18,13 @@ struct store_ref_of {
 };
 using store_ref = store_ref_of<std::int64_t>;
 
-/// The Python classes HostStore and RocksDBStore (subclasses of ParamStore), and their uint32
-/// twins HostStoreU32 and RocksDBStoreU32 (of ParamStoreU32).
+/// The Python classes HostStore, RocksDBStore and LogStore (subclasses of ParamStore), and their
+/// uint32 twins HostStoreU32, RocksDBStoreU32 and LogStoreU32 (of ParamStoreU32).
 template <class Key>
 struct host_store_ref_of : store_ref_of<Key> {};
 template <class Key>
 struct rocksdb_store_ref_of : store_ref_of<Key> {};
+template <class Key>
+struct log_store_ref_of : store_ref_of<Key> {};
 
 }  // namespace embcache::python
