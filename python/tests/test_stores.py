@@ -129,6 +129,7 @@ def test_rocksdb_store_read_paths_read_the_same_rows(tmp_path):
         embcache.RocksDBStore(str(tmp_path / "x"), "t", row_width=1, read_path="fast")
 
 
+@pytest.mark.skipif(not embcache.HAVE_ROCKSDB, reason="built without RocksDB")
 def test_rocksdb_store_block_bytes_sets_the_tables_blocks(tmp_path):
     keys = np.arange(0, 20000, 2, dtype=np.int64)
     rows = np.random.default_rng(4).random((keys.size, 6), dtype=np.float32)
