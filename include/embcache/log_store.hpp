@@ -19,14 +19,20 @@
 /// key, checksum) and a damaged one is corruption naming the file and offset. for_each reads the
 /// segments in order, sequentially.
 ///
-/// Memory: `memory_bytes() <= memory_bound(rows)`: 16 bytes of index per row at a load of 3/8 to
-/// 3/4 (at most 43 bytes a row), plus the write buffer and each read thread's buffer.
+/// Memory: `memory_bytes() <= memory_bound(rows)`, `rows` the most rows held at once (the index
+/// does not shrink): 16 bytes of index a slot, at most 3/4 full (at most 43 bytes a row; while
+/// it doubles, the old and the new index are held together), the write buffer and its pending
+/// changes, each read thread's buffer and one walk's chunk. A call also holds its own temporaries
+/// for the time it runs: a pull 16 bytes a key, an erase 8, an iteration its batch.
 ///
 /// Durability: flush() fdatasyncs the segments written since the last flush and then records
 /// them in state.json (written atomically). Opening after a crash keeps every row a flush made
-/// durable, replays what reached the disk after it up to the first damaged record of each
-/// segment, cuts the rest off and starts a new segment; damage inside the durable part is
-/// corruption. One process at a time: the folder is locked (`LOCK`).
+/// durable and replays what reached the disk after it, up to its first damaged record: that
+/// record and everything after it are cut off, so the store holds the flushed state plus a
+/// prefix of what followed. Damage inside the durable part is corruption. A failed fdatasync, or
+/// a failed write that cannot be cut off the file, breaks the store: every later change and
+/// flush returns that error (reopen it to go on from what is durable). One process at a time:
+/// the folder is locked (`LOCK`). The store holds one file descriptor per segment.
 ///
 /// Concurrency: calls on one store must not overlap (param_store's rule); pull reads in
 /// parallel inside. Records are little-endian: a folder moves between little-endian machines.
@@ -60,7 +66,9 @@ struct log_store_options {
   /// Opens a table that already holds rows; default true. false refuses one with
   /// invalid_argument naming the table (a fresh run must not train from old rows).
   bool reuse_rows = true;
-  /// A new segment starts when the current one reaches this size; default 256 MiB (1 MiB..1 TiB).
+  /// A new segment starts when the current one reaches this size; default 256 MiB (1 MiB to
+  /// 512 GiB). Segment ids are not reused: 2^24 - 1 segments can be written over the store's
+  /// life (4 PiB at the default).
   std::uint64_t segment_bytes = std::uint64_t{256} << 20;
   /// The segments may hold at most this many times the live rows' bytes (plus two segments)
   /// before the oldest is cleaned; default 2.0 (1.25..16). Lower: less disk, more rewriting.
@@ -105,8 +113,10 @@ class log_store final : public scanning_param_store<Key> {
   /// the field; a folder without a table when `create_if_missing` is false is not_found; a folder
   /// of another table is not_found naming both; another row width, key size, dim or optimizer
   /// is invalid_argument naming both ("row_width 7 ..., expected 6"); rows present with
-  /// `reuse_rows` false are invalid_argument; a damaged durable part is corruption naming the
-  /// file and offset; a folder locked by another process is invalid_argument.
+  /// `reuse_rows` false are invalid_argument; a damaged durable part, a missing segment, a
+  /// segment that is not a regular file or segments without state.json are corruption naming
+  /// the file (and offset); a folder locked by another process is invalid_argument. The folder
+  /// is changed (a torn tail cut, leftover segments removed) only once the open is accepted.
   static result<std::unique_ptr<log_store>> open(const log_store_options& options);
   ~log_store() override;
   log_store(const log_store&) = delete;
@@ -118,7 +128,9 @@ class log_store final : public scanning_param_store<Key> {
               std::uint64_t* versions_out = nullptr) override;
   /// Appends the rows, then cleans the oldest segments while the space bound is exceeded. A
   /// failed write (a full disk: out_of_space) leaves the store as it was before the batch's
-  /// first unwritten record; the rows written before it are in.
+  /// first unwritten record; the rows written before it are in. A failure of the cleaning is
+  /// returned though every row of the batch is in (pushing them again is harmless). Without
+  /// `versions`, a store whose max_version is 2^64 - 1 refuses with capacity_exceeded.
   status push(const Key* keys, std::size_t n, const float* rows,
               const std::uint64_t* versions = nullptr) override;
   status erase(const Key* keys, std::size_t n, std::size_t* erased_out = nullptr) override;
@@ -126,9 +138,9 @@ class log_store final : public scanning_param_store<Key> {
   std::size_t size() const noexcept override;
   std::uint64_t max_version() const noexcept override;
   status flush() override;
-  /// Writes `dir` as a log_store folder of this table holding the live rows in one segment
-  /// (fsynced, then renamed into place): open it with `path` = `dir`. A full disk gives
-  /// out_of_space and leaves no folder; the store is not changed.
+  /// Writes `dir` as a log_store folder of this table holding the live rows in segments of at
+  /// most segment_bytes (fsynced, then renamed into place): open it with `path` = `dir`. A full
+  /// disk gives out_of_space and leaves no folder; the store is not changed.
   status checkpoint(const std::string& dir) override;
 
   /// Bytes of the segments on disk, and of the live rows' records among them.

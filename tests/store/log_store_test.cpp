@@ -136,7 +136,8 @@ void expect_a_torn_tail_cut(bool direct) {
   auto s = open_log(o);
   EXPECT_EQ(s->size(), keys.size());
   EXPECT_EQ(fs::file_size(seg), flushed);
-  EXPECT_EQ(fs::file_size(o.path + "/seg-00000002.log"), 0u);
+  // The log ends at the first damage: what came after it is gone.
+  EXPECT_FALSE(fs::exists(o.path + "/seg-00000002.log"));
   std::map<std::int64_t, std::vector<float>> want;
   auto rows = make_rows(keys, 8, 1);
   for (std::size_t i = 0; i < keys.size(); ++i)
@@ -270,8 +271,30 @@ TEST(log_store, a_full_disk_is_out_of_space_and_loses_nothing_written) {
   for (std::size_t i = 0; i < keep.size(); ++i)
     want[keep[i]].assign(rows.begin() + i * 64, rows.begin() + (i + 1) * 64);
   expect_log_pulls(*s, want);
-  const std::size_t held = s->size();
-  EXPECT_EQ(log_rows_of(*s).size(), held);
+  const auto held = log_rows_of(*s);
+  EXPECT_EQ(held.size(), s->size());
+  // The failed write was cut off: reopened, the store holds what it held, nothing of the batch
+  // that failed.
+  s.reset();
+  auto again = open_log(o);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(log_rows_of(*again), held);
+}
+
+TEST(log_store, segments_without_a_state_are_refused_and_left_alone) {
+  scratch_dir dir;
+  auto o = log_options(dir.sub("t"), 8);
+  auto keys = make_keys<std::int64_t>(100);
+  {
+    auto s = open_log(o);
+    EMBCACHE_ASSERT_OK(s->push(keys.data(), keys.size(), make_rows(keys, 8, 1).data()));
+  }
+  fs::remove(o.path + "/state.json");
+  const auto before = fs::file_size(o.path + "/seg-00000001.log");
+  auto r = log64::open(o);
+  EXPECT_EQ(r.get_status().code(), status_code::corruption) << r.get_status().to_string();
+  EXPECT_NE(r.get_status().message().find("no state.json"), std::string::npos);
+  EXPECT_EQ(fs::file_size(o.path + "/seg-00000001.log"), before);
 }
 
 // The crash test runs this in a child process (this binary, re-executed), then kills it.
