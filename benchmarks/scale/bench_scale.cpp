@@ -1,10 +1,12 @@
-// bench_scale: the training cache over a RocksDB table far larger than the process's memory.
-// Driven by run_scale.sh, which runs it under a memory cgroup; not in CI.
+// bench_scale: the training cache over a RocksDB or log table far larger than the process's
+// memory. Driven by run_scale.sh, which runs it under a memory cgroup; not in CI.
 //
 //   bench_scale build DIR ROWS WIDTH
 //     writes a table of ROWS rows of WIDTH floats into DIR/db: ascending keys in large write
 //     batches with the WAL off, so that flushes produce non-overlapping SST files that
 //     compaction moves instead of rewriting.
+//   bench_scale build-log DIR ROWS WIDTH
+//     writes the same rows into a log store at DIR/log (O_DIRECT where the file system allows).
 //   bench_scale passes DIR ROWS WIDTH [name=value ...]
 //     runs keyset passes of a training cache over that table (or, with host=1, over a host store
 //     holding it: the in-memory baseline) and prints one JSON line per pass and one summary line.
@@ -24,6 +26,8 @@
 //   train_rows_per_s=R [50000]  the simulated training consumes the keyset at this rate
 //                         (every row is rewritten once, then the pass waits out the rest)
 //   host=0|1 [0]          the baseline: the table in a host_store (loaded first, not timed)
+//   log=0|1 [0]           the log store at DIR/log instead of RocksDB (direct_reads: O_DIRECT;
+//                         the budget counts its index, sized for ROWS)
 //   seed=N [1]
 #include <sys/resource.h>
 
@@ -42,6 +46,7 @@
 
 #include "embcache/embedding_cache.hpp"
 #include "embcache/host_store.hpp"
+#include "embcache/log_store.hpp"
 #include "embcache/memory_plan.hpp"
 #include "embcache/rocksdb_store.hpp"
 #include "embcache/tiered_store.hpp"
@@ -137,6 +142,44 @@ int build(const std::string& dir, std::uint64_t rows, std::size_t width) {
   return 0;
 }
 
+embcache::log_store_options log_options(const std::string& dir, std::uint64_t rows,
+                                        std::size_t width) {
+  embcache::log_store_options o;
+  o.path = dir + "/log";
+  o.table_name = "scale";
+  o.row_width = width;
+  o.expected_rows = rows;
+  o.direct_io = embcache::direct_io_supported(dir);
+  return o;
+}
+
+int build_log(const std::string& dir, std::uint64_t rows, std::size_t width) {
+  auto o = log_options(dir, rows, width);
+  o.reuse_rows = false;
+  auto opened = embcache::log_store<key>::open(o);
+  check(opened.get_status(), "opening the log table");
+  auto store = std::move(opened).value();
+  const std::size_t chunk = 1 << 16;
+  std::vector<key> keys(chunk);
+  std::vector<float> values(chunk * width);
+  const auto t0 = clock_type::now();
+  for (std::uint64_t b = 0; b < rows; b += chunk) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, rows - b));
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = key_of(b + i);
+      std::fill_n(values.begin() + i * width, width, float((b + i) % 1009) * 0.001f);
+    }
+    check(store->push(keys.data(), n, values.data()), "writing the log table");
+  }
+  check(store->flush(), "flushing the log table");
+  std::printf(
+      "{\"build_log_rows\": %llu, \"width\": %zu, \"seconds\": %.1f, \"rows_per_s\": %.0f, "
+      "\"direct_io\": %d}\n",
+      static_cast<unsigned long long>(rows), width, seconds_since(t0),
+      double(rows) / seconds_since(t0), int(o.direct_io));
+  return 0;
+}
+
 // Draws keysets of `distinct` keys from a Zipf law over the table's rows (a continuous
 // approximation of the inverse CDF); the ranks are scattered over the rows by a multiplicative
 // hash, so that hot keys are not neighbours on disk. A keyset that is a large fraction of the
@@ -179,6 +222,7 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
   const double fraction = number(opt, "fraction", 0.05);
   const bool prefetch = number(opt, "prefetch", 1) != 0;
   const bool host = number(opt, "host", 0) != 0;
+  const bool log = number(opt, "log", 0) != 0;
   const bool dram_tier = number(opt, "dram_tier", 0) != 0;
   const std::uint64_t budget = std::uint64_t(number(opt, "budget", 0));
   const double train_rate = number(opt, "train_rows_per_s", 5e4);
@@ -203,6 +247,8 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
   embcache::memory_plan plan;
   auto o = store_options(dir, width);
   o.use_direct_reads = number(opt, "direct_reads", 1) != 0;
+  auto lo = log_options(dir, rows, width);
+  lo.direct_io = lo.direct_io && o.use_direct_reads;
   o.block_cache_bytes = std::size_t(number(opt, "block_cache", double(64 << 20)));
   if (budget != 0) {
     embcache::memory_plan_options po;
@@ -220,7 +266,8 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
                        std::uint64_t(capacity) * 41 + chunk * (3 * row + 16) +
                        2 * std::min<std::uint64_t>(capacity, copt.prefetch_batch) * row;
     po.other_bytes = std::uint64_t(distinct) * 3 * sizeof(key);  // the keysets in flight
-    po.rocksdb_column_families = 2;
+    po.rocksdb_column_families = log ? 0 : 2;
+    if (log) po.other_bytes += embcache::log_store<key>::memory_bound(std::size_t(rows), lo);
     po.dram_tier = dram_tier;
     auto p = embcache::plan_memory(po);
     check(p.get_status(), "budget");
@@ -240,6 +287,10 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
                                              std::size_t n) { return hs->push(k, n, r, v); }),
           "loading the host store");
     store = hs;
+  } else if (log) {
+    auto ls = embcache::log_store<key>::open(lo);
+    check(ls.get_status(), "opening the log table");
+    store = std::shared_ptr<embcache::param_store<key>>(std::move(ls).value());
   } else {
     auto rs = embcache::rocksdb_store<key>::open(o);
     check(rs.get_status(), "opening the table");
@@ -262,14 +313,15 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
   embcache::training_cache<key> cache(copt, {t});
 
   std::printf(
-      "{\"rows\": %llu, \"width\": %zu, \"keyset\": %zu, \"host\": %d, \"prefetch\": %d, "
+      "{\"rows\": %llu, \"width\": %zu, \"keyset\": %zu, \"host\": %d, \"log\": %d, \"prefetch\": "
+      "%d, "
       "\"budget\": %llu, \"block_cache\": %zu, \"memtables\": %llu, \"dram_tier\": %llu, "
       "\"direct_reads\": %d, \"staging\": %zu, \"write_back\": %zu, \"plan_staging\": %llu}\n",
-      static_cast<unsigned long long>(rows), width, distinct, int(host), int(prefetch),
+      static_cast<unsigned long long>(rows), width, distinct, int(host), int(log), int(prefetch),
       static_cast<unsigned long long>(budget), o.block_cache_bytes,
       static_cast<unsigned long long>(plan.memtable_bytes),
-      static_cast<unsigned long long>(plan.dram_tier_bytes), int(o.use_direct_reads),
-      copt.staging_bytes, copt.write_back_bytes,
+      static_cast<unsigned long long>(plan.dram_tier_bytes),
+      int(log ? lo.direct_io : o.use_direct_reads), copt.staging_bytes, copt.write_back_bytes,
       static_cast<unsigned long long>(plan.staging_bytes));
   std::fflush(stdout);
   std::vector<key> current = draw.keyset(distinct), next;
@@ -337,9 +389,11 @@ int passes(const std::string& dir, std::uint64_t rows, std::size_t width,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 5 || (std::strcmp(argv[1], "build") != 0 && std::strcmp(argv[1], "passes") != 0)) {
+  if (argc < 5 || (std::strcmp(argv[1], "build") != 0 && std::strcmp(argv[1], "build-log") != 0 &&
+                   std::strcmp(argv[1], "passes") != 0)) {
     std::fprintf(stderr,
                  "usage: bench_scale build DIR ROWS WIDTH\n"
+                 "       bench_scale build-log DIR ROWS WIDTH\n"
                  "       bench_scale passes DIR ROWS WIDTH [name=value ...]\n");
     return 2;
   }
@@ -351,5 +405,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (std::strcmp(argv[1], "build") == 0) return build(dir, rows, width);
+  if (std::strcmp(argv[1], "build-log") == 0) return build_log(dir, rows, width);
   return passes(dir, rows, width, parse_options(argc, argv, 5));
 }

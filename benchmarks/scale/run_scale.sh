@@ -27,6 +27,8 @@
 #                      log 1420, since the budget counts the log stores' indexes, 64 MiB a
 #                      table here, where the RocksDB run gives a 42 MiB block cache)
 #     --skip-passes    skip the bench_scale runs (the tables are still built)
+#     --pass-stores LIST   the stores of the bench_scale runs over the big table: rocksdb, log or
+#                      rocksdb,log (default rocksdb; log builds its own copy of the table)
 #     --trainer-only   only item 4 (implies --trainer): no fio, no tables, no bench_scale runs
 #     --train-staging-mib N, --train-write-back-mib N   staging_bytes and write_back_bytes of
 #                      the RocksDB trainer run (defaults 192 and 0; 0: from its memory budget,
@@ -73,6 +75,7 @@ train_staging_mib=192
 train_write_back_mib=0
 train_block_bytes=0
 train_store=rocksdb
+pass_stores=rocksdb
 train_samples=3000000
 train_shard_samples=250000
 train_passes=3
@@ -94,6 +97,7 @@ while [ $# -gt 0 ]; do
     --train-write-back-mib) train_write_back_mib=$2; shift 2 ;;
     --train-block-bytes) train_block_bytes=$2; shift 2 ;;
     --train-store) train_store=$2; shift 2 ;;
+    --pass-stores) pass_stores=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --width) width=$2; shift 2 ;;
@@ -200,15 +204,24 @@ if [ "$trainer_only" = 0 ]; then
 keys=$(python3 -c "print(int($rows * $fraction))")
 small_rows=$((keys * 4))
 small_fraction=0.25
+has_store() { case ",$pass_stores," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 for t in big small; do
   n=$rows
   [ $t = small ] && n=$small_rows
-  if [ "$(cat "$dir/$t/built" 2>/dev/null)" != "$n $width" ]; then
+  if [ $t = big ] && ! has_store rocksdb; then
+    :
+  elif [ "$(cat "$dir/$t/built" 2>/dev/null)" != "$n $width" ]; then
     rm -rf "${dir:?}/$t"
     mkdir -p "$dir/$t"
     say "$(/usr/bin/time -f '{"build_max_rss_kib": %M}' "$exe" build "$dir/$t" "$n" "$width" 2>&1 \
       | grep -v -e '^bench_scale: .* rows written' -e '^rocksdb: \[WARN\]' | tr '\n' ' ')"
     echo "$n $width" > "$dir/$t/built"
+  fi
+  if [ $t = big ] && has_store log && [ "$(cat "$dir/$t/log_built" 2>/dev/null)" != "$n $width" ]; then
+    rm -rf "${dir:?}/$t/log"
+    mkdir -p "$dir/$t"
+    say "$(/usr/bin/time -f '{"build_max_rss_kib": %M}' "$exe" build-log "$dir/$t" "$n" "$width" 2>&1 | tr '\n' ' ')"
+    echo "$n $width" > "$dir/$t/log_built"
   fi
   say "{\"table\": \"$t\", \"rows\": $n, \"disk_mib\": $(du -sm "$dir/$t" | cut -f1)}"
 done
@@ -222,10 +235,18 @@ run() {  # label cap_mib table rows fraction extra-options...
 fi
 budget=$((budget_mib << 20))
 if [ "$skip_passes" = 0 ]; then
+if has_store rocksdb; then
 run "ssd, prefetch, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" budget=$budget prefetch=1
 run "ssd, synchronous, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" budget=$budget prefetch=0
 run "ssd, prefetch, DRAM tier, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" \
   budget=$budget prefetch=1 dram_tier=1
+fi
+if has_store log; then
+run "ssd log store, prefetch, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" \
+  budget=$budget prefetch=1 log=1
+run "ssd log store, synchronous, cap ${cap_mib} MiB" "$cap_mib" big "$rows" "$fraction" \
+  budget=$budget prefetch=0 log=1
+fi
 run "in memory (host store), prefetch, no cap" 0 small "$small_rows" "$small_fraction" host=1 prefetch=1
 run "in memory (host store), synchronous, no cap" 0 small "$small_rows" "$small_fraction" host=1 prefetch=0
 fi
