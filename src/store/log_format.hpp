@@ -36,6 +36,8 @@ inline constexpr std::uint64_t offset_mask = (std::uint64_t{1} << offset_bits) -
 inline constexpr std::uint64_t max_segment_id = (std::uint64_t{1} << 24) - 1;
 inline constexpr std::uint64_t max_segment_bytes = std::uint64_t{1} << 39;
 inline constexpr std::size_t scan_chunk_bytes = std::size_t{4} << 20;
+// Sequence numbers past this are damage: a store appends far fewer records in its life.
+inline constexpr std::uint64_t max_seq = std::uint64_t{1} << 62;
 
 struct record_header {
   std::uint32_t magic;

@@ -144,6 +144,9 @@ result<std::unique_ptr<log_store<Key>>> log_store<Key>::open(const log_store_opt
   EMBCACHE_RETURN_IF_ERROR(state_field(j, "optimizer", state_path, &optimizer));
   EMBCACHE_RETURN_IF_ERROR(state_field(j, "max_version", state_path, &s.max_version));
   EMBCACHE_RETURN_IF_ERROR(state_field(j, "next_seq", state_path, &next_seq));
+  if (next_seq > max_seq)
+    return status::corruption(s.who() + ": '" + state_path + "': next_seq " +
+                              std::to_string(next_seq) + " is out of range");
   if (table != s.o.table_name)
     return status::not_found(s.who() + ": the folder '" + s.o.path + "' holds table '" + table +
                              "', not '" + s.o.table_name + "'");
@@ -216,14 +219,16 @@ result<std::unique_ptr<log_store<Key>>> log_store<Key>::open(const log_store_opt
     if (!S_ISREG(st.st_mode))
       return status::corruption(s.who() + ": segment '" + path + "' is not a regular file");
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < want)
+    // Only the last listed segment and the unlisted ones were written after the last flush.
+    const bool sealed = k + 1 < durable.size();
+    if (size < want || (sealed && size != want))
       return status::corruption(s.who() + ": segment '" + path + "' is " + std::to_string(size) +
                                 " bytes, state.json says " + std::to_string(want));
     auto& seg = s.segs.back();
     bool tail = false;
     std::uint64_t out_of_sequence = 0;  // 1 + the offset of a tail record that goes back
     auto apply = [&](std::uint64_t loc, const record_header& h, const char*) -> status {
-      if (h.seq <= prev_seq) {
+      if (h.seq <= prev_seq || h.seq > max_seq) {
         if (!tail) return s.corrupt(path, loc & offset_mask, "records out of sequence");
         out_of_sequence = 1 + (loc & offset_mask);
         return status::corruption("");  // ends the walk; the log ends here
