@@ -114,12 +114,9 @@ embcache::rocksdb_store_options store_options(const std::string& dir, std::size_
   return o;
 }
 
-int build(const std::string& dir, std::uint64_t rows, std::size_t width) {
-  auto o = store_options(dir, width);
-  o.existing_rows = embcache::existing_rows_policy::refuse;
-  auto opened = embcache::rocksdb_store<key>::open(o);
-  check(opened.get_status(), "opening the table");
-  auto store = std::move(opened).value();
+// Pushes the table's ROWS rows (ascending keys, in batches of 65536), then flushes: every
+// build writes the same rows. Returns the seconds it took.
+double write_table(embcache::param_store<key>& store, std::uint64_t rows, std::size_t width) {
   const std::size_t chunk = 1 << 16;
   std::vector<key> keys(chunk);
   std::vector<float> values(chunk * width);
@@ -130,15 +127,23 @@ int build(const std::string& dir, std::uint64_t rows, std::size_t width) {
       keys[i] = key_of(b + i);
       std::fill_n(values.begin() + i * width, width, float((b + i) % 1009) * 0.001f);
     }
-    check(store->push(keys.data(), n, values.data()), "writing the table");
+    check(store.push(keys.data(), n, values.data()), "writing the table");
     if ((b / chunk) % 64 == 63)
       std::fprintf(stderr, "bench_scale: %llu rows written, %.0f s\n",
                    static_cast<unsigned long long>(b + n), seconds_since(t0));
   }
-  check(store->flush(), "flushing the table");
+  check(store.flush(), "flushing the table");
+  return seconds_since(t0);
+}
+
+int build(const std::string& dir, std::uint64_t rows, std::size_t width) {
+  auto o = store_options(dir, width);
+  o.existing_rows = embcache::existing_rows_policy::refuse;
+  auto opened = embcache::rocksdb_store<key>::open(o);
+  check(opened.get_status(), "opening the table");
+  const double s = write_table(*opened.value(), rows, width);
   std::printf("{\"build_rows\": %llu, \"width\": %zu, \"seconds\": %.1f, \"rows_per_s\": %.0f}\n",
-              static_cast<unsigned long long>(rows), width, seconds_since(t0),
-              double(rows) / seconds_since(t0));
+              static_cast<unsigned long long>(rows), width, s, double(rows) / s);
   return 0;
 }
 
@@ -158,25 +163,11 @@ int build_log(const std::string& dir, std::uint64_t rows, std::size_t width) {
   o.reuse_rows = false;
   auto opened = embcache::log_store<key>::open(o);
   check(opened.get_status(), "opening the log table");
-  auto store = std::move(opened).value();
-  const std::size_t chunk = 1 << 16;
-  std::vector<key> keys(chunk);
-  std::vector<float> values(chunk * width);
-  const auto t0 = clock_type::now();
-  for (std::uint64_t b = 0; b < rows; b += chunk) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk, rows - b));
-    for (std::size_t i = 0; i < n; ++i) {
-      keys[i] = key_of(b + i);
-      std::fill_n(values.begin() + i * width, width, float((b + i) % 1009) * 0.001f);
-    }
-    check(store->push(keys.data(), n, values.data()), "writing the log table");
-  }
-  check(store->flush(), "flushing the log table");
+  const double s = write_table(*opened.value(), rows, width);
   std::printf(
       "{\"build_log_rows\": %llu, \"width\": %zu, \"seconds\": %.1f, \"rows_per_s\": %.0f, "
       "\"direct_io\": %d}\n",
-      static_cast<unsigned long long>(rows), width, seconds_since(t0),
-      double(rows) / seconds_since(t0), int(o.direct_io));
+      static_cast<unsigned long long>(rows), width, s, double(rows) / s, int(o.direct_io));
   return 0;
 }
 
