@@ -324,30 +324,16 @@ status log_store<Key>::checkpoint(const std::string& dir_in) {
         for (std::size_t i = 0; i < n; ++i) {
           if (seg.bytes() + rec.size() > s.o.segment_bytes)
             EMBCACHE_RETURN_IF_ERROR(next_segment());
-          record_header h{record_magic, kind_row, key_bits(k[i]), ++seq, v[i], 0};
-          h.checksum = record_checksum(h, r + i * s.o.row_width, s.row_bytes);
-          std::memcpy(rec.data(), &h, sizeof h);
-          std::memcpy(rec.data() + sizeof h, r + i * s.o.row_width, s.row_bytes);
+          s.encode_record(rec.data(), rec.size(), kind_row, key_bits(k[i]), ++seq, v[i],
+                          r + i * s.o.row_width);
           EMBCACHE_RETURN_IF_ERROR(seg.write(rec.data(), rec.size()));
         }
         return status{};
       }));
   written.back().second = seg.bytes();
   EMBCACHE_RETURN_IF_ERROR(seg.commit());
-  nlohmann::json j;
-  j["format"] = state_format;
-  j["format_version"] = state_format_version;
-  j["table"] = s.o.table_name;
-  j["key_bytes"] = sizeof(Key);
-  j["row_width"] = s.o.row_width;
-  j["dim"] = s.o.dim;
-  j["optimizer"] = s.o.optimizer;
-  j["max_version"] = s.max_version;
-  j["next_seq"] = seq + 1;
-  auto& list = j["segments"] = nlohmann::json::array();
-  for (const auto& [id, b] : written) list.push_back({{"id", id}, {"bytes", b}});
   detail::durable_file_writer state;
-  const std::string text = j.dump(1) + "\n";
+  const std::string text = s.state_text(seq + 1, written);
   EMBCACHE_RETURN_IF_ERROR(
       state.open(staged.path() + "/state.json", detail::file_placement::in_staged_folder));
   EMBCACHE_RETURN_IF_ERROR(state.write(text.data(), text.size()));

@@ -164,7 +164,9 @@ struct log_store<Key>::impl {
     return {};
   }
 
-  status write_state() {
+  // state.json's text: the table and its schema, the clocks, and each segment (id, bytes).
+  std::string state_text(std::uint64_t seq,
+                         const std::vector<std::pair<std::uint64_t, std::uint64_t>>& list) const {
     nlohmann::json j;
     j["format"] = detail::logfmt::state_format;
     j["format_version"] = detail::logfmt::state_format_version;
@@ -174,11 +176,30 @@ struct log_store<Key>::impl {
     j["dim"] = o.dim;
     j["optimizer"] = o.optimizer;
     j["max_version"] = max_version;
-    j["next_seq"] = next_seq;
-    auto& list = j["segments"] = nlohmann::json::array();
-    for (const auto& s : segs) list.push_back({{"id", s.id}, {"bytes", s.bytes}});
-    return detail::write_text_durably(o.path + "/state.json", j.dump(1) + "\n")
+    j["next_seq"] = seq;
+    auto& segments = j["segments"] = nlohmann::json::array();
+    for (const auto& [id, bytes] : list) segments.push_back({{"id", id}, {"bytes", bytes}});
+    return j.dump(1) + "\n";
+  }
+
+  status write_state() {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> list;
+    for (const auto& s : segs) list.emplace_back(s.id, s.bytes);
+    return detail::write_text_durably(o.path + "/state.json", state_text(next_seq, list))
         .with_context(who());
+  }
+
+  // Writes one record of `size` bytes at `dst`: its header with the checksum, the row (a row
+  // record's), zeros after.
+  void encode_record(char* dst, std::size_t size, std::uint32_t kind, std::uint64_t key,
+                     std::uint64_t seq, std::uint64_t version, const void* row) const {
+    using namespace detail::logfmt;
+    record_header h{record_magic, kind, key, seq, version, 0};
+    const std::size_t payload = kind == kind_row ? row_bytes : 0;
+    h.checksum = record_checksum(h, row, payload);
+    std::memcpy(dst, &h, sizeof h);
+    if (payload) std::memcpy(dst + sizeof h, row, payload);
+    std::memset(dst + sizeof h + payload, 0, size - sizeof h - payload);
   }
 
   // Makes every segment's bytes durable, then records them in state.json. A failed fdatasync
@@ -206,8 +227,8 @@ struct log_store<Key>::impl {
                                        std::to_string(detail::logfmt::max_segment_id) +
                                        " over the store's life)");
     const std::string p = path_of(id);
-    const int fd =
-        ::open(p.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | direct_flag(), 0644);
+    const int fd = ::open(
+        p.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | direct_flag(), 0644);
     if (fd < 0) return detail::errno_status(who() + ": cannot create segment", p, errno);
     segs.push_back({id, fd, 0, true});
     folder_dirty = true;
@@ -226,10 +247,7 @@ struct log_store<Key>::impl {
       if (gap < sizeof(record_header)) gap += direct_align;
       const std::size_t at = wbuf.size();
       wbuf.resize(at + gap);
-      std::memset(wbuf.data() + at, 0, gap);
-      record_header h{record_magic, kind_pad, gap, 0, 0, 0};
-      h.checksum = record_checksum(h, nullptr, 0);
-      std::memcpy(wbuf.data() + at, &h, sizeof h);
+      encode_record(wbuf.data() + at, gap, kind_pad, gap, 0, 0, nullptr);
     }
     segment& s = segs.back();
     status st;
@@ -245,8 +263,8 @@ struct log_store<Key>::impl {
       wpending.clear();
       s.dirty = true;
       if (::ftruncate(s.fd, static_cast<off_t>(s.bytes)) != 0)
-        broken = detail::errno_status(who() + ": cannot cut a failed write off", path_of(s.id),
-                                      errno);
+        broken =
+            detail::errno_status(who() + ": cannot cut a failed write off", path_of(s.id), errno);
       return st.with_context(who());
     }
     s.bytes += wbuf.size();
@@ -276,14 +294,9 @@ struct log_store<Key>::impl {
       EMBCACHE_RETURN_IF_ERROR(write_buffer());
       EMBCACHE_RETURN_IF_ERROR(new_segment(segs.back().id + 1));
     }
-    record_header h{record_magic, kind, key, next_seq++, version, 0};
-    const std::size_t payload = kind == kind_row ? row_bytes : 0;
-    h.checksum = record_checksum(h, row, payload);
     const std::size_t at = wbuf.size();
     wbuf.resize(at + size);  // within the capacity allocate_buffers() gave it
-    std::memcpy(wbuf.data() + at, &h, sizeof h);
-    if (payload) std::memcpy(wbuf.data() + at + sizeof h, row, payload);
-    std::memset(wbuf.data() + at + sizeof h + payload, 0, size - sizeof h - payload);
+    encode_record(wbuf.data() + at, size, kind, key, next_seq++, version, row);
     const segment& s = segs.back();
     wpending.push_back({key, (s.id << offset_bits) | (s.bytes + at), kind, version});
     return {};

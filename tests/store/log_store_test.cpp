@@ -48,6 +48,14 @@ std::map<std::int64_t, std::vector<float>> log_rows_of(param_store<std::int64_t>
   return all;
 }
 
+// Adds the rows of `keys` (make_rows of width `w`, salt `salt`) to `into`, by key; later wins.
+void add_rows(std::map<std::int64_t, std::vector<float>>& into,
+              const std::vector<std::int64_t>& keys, std::size_t w, int salt) {
+  const auto rows = make_rows(keys, w, salt);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    into[keys[i]].assign(rows.begin() + i * w, rows.begin() + (i + 1) * w);
+}
+
 void expect_log_pulls(log64& s, const std::map<std::int64_t, std::vector<float>>& want) {
   std::vector<std::int64_t> keys;
   for (const auto& [k, r] : want) keys.push_back(k);
@@ -83,10 +91,8 @@ void expect_cleaning_keeps_every_row(bool direct) {
                                   base.begin() + (round % 3) * 1000 + 1000);
     auto fresh = make_keys<std::int64_t>(50, 100 + round);
     upd.insert(upd.end(), fresh.begin(), fresh.end());
-    auto rows = make_rows(upd, o.row_width, round);
-    EMBCACHE_ASSERT_OK(s->push(upd.data(), upd.size(), rows.data()));
-    for (std::size_t i = 0; i < upd.size(); ++i)
-      want[upd[i]].assign(rows.begin() + i * o.row_width, rows.begin() + (i + 1) * o.row_width);
+    EMBCACHE_ASSERT_OK(s->push(upd.data(), upd.size(), make_rows(upd, o.row_width, round).data()));
+    add_rows(want, upd, o.row_width, round);
     std::vector<std::int64_t> gone(fresh.begin(), fresh.begin() + 20);
     std::size_t erased = 0;
     EMBCACHE_ASSERT_OK(s->erase(gone.data(), gone.size(), &erased));
@@ -139,9 +145,7 @@ void expect_a_torn_tail_cut(bool direct) {
   // The log ends at the first damage: what came after it is gone.
   EXPECT_FALSE(fs::exists(o.path + "/seg-00000002.log"));
   std::map<std::int64_t, std::vector<float>> want;
-  auto rows = make_rows(keys, 8, 1);
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    want[keys[i]].assign(rows.begin() + i * 8, rows.begin() + (i + 1) * 8);
+  add_rows(want, keys, 8, 1);
   expect_log_pulls(*s, want);
   // The store works on: a push lands after the cut, and a reopen sees it.
   auto more = make_keys<std::int64_t>(10, 7);
@@ -267,9 +271,7 @@ TEST(log_store, a_full_disk_is_out_of_space_and_loses_nothing_written) {
   }
   EXPECT_EQ(failure.code(), status_code::out_of_space) << failure.to_string();
   std::map<std::int64_t, std::vector<float>> want;
-  auto rows = make_rows(keep, 64, 1);
-  for (std::size_t i = 0; i < keep.size(); ++i)
-    want[keep[i]].assign(rows.begin() + i * 64, rows.begin() + (i + 1) * 64);
+  add_rows(want, keep, 64, 1);
   expect_log_pulls(*s, want);
   const auto held = log_rows_of(*s);
   EXPECT_EQ(held.size(), s->size());
@@ -335,10 +337,7 @@ TEST(log_store_crash, killed_while_pushing_keeps_the_checkpoint_and_every_flushe
     EXPECT_EQ(cp->size(), log_crash_rows);
     EXPECT_EQ(cp->max_version(), 1u);
     std::map<std::int64_t, std::vector<float>> want;
-    auto rows = make_rows(keys, log_crash_width, 1);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      want[keys[i]].assign(rows.begin() + i * log_crash_width,
-                           rows.begin() + (i + 1) * log_crash_width);
+    add_rows(want, keys, log_crash_width, 1);
     expect_log_pulls(*cp, want);
   }
   // The live store opens; its size agrees with what it holds; every key is there with a row of
